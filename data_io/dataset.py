@@ -1,0 +1,519 @@
+"""The hpc_graph dataset file (version 1): one HDF5 file per graph.
+
+Layout (see ``docs/file-format.md``)::
+
+    /                  attrs: format="hpc_graph.dataset", version=1, name, task,
+                              num_nodes, num_edges, num_classes, directed
+    /graph/indptr      int64[N+1]   CSR over destinations: row i lists the sources j of edges j->i
+    /graph/indices     int32|int64[E]
+    /graph/edge_weight float32[E]   optional
+    /graph/edge_type   int16[E]     optional
+    /node/feat         float32[N,F] optional, chunked by rows
+    /node/label        int64[N]     optional; -1 marks an unlabelled node
+    /node/train_mask, /node/val_mask, /node/test_mask  bool[N] optional
+
+Writers go through :func:`data_io.errors.atomic_output` (temporary name, then
+rename). Readers check format, version, dtypes, shapes and index ranges and
+name the file and field in every error.
+"""
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+from pathlib import Path
+from typing import Any
+
+import h5py
+import numpy as np
+
+from data_io.errors import DataError, FormatError, atomic_output, check_output
+
+log = logging.getLogger(__name__)
+
+FORMAT = "hpc_graph.dataset"
+VERSION = 1
+MASKS = ("train_mask", "val_mask", "test_mask")
+# rows of features read or written per step when streaming (bounded memory)
+_CHUNK_BYTES = 64 << 20
+
+
+def feat_chunk_shape(num_rows: int, feat_dim: int) -> tuple[int, int]:
+    """HDF5 chunk shape for a row-chunked ``[num_rows, feat_dim]`` float32 array (~1 MiB)."""
+    rows = max(1, min(num_rows, (1 << 20) // max(1, 4 * feat_dim)))
+    return (rows, max(1, feat_dim))
+
+
+@dataclasses.dataclass
+class GraphData:
+    """A whole graph in memory, as NumPy arrays.
+
+    Shapes: ``indptr`` int64[N+1], ``indices`` int32/int64[E] (CSR over
+    destinations: ``indices[indptr[i]:indptr[i+1]]`` are the sources of the
+    edges into node ``i``), ``feat`` float32[N, F], ``label`` int64[N],
+    masks bool[N], ``edge_weight`` float32[E], ``edge_type`` int16[E].
+    """
+
+    indptr: np.ndarray
+    indices: np.ndarray
+    feat: np.ndarray | None = None
+    label: np.ndarray | None = None
+    train_mask: np.ndarray | None = None
+    val_mask: np.ndarray | None = None
+    test_mask: np.ndarray | None = None
+    edge_weight: np.ndarray | None = None
+    edge_type: np.ndarray | None = None
+    name: str = "graph"
+    num_classes: int = 0
+    directed: bool = False
+    task: str = "node"
+
+    @property
+    def num_nodes(self) -> int:
+        return int(len(self.indptr) - 1)
+
+    @property
+    def num_edges(self) -> int:
+        return int(len(self.indices))
+
+    @property
+    def feat_dim(self) -> int:
+        return 0 if self.feat is None else int(self.feat.shape[1])
+
+    def validate(self, source: str = "<memory>") -> None:
+        """Raise :class:`FormatError` naming ``source`` and the field on any inconsistency."""
+        problems = _check_arrays(self.__dict__, source, self.num_classes)
+        if problems:
+            raise problems[0]
+
+    def edge_sources_destinations(self) -> tuple[np.ndarray, np.ndarray]:
+        """Return ``(src, dst)`` int64[E] arrays of all edges in CSR order."""
+        dst = np.repeat(np.arange(self.num_nodes, dtype=np.int64), np.diff(self.indptr))
+        return self.indices.astype(np.int64, copy=False), dst
+
+
+def _check_arrays(a: dict[str, Any], source: str, num_classes: int,
+                  check_values: bool = True) -> list[FormatError]:
+    """Check dtypes, shapes and (optionally) value ranges of dataset arrays.
+
+    ``a`` maps field names to arrays (NumPy or h5py datasets). Returns every
+    problem found, in field order, as :class:`FormatError`.
+    """
+    out: list[FormatError] = []
+
+    def bad(field: str, msg: str) -> None:
+        out.append(FormatError(source, field, msg))
+
+    indptr, indices = a.get("indptr"), a.get("indices")
+    if indptr is None:
+        bad("/graph/indptr", "missing")
+        return out
+    if indices is None:
+        bad("/graph/indices", "missing")
+        return out
+    if indptr.ndim != 1 or indptr.shape[0] < 1:
+        bad("/graph/indptr", f"expected a 1-D array of length N+1, got shape {indptr.shape}")
+        return out
+    if indptr.dtype != np.int64:
+        bad("/graph/indptr", f"expected int64, got {indptr.dtype}")
+    if indices.ndim != 1:
+        bad("/graph/indices", f"expected a 1-D array, got shape {indices.shape}")
+        return out
+    if indices.dtype not in (np.int32, np.int64):
+        bad("/graph/indices", f"expected int32 or int64, got {indices.dtype}")
+    n = int(indptr.shape[0] - 1)
+    e = int(indices.shape[0])
+    if n == 0:
+        bad("/graph/indptr", "empty graph (0 nodes)")
+        return out
+    if out:
+        return out
+    if check_values:
+        ip = np.asarray(indptr[...])
+        if ip[0] != 0:
+            bad("/graph/indptr", f"indptr[0] must be 0, got {ip[0]}")
+        if ip[-1] != e:
+            bad("/graph/indptr", f"indptr[-1]={ip[-1]} does not match len(/graph/indices)={e}")
+        d = np.diff(ip)
+        if d.size and d.min() < 0:
+            bad("/graph/indptr", f"not non-decreasing (first drop at row {int(np.argmax(d < 0))})")
+        if e:
+            lo, hi = _min_max(indices)
+            if lo < 0:
+                bad("/graph/indices", f"negative index {lo}")
+            if hi >= n:
+                bad("/graph/indices", f"index {hi} out of range [0, {n})")
+    for field, path, dtype in (("edge_weight", "/graph/edge_weight", np.float32),
+                               ("edge_type", "/graph/edge_type", np.int16)):
+        arr = a.get(field)
+        if arr is None:
+            continue
+        if arr.shape != (e,):
+            bad(path, f"expected shape ({e},), got {arr.shape}")
+        elif arr.dtype != dtype:
+            bad(path, f"expected {np.dtype(dtype)}, got {arr.dtype}")
+        elif check_values and field == "edge_weight" and e and not np.isfinite(_min_max(arr)).all():
+            bad(path, "contains NaN or Inf")
+        elif check_values and field == "edge_type" and e and _min_max(arr)[0] < 0:
+            bad(path, "negative edge type")
+    feat = a.get("feat")
+    if feat is not None:
+        if feat.ndim != 2 or feat.shape[0] != n:
+            bad("/node/feat", f"expected shape ({n}, F), got {feat.shape}")
+        elif feat.dtype != np.float32:
+            bad("/node/feat", f"expected float32, got {feat.dtype}")
+    label = a.get("label")
+    if label is not None:
+        if label.shape != (n,):
+            bad("/node/label", f"expected shape ({n},), got {label.shape}")
+        elif label.dtype != np.int64:
+            bad("/node/label", f"expected int64, got {label.dtype}")
+        elif check_values:
+            lab = np.asarray(label[...])
+            if lab.size and lab.min() < -1:
+                bad("/node/label", f"label {lab.min()} < -1 (-1 marks an unlabelled node)")
+            if lab.size and num_classes and lab.max() >= num_classes:
+                bad("/node/label", f"label {lab.max()} >= num_classes={num_classes}")
+    for m in MASKS:
+        arr = a.get(m)
+        if arr is None:
+            continue
+        if arr.shape != (n,):
+            bad(f"/node/{m}", f"expected shape ({n},), got {arr.shape}")
+        elif arr.dtype != np.bool_:
+            bad(f"/node/{m}", f"expected bool, got {arr.dtype}")
+    return out
+
+
+def _min_max(arr: Any) -> tuple[Any, Any]:
+    """Min and max of a NumPy array or h5py dataset, streamed in chunks."""
+    n = arr.shape[0]
+    step = max(1, _CHUNK_BYTES // max(1, arr.dtype.itemsize))
+    lo = hi = None
+    for s in range(0, n, step):
+        c = np.asarray(arr[s:s + step])
+        clo, chi = c.min(), c.max()
+        lo = clo if lo is None else min(lo, clo)
+        hi = chi if hi is None else max(hi, chi)
+    return lo, hi
+
+
+class DatasetWriter:
+    """Write a dataset file piece by piece, atomically.
+
+    Use as a context manager; the file appears at ``path`` only when the block
+    exits without an exception and the content validates::
+
+        with DatasetWriter("g.h5", num_nodes=N, feat_dim=F, name="g", num_classes=C) as w:
+            w.write_graph(indptr, indices)
+            for start in range(0, N, 4096):
+                w.write_feat(start, feat_rows)
+            w.write_node("label", label)
+            w.write_node("train_mask", train)
+
+    Features may be written in row blocks so that a graph whose features do not
+    fit in memory can still be written.
+    """
+
+    def __init__(self, path: str | os.PathLike, *, num_nodes: int, feat_dim: int = 0,
+                 name: str = "graph", num_classes: int = 0, directed: bool = False,
+                 task: str = "node", force: bool = False):
+        if num_nodes <= 0:
+            raise DataError(f"{path}: cannot write an empty graph (num_nodes={num_nodes})")
+        self.path = Path(path)
+        self.num_nodes = int(num_nodes)
+        self.feat_dim = int(feat_dim)
+        self.attrs = dict(format=FORMAT, version=VERSION, name=str(name), task=str(task),
+                          num_nodes=self.num_nodes, num_edges=0, num_classes=int(num_classes),
+                          directed=bool(directed))
+        self.force = force
+        check_output(self.path, force)
+        self._ctx = None
+        self._h5: h5py.File | None = None
+        self._feat_written = 0
+
+    def __enter__(self) -> "DatasetWriter":
+        self._ctx = atomic_output(self.path, self.force)
+        tmp = self._ctx.__enter__()
+        self._tmp = tmp
+        self._h5 = h5py.File(tmp, "w")
+        if self.feat_dim:
+            self._h5.create_dataset("node/feat", shape=(self.num_nodes, self.feat_dim), dtype=np.float32,
+                                    chunks=feat_chunk_shape(self.num_nodes, self.feat_dim))
+        return self
+
+    def write_graph(self, indptr: np.ndarray, indices: np.ndarray,
+                    edge_weight: np.ndarray | None = None, edge_type: np.ndarray | None = None) -> None:
+        """Write the CSR (over destinations) and optional per-edge arrays."""
+        assert self._h5 is not None, "use DatasetWriter as a context manager"
+        indptr = np.asarray(indptr)
+        if indptr.shape != (self.num_nodes + 1,):
+            raise FormatError(self.path, "/graph/indptr",
+                              f"expected shape ({self.num_nodes + 1},), got {indptr.shape}")
+        indices = np.asarray(indices)
+        if indices.dtype not in (np.int32, np.int64):
+            indices = indices.astype(np.int64 if self.num_nodes >= 2**31 else np.int32)
+        self._h5.create_dataset("graph/indptr", data=indptr.astype(np.int64, copy=False))
+        self._h5.create_dataset("graph/indices", data=indices, chunks=True if len(indices) else None)
+        if edge_weight is not None:
+            self._h5.create_dataset("graph/edge_weight", data=np.asarray(edge_weight, dtype=np.float32))
+        if edge_type is not None:
+            self._h5.create_dataset("graph/edge_type", data=np.asarray(edge_type, dtype=np.int16))
+        self.attrs["num_edges"] = int(len(indices))
+
+    def write_feat(self, start: int, rows: np.ndarray) -> None:
+        """Write feature rows ``[start, start + len(rows))``."""
+        assert self._h5 is not None, "use DatasetWriter as a context manager"
+        rows = np.asarray(rows, dtype=np.float32)
+        if rows.ndim != 2 or rows.shape[1] != self.feat_dim or start < 0 or start + len(rows) > self.num_nodes:
+            raise FormatError(self.path, "/node/feat",
+                              f"rows [{start}, {start + len(rows)}) of shape {rows.shape} do not fit "
+                              f"({self.num_nodes}, {self.feat_dim})")
+        self._h5["node/feat"][start:start + len(rows)] = rows
+        self._feat_written += len(rows)
+
+    def write_node(self, field: str, values: np.ndarray) -> None:
+        """Write a per-node array: ``label`` (int64) or one of the masks (bool)."""
+        assert self._h5 is not None, "use DatasetWriter as a context manager"
+        dtype = np.int64 if field == "label" else np.bool_
+        if field != "label" and field not in MASKS:
+            raise ValueError(f"unknown node field {field!r}")
+        self._h5.create_dataset(f"node/{field}", data=np.asarray(values, dtype=dtype))
+
+    def __exit__(self, exc_type, exc, tb) -> bool:
+        assert self._h5 is not None and self._ctx is not None
+        try:
+            if exc_type is None:
+                if "graph/indptr" not in self._h5:
+                    raise FormatError(self.path, "/graph", "write_graph() was never called")
+                if self.feat_dim and self._feat_written < self.num_nodes:
+                    raise FormatError(self.path, "/node/feat",
+                                      f"only {self._feat_written} of {self.num_nodes} rows written")
+                for k, v in self.attrs.items():
+                    self._h5.attrs[k] = v
+                h5 = self._h5
+                arrays = _h5_fields(h5)
+                probs = _check_arrays(arrays, str(self.path), self.attrs["num_classes"])
+                if probs:
+                    raise probs[0]
+        except BaseException as err:
+            self._h5.close()
+            self._ctx.__exit__(type(err), err, err.__traceback__)
+            raise
+        self._h5.close()
+        return bool(self._ctx.__exit__(exc_type, exc, tb))
+
+
+def _h5_fields(h5: h5py.File) -> dict[str, Any]:
+    """Map field names to the h5py datasets present in a dataset file."""
+    names = {"indptr": "graph/indptr", "indices": "graph/indices", "edge_weight": "graph/edge_weight",
+             "edge_type": "graph/edge_type", "feat": "node/feat", "label": "node/label"}
+    names.update({m: f"node/{m}" for m in MASKS})
+    out = {}
+    for k, p in names.items():
+        if p in h5:
+            obj = h5[p]
+            if isinstance(obj, h5py.Dataset):
+                out[k] = obj
+    return out
+
+
+def write_dataset(path: str | os.PathLike, data: GraphData, *, force: bool = False) -> None:
+    """Validate ``data`` and write it to ``path`` atomically (features in row blocks)."""
+    data.validate(str(path))
+    with DatasetWriter(path, num_nodes=data.num_nodes, feat_dim=data.feat_dim, name=data.name,
+                       num_classes=data.num_classes, directed=data.directed, task=data.task,
+                       force=force) as w:
+        w.write_graph(data.indptr, data.indices, data.edge_weight, data.edge_type)
+        if data.feat is not None:
+            step = max(1, _CHUNK_BYTES // max(1, 4 * data.feat_dim))
+            for s in range(0, data.num_nodes, step):
+                w.write_feat(s, data.feat[s:s + step])
+        if data.label is not None:
+            w.write_node("label", data.label)
+        for m in MASKS:
+            v = getattr(data, m)
+            if v is not None:
+                w.write_node(m, v)
+    log.info("wrote %s: %d nodes, %d edges, %d features", path, data.num_nodes, data.num_edges, data.feat_dim)
+
+
+class Dataset:
+    """A dataset file opened lazily (read-only, h5py).
+
+    Opening checks format, version, attributes, dtypes and shapes; index ranges
+    are checked too unless ``check_values=False`` (they cost one pass over the
+    edges). Arrays are read on demand: ``indptr()``, ``indices()``,
+    ``feat_rows(start, stop)``, ``label()``, ``mask(name)``, or all at once with
+    :meth:`load`.
+    """
+
+    def __init__(self, path: str | os.PathLike, check_values: bool = True):
+        self.path = Path(path)
+        if not self.path.exists():
+            raise DataError(f"{self.path}: no such file")
+        if self.path.is_dir():
+            raise DataError(f"{self.path}: is a directory, expected a dataset file (.h5)")
+        try:
+            self._h5 = h5py.File(self.path, "r")
+        except OSError as exc:
+            raise FormatError(self.path, None, f"not a readable HDF5 file ({exc})") from None
+        try:
+            self._read_header(check_values)
+        except BaseException:
+            self._h5.close()
+            raise
+
+    def _read_header(self, check_values: bool) -> None:
+        attrs = self._h5.attrs
+        fmt = attrs.get("format")
+        if isinstance(fmt, bytes):
+            fmt = fmt.decode()
+        if fmt != FORMAT:
+            raise FormatError(self.path, "/@format", f"expected {FORMAT!r}, got {fmt!r}")
+        version = attrs.get("version")
+        if version != VERSION:
+            raise FormatError(self.path, "/@version", f"unsupported version {version!r} (this reader: {VERSION})")
+        for key in ("num_nodes", "num_edges", "num_classes"):
+            if key not in attrs:
+                raise FormatError(self.path, f"/@{key}", "missing attribute")
+        self.name = str(attrs.get("name", self.path.stem))
+        self.task = str(attrs.get("task", "node"))
+        self.num_classes = int(attrs["num_classes"])
+        self.directed = bool(attrs.get("directed", False))
+        try:
+            fields = _h5_fields(self._h5)
+            probs = _check_arrays(fields, str(self.path), self.num_classes, check_values)
+        except (OSError, KeyError, RuntimeError) as exc:  # corrupt/truncated file contents
+            raise FormatError(self.path, None, f"corrupt or truncated HDF5 file ({exc})") from None
+        if probs:
+            raise probs[0]
+        self._fields = fields
+        self.num_nodes = int(fields["indptr"].shape[0] - 1)
+        self.num_edges = int(fields["indices"].shape[0])
+        if int(attrs["num_nodes"]) != self.num_nodes:
+            raise FormatError(self.path, "/@num_nodes",
+                              f"attribute says {int(attrs['num_nodes'])}, /graph/indptr has {self.num_nodes} rows")
+        if int(attrs["num_edges"]) != self.num_edges:
+            raise FormatError(self.path, "/@num_edges",
+                              f"attribute says {int(attrs['num_edges'])}, /graph/indices has {self.num_edges}")
+        self.feat_dim = int(fields["feat"].shape[1]) if "feat" in fields else 0
+
+    # -- readers -------------------------------------------------------------------------------
+    def has(self, field: str) -> bool:
+        """Whether an optional field (``feat``, ``label``, a mask, ``edge_weight``, ``edge_type``) is present."""
+        return field in self._fields
+
+    def _read(self, field: str) -> np.ndarray:
+        if field not in self._fields:
+            path = {"feat": "/node/feat", "label": "/node/label", "edge_weight": "/graph/edge_weight",
+                    "edge_type": "/graph/edge_type"}.get(field, f"/node/{field}")
+            raise FormatError(self.path, path, "missing")
+        try:
+            return np.asarray(self._fields[field][...])
+        except (OSError, RuntimeError) as exc:
+            raise FormatError(self.path, self._fields[field].name, f"unreadable ({exc})") from None
+
+    def indptr(self) -> np.ndarray:
+        return self._read("indptr")
+
+    def indices(self) -> np.ndarray:
+        return self._read("indices")
+
+    def edge_weight(self) -> np.ndarray | None:
+        return self._read("edge_weight") if self.has("edge_weight") else None
+
+    def edge_type(self) -> np.ndarray | None:
+        return self._read("edge_type") if self.has("edge_type") else None
+
+    def label(self) -> np.ndarray:
+        return self._read("label")
+
+    def mask(self, name: str) -> np.ndarray:
+        if name not in MASKS:
+            raise ValueError(f"unknown mask {name!r}; expected one of {MASKS}")
+        return self._read(name)
+
+    @property
+    def feat(self) -> h5py.Dataset:
+        """The feature dataset itself (h5py, row-sliceable without loading all rows)."""
+        if "feat" not in self._fields:
+            raise FormatError(self.path, "/node/feat", "missing")
+        return self._fields["feat"]
+
+    def feat_rows(self, start: int, stop: int) -> np.ndarray:
+        """Feature rows ``[start, stop)`` as float32[stop-start, F]."""
+        try:
+            return np.asarray(self.feat[start:stop])
+        except (OSError, RuntimeError) as exc:
+            raise FormatError(self.path, "/node/feat", f"unreadable ({exc})") from None
+
+    def feat_take(self, ids: np.ndarray) -> np.ndarray:
+        """Feature rows of arbitrary node ids (int64[k]) as float32[k, F], read in sorted blocks."""
+        ids = np.asarray(ids, dtype=np.int64)
+        out = np.empty((len(ids), self.feat_dim), dtype=np.float32)
+        if len(ids) == 0:
+            return out
+        order = np.argsort(ids, kind="stable")
+        sids = ids[order]
+        step = max(1, _CHUNK_BYTES // max(1, 4 * self.feat_dim))
+        pos = 0
+        while pos < len(sids):
+            lo = sids[pos]
+            end = int(np.searchsorted(sids, lo + step, side="left"))
+            block = self.feat_rows(int(lo), int(min(sids[end - 1] + 1, self.num_nodes)))
+            out[order[pos:end]] = block[sids[pos:end] - lo]
+            pos = end
+        return out
+
+    def load(self, features: bool = True) -> GraphData:
+        """Read the whole dataset into memory."""
+        return GraphData(
+            indptr=self.indptr(), indices=self.indices(),
+            feat=self._read("feat") if features and self.has("feat") else None,
+            label=self._read("label") if self.has("label") else None,
+            train_mask=self._read("train_mask") if self.has("train_mask") else None,
+            val_mask=self._read("val_mask") if self.has("val_mask") else None,
+            test_mask=self._read("test_mask") if self.has("test_mask") else None,
+            edge_weight=self.edge_weight(), edge_type=self.edge_type(),
+            name=self.name, num_classes=self.num_classes, directed=self.directed, task=self.task)
+
+    def attrs(self) -> dict[str, Any]:
+        """Root attributes as plain Python values."""
+        return {k: (v.item() if hasattr(v, "item") else v) for k, v in self._h5.attrs.items()}
+
+    def close(self) -> None:
+        self._h5.close()
+
+    def __enter__(self) -> "Dataset":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return (f"Dataset({str(self.path)!r}, nodes={self.num_nodes}, edges={self.num_edges}, "
+                f"feat_dim={self.feat_dim}, classes={self.num_classes})")
+
+
+def open_dataset(path: str | os.PathLike, check_values: bool = True) -> Dataset:
+    """Open a dataset file lazily; see :class:`Dataset`."""
+    return Dataset(path, check_values=check_values)
+
+
+def validate_dataset(path: str | os.PathLike) -> list[str]:
+    """Fully validate a dataset file; return a list of problems (empty when valid)."""
+    try:
+        with Dataset(path, check_values=True) as ds:
+            probs = _check_arrays(ds._fields, str(path), ds.num_classes, True)
+            if ds.has("feat"):
+                # read every row once: catches truncated or corrupt chunks
+                step = max(1, _CHUNK_BYTES // max(1, 4 * ds.feat_dim))
+                for s in range(0, ds.num_nodes, step):
+                    rows = ds.feat_rows(s, s + step)
+                    if not np.isfinite(rows).all():
+                        probs.append(FormatError(path, "/node/feat", f"NaN or Inf in rows [{s}, {s + len(rows)})"))
+                        break
+            return [str(p) for p in probs]
+    except DataError as exc:
+        return [str(exc)]

@@ -1,0 +1,89 @@
+"""``hpc-graph`` command-line entry point.
+
+Each sub-command lives in its own module under :mod:`hpc_graph.commands` and
+exposes ``add_parser(subparsers)`` and ``run(args) -> int``. This module only
+wires them together, sets up logging and turns expected errors into a one-line
+message and a non-zero exit status. Only the CLI prints; library code logs.
+"""
+from __future__ import annotations
+
+import argparse
+import importlib
+import logging
+import sys
+
+# sub-command name -> module under hpc_graph.commands
+COMMANDS = {
+    "generate": "generate",
+    "convert": "convert",
+    "partition": "partition",
+    "info": "inspect",
+    "check": "inspect",
+    "train": "train",
+    "bench": "bench",
+    "report": "report",
+    "demo": "demo",
+}
+
+
+class CLIError(Exception):
+    """An expected user-facing error: printed as one line, exit status 2."""
+
+
+def _build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="hpc-graph",
+        description="MPI-native training of graph neural networks on large graphs.",
+    )
+    parser.add_argument("-v", "--verbose", action="count", default=0,
+                        help="more log output (-vv for debug)")
+    parser.add_argument("-q", "--quiet", action="store_true", help="only warnings and errors")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    sub.required = True
+    seen = set()
+    for name, module in COMMANDS.items():
+        if module in seen:
+            continue
+        try:
+            mod = importlib.import_module(f"hpc_graph.commands.{module}")
+        except ModuleNotFoundError as exc:  # command not built yet in this checkout
+            if exc.name != f"hpc_graph.commands.{module}":
+                raise
+            continue
+        seen.add(module)
+        mod.add_parser(sub)
+    return parser
+
+
+def _setup_logging(verbose: int, quiet: bool) -> None:
+    level = logging.WARNING if quiet else (logging.DEBUG if verbose >= 2 else logging.INFO)
+    rank = ""
+    try:  # prefix the rank when running under a launcher, without importing MPI
+        from hpc_graph.comm.env import detect_rank_size  # noqa: WPS433
+        r, n = detect_rank_size()
+        if n > 1:
+            rank = f"[rank {r}] "
+    except Exception:  # comm layer absent or env unreadable: no prefix
+        pass
+    logging.basicConfig(level=level, format=f"{rank}%(levelname)s %(name)s: %(message)s",
+                        stream=sys.stderr)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = _build_parser()
+    args = parser.parse_args(argv)
+    _setup_logging(args.verbose, args.quiet)
+    from data_io.errors import DataError  # local import keeps `--help` fast
+
+    try:
+        return int(args.func(args) or 0)
+    except (CLIError, DataError) as exc:
+        print(f"hpc-graph {args.command}: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print(f"hpc-graph {args.command}: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,1 @@
+"""Sub-commands of the ``hpc-graph`` CLI: one module each, ``add_parser`` + ``run``."""

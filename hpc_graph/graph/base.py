@@ -1,0 +1,72 @@
+"""``GraphContext``: everything a layer may ask of the graph it runs on.
+
+Layers in :mod:`hpc_graph.nn` receive a ``GraphContext`` and call its methods;
+they never know which engine implements it (``single`` holds the whole graph,
+``dp`` exchanges halo rows, ``sar`` aggregates one remote partition at a time).
+All row-indexed tensors hold the rows of the nodes this process *owns*,
+in local id order: shape ``[num_nodes, ...]``.
+"""
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+
+import torch
+
+
+class GraphContext(ABC):
+    """Engine-neutral view of (this rank's part of) a graph.
+
+    Attributes:
+        num_nodes: rows owned by this process (inputs/outputs of every layer).
+        global_num_nodes: nodes of the whole graph.
+    """
+
+    num_nodes: int
+    global_num_nodes: int
+
+    @abstractmethod
+    def aggregate(self, x: torch.Tensor, reduce: str = "sum") -> torch.Tensor:
+        """Aggregate source rows over each owned node's in-edges.
+
+        Args:
+            x: float[num_nodes, F], rows of owned nodes (the engine fetches halo rows).
+            reduce: ``"sum"`` or ``"mean"`` (mean over in-edges, 0 for none).
+        Returns:
+            float[num_nodes, F]; differentiable with respect to ``x``.
+        """
+
+    @abstractmethod
+    def gat(self, z: torch.Tensor, s_src: torch.Tensor, s_dst: torch.Tensor, *,
+            negative_slope: float = 0.2, attn_dropout: float = 0.0, seed: int = 0,
+            add_self_loops: bool = True) -> torch.Tensor:
+        """GATv1 attention aggregation, never storing an E x H attention tensor.
+
+        ``out_i = sum_j softmax_j(LeakyReLU(s_dst_i + s_src_j)) * z_j`` over the
+        in-edges of ``i`` (plus ``i`` itself when ``add_self_loops``).
+
+        Args:
+            z: float[num_nodes, H, D] projected features of owned nodes.
+            s_src: float[num_nodes, H] source scores ``a_src . z_j``.
+            s_dst: float[num_nodes, H] destination scores ``a_dst . z_i``.
+            attn_dropout: probability of dropping an attention coefficient
+                (drawn from a hash of ``seed`` and the edge's global end points,
+                so every engine drops the same edges).
+        Returns:
+            float[num_nodes, H, D]; differentiable in ``z``, ``s_src``, ``s_dst``.
+        """
+
+    @abstractmethod
+    def in_degree(self) -> torch.Tensor:
+        """int64[num_nodes]: in-degree of each owned node in the whole graph."""
+
+    @abstractmethod
+    def global_ids(self) -> torch.Tensor:
+        """int64[num_nodes]: global (relabelled) id of each owned node."""
+
+    @abstractmethod
+    def all_reduce_sum(self, t: torch.Tensor) -> torch.Tensor:
+        """Differentiable sum of ``t`` over all ranks (identity on one process).
+
+        The backward pass all-reduces the gradient, so statistics such as
+        DistBatchNorm's global mean get correctly scaled gradients.
+        """

@@ -1,0 +1,111 @@
+"""``CSR``: the sparse structure every op in :mod:`hpc_graph.ops` takes.
+
+A CSR over destinations: row ``i`` (a destination node) lists the source
+columns ``indices[indptr[i]:indptr[i+1]]`` of its in-edges. Sources and
+destinations may be different sets (a SAR block G_{p,q} has ``num_dst`` owned
+rows and ``num_src`` columns of partition q), so both counts are stored.
+
+The transposed copy (CSC: for each source, its destinations, plus the edge
+permutation) is built once, on first use, and cached: backward passes walk it
+instead of using atomics.
+"""
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+
+class CSR:
+    """Sparse destination-major adjacency with a cached transpose.
+
+    Args:
+        indptr: int64[num_dst + 1] row pointer.
+        indices: int64[E] source column of each edge, in ``[0, num_src)``.
+        num_src: number of source columns (defaults to ``num_dst``).
+        edge_weight: optional float[E] per-edge weight.
+        validate: check shapes and index ranges now (raises ``ValueError``).
+
+    Tensors are kept on the device they were given on; ``to(device)`` moves all.
+    """
+
+    def __init__(self, indptr, indices, num_src: int | None = None, edge_weight=None,
+                 validate: bool = True):
+        self.indptr = torch.as_tensor(indptr, dtype=torch.int64)
+        self.indices = torch.as_tensor(indices, dtype=torch.int64)
+        self.num_dst = int(self.indptr.shape[0] - 1)
+        self.num_src = int(self.num_dst if num_src is None else num_src)
+        self.edge_weight = None if edge_weight is None else torch.as_tensor(edge_weight)
+        self._csc: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None
+        self._cache: dict = {}
+        if validate:
+            self.validate()
+
+    @property
+    def num_edges(self) -> int:
+        return int(self.indices.shape[0])
+
+    @property
+    def device(self) -> torch.device:
+        return self.indptr.device
+
+    def validate(self) -> None:
+        """Raise ``ValueError`` naming the field when the structure is inconsistent."""
+        if self.indptr.dim() != 1 or self.indptr.shape[0] < 1:
+            raise ValueError(f"CSR.indptr: expected a 1-D tensor of length num_dst+1, got {tuple(self.indptr.shape)}")
+        if self.indices.dim() != 1:
+            raise ValueError(f"CSR.indices: expected a 1-D tensor, got {tuple(self.indices.shape)}")
+        if int(self.indptr[0]) != 0 or int(self.indptr[-1]) != self.num_edges:
+            raise ValueError(f"CSR.indptr: must start at 0 and end at len(indices)={self.num_edges}, "
+                             f"got {int(self.indptr[0])}..{int(self.indptr[-1])}")
+        if self.num_dst and bool((self.indptr[1:] < self.indptr[:-1]).any()):
+            raise ValueError("CSR.indptr: not non-decreasing")
+        if self.num_edges:
+            lo, hi = int(self.indices.min()), int(self.indices.max())
+            if lo < 0 or hi >= self.num_src:
+                raise ValueError(f"CSR.indices: index out of range [0, {self.num_src}): min {lo}, max {hi}")
+        if self.edge_weight is not None and tuple(self.edge_weight.shape) != (self.num_edges,):
+            raise ValueError(f"CSR.edge_weight: expected shape ({self.num_edges},), "
+                             f"got {tuple(self.edge_weight.shape)}")
+
+    def csc(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """The transpose, built once: ``(indptr_t int64[num_src+1], indices_t int64[E], perm int64[E])``.
+
+        ``indices_t[k]`` is the destination row of the k-th edge in source-major
+        order and ``perm[k]`` its position in this CSR's edge order (to gather
+        per-edge values such as weights).
+        """
+        if self._csc is None:
+            dst = torch.repeat_interleave(torch.arange(self.num_dst, device=self.device),
+                                          self.indptr[1:] - self.indptr[:-1])
+            perm = torch.argsort(self.indices, stable=True)
+            counts = torch.bincount(self.indices, minlength=self.num_src)
+            indptr_t = torch.zeros(self.num_src + 1, dtype=torch.int64, device=self.device)
+            torch.cumsum(counts, 0, out=indptr_t[1:])
+            self._csc = (indptr_t, dst[perm].contiguous(), perm)
+        return self._csc
+
+    def in_degree(self) -> torch.Tensor:
+        """int64[num_dst]: number of in-edges of each destination row."""
+        return self.indptr[1:] - self.indptr[:-1]
+
+    def to(self, device) -> "CSR":
+        out = CSR(self.indptr.to(device), self.indices.to(device), self.num_src,
+                  None if self.edge_weight is None else self.edge_weight.to(device), validate=False)
+        if self._csc is not None:
+            out._csc = tuple(t.to(device) for t in self._csc)
+        return out
+
+    @classmethod
+    def from_edges(cls, src: np.ndarray, dst: np.ndarray, num_dst: int, num_src: int | None = None,
+                   edge_weight=None) -> "CSR":
+        """Build from edge lists ``src -> dst`` (int arrays of length E), sorted by destination (stable)."""
+        src = np.asarray(src, dtype=np.int64)
+        dst = np.asarray(dst, dtype=np.int64)
+        order = np.argsort(dst, kind="stable")
+        indptr = np.zeros(num_dst + 1, dtype=np.int64)
+        np.cumsum(np.bincount(dst, minlength=num_dst), out=indptr[1:])
+        w = None if edge_weight is None else np.asarray(edge_weight)[order]
+        return cls(indptr, src[order], num_src, w)
+
+    def __repr__(self) -> str:
+        return f"CSR(num_dst={self.num_dst}, num_src={self.num_src}, edges={self.num_edges})"

@@ -1,0 +1,1 @@
+"""hpc_graph.train"""

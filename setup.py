@@ -1,0 +1,44 @@
+"""Installation script for hpc_graph.
+
+Installs three packages: ``hpc_graph`` (the training suite), ``numba_kernels``
+(array kernels, CPU and CUDA twins) and ``data_io`` (file formats, generators,
+converters, partitioners), plus the ``hpc-graph`` console script.
+
+torch is required but not pinned here: install a CPU build first on a machine
+without a GPU (``scripts/quickstart.sh`` does), so that pip does not pull a
+multi-GB CUDA wheel.
+"""
+from setuptools import find_packages, setup
+
+setup(
+    name="hpc_graph",
+    version="0.1.0",
+    description="MPI-native training of graph neural networks on graphs too large for one machine",
+    long_description=open("README.md", encoding="utf-8").read(),
+    long_description_content_type="text/markdown",
+    python_requires=">=3.10",
+    packages=find_packages(include=["hpc_graph*", "numba_kernels*", "data_io*"]),
+    install_requires=[
+        "numpy>=1.23",
+        "scipy>=1.9",
+        "numba>=0.58",
+        "h5py>=3.8",
+        "mpi4py>=3.1",
+        "pymetis>=2023.1",
+        "pyyaml>=6.0",
+        "psutil>=5.9",
+        "torch>=2.1",
+    ],
+    extras_require={
+        # mpich from PyPI gives a working mpiexec on machines with no system MPI.
+        "mpich": ["mpich>=4.1"],
+        "dev": [
+            "pytest>=7.4",
+            "pytest-timeout>=2.2",
+            "torch_geometric>=2.5",
+            "matplotlib>=3.7",
+            "mpich>=4.1",
+        ],
+    },
+    entry_points={"console_scripts": ["hpc-graph=hpc_graph.cli:main"]},
+)
