@@ -1,0 +1,55 @@
+"""``Engine``: how one rank's graph, data and aggregation are set up for training.
+
+The trainer (``hpc_graph.train``) builds an engine, then runs the model on
+``engine.graph`` (a :class:`~hpc_graph.graph.base.GraphContext`) and
+``engine.feat``. Engines never import each other; shared pieces live in
+``hpc_graph.graph`` and ``hpc_graph.ops``.
+"""
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from typing import Any, ClassVar
+
+import torch
+
+from hpc_graph.graph.base import GraphContext
+
+
+class Engine(ABC):
+    """One rank's share of a node-classification problem.
+
+    Args:
+        source: a dataset file (``single``) or a partition directory (``dp``, ``sar``).
+        comm: a :class:`hpc_graph.comm.Communicator` (size 1 for ``single``).
+        device: torch device for tensors and kernels.
+        dtype: floating dtype of features and parameters.
+        options: engine-specific settings (e.g. ``prefetch`` for ``sar``).
+
+    After construction: ``graph`` (GraphContext), ``feat`` float[num_nodes, F],
+    ``label`` int64[num_nodes], ``masks`` {"train"|"val"|"test": bool[num_nodes]},
+    ``num_classes`` (int), ``num_features`` (int).
+    """
+
+    name: ClassVar[str] = ""
+    graph: GraphContext
+    feat: torch.Tensor
+    label: torch.Tensor
+    masks: dict[str, torch.Tensor]
+    num_classes: int
+    num_features: int
+
+    def __init__(self, source: str, comm: Any, device: torch.device, dtype: torch.dtype,
+                 options: dict[str, Any] | None = None):
+        self.source = str(source)
+        self.comm = comm
+        self.device = torch.device(device)
+        self.dtype = dtype
+        self.options = dict(options or {})
+
+    @abstractmethod
+    def stats(self) -> dict[str, float]:
+        """Counters since the last :meth:`reset_stats`: ``bytes_sent``, ``comm_seconds``."""
+
+    @abstractmethod
+    def reset_stats(self) -> None:
+        """Zero the counters returned by :meth:`stats`."""

@@ -1,0 +1,1 @@
+"""CPU twins: @njit(parallel=True, cache=True) kernels."""
