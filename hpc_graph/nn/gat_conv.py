@@ -1,0 +1,90 @@
+"""``GATConv``: graph attention (GATv1, Veličković et al.) over the engine's fused attention."""
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from hpc_graph.graph.base import GraphContext
+from hpc_graph.nn._init import glorot_
+
+_SEED_MOD = 2**31 - 1
+
+
+class GATConv(nn.Module):
+    """Multi-head graph attention.
+
+    ``z = x W`` viewed as [N, H, D]; ``s_src = (z * att_src).sum(-1)``,
+    ``s_dst = (z * att_dst).sum(-1)``; the graph computes
+    ``out_i = sum_j softmax_j(LeakyReLU(s_dst_i + s_src_j)) z_j`` over in-edges
+    (plus the self loop); heads are concatenated ([N, H*D]) or averaged ([N, D]);
+    then the bias is added.
+
+    Attention dropout is drawn by the engine from a hash of a per-call seed and
+    the edge's global end points, so every engine drops the same coefficients.
+    The per-call seed is ``(self.seed, number of training calls)``: identical on
+    all ranks because ``self.seed`` is drawn from torch's RNG at construction
+    (same global seed on every rank) and every rank makes the same calls.
+
+    Args:
+        in_channels: input features F_in.
+        out_channels: features per head D.
+        heads: attention heads H.
+        concat: concatenate heads (else average them).
+        negative_slope: LeakyReLU slope of the attention logits.
+        attn_dropout: probability of dropping an attention coefficient while training.
+        add_self_loops: attend to the node itself too.
+        bias: add a learnable bias (float[H*D] when concatenating, else float[D]).
+
+    Parameters mirror PyG's names: ``lin.weight`` float[H*D, F_in], ``att_src``/``att_dst``
+    float[1, H, D], ``bias``.
+    ``forward(graph, x)``: x float[num_nodes, F_in] -> float[num_nodes, H*D or D].
+    """
+
+    def __init__(self, in_channels: int, out_channels: int, heads: int = 1, concat: bool = True,
+                 negative_slope: float = 0.2, attn_dropout: float = 0.0, add_self_loops: bool = True,
+                 bias: bool = True):
+        super().__init__()
+        self.in_channels = in_channels
+        self.out_channels = out_channels
+        self.heads = heads
+        self.concat = concat
+        self.negative_slope = float(negative_slope)
+        self.attn_dropout = float(attn_dropout)
+        self.add_self_loops = add_self_loops
+        self.lin = nn.Linear(in_channels, heads * out_channels, bias=False)
+        self.att_src = nn.Parameter(torch.empty(1, heads, out_channels))
+        self.att_dst = nn.Parameter(torch.empty(1, heads, out_channels))
+        width = heads * out_channels if concat else out_channels
+        self.bias = nn.Parameter(torch.empty(width)) if bias else None
+        self.seed = int(torch.randint(0, _SEED_MOD, (1,)).item())
+        self._calls = 0
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        glorot_(self.lin.weight)
+        glorot_(self.att_src)
+        glorot_(self.att_dst)
+        if self.bias is not None:
+            nn.init.zeros_(self.bias)
+
+    def _next_seed(self) -> int:
+        self._calls += 1
+        return (self.seed * 1_000_003 + self._calls) % _SEED_MOD
+
+    def forward(self, graph: GraphContext, x: torch.Tensor) -> torch.Tensor:
+        h, d = self.heads, self.out_channels
+        z = self.lin(x).view(-1, h, d)
+        s_src = (z * self.att_src).sum(-1)
+        s_dst = (z * self.att_dst).sum(-1)
+        p = self.attn_dropout if self.training else 0.0
+        seed = self._next_seed() if p > 0 else 0
+        out = graph.gat(z, s_src, s_dst, negative_slope=self.negative_slope, attn_dropout=p,
+                        seed=seed, add_self_loops=self.add_self_loops)
+        out = out.reshape(-1, h * d) if self.concat else out.mean(dim=1)
+        if self.bias is not None:
+            out = out + self.bias
+        return out
+
+    def extra_repr(self) -> str:
+        return (f"{self.in_channels}, {self.out_channels}, heads={self.heads}, concat={self.concat}, "
+                f"attn_dropout={self.attn_dropout}")

@@ -1,0 +1,53 @@
+"""``SAGEConv``: GraphSAGE convolution with mean aggregation (Hamilton et al.)."""
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from hpc_graph.graph.base import GraphContext
+
+
+class SAGEConv(nn.Module):
+    """``out_i = lin_l(mean_{j->i} x_j) + lin_r(x_i)`` (PyG ``SAGEConv`` semantics, ``aggr="mean"``).
+
+    A node without in-edges aggregates to zero (its output is ``lin_l.bias + lin_r(x_i)``).
+    When ``out_channels < in_channels`` the projection ``lin_l`` is applied before
+    the aggregation (exact, since the mean is linear and ``lin_l(0) = bias``):
+    fewer features travel between ranks.
+
+    Args:
+        in_channels: input features F_in.
+        out_channels: output features F_out.
+        root_weight: add ``lin_r(x_i)``.
+        bias: bias of ``lin_l``.
+
+    Parameters mirror PyG's names: ``lin_l.weight``/``lin_l.bias``, ``lin_r.weight``.
+    ``forward(graph, x)``: x float[num_nodes, F_in] -> float[num_nodes, F_out].
+    """
+
+    def __init__(self, in_channels: int, out_channels: int, root_weight: bool = True, bias: bool = True):
+        super().__init__()
+        self.in_channels = in_channels
+        self.out_channels = out_channels
+        self.lin_l = nn.Linear(in_channels, out_channels, bias=bias)
+        self.lin_r = nn.Linear(in_channels, out_channels, bias=False) if root_weight else None
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        self.lin_l.reset_parameters()
+        if self.lin_r is not None:
+            self.lin_r.reset_parameters()
+
+    def forward(self, graph: GraphContext, x: torch.Tensor) -> torch.Tensor:
+        if self.out_channels < self.in_channels:
+            out = graph.aggregate(nn.functional.linear(x, self.lin_l.weight), "mean")
+            if self.lin_l.bias is not None:
+                out = out + self.lin_l.bias
+        else:
+            out = self.lin_l(graph.aggregate(x, "mean"))
+        if self.lin_r is not None:
+            out = out + self.lin_r(x)
+        return out
+
+    def extra_repr(self) -> str:
+        return f"{self.in_channels}, {self.out_channels}, root_weight={self.lin_r is not None}"
