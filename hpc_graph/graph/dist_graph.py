@@ -1,0 +1,283 @@
+"""``DistGraph``: one partition of a graph in memory, as the distributed engines use it.
+
+A rank ``p`` of ``N`` owns the nodes with new global ids
+``[node_ranges[p], node_ranges[p+1])`` (local ids ``0 .. num_owned-1``) and
+sees the *halo* nodes of other partitions that have an edge into one of its
+owned nodes (local ids ``num_owned .. num_owned+num_halo-1``, sorted by global
+id, hence grouped by owner). Every in-edge of an owned node is stored here, so
+the global in-degree of an owned node is its local row length.
+
+Built from a :class:`data_io.partition.Partition`:
+
+* ``local``: CSR over owned destinations whose columns index ``[owned | halo]``
+  (what the ``dp`` engine multiplies after a halo exchange);
+* ``blocks[q]``: the SAR block G_{p,q}: the edges whose source is owned by
+  ``q``; for ``q == p`` the columns are owned local ids, otherwise the halo
+  columns of ``q`` re-based to 0 (``num_src = halo_count(q)``). Only blocks of
+  partitions that share a halo are present (plus ``p`` itself);
+* send/recv plans: ``send_lid[q]`` owned local ids whose rows rank ``q`` needs
+  (in the order of q's halo block for ``p``), ``recv_count[q]`` halo rows owned
+  by ``q`` (both only for peers with a non-empty list);
+* ``book``: the partition book (global id -> owner / local id).
+"""
+from __future__ import annotations
+
+import json
+import logging
+import os
+from typing import Any
+
+import numpy as np
+import torch
+
+from hpc_graph.ops.csr import CSR
+
+log = logging.getLogger(__name__)
+
+
+class _RangeBook:
+    """Range partition book: owner and local id of new global ids (``node_ranges`` int64[P+1])."""
+
+    def __init__(self, node_ranges: np.ndarray):
+        self.node_ranges = np.asarray(node_ranges, dtype=np.int64)
+        self.num_parts = int(len(self.node_ranges) - 1)
+
+    def owner(self, gid) -> np.ndarray:
+        """int64[...]: partition owning each global id."""
+        return np.searchsorted(self.node_ranges, np.asarray(gid, dtype=np.int64), side="right") - 1
+
+    def to_local(self, gid) -> np.ndarray:
+        """int64[...]: id of each global id inside its owner's owned range."""
+        gid = np.asarray(gid, dtype=np.int64)
+        return gid - self.node_ranges[self.owner(gid)]
+
+
+def _partition_book(node_ranges: np.ndarray) -> Any:
+    """``data_io.partition.PartitionBook`` over ``node_ranges`` when available, else a local range book."""
+    try:
+        from data_io.partition import PartitionBook
+    except ImportError:
+        return _RangeBook(node_ranges)
+    try:
+        return PartitionBook(np.asarray(node_ranges, dtype=np.int64))
+    except TypeError:  # a different constructor signature: fall back to the plain range book
+        return _RangeBook(node_ranges)
+
+
+def transpose_csr(g: CSR) -> CSR:
+    """The transpose of ``g`` as a CSR (``num_dst`` and ``num_src`` swapped, weights permuted)."""
+    indptr_t, indices_t, perm = g.csc()
+    w = None if g.edge_weight is None else g.edge_weight[perm]
+    return CSR(indptr_t, indices_t, g.num_dst, w, validate=False)
+
+
+class DistGraph:
+    """One rank's partition: owned + halo nodes, local CSR, SAR blocks, send/recv plans.
+
+    Attributes:
+        part_id, num_parts: this partition and the partition count.
+        num_owned (n), num_halo (h), global_num_nodes.
+        node_ranges: int64[P+1] NumPy; owned range of part q is ``[node_ranges[q], node_ranges[q+1])``.
+        halo_offsets: int64[P+1] NumPy; halo rows of q are ``halo_gid[halo_offsets[q]:halo_offsets[q+1]]``.
+        halo_gid: int64[h] tensor (on ``device``).
+        local_gid: int64[n+h] tensor: global id of each column of ``local``.
+        gid: int64[n] tensor: global id of each owned node.
+        in_degree: int64[n] tensor: in-degree of each owned node in the whole graph.
+        local: CSR [n x (n+h)].
+        blocks: {q: CSR} for q == part_id and every q with halo rows here.
+        send_lid: {q: int64[s_q] tensor} owned rows to send to q (non-empty only).
+        recv_count: {q: int} halo rows owned by q (non-zero only).
+        book: partition book (``owner(gid)``, ``to_local(gid)``).
+    """
+
+    def __init__(self, *, part_id: int, num_parts: int, node_ranges: np.ndarray,
+                 halo_gid: np.ndarray, halo_offsets: np.ndarray, indptr: np.ndarray,
+                 indices: np.ndarray, send_offsets: np.ndarray, send_lid: np.ndarray,
+                 edge_weight: np.ndarray | None = None, global_num_nodes: int | None = None,
+                 device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32):
+        self.part_id = int(part_id)
+        self.num_parts = int(num_parts)
+        self.node_ranges = np.asarray(node_ranges, dtype=np.int64)
+        self.halo_offsets = np.asarray(halo_offsets, dtype=np.int64)
+        self.device = torch.device(device)
+        self.dtype = dtype
+        p = self.part_id
+        n = int(self.node_ranges[p + 1] - self.node_ranges[p])
+        halo_gid = np.asarray(halo_gid, dtype=np.int64)
+        h = int(len(halo_gid))
+        self.num_owned, self.num_halo = n, h
+        self.first_gid = int(self.node_ranges[p])
+        self.global_num_nodes = int(self.node_ranges[-1] if global_num_nodes is None else global_num_nodes)
+        self.book = _partition_book(self.node_ranges)
+
+        indptr = np.asarray(indptr, dtype=np.int64)
+        indices = np.asarray(indices, dtype=np.int64)
+        w = None if edge_weight is None else torch.as_tensor(np.asarray(edge_weight)).to(dtype)
+        self.local = CSR(indptr, indices, n + h, w).to(self.device)
+        self.in_degree = self.local.in_degree()
+        self.gid = torch.arange(self.first_gid, self.first_gid + n, dtype=torch.int64, device=self.device)
+        self.halo_gid = torch.as_tensor(halo_gid).to(self.device)
+        self.local_gid = torch.cat([self.gid, self.halo_gid])
+
+        # per-source-partition blocks: stable split of each row's edges by the owner of the column
+        counts = np.diff(self.halo_offsets)
+        owner = np.full(len(indices), p, dtype=np.int64)
+        is_halo = indices >= n
+        owner[is_halo] = np.searchsorted(self.halo_offsets, indices[is_halo] - n, side="right") - 1
+        dst = np.repeat(np.arange(n, dtype=np.int64), np.diff(indptr))
+        order = np.argsort(owner, kind="stable")  # stays destination-major within a block
+        bounds = np.searchsorted(owner[order], np.arange(self.num_parts + 1))
+        self.blocks: dict[int, CSR] = {}
+        for q in range(self.num_parts):
+            if q != p and counts[q] == 0:
+                continue
+            sel = order[bounds[q]:bounds[q + 1]]
+            cols = indices[sel] - (0 if q == p else n + self.halo_offsets[q])
+            bptr = np.zeros(n + 1, dtype=np.int64)
+            np.cumsum(np.bincount(dst[sel], minlength=n), out=bptr[1:])
+            bw = None if w is None else w[torch.from_numpy(sel)]
+            self.blocks[q] = CSR(bptr, cols, n if q == p else int(counts[q]), bw).to(self.device)
+        self._blocks_t: dict[int, CSR] = {}
+
+        send_offsets = np.asarray(send_offsets, dtype=np.int64)
+        send_lid = np.asarray(send_lid, dtype=np.int64)
+        self.send_lid: dict[int, torch.Tensor] = {}
+        self.recv_count: dict[int, int] = {}
+        for q in range(self.num_parts):
+            lo, hi = int(send_offsets[q]), int(send_offsets[q + 1])
+            if hi > lo:
+                self.send_lid[q] = torch.as_tensor(send_lid[lo:hi]).to(self.device)
+            if counts[q] > 0:
+                self.recv_count[q] = int(counts[q])
+        self._identity: CSR | None = None
+
+    # ------------------------------------------------------------------ construction
+    @classmethod
+    def from_partition(cls, part: Any, comm: Any = None, device: torch.device | str = "cpu",
+                       dtype: torch.dtype = torch.float32, source: str | None = None) -> "DistGraph":
+        """Build from a :class:`data_io.partition.Partition`.
+
+        Args:
+            part: the partition of this rank.
+            comm: communicator; when given, its ``size`` must equal ``part.num_parts``
+                and its ``rank`` must equal ``part.part_id`` (``ValueError`` otherwise).
+            device: where tensors and CSR structures live.
+            dtype: floating dtype for edge weights.
+            source: partition directory, named in errors.
+        """
+        if comm is not None:
+            check_ranks(part.num_parts, comm, source)
+            if int(comm.rank) != int(part.part_id):
+                raise ValueError(f"{source or 'partition'}: rank {comm.rank} was given part {part.part_id}")
+        return cls(part_id=part.part_id, num_parts=part.num_parts, node_ranges=part.node_ranges,
+                   halo_gid=part.halo_gid, halo_offsets=part.halo_offsets, indptr=part.indptr,
+                   indices=part.indices, send_offsets=part.send_offsets, send_lid=part.send_lid,
+                   edge_weight=part.edge_weight, global_num_nodes=part.global_num_nodes or None,
+                   device=device, dtype=dtype)
+
+    # ------------------------------------------------------------------ queries
+    def halo_range(self, q: int) -> tuple[int, int]:
+        """Rows ``[lo, hi)`` of the halo (0-based within the halo) owned by partition ``q``."""
+        return int(self.halo_offsets[q]), int(self.halo_offsets[q + 1])
+
+    def block_gid(self, q: int) -> torch.Tensor:
+        """int64[num_src of block q]: global ids of the source columns of block G_{p,q}."""
+        if q == self.part_id:
+            return self.gid
+        lo, hi = self.halo_range(q)
+        return self.halo_gid[lo:hi]
+
+    def block_t(self, q: int) -> CSR:
+        """Transpose of ``blocks[q]`` (``[num_src x n]``), built once and cached."""
+        if q not in self._blocks_t:
+            self._blocks_t[q] = transpose_csr(self.blocks[q])
+        return self._blocks_t[q]
+
+    def identity(self) -> CSR:
+        """The self-loop block: identity CSR over owned nodes (``[n x n]``)."""
+        if self._identity is None:
+            n = self.num_owned
+            self._identity = CSR(torch.arange(n + 1, device=self.device),
+                                 torch.arange(n, device=self.device), n, validate=False)
+        return self._identity
+
+    def local_self_loops(self) -> CSR:
+        """``local`` with a self-loop edge ``i -> i`` appended to every owned row, built once.
+
+        ``[n x (n+h)]``: the one-block form of attention with self loops (GAT in ``dp``).
+        """
+        if "self_loops" not in self.local._cache:
+            g, n = self.local, self.num_owned
+            ar = torch.arange(n + 1, device=self.device)
+            indptr = g.indptr + ar
+            indices = torch.empty(g.num_edges + n, dtype=torch.int64, device=self.device)
+            rows = torch.repeat_interleave(ar[:-1], g.in_degree())
+            indices[torch.arange(g.num_edges, device=self.device) + rows] = g.indices
+            indices[indptr[1:] - 1] = ar[:-1]
+            self.local._cache["self_loops"] = CSR(indptr, indices, g.num_src, validate=False)
+        return self.local._cache["self_loops"]
+
+    def send_count(self, q: int) -> int:
+        """Rows this rank sends to ``q`` per halo exchange (0 if none)."""
+        t = self.send_lid.get(q)
+        return 0 if t is None else int(t.shape[0])
+
+    def __repr__(self) -> str:
+        return (f"DistGraph(part {self.part_id}/{self.num_parts}, owned={self.num_owned}, "
+                f"halo={self.num_halo}, edges={self.local.num_edges}, peers={sorted(self.recv_count)})")
+
+
+def check_ranks(num_parts: int, comm: Any, source: str | None = None) -> None:
+    """``ValueError`` unless the job has exactly ``num_parts`` ranks (names the partition directory)."""
+    if int(comm.size) != int(num_parts):
+        raise ValueError(f"{source or 'partition'}: partitioned into {int(num_parts)} parts but the job "
+                         f"runs {int(comm.size)} ranks; launch with {int(num_parts)} ranks or re-partition")
+
+
+def load_dist_graph(directory: str | os.PathLike, comm: Any, device: torch.device | str = "cpu",
+                    dtype: torch.dtype = torch.float32) -> tuple["DistGraph", Any]:
+    """Read this rank's part of partition directory ``directory`` and build its DistGraph.
+
+    Checks the rank count against ``partition.json`` before reading the part file.
+    Returns ``(DistGraph, Partition)``; the Partition carries feat/label/masks as NumPy.
+    """
+    from data_io import partition as _partition
+
+    directory = str(directory)
+    reader = getattr(_partition, "read_partition_meta", None)
+    if reader is not None:
+        meta = reader(directory)
+        num_parts = meta["num_parts"] if isinstance(meta, dict) else meta.num_parts
+    else:
+        with open(os.path.join(directory, "partition.json"), encoding="utf-8") as f:
+            num_parts = json.load(f)["num_parts"]
+    check_ranks(num_parts, comm, directory)
+    part = _partition.read_partition(directory, int(comm.rank))
+    dg = DistGraph.from_partition(part, comm, device, dtype, source=directory)
+    log.debug("rank %d: %r", comm.rank, dg)
+    return dg, part
+
+
+def partition_tensors(part: Any, device: torch.device | str, dtype: torch.dtype,
+                      source: str = "partition") -> dict[str, Any]:
+    """Node data of a Partition as tensors on ``device``.
+
+    Returns ``{"feat": float[n, F] (dtype), "label": int64[n] (-1 where unlabelled),
+    "masks": {"train"|"val"|"test": bool[n]} (all False when absent), "num_classes": int,
+    "num_features": int}``. ``ValueError`` naming ``source`` when the part has no features.
+    """
+    n = part.num_owned
+    if part.feat is None:
+        raise ValueError(f"{source}: part {part.part_id} has no node features (/node/feat)")
+    feat = torch.as_tensor(np.asarray(part.feat)).to(device=device, dtype=dtype)
+    if part.label is None:
+        label = torch.full((n,), -1, dtype=torch.int64, device=device)
+    else:
+        label = torch.as_tensor(np.asarray(part.label, dtype=np.int64)).to(device)
+    masks = {}
+    for name in ("train", "val", "test"):
+        m = getattr(part, f"{name}_mask")
+        masks[name] = (torch.zeros(n, dtype=torch.bool, device=device) if m is None
+                       else torch.as_tensor(np.asarray(m, dtype=np.bool_)).to(device))
+    return {"feat": feat, "label": label, "masks": masks, "num_classes": int(part.num_classes),
+            "num_features": int(feat.shape[1])}

@@ -1,0 +1,264 @@
+"""Sequential aggregation and rematerialisation (SAR, Mostafa, MLSys'22): the autograd Functions.
+
+Rank ``p`` of ``N`` aggregates its local block G_{p,p}, then the remote blocks
+G_{p,q} one at a time in a rotation: at step ``k = 1..N-1`` it sends its rows to
+``(p+k) % N`` and receives the rows of ``q = (p-k) % N`` (every rank talks to
+one peer per direction per step, so the schedule cannot deadlock). At most one
+remote block is resident, plus the next one when ``prefetch`` is on (its
+exchange is started before the current block is computed: memory ~3/N of the
+halo instead of 2/N). Autograd is off inside the aggregation: each Function's
+forward saves only local tensors.
+
+Backward, case 1 (``sum``/``mean``, i.e. GCN/SAGE): the gradient of the remote
+rows ``A_{p,q}^T g`` does not depend on their values, so it is computed locally
+and sent straight back to ``q`` (rotation in the other direction); no re-fetch.
+
+Backward, case 2 (GAT): each remote block's ``z`` and ``s_src`` rows are fetched
+again, the attention is recomputed block by block with the fused kernel's
+block-wise backward (using the running max/denominator kept from the forward),
+and the remote rows' gradients go back to their owner. No E x H attention
+tensor is ever stored, and all halo rows are never resident at once.
+"""
+from __future__ import annotations
+
+from typing import Any, Iterator
+
+import torch
+
+from hpc_graph.ops.attention_state import AttentionState
+from hpc_graph.ops.gat_attention import accumulate, backward_block, finalize, init_state, output_delta
+from hpc_graph.ops.spmm import spmm
+
+
+def _steps(p: int, n: int) -> list[tuple[int, int]]:
+    """Rotation schedule: step k -> ``(send_to, recv_from) = ((p+k) % n, (p-k) % n)``, k = 1..n-1."""
+    return [((p + k) % n, (p - k) % n) for k in range(1, n)]
+
+
+def _start(comm: Any, sends: dict, specs: dict, prefetch: bool):
+    """Start (prefetch) or run an exchange; returns a handle, a finished dict, or None if there is nothing to do."""
+    if not sends and not specs:
+        return None
+    if prefetch:
+        return comm.exchange_start(sends, specs)
+    return comm.exchange(sends, specs)
+
+
+def _finish(pending) -> dict:
+    if pending is None:
+        return {}
+    if isinstance(pending, dict):
+        return pending
+    return pending.wait()
+
+
+def _fetch_rotation(dg: Any, comm: Any, rows_for, feat: tuple[int, ...], dtype: torch.dtype,
+                    prefetch: bool) -> Iterator[tuple[int, int, torch.Tensor | None]]:
+    """Fetch the remote blocks' source rows one peer at a time.
+
+    ``rows_for(q)`` returns float[send_count(q), *feat], the rows rank ``q`` needs from us.
+    Yields ``(send_to, recv_from, rows)`` per step, ``rows`` float[recv_count(recv_from), *feat]
+    or None when ``recv_from`` owns no halo row of ours. With ``prefetch`` the next step's
+    exchange is in flight while the caller works on the current one.
+    """
+    steps = _steps(dg.part_id, dg.num_parts)
+
+    def start(i: int):
+        dst, src = steps[i]
+        sends = {dst: rows_for(dst)} if dg.send_count(dst) else {}
+        specs = {src: ((dg.recv_count[src], *feat), dtype)} if src in dg.recv_count else {}
+        return _start(comm, sends, specs, prefetch), sends
+
+    pending = start(0) if steps and prefetch else None
+    for i, (dst, src) in enumerate(steps):
+        if prefetch:
+            got = _finish(pending[0])
+            pending = start(i + 1) if i + 1 < len(steps) else None
+        else:
+            got = _finish(start(i)[0])
+        rows = got.get(src)
+        del got
+        yield dst, src, rows
+        del rows
+
+
+class _Returns:
+    """Send remote rows' gradients back to their owners, one exchange per rotation step.
+
+    Step ``(send_to, recv_from)`` of the fetch rotation becomes: send the gradient of
+    ``recv_from``'s rows to ``recv_from``; receive from ``send_to`` the gradient of the
+    rows we sent it, summed into ``grad`` at ``send_lid[send_to]``. With ``prefetch``
+    one return is left in flight while the next block is computed.
+    """
+
+    def __init__(self, dg: Any, comm: Any, grad: torch.Tensor, prefetch: bool):
+        self.dg, self.comm, self.grad, self.prefetch = dg, comm, grad, prefetch
+        self.feat = tuple(grad.shape[1:])
+        self._pending = None
+
+    def push(self, send_to: int, recv_from: int, grad_rows: torch.Tensor | None) -> None:
+        sends = {} if grad_rows is None else {recv_from: grad_rows.contiguous()}
+        specs = ({send_to: ((self.dg.send_count(send_to), *self.feat), self.grad.dtype)}
+                 if self.dg.send_count(send_to) else {})
+        self._drain()
+        self._pending = (_start(self.comm, sends, specs, self.prefetch), sends)
+        if not self.prefetch:
+            self._drain()
+
+    def _drain(self) -> None:
+        if self._pending is not None:
+            got = _finish(self._pending[0])
+            self._pending = None
+            for q, g in got.items():
+                self.grad.index_add_(0, self.dg.send_lid[q], g)
+
+    def close(self) -> torch.Tensor:
+        self._drain()
+        return self.grad
+
+
+class SARAggregate(torch.autograd.Function):
+    """``out = SARAggregate.apply(x, dg, comm, reduce, prefetch)``: sum/mean over in-edges, block by block.
+
+    Args:
+        x: float[n, F] rows of owned nodes.
+        dg: :class:`hpc_graph.graph.dist_graph.DistGraph` (blocks, plans, in-degree).
+        comm: communicator (``exchange``, ``exchange_start``).
+        reduce: ``"sum"`` or ``"mean"`` (divide by the global in-degree, 0 rows for none).
+        prefetch: overlap the next block's exchange with the current block's compute.
+    Returns:
+        float[n, F]. Saves nothing but references to the graph (case 1 backward).
+    """
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, dg: Any, comm: Any, reduce: str, prefetch: bool) -> torch.Tensor:
+        if reduce not in ("sum", "mean"):
+            raise ValueError(f"reduce: expected 'sum' or 'mean', got {reduce!r}")
+        p = dg.part_id
+        x = x.detach()
+        out = spmm(dg.blocks[p], x, "sum")
+        feat = tuple(x.shape[1:])
+        for _, src, rows in _fetch_rotation(dg, comm, lambda q: x.index_select(0, dg.send_lid[q]),
+                                             feat, x.dtype, prefetch):
+            if rows is not None:
+                out += spmm(dg.blocks[src], rows, "sum")
+        if reduce == "mean":
+            out /= dg.in_degree.clamp(min=1).to(out.dtype).view(-1, *([1] * len(feat)))
+        ctx.dg, ctx.comm, ctx.reduce, ctx.prefetch = dg, comm, reduce, prefetch
+        return out
+
+    @staticmethod
+    def backward(ctx, grad_out: torch.Tensor):
+        dg, comm = ctx.dg, ctx.comm
+        g = grad_out.contiguous()
+        if ctx.reduce == "mean":
+            g = g / dg.in_degree.clamp(min=1).to(g.dtype).view(-1, *([1] * (g.dim() - 1)))
+        grad_x = spmm(dg.block_t(dg.part_id), g, "sum")
+        returns = _Returns(dg, comm, grad_x, ctx.prefetch)
+        for send_to, recv_from in _steps(dg.part_id, dg.num_parts):
+            rows = spmm(dg.block_t(recv_from), g, "sum") if recv_from in dg.recv_count else None
+            returns.push(send_to, recv_from, rows)
+            del rows
+        return returns.close(), None, None, None, None
+
+
+def sar_aggregate(x: torch.Tensor, dg: Any, comm: Any, reduce: str = "sum",
+                  prefetch: bool = False) -> torch.Tensor:
+    """float[n, F] sum/mean of in-neighbour rows of ``x`` float[n, F] (see :class:`SARAggregate`)."""
+    return SARAggregate.apply(x, dg, comm, reduce, prefetch)
+
+
+def _pack(z: torch.Tensor, s: torch.Tensor, rows: torch.Tensor | None = None) -> torch.Tensor:
+    """float[k, H*D + H]: rows of ``z`` float[n, H, D] and ``s`` float[n, H] side by side (one message)."""
+    if rows is not None:
+        z, s = z.index_select(0, rows), s.index_select(0, rows)
+    return torch.cat([z.reshape(z.shape[0], -1), s], 1)
+
+
+def _unpack(packed: torch.Tensor, heads: int, dim: int) -> tuple[torch.Tensor, torch.Tensor]:
+    return (packed[:, :heads * dim].reshape(-1, heads, dim).contiguous(),
+            packed[:, heads * dim:].contiguous())
+
+
+class SARGat(torch.autograd.Function):
+    """``out = SARGat.apply(z, s_src, s_dst, dg, comm, negative_slope, attn_dropout, seed,
+    add_self_loops, prefetch)``: GATv1 attention over in-edges, block by block.
+
+    Args:
+        z: float[n, H, D], s_src: float[n, H], s_dst: float[n, H] of owned nodes.
+        dg, comm, prefetch: as for :class:`SARAggregate`.
+        negative_slope, attn_dropout, seed: as for :func:`hpc_graph.ops.gat_attention.gat_attention`
+            (dropout hashed on global ids, so it matches every other engine).
+        add_self_loops: add the identity block (each node attends to itself).
+    Returns:
+        float[n, H, D]. Saves ``z``, ``s_src``, ``s_dst``, the output and the softmax
+        state (running max ``m`` and denominator ``l``, float[n, H]): all local.
+    """
+
+    @staticmethod
+    def forward(ctx, z, s_src, s_dst, dg, comm, negative_slope, attn_dropout, seed,
+                add_self_loops, prefetch):
+        z, s_src, s_dst = z.detach().contiguous(), s_src.detach().contiguous(), s_dst.detach().contiguous()
+        n, heads, dim = z.shape
+        kw = dict(negative_slope=float(negative_slope), attn_dropout=float(attn_dropout),
+                  seed=int(seed), dst_gid=dg.gid)
+        state = init_state(n, heads, dim, z.dtype, z.device)
+        accumulate(state, dg.blocks[dg.part_id], z, s_src, s_dst, src_gid=dg.gid, **kw)
+        if add_self_loops:
+            accumulate(state, dg.identity(), z, s_src, s_dst, src_gid=dg.gid, **kw)
+        for _, src, rows in _fetch_rotation(dg, comm, lambda q: _pack(z, s_src, dg.send_lid[q]),
+                                             (heads * dim + heads,), z.dtype, prefetch):
+            if rows is not None:
+                z_q, s_q = _unpack(rows, heads, dim)
+                del rows
+                accumulate(state, dg.blocks[src], z_q, s_q, s_dst, src_gid=dg.block_gid(src), **kw)
+                del z_q, s_q
+        out = finalize(state)
+        ctx.save_for_backward(z, s_src, s_dst, state.m, state.l, out)
+        ctx.dg, ctx.comm, ctx.kw = dg, comm, kw
+        ctx.add_self_loops, ctx.prefetch = add_self_loops, prefetch
+        return out
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        z, s_src, s_dst, m, l, out = ctx.saved_tensors
+        dg, comm, kw = ctx.dg, ctx.comm, ctx.kw
+        n, heads, dim = z.shape
+        state = AttentionState(m, l, out, finalized=True)
+        g = grad_out.contiguous()
+        delta = output_delta(state, g)
+        grad_z, grad_s_src, grad_s_dst = backward_block(state, g, delta, dg.blocks[dg.part_id], z, s_src,
+                                                        s_dst, src_gid=dg.gid, **kw)
+        if ctx.add_self_loops:
+            gz, gs, gd = backward_block(state, g, delta, dg.identity(), z, s_src, s_dst, src_gid=dg.gid, **kw)
+            grad_z += gz
+            grad_s_src += gs
+            grad_s_dst += gd
+            del gz, gs, gd
+        # case 2: re-fetch each remote block, recompute its attention, return its gradients
+        returns = _Returns(dg, comm, z.new_zeros((n, heads * dim + heads)), ctx.prefetch)
+        for send_to, src, rows in _fetch_rotation(dg, comm, lambda q: _pack(z, s_src, dg.send_lid[q]),
+                                                  (heads * dim + heads,), z.dtype, ctx.prefetch):
+            grad_rows = None
+            if rows is not None:
+                z_q, s_q = _unpack(rows, heads, dim)
+                del rows
+                gz, gs, gd = backward_block(state, g, delta, dg.blocks[src], z_q, s_q, s_dst,
+                                            src_gid=dg.block_gid(src), **kw)
+                grad_s_dst += gd
+                grad_rows = _pack(gz, gs)
+                del z_q, s_q, gz, gs, gd
+            returns.push(send_to, src, grad_rows)
+            del grad_rows
+        back = returns.close()
+        grad_z += back[:, :heads * dim].view(n, heads, dim)
+        grad_s_src += back[:, heads * dim:]
+        return grad_z, grad_s_src, grad_s_dst, None, None, None, None, None, None, None
+
+
+def sar_gat(z: torch.Tensor, s_src: torch.Tensor, s_dst: torch.Tensor, dg: Any, comm: Any, *,
+            negative_slope: float = 0.2, attn_dropout: float = 0.0, seed: int = 0,
+            add_self_loops: bool = True, prefetch: bool = False) -> torch.Tensor:
+    """float[n, H, D] GAT attention aggregation run block by block (see :class:`SARGat`)."""
+    return SARGat.apply(z, s_src, s_dst, dg, comm, negative_slope, attn_dropout, seed,
+                        add_self_loops, prefetch)
