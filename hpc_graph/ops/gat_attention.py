@@ -1,0 +1,188 @@
+"""Fused GATv1 attention: block-wise functions (for SAR) and the one-shot autograd op.
+
+``out[i,h,:] = sum_j softmax_j(LeakyReLU(s_dst[i,h] + s_src[j,h])) * z[j,h,:]``
+over the in-edges ``j -> i`` of a :class:`~hpc_graph.ops.csr.CSR`, computed by
+the numba kernels in ``numba_kernels/{cpu,cuda}/gat_attention.py`` without
+ever materialising an E x H attention tensor.
+
+Block-wise use (sources split into blocks, e.g. SAR's G_{p,q}; every block is
+a CSR over the same destinations whose columns are block-local source ids)::
+
+    state = init_state(num_dst, H, D, dtype)
+    for blk, z_q, s_q in blocks:
+        accumulate(state, blk, z_q, s_q, s_dst)
+    out = finalize(state)
+    # backward, given grad_out:
+    delta = output_delta(state, grad_out)
+    for blk, z_q, s_q in blocks:
+        gz_q, gs_q, gsd = backward_block(state, grad_out, delta, blk, z_q, s_q, s_dst)
+        grad_s_dst += gsd
+
+The result does not depend on how the sources are split.  Self-loops are NOT
+added: pass them as an extra block (for example ``CSR(arange(N+1), arange(N))``
+over the destinations' own rows).
+
+Attention dropout drops head ``h`` of edge ``(i, j)`` by a splitmix64 hash of
+``(seed, dst_gid[i], src_gid[j], h)`` (kept values scaled by ``1/(1-p)``), so
+every engine and every block split drops the same coefficients and backward
+recomputes the same mask.  Global ids default to local ids (``src_gid`` to the
+block's column ids, ``dst_gid`` to the row ids).
+"""
+from __future__ import annotations
+
+import torch
+
+from hpc_graph.ops._bridge import as_array, kernel_device
+from hpc_graph.ops.attention_state import (AttentionState, check_block, check_tensor, finalize,
+                                           init_state, output_delta)
+from hpc_graph.ops.csr import CSR
+from numba_kernels import get_kernel
+
+__all__ = ["AttentionState", "init_state", "accumulate", "finalize", "output_delta", "backward_block",
+           "GATAttention", "gat_attention"]
+
+_NO_IDS = torch.empty(0, dtype=torch.int64)
+
+
+def _check_dropout(attn_dropout: float, seed: int) -> tuple[float, int]:
+    p = float(attn_dropout)
+    if not 0.0 <= p < 1.0:
+        raise ValueError(f"attn_dropout: must be in [0, 1), got {attn_dropout}")
+    if int(seed) < 0:
+        raise ValueError(f"seed: must be >= 0, got {seed}")
+    return p, int(seed) & 0x7FFFFFFFFFFFFFFF
+
+
+def _gids(name: str, gid, n: int, p: float, device) -> torch.Tensor:
+    """int64[n] global ids (arange when ``None``); an empty tensor when dropout is off."""
+    if p == 0.0:
+        return _NO_IDS.to(device)
+    if gid is None:
+        return torch.arange(n, dtype=torch.int64, device=device)
+    gid = torch.as_tensor(gid, device=device)
+    if gid.dtype != torch.int64 or tuple(gid.shape) != (n,):
+        raise ValueError(f"{name}: expected an int64 tensor of shape ({n},), got {gid.dtype} {tuple(gid.shape)}")
+    return gid
+
+
+def _check_inputs(state: AttentionState, block: CSR, z_block, s_src_block, s_dst) -> None:
+    ref = state.acc
+    check_block("block", block, state.num_dst, ref.device)
+    check_tensor("z_block", z_block, (block.num_src, state.heads, state.dim), ref.dtype, ref.device)
+    check_tensor("s_src_block", s_src_block, (block.num_src, state.heads), ref.dtype, ref.device)
+    check_tensor("s_dst", s_dst, (state.num_dst, state.heads), ref.dtype, ref.device)
+
+
+def accumulate(state: AttentionState, block: CSR, z_block: torch.Tensor, s_src_block: torch.Tensor,
+               s_dst: torch.Tensor, negative_slope: float = 0.2, attn_dropout: float = 0.0, seed: int = 0,
+               src_gid: torch.Tensor | None = None, dst_gid: torch.Tensor | None = None) -> None:
+    """Fold one block of sources into ``state`` (in place, no autograd).
+
+    Args:
+        state: from :func:`init_state` (num_dst rows, H heads, D features).
+        block: CSR with ``num_dst`` rows; columns are block-local source ids.
+        z_block: float[block.num_src, H, D] source features; s_src_block: float[block.num_src, H].
+        s_dst: float[num_dst, H] destination scores.
+        negative_slope: LeakyReLU slope; attn_dropout: probability in [0, 1); seed: int >= 0.
+        src_gid: int64[block.num_src], dst_gid: int64[num_dst]: global ids for the dropout hash.
+    """
+    if state.finalized:
+        raise ValueError("accumulate: state is already finalized")
+    _check_inputs(state, block, z_block, s_src_block, s_dst)
+    p, seed = _check_dropout(attn_dropout, seed)
+    dev = state.acc.device
+    get_kernel("gat_attention.accumulate", kernel_device(state.acc))(
+        as_array(block.indptr), as_array(block.indices), as_array(z_block), as_array(s_src_block),
+        as_array(s_dst), as_array(_gids("src_gid", src_gid, block.num_src, p, dev)),
+        as_array(_gids("dst_gid", dst_gid, state.num_dst, p, dev)), float(negative_slope), p, seed,
+        as_array(state.m), as_array(state.l), as_array(state.acc))
+
+
+def backward_block(state: AttentionState, grad_out: torch.Tensor, delta: torch.Tensor, block: CSR,
+                   z_block: torch.Tensor, s_src_block: torch.Tensor, s_dst: torch.Tensor,
+                   negative_slope: float = 0.2, attn_dropout: float = 0.0, seed: int = 0,
+                   src_gid: torch.Tensor | None = None, dst_gid: torch.Tensor | None = None,
+                   ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Gradients of one block, recomputing its attention scores (no autograd).
+
+    Args:
+        state: the finalized forward state (``m``, ``l``, output in ``acc``).
+        grad_out: float[num_dst, H, D] gradient of the output.
+        delta: float[num_dst, H] from :func:`output_delta` (computed once for all blocks).
+        block, z_block, s_src_block, s_dst, negative_slope, attn_dropout, seed, src_gid, dst_gid:
+            exactly as passed to :func:`accumulate` for this block.
+    Returns:
+        ``(grad_z_block float[num_src, H, D], grad_s_src_block float[num_src, H],
+        grad_s_dst float[num_dst, H])``; the last is this block's share, to be
+        summed over all blocks.
+    """
+    if not state.finalized:
+        raise ValueError("backward_block: the state must be finalized first")
+    _check_inputs(state, block, z_block, s_src_block, s_dst)
+    ref = state.acc
+    check_tensor("grad_out", grad_out, tuple(ref.shape), ref.dtype, ref.device)
+    check_tensor("delta", delta, tuple(state.m.shape), ref.dtype, ref.device)
+    p, seed = _check_dropout(attn_dropout, seed)
+    dev = ref.device
+    device = kernel_device(ref)
+    src_ids = as_array(_gids("src_gid", src_gid, block.num_src, p, dev))
+    dst_ids = as_array(_gids("dst_gid", dst_gid, state.num_dst, p, dev))
+    grad_z = torch.zeros_like(z_block)
+    grad_s_src = torch.zeros_like(s_src_block)
+    grad_s_dst = torch.zeros_like(s_dst)
+    common = (as_array(z_block), as_array(s_src_block), as_array(s_dst), src_ids, dst_ids,
+              float(negative_slope), p, seed, as_array(state.m), as_array(state.l),
+              as_array(grad_out), as_array(delta))
+    get_kernel("gat_attention.backward_dst", device)(
+        as_array(block.indptr), as_array(block.indices), *common, as_array(grad_s_dst))
+    indptr_t, indices_t, _ = block.csc()
+    get_kernel("gat_attention.backward_src", device)(
+        as_array(indptr_t), as_array(indices_t), *common, as_array(grad_z), as_array(grad_s_src))
+    return grad_z, grad_s_src, grad_s_dst
+
+
+class GATAttention(torch.autograd.Function):
+    """Autograd wrapper: one block holding all sources.  Use :func:`gat_attention`."""
+
+    @staticmethod
+    def forward(ctx, g: CSR, z_src, s_src, s_dst, negative_slope, attn_dropout, seed, src_gid, dst_gid):
+        state = init_state(g.num_dst, z_src.shape[1], z_src.shape[2], z_src.dtype, z_src.device)
+        accumulate(state, g, z_src, s_src, s_dst, negative_slope, attn_dropout, seed, src_gid, dst_gid)
+        out = finalize(state)
+        ctx.save_for_backward(z_src, s_src, s_dst, state.m, state.l, out)
+        ctx.g = g
+        ctx.args = (negative_slope, attn_dropout, seed, src_gid, dst_gid)
+        return out
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        z_src, s_src, s_dst, m, l, out = ctx.saved_tensors
+        state = AttentionState(m, l, out, finalized=True)
+        grad_out = grad_out.contiguous()
+        delta = output_delta(state, grad_out)
+        gz, gs, gd = backward_block(state, grad_out, delta, ctx.g, z_src, s_src, s_dst, *ctx.args)
+        return None, gz, gs, gd, None, None, None, None, None
+
+
+def gat_attention(g: CSR, z_src: torch.Tensor, s_src: torch.Tensor, s_dst: torch.Tensor,
+                  negative_slope: float = 0.2, attn_dropout: float = 0.0, seed: int = 0,
+                  src_gid: torch.Tensor | None = None, dst_gid: torch.Tensor | None = None,
+                  training: bool = True) -> torch.Tensor:
+    """GATv1 attention aggregation over the in-edges of ``g`` (differentiable in z, s_src, s_dst).
+
+    Args:
+        g: CSR, row ``i`` lists the sources of destination ``i`` (no self-loops added).
+        z_src: float[Ns, H, D] source features; s_src: float[Ns, H]; s_dst: float[Nd, H].
+        negative_slope: LeakyReLU slope.
+        attn_dropout: probability of dropping an attention coefficient (only when ``training``).
+        seed: dropout seed (int >= 0); src_gid int64[Ns] / dst_gid int64[Nd]: global ids
+            feeding the dropout hash (default: local ids).
+    Returns:
+        float[Nd, H, D]; rows without in-edges are 0.
+    """
+    check_tensor("z_src", z_src, (None, None, None), None, getattr(z_src, "device", "cpu"))
+    for name, t in (("s_src", s_src), ("s_dst", s_dst)):
+        check_tensor(name, t, (None, None), z_src.dtype, z_src.device)
+    p = float(attn_dropout) if training else 0.0
+    return GATAttention.apply(g, z_src.contiguous(), s_src.contiguous(), s_dst.contiguous(),
+                              float(negative_slope), p, int(seed), src_gid, dst_gid)

@@ -1,0 +1,129 @@
+"""Private helpers shared by the CPU attention kernels (``gat_attention``, ``dot_attention``).
+
+* ``_row_chunks``: split CSR rows into contiguous chunks of about equal cost
+  (edges + rows), so a ``prange`` over chunks balances power-law degrees.
+* ``_mix`` / ``_keep``: the counter-based attention-dropout hash (splitmix64).
+  Edge ``(dst, src)`` head ``h`` is kept when
+  ``uniform(mix(mix(mix(mix(seed), dst), src), h)) >= p``; the value depends only
+  on the seed and the global ids, so every engine, every block split and the
+  backward pass see the same mask.  The CUDA twin
+  (``numba_kernels/cuda/_attention_common.py``) computes the same bits.
+* ``init_state`` / ``finalize``: the online-softmax state ``(m, l, acc)``.
+"""
+from __future__ import annotations
+
+import numba
+import numpy as np
+from numba import njit, prange
+
+#: fastmath flags that allow vectorising reductions but keep inf/nan semantics
+#: (the running max starts at -inf).
+FASTMATH = {"nsz", "arcp", "contract", "afn", "reassoc"}
+
+_GOLDEN = np.uint64(0x9E3779B97F4A7C15)
+_M1 = np.uint64(0xBF58476D1CE4E5B9)
+_M2 = np.uint64(0x94D049BB133111EB)
+_INV_2_53 = 1.0 / 9007199254740992.0
+
+
+@njit(cache=True, inline="always")
+def _splitmix64(x):
+    z = x + _GOLDEN
+    z = (z ^ (z >> np.uint64(30))) * _M1
+    z = (z ^ (z >> np.uint64(27))) * _M2
+    return z ^ (z >> np.uint64(31))
+
+
+@njit(cache=True, inline="always")
+def _mix(state, value):
+    """Fold a non-negative integer ``value`` into a 64-bit hash ``state``."""
+    return _splitmix64(state ^ np.uint64(value))
+
+
+@njit(cache=True, inline="always")
+def _keep(edge_hash, head, p):
+    """True when head ``head`` of the edge hashed to ``edge_hash`` survives dropout ``p``."""
+    u = np.float64(_splitmix64(edge_hash ^ np.uint64(head)) >> np.uint64(11)) * _INV_2_53
+    return u >= p
+
+
+@njit(cache=True)
+def _row_chunks(indptr, nchunks):
+    """int64[nchunks+1] row boundaries splitting ``indptr`` rows by cost ``edges + rows``."""
+    n = indptr.shape[0] - 1
+    total = indptr[n] + n
+    bounds = np.empty(nchunks + 1, dtype=np.int64)
+    bounds[0] = 0
+    bounds[nchunks] = n
+    for c in range(1, nchunks):
+        target = total * c // nchunks
+        lo = bounds[c - 1]
+        hi = n
+        while lo < hi:  # first row i with cost(i) >= target, cost(i) = indptr[i] + i
+            mid = (lo + hi) // 2
+            if indptr[mid] + mid < target:
+                lo = mid + 1
+            else:
+                hi = mid
+        bounds[c] = lo
+    return bounds
+
+
+def _num_chunks(num_rows: int) -> int:
+    """How many row chunks a parallel kernel uses: a few per thread, at most one per row."""
+    return max(1, min(int(num_rows), 8 * numba.get_num_threads()))
+
+
+def init_state(num_dst: int, heads: int, dim: int, dtype=np.float32):
+    """Empty online-softmax state: ``m`` float[num_dst, heads] = -inf (running max),
+    ``l`` float[num_dst, heads] = 0 (running sum), ``acc`` float[num_dst, heads, dim] = 0."""
+    m = np.full((num_dst, heads), -np.inf, dtype=dtype)
+    l = np.zeros((num_dst, heads), dtype=dtype)
+    acc = np.zeros((num_dst, heads, dim), dtype=dtype)
+    return m, l, acc
+
+
+@njit(parallel=True, cache=True)
+def _finalize(l, acc):
+    n = acc.shape[0]
+    H = acc.shape[1]
+    D = acc.shape[2]
+    for i in prange(n):
+        for h in range(H):
+            s = l[i, h]
+            if s > 0:
+                inv = 1.0 / s
+                for d in range(D):
+                    acc[i, h, d] *= inv
+            else:
+                for d in range(D):
+                    acc[i, h, d] = 0.0
+
+
+def finalize(m, l, acc) -> None:
+    """Normalise in place: ``acc[i,h,:] /= l[i,h]`` (rows without edges become 0).
+
+    ``acc`` then holds the attention output; ``m`` and ``l`` are left unchanged
+    (the backward pass needs them).
+    """
+    if acc.shape[0]:
+        _finalize(l, acc)
+
+
+@njit(parallel=True, cache=True, fastmath=FASTMATH)
+def _output_delta(grad_out, out, delta):
+    n = out.shape[0]
+    H = out.shape[1]
+    D = out.shape[2]
+    for i in prange(n):
+        for h in range(H):
+            s = 0.0
+            for d in range(D):
+                s += grad_out[i, h, d] * out[i, h, d]
+            delta[i, h] = s
+
+
+def output_delta(grad_out, out, delta) -> None:
+    """``delta[i,h] = grad_out[i,h,:] . out[i,h,:]`` (the softmax-backward correction term)."""
+    if out.shape[0]:
+        _output_delta(grad_out, out, delta)

@@ -1,0 +1,221 @@
+"""Fused GATv1 attention, block-wise with an online softmax (CPU twin).
+
+For destination ``i``, in-edge source ``j`` (CSR row ``i`` lists ``j``), head ``h``::
+
+    e_ij    = LeakyReLU(s_dst[i,h] + s_src[j,h], negative_slope)
+    alpha_ij = softmax_j(e_ij)                 over ALL in-edges of i (all blocks)
+    out[i,h,:] = sum_j alpha_ij * keep_ij / (1-p) * z[j,h,:]
+
+The sources arrive in blocks (a SAR block G_{p,q}: the CSR columns are
+block-local source ids).  :func:`accumulate` folds one block into the running
+state ``(m, l, acc)`` (max, sum of ``exp(e - m)``, un-normalised numerator;
+rescaled whenever the max grows); :func:`finalize` divides by ``l``.  No
+E x H tensor is ever stored.  Self-loops are not added here: pass them as an
+extra block (a diagonal CSR over the destination rows).
+
+Backward for one block recomputes the scores (``p_ij = exp(e_ij - m_i)/l_i``)::
+
+    grad_e_ij   = p_ij * (keep_ij/(1-p) * grad_out_i . z_j - delta_i) * LeakyReLU'(.)
+    grad_z_j   += p_ij * keep_ij/(1-p) * grad_out_i
+    grad_s_src_j += grad_e_ij ;  grad_s_dst_i += grad_e_ij
+
+with ``delta_i = grad_out_i . out_i`` (:func:`output_delta`).  Without atomics:
+:func:`backward_dst` walks the CSR rows (grad wrt ``s_dst``),
+:func:`backward_src` walks the transposed copy (grad wrt ``z`` and ``s_src``).
+
+Attention dropout: head ``h`` of edge ``(i, j)`` is kept when a splitmix64 hash
+of ``(seed, dst_gid[i], src_gid[j], h)`` maps to a uniform ``>= p``; kept values
+are scaled by ``1/(1-p)``.  The same mask results for every block split and is
+recomputed in backward.  ``src_gid``/``dst_gid`` are int64 global ids (only
+read when ``attn_dropout > 0``).
+
+All outputs are accumulated (``+=``) into caller-allocated arrays; all float
+arrays share one dtype (float32 or float64) and are C-contiguous.
+"""
+from __future__ import annotations
+
+import numpy as np
+from numba import njit, prange
+
+from numba_kernels.cpu._attention_common import (FASTMATH, _keep, _mix, _num_chunks, _row_chunks,
+                                                 finalize, init_state, output_delta)
+
+__all__ = ["init_state", "accumulate", "finalize", "output_delta", "backward_dst", "backward_src"]
+
+
+@njit(parallel=True, cache=True, fastmath=FASTMATH)
+def _accumulate(bounds, indptr, indices, z, s_src, s_dst, src_gid, dst_gid, slope, p, seed, m, l, acc):
+    H = z.shape[1]
+    D = z.shape[2]
+    use_drop = p > 0.0
+    inv_keep = 1.0 / (1.0 - p) if use_drop else 1.0
+    seed_hash = _mix(np.uint64(0), seed)
+    for c in prange(bounds.shape[0] - 1):
+        mnew = np.empty(H, dtype=m.dtype)
+        for i in range(bounds[c], bounds[c + 1]):
+            lo = indptr[i]
+            hi = indptr[i + 1]
+            if lo == hi:
+                continue
+            # pass 1: block max of the scores
+            for h in range(H):
+                mnew[h] = m[i, h]
+            for e in range(lo, hi):
+                j = indices[e]
+                for h in range(H):
+                    a = s_dst[i, h] + s_src[j, h]
+                    if a < 0:
+                        a = a * slope
+                    if a > mnew[h]:
+                        mnew[h] = a
+            # rescale what earlier blocks accumulated
+            for h in range(H):
+                if mnew[h] > m[i, h]:
+                    sc = np.exp(m[i, h] - mnew[h])
+                    l[i, h] *= sc
+                    for d in range(D):
+                        acc[i, h, d] *= sc
+                    m[i, h] = mnew[h]
+            # pass 2: accumulate
+            dst_hash = _mix(seed_hash, dst_gid[i]) if use_drop else np.uint64(0)
+            for e in range(lo, hi):
+                j = indices[e]
+                edge_hash = _mix(dst_hash, src_gid[j]) if use_drop else np.uint64(0)
+                for h in range(H):
+                    a = s_dst[i, h] + s_src[j, h]
+                    if a < 0:
+                        a = a * slope
+                    w = np.exp(a - m[i, h])
+                    l[i, h] += w
+                    if use_drop:
+                        if not _keep(edge_hash, h, p):
+                            continue
+                        w = w * inv_keep
+                    for d in range(D):
+                        acc[i, h, d] += w * z[j, h, d]
+
+
+def accumulate(indptr, indices, z, s_src, s_dst, src_gid, dst_gid, negative_slope: float,
+               attn_dropout: float, seed: int, m, l, acc) -> None:
+    """Fold one block of sources into the state ``(m, l, acc)`` in place.
+
+    Args:
+        indptr: int64[num_dst+1], indices: int64[E] block CSR (columns are block-local sources).
+        z: float[num_src, H, D] source features of the block.
+        s_src: float[num_src, H] source scores; s_dst: float[num_dst, H] destination scores.
+        src_gid: int64[num_src], dst_gid: int64[num_dst] global ids (dropout hash only).
+        negative_slope: LeakyReLU slope; attn_dropout: drop probability in [0, 1); seed: int >= 0.
+        m, l: float[num_dst, H]; acc: float[num_dst, H, D]: state, updated in place.
+    """
+    n = indptr.shape[0] - 1
+    if n == 0 or indices.shape[0] == 0:
+        return
+    bounds = _row_chunks(indptr, _num_chunks(n))
+    _accumulate(bounds, indptr, indices, z, s_src, s_dst, src_gid, dst_gid,
+                float(negative_slope), float(attn_dropout), int(seed), m, l, acc)
+
+
+@njit(parallel=True, cache=True, fastmath=FASTMATH)
+def _backward_dst(bounds, indptr, indices, z, s_src, s_dst, src_gid, dst_gid, slope, p, seed,
+                  m, l, grad_out, delta, grad_s_dst):
+    H = z.shape[1]
+    D = z.shape[2]
+    use_drop = p > 0.0
+    inv_keep = 1.0 / (1.0 - p) if use_drop else 1.0
+    seed_hash = _mix(np.uint64(0), seed)
+    for c in prange(bounds.shape[0] - 1):
+        for i in range(bounds[c], bounds[c + 1]):
+            lo = indptr[i]
+            hi = indptr[i + 1]
+            if lo == hi:
+                continue
+            dst_hash = _mix(seed_hash, dst_gid[i]) if use_drop else np.uint64(0)
+            for e in range(lo, hi):
+                j = indices[e]
+                edge_hash = _mix(dst_hash, src_gid[j]) if use_drop else np.uint64(0)
+                for h in range(H):
+                    pre = s_dst[i, h] + s_src[j, h]
+                    a = pre if pre >= 0 else pre * slope
+                    prob = np.exp(a - m[i, h]) / l[i, h]
+                    kept = inv_keep
+                    if use_drop and not _keep(edge_hash, h, p):
+                        kept = 0.0
+                    dot = 0.0
+                    if kept != 0.0:
+                        for d in range(D):
+                            dot += grad_out[i, h, d] * z[j, h, d]
+                    ge = prob * (kept * dot - delta[i, h])
+                    if pre < 0:
+                        ge = ge * slope
+                    grad_s_dst[i, h] += ge
+
+
+def backward_dst(indptr, indices, z, s_src, s_dst, src_gid, dst_gid, negative_slope: float,
+                 attn_dropout: float, seed: int, m, l, grad_out, delta, grad_s_dst) -> None:
+    """Row pass of one block's backward: ``grad_s_dst[i,h] += sum_j grad_e_ij``.
+
+    ``m``, ``l`` are the final state, ``grad_out`` float[num_dst, H, D] the
+    output gradient and ``delta`` float[num_dst, H] from :func:`output_delta`.
+    Other arguments as in :func:`accumulate`.
+    """
+    n = indptr.shape[0] - 1
+    if n == 0 or indices.shape[0] == 0:
+        return
+    bounds = _row_chunks(indptr, _num_chunks(n))
+    _backward_dst(bounds, indptr, indices, z, s_src, s_dst, src_gid, dst_gid, float(negative_slope),
+                  float(attn_dropout), int(seed), m, l, grad_out, delta, grad_s_dst)
+
+
+@njit(parallel=True, cache=True, fastmath=FASTMATH)
+def _backward_src(bounds, indptr_t, indices_t, z, s_src, s_dst, src_gid, dst_gid, slope, p, seed,
+                  m, l, grad_out, delta, grad_z, grad_s_src):
+    H = z.shape[1]
+    D = z.shape[2]
+    use_drop = p > 0.0
+    inv_keep = 1.0 / (1.0 - p) if use_drop else 1.0
+    seed_hash = _mix(np.uint64(0), seed)
+    for c in prange(bounds.shape[0] - 1):
+        for j in range(bounds[c], bounds[c + 1]):
+            lo = indptr_t[j]
+            hi = indptr_t[j + 1]
+            for t in range(lo, hi):
+                i = indices_t[t]
+                edge_hash = np.uint64(0)
+                if use_drop:
+                    edge_hash = _mix(_mix(seed_hash, dst_gid[i]), src_gid[j])
+                for h in range(H):
+                    pre = s_dst[i, h] + s_src[j, h]
+                    a = pre if pre >= 0 else pre * slope
+                    prob = np.exp(a - m[i, h]) / l[i, h]
+                    kept = inv_keep
+                    if use_drop and not _keep(edge_hash, h, p):
+                        kept = 0.0
+                    ge = -prob * delta[i, h]
+                    if kept != 0.0:
+                        w = prob * kept
+                        dot = 0.0
+                        for d in range(D):
+                            g = grad_out[i, h, d]
+                            dot += g * z[j, h, d]
+                            grad_z[j, h, d] += w * g
+                        ge += w * dot
+                    if pre < 0:
+                        ge = ge * slope
+                    grad_s_src[j, h] += ge
+
+
+def backward_src(indptr_t, indices_t, z, s_src, s_dst, src_gid, dst_gid, negative_slope: float,
+                 attn_dropout: float, seed: int, m, l, grad_out, delta, grad_z, grad_s_src) -> None:
+    """Column pass of one block's backward over the transposed CSR.
+
+    ``indptr_t`` int64[num_src+1], ``indices_t`` int64[E] (destination of each
+    edge, source-major; :meth:`hpc_graph.ops.CSR.csc`).  Accumulates
+    ``grad_z`` float[num_src, H, D] and ``grad_s_src`` float[num_src, H].
+    Other arguments as in :func:`backward_dst`.
+    """
+    n = indptr_t.shape[0] - 1
+    if n == 0 or indices_t.shape[0] == 0:
+        return
+    bounds = _row_chunks(indptr_t, _num_chunks(n))
+    _backward_src(bounds, indptr_t, indices_t, z, s_src, s_dst, src_gid, dst_gid, float(negative_slope),
+                  float(attn_dropout), int(seed), m, l, grad_out, delta, grad_z, grad_s_src)
