@@ -1,0 +1,18 @@
+"""Converters from other graph formats to the hpc_graph dataset file (format v1).
+
+* :func:`convert_npz` -- NumPy ``.npz`` archives (the schema of ``cora.npz``).
+* :func:`convert_edgelist` -- SNAP-style edge-list text, streamed in blocks.
+* :func:`convert_ogb` -- OGB node-property dataset folders, without the ``ogb`` package.
+* :func:`from_pyg` -- a PyTorch Geometric ``Data`` object to :class:`~data_io.dataset.GraphData`.
+
+Every converter writes through :class:`~data_io.dataset.DatasetWriter` (atomic:
+nothing is left at the output path on an error) and reports bad input as
+:class:`~data_io.errors.DataError`/:class:`~data_io.errors.FormatError` naming
+the file and the field or line.
+"""
+from data_io.converters.edgelist import convert_edgelist, read_edgelist
+from data_io.converters.npz import convert_npz, read_npz
+from data_io.converters.ogb import convert_ogb
+from data_io.converters.pyg import from_pyg
+
+__all__ = ["convert_npz", "read_npz", "convert_edgelist", "read_edgelist", "convert_ogb", "from_pyg"]

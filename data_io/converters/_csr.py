@@ -1,0 +1,90 @@
+"""Build the dataset's CSR over destinations from edge arrays (shared by every converter)."""
+from __future__ import annotations
+
+import numpy as np
+
+_KEY_LIMIT = 3_037_000_499  # largest N with N*N < 2**63: (dst, src) fits one int64 key
+
+
+def index_dtype(num_nodes: int) -> type:
+    """int32 for ``/graph/indices`` when every id fits, else int64."""
+    return np.int32 if num_nodes < 2**31 else np.int64
+
+
+def build_csr(src: np.ndarray, dst: np.ndarray, num_nodes: int, weight: np.ndarray | None = None, *,
+              symmetrize: bool = False, remove_self_loops: bool = False, dedup: bool = False
+              ) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
+    """CSR over destinations of the edges ``src[k] -> dst[k]``.
+
+    Rows are sorted by source id; edges with equal ``(dst, src)`` keep their
+    input order (the sort is stable), so ``dedup`` keeps the first occurrence
+    (and its weight). With ``symmetrize`` every edge ``u -> v`` also gets
+    ``v -> u``; the mirrored copies come after all given edges, so a given edge
+    wins over a mirrored one on ``dedup``.
+
+    Args:
+        src, dst: integer ``[E]`` node ids in ``[0, num_nodes)`` (checked by the caller).
+        num_nodes: N.
+        weight: optional float ``[E]`` edge weights.
+
+    Returns:
+        ``indptr`` int64[N+1], ``indices`` int32/int64[E'] and ``weight`` float32[E'] or None.
+    """
+    n = int(num_nodes)
+    if remove_self_loops:
+        keep = src != dst
+        if not keep.all():
+            src, dst = src[keep], dst[keep]
+            weight = None if weight is None else weight[keep]
+    if symmetrize:
+        src, dst = np.concatenate([src, dst]), np.concatenate([dst, src])
+        weight = None if weight is None else np.concatenate([weight, weight])
+    if n <= _KEY_LIMIT:
+        key = dst.astype(np.int64)
+        key *= n
+        key += src
+        del src, dst
+        if weight is None:
+            key.sort()  # equal keys are identical: stability does not matter
+        else:
+            order = np.argsort(key, kind="stable")
+            key, weight = key[order], weight[order]
+            del order
+        if dedup and len(key):
+            first = np.empty(len(key), dtype=bool)
+            first[0] = True
+            np.not_equal(key[1:], key[:-1], out=first[1:])
+            key = key[first]
+            weight = None if weight is None else weight[first]
+        indptr = np.searchsorted(key, np.arange(n + 1, dtype=np.int64) * n).astype(np.int64)
+        np.remainder(key, n, out=key)
+        indices = key.astype(index_dtype(n))
+    else:  # too many nodes for a single int64 key
+        order = np.lexsort((src, dst))
+        src, dst = src[order], dst[order]
+        weight = None if weight is None else weight[order]
+        if dedup and len(src):
+            first = np.ones(len(src), dtype=bool)
+            first[1:] = (src[1:] != src[:-1]) | (dst[1:] != dst[:-1])
+            src, dst = src[first], dst[first]
+            weight = None if weight is None else weight[first]
+        indptr = np.searchsorted(dst, np.arange(n + 1, dtype=np.int64)).astype(np.int64)
+        indices = src.astype(np.int64)
+    return indptr, indices, None if weight is None else weight.astype(np.float32, copy=False)
+
+
+def is_symmetric(indptr: np.ndarray, indices: np.ndarray) -> bool:
+    """Whether the edge multiset equals its reverse (every ``j -> i`` has an ``i -> j``)."""
+    n = len(indptr) - 1
+    dst = np.repeat(np.arange(n, dtype=np.int64), np.diff(indptr))
+    src = indices.astype(np.int64)
+    if n <= _KEY_LIMIT:
+        fwd = dst * n + src
+        fwd.sort()
+        rev = src * n + dst
+        del src, dst
+        rev.sort()
+        return bool(np.array_equal(fwd, rev))
+    a = np.lexsort((src, dst))
+    b = np.lexsort((dst, src))
+    return bool(np.array_equal(src[a], dst[b]) and np.array_equal(dst[a], src[b]))

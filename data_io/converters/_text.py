@@ -1,0 +1,220 @@
+"""Chunked reader of numeric text tables (edge lists, OGB ``.csv.gz`` files).
+
+A file is read in byte blocks of about ``chunk_bytes`` that end on a line
+break; each block is parsed at once with ``np.fromstring`` after a vectorised
+scan that checks the column count of every line (so memory stays bounded by
+the block size, and a bad line is reported with its 1-based number).
+
+Lines whose first non-blank character is one of ``comments`` are skipped, as
+are blank lines. In CSV mode commas count as separators.
+"""
+from __future__ import annotations
+
+import gzip
+import logging
+import os
+import zlib
+from dataclasses import dataclass
+from pathlib import Path
+from typing import BinaryIO, Iterator
+
+import numpy as np
+
+from data_io.errors import DataError, FormatError
+
+log = logging.getLogger(__name__)
+
+DEFAULT_CHUNK_BYTES = 16 << 20
+_NL, _SPACE, _COMMA = 10, 32, 44
+
+
+@dataclass
+class _Block:
+    """Parsed rows of one byte block.
+
+    ``values`` is int64 or float64 ``[rows, ncols]``; ``lines`` the 1-based line
+    number of each row, or ``None`` when rows are consecutive lines starting at
+    ``first_line``.
+    """
+
+    values: np.ndarray
+    first_line: int
+    lines: np.ndarray | None = None
+
+    def line_of(self, row: int) -> int:
+        """1-based line number of row ``row`` of this block."""
+        return int(self.lines[row]) if self.lines is not None else self.first_line + int(row)
+
+
+def open_binary(path: str | os.PathLike) -> BinaryIO:
+    """Open a plain or gzip (by ``.gz`` suffix) file for binary reading; DataError if missing."""
+    path = Path(path)
+    if not path.is_file():
+        raise DataError(f"{path}: no such file")
+    return gzip.open(path, "rb") if path.suffix == ".gz" else open(path, "rb")  # noqa: SIM115
+
+
+def _read_blocks(f: BinaryIO, path: Path, chunk_bytes: int) -> Iterator[tuple[bytes, int]]:
+    """Yield ``(block, first_line)``: blocks that end with a newline, about ``chunk_bytes`` long."""
+    rest = b""
+    line = 1
+    while True:
+        try:
+            data = f.read(chunk_bytes)
+        except (OSError, EOFError, zlib.error) as exc:
+            raise DataError(f"{path}: read failed after line {line}: {exc}") from None
+        if not data:
+            break
+        data = rest + data
+        cut = data.rfind(b"\n")
+        if cut < 0:  # one line longer than a block: keep reading
+            rest = data
+            continue
+        block, rest = data[:cut + 1], data[cut + 1:]
+        yield block, line
+        line += block.count(b"\n")
+    if rest.strip():
+        yield rest + b"\n", line
+
+
+def iter_rows(path: str | os.PathLike, *, ncols: int | tuple[int, ...] | None = None,
+              csv: bool = False, comments: bytes = b"#%", chunk_bytes: int = DEFAULT_CHUNK_BYTES,
+              ints: bool = True) -> Iterator[_Block]:
+    """Yield parsed row blocks of a numeric text file.
+
+    Args:
+        path: text file, gzip-compressed when its name ends in ``.gz``.
+        ncols: allowed column counts; ``None`` accepts any. The count of the
+            first data line is then required of every line.
+        csv: accept commas as separators.
+        comments: first characters that mark a comment line.
+        chunk_bytes: bytes read per block (the memory bound of one step).
+        ints: try an int64 parse first (exact, fast); fall back to float64 when a
+            block holds non-integers.
+
+    Yields:
+        :class:`_Block` with ``values`` int64 or float64 ``[rows, ncols]``.
+
+    Raises:
+        FormatError: naming the file and line of the first malformed line.
+    """
+    path = Path(path)
+    allowed = (ncols,) if isinstance(ncols, int) else ncols
+    width: int | None = None
+    with open_binary(path) as f:
+        for block, first in _read_blocks(f, path, max(1, int(chunk_bytes))):
+            arr = np.frombuffer(block, dtype=np.uint8)
+            if csv and _COMMA in block:
+                arr = arr.copy()
+                arr[arr == _COMMA] = _SPACE
+            if width is None:
+                width = _first_width(arr, comments, path, first, allowed)
+                if width is None:  # only blank or comment lines so far
+                    continue
+            parsed = _parse_block(arr, block, width, comments, path, first, ints)
+            if parsed is not None:
+                yield parsed
+
+
+def _first_width(arr: np.ndarray, comments: bytes, path: Path, first: int,
+                 allowed: tuple[int, ...] | None) -> int | None:
+    """Column count of the first data line of a block (None if there is none)."""
+    text = arr.tobytes()
+    for k, line in enumerate(text.split(b"\n")):
+        s = line.strip()
+        if not s or s[0] in comments:
+            continue
+        n = len(s.split())
+        if allowed is not None and n not in allowed:
+            want = " or ".join(str(a) for a in allowed)
+            raise FormatError(path, f"line {first + k}", f"expected {want} columns, got {n}: {_show(line)}")
+        return n
+    return None
+
+
+def _show(line: bytes) -> str:
+    s = line.decode("utf-8", "replace").strip()
+    return repr(s if len(s) <= 60 else s[:57] + "...")
+
+
+def _parse_block(arr: np.ndarray, block: bytes, width: int, comments: bytes, path: Path,
+                 first: int, ints: bool) -> _Block | None:
+    """Check the column count of every line of a block and parse it."""
+    ws = arr <= _SPACE
+    start = ~ws
+    start[1:] &= ws[:-1]
+    tok = np.flatnonzero(start)  # byte offset of each token
+    nl = np.flatnonzero(arr == _NL)  # the block ends with a newline: len(nl) lines
+    nlines = len(nl)
+    lines = None
+    has_comment = any(c in block for c in comments)
+    fast = (not has_comment and len(tok) == width * nlines
+            and bool((tok[width - 1::width] < nl).all())
+            and bool((tok[width::width] > nl[:-1]).all()))
+    if not fast:
+        line_of_tok = np.searchsorted(nl, tok)
+        if has_comment:
+            firsts = np.unique(line_of_tok, return_index=True)
+            is_comment = np.isin(arr[tok[firsts[1]]], np.frombuffer(comments, dtype=np.uint8))
+            comment_lines = firsts[0][is_comment]
+            if len(comment_lines):
+                arr = _blank_lines(arr, nl, comment_lines)
+                keep = ~np.isin(line_of_tok, comment_lines)
+                tok, line_of_tok = tok[keep], line_of_tok[keep]
+        count = np.bincount(line_of_tok, minlength=nlines)
+        bad = np.flatnonzero((count != 0) & (count != width))
+        if len(bad):
+            k = int(bad[0])
+            lo = int(nl[k - 1]) + 1 if k else 0
+            raise FormatError(path, f"line {first + k}",
+                              f"expected {width} columns, got {int(count[k])}: {_show(arr[lo:nl[k]].tobytes())}")
+        lines = first + np.flatnonzero(count)
+        if len(lines) == 0:
+            return None
+        if len(lines) == nlines:
+            lines = None
+    values = _fromstring(arr, width, ints)
+    if values is None or values.shape[0] != (nlines if lines is None else len(lines)):
+        _locate_bad_token(arr, comments, path, first)
+        raise FormatError(path, f"lines {first}..{first + nlines - 1}", "could not be parsed")  # pragma: no cover
+    return _Block(values=values, first_line=first, lines=lines)
+
+
+def _blank_lines(arr: np.ndarray, nl: np.ndarray, which: np.ndarray) -> np.ndarray:
+    """Copy of ``arr`` with the given lines (indices into ``nl``) overwritten by spaces."""
+    starts = np.where(which > 0, nl[which - 1] + 1, 0)
+    ends = nl[which]
+    mark = np.zeros(len(arr) + 1, dtype=np.int32)
+    np.add.at(mark, starts, 1)
+    np.add.at(mark, ends, -1)
+    out = arr.copy()
+    out[np.cumsum(mark[:-1]) > 0] = _SPACE
+    return out
+
+
+def _fromstring(arr: np.ndarray, width: int, ints: bool) -> np.ndarray | None:
+    """Parse whitespace-separated numbers; None on an unparsable token."""
+    text = arr.tobytes()
+    for dtype in ((np.int64, np.float64) if ints else (np.float64,)):
+        try:
+            vals = np.fromstring(text, dtype=dtype, sep=" ")
+        except ValueError:
+            continue
+        if vals.size % width:
+            return None
+        return vals.reshape(-1, width)
+    return None
+
+
+def _locate_bad_token(arr: np.ndarray, comments: bytes, path: Path, first: int) -> None:
+    """Find the first token that is not a number and raise a FormatError naming its line."""
+    for k, line in enumerate(arr.tobytes().split(b"\n")):
+        s = line.strip()
+        if not s or s[0] in comments:
+            continue
+        for t in s.split():
+            try:
+                float(t)
+            except ValueError:
+                raise FormatError(path, f"line {first + k}",
+                                  f"not a number: {t.decode('utf-8', 'replace')!r} in {_show(line)}") from None

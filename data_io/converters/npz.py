@@ -1,0 +1,169 @@
+"""Convert a NumPy ``.npz`` graph archive (the schema of ``shared/datasets/cora.npz``).
+
+Keys (only ``edge_index`` is required):
+
+=============  =================  ===============================================
+key            shape              meaning
+=============  =================  ===============================================
+``edge_index``  int [2, E]        row 0 = source, row 1 = destination
+``x``           number [N, F]     node features (stored as float32, unchanged)
+``y``           int [N]           node label, class ids ``0..C-1``; -1 = unlabelled
+``train_mask``  bool [N]          also ``val_mask``, ``test_mask``
+``edge_weight`` float [E]         optional per-edge weight
+``num_nodes``   int scalar        optional; otherwise from ``x``/``y``/masks or max id + 1
+=============  =================  ===============================================
+
+``num_classes`` is ``max(y) + 1``. The edge list is kept as given (no
+symmetrisation, no de-duplication); ``directed`` is set when the edge set is
+not symmetric.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import zipfile
+from pathlib import Path
+
+import numpy as np
+
+from data_io.converters._csr import build_csr, is_symmetric
+from data_io.dataset import MASKS, GraphData, write_dataset
+from data_io.errors import DataError, FormatError, check_output
+
+log = logging.getLogger(__name__)
+
+
+def read_npz(src: str | os.PathLike, *, name: str | None = None) -> GraphData:
+    """Read and check a graph ``.npz`` archive; return it as :class:`GraphData` (CSR over destinations).
+
+    Raises:
+        DataError: the file is missing or not an ``.npz`` archive.
+        FormatError: a key is missing or has the wrong shape, dtype or values (names the key).
+    """
+    src = Path(src)
+    if not src.is_file():
+        raise DataError(f"{src}: no such file")
+    try:
+        archive = np.load(src, allow_pickle=False)
+    except (OSError, ValueError, zipfile.BadZipFile, EOFError) as exc:
+        raise DataError(f"{src}: not a readable .npz archive ({exc})") from None
+    if not isinstance(archive, np.lib.npyio.NpzFile):
+        raise DataError(f"{src}: not an .npz archive (a single .npy array)")
+    with archive:
+        try:
+            arrays = {k: archive[k] for k in archive.files}
+        except (OSError, ValueError, zipfile.BadZipFile, EOFError) as exc:
+            raise DataError(f"{src}: corrupt .npz archive ({exc})") from None
+    return _to_graph(arrays, src, name or src.stem)
+
+
+def _to_graph(a: dict[str, np.ndarray], src: Path, name: str) -> GraphData:
+    def bad(key: str, msg: str) -> FormatError:
+        return FormatError(src, key, msg)
+
+    if "edge_index" not in a:
+        raise bad("edge_index", f"missing key (archive has: {', '.join(sorted(a)) or 'nothing'})")
+    ei = a["edge_index"]
+    if ei.ndim != 2 or ei.shape[0] != 2:
+        raise bad("edge_index", f"expected shape (2, E), got {ei.shape}")
+    if not np.issubdtype(ei.dtype, np.integer):
+        raise bad("edge_index", f"expected an integer dtype, got {ei.dtype}")
+    ei = ei.astype(np.int64, copy=False)
+    num_edges = int(ei.shape[1])
+
+    n = _num_nodes(a, src, ei)
+    x = a.get("x")
+    if x is not None:
+        if x.ndim != 2 or x.shape[0] != n:
+            raise bad("x", f"expected shape ({n}, F), got {x.shape}")
+        if not (np.issubdtype(x.dtype, np.number) or x.dtype == np.bool_):
+            raise bad("x", f"expected a numeric dtype, got {x.dtype}")
+        x = x.astype(np.float32, copy=False)
+        if not np.isfinite(x).all():
+            raise bad("x", "contains NaN or Inf")
+    y = a.get("y")
+    num_classes = 0
+    if y is not None:
+        if y.ndim == 2 and y.shape[1] == 1:
+            y = y[:, 0]
+        if y.shape != (n,):
+            raise bad("y", f"expected shape ({n},), got {y.shape}")
+        if not np.issubdtype(y.dtype, np.integer):
+            raise bad("y", f"expected an integer dtype, got {y.dtype}")
+        y = y.astype(np.int64, copy=False)
+        if n and y.min() < -1:
+            raise bad("y", f"label {y.min()} < -1 (-1 marks an unlabelled node)")
+        num_classes = int(y.max()) + 1 if n and y.max() >= 0 else 0
+    masks = {}
+    for m in MASKS:
+        v = a.get(m)
+        if v is None:
+            continue
+        if v.shape != (n,):
+            raise bad(m, f"expected shape ({n},), got {v.shape}")
+        if v.dtype != np.bool_:
+            if not np.issubdtype(v.dtype, np.integer) or (v.size and not np.isin(v, (0, 1)).all()):
+                raise bad(m, f"expected bool (or 0/1), got {v.dtype}")
+            v = v.astype(np.bool_)
+        masks[m] = v
+    w = a.get("edge_weight")
+    if w is not None:
+        if w.shape != (num_edges,):
+            raise bad("edge_weight", f"expected shape ({num_edges},), got {w.shape}")
+        if not np.issubdtype(w.dtype, np.number):
+            raise bad("edge_weight", f"expected a numeric dtype, got {w.dtype}")
+        w = w.astype(np.float32)
+        if not np.isfinite(w).all():
+            raise bad("edge_weight", "contains NaN or Inf")
+
+    if num_edges:
+        lo, hi = int(ei.min()), int(ei.max())
+        if lo < 0:
+            k = np.argwhere(ei < 0)[0]
+            raise bad("edge_index", f"negative node id {lo} at [{k[0]}, {k[1]}]")
+        if hi >= n:
+            k = np.argwhere(ei >= n)[0]
+            raise bad("edge_index", f"node id {hi} at [{k[0]}, {k[1]}] out of range [0, {n})")
+    indptr, indices, weight = build_csr(ei[0], ei[1], n, w)
+    return GraphData(indptr=indptr, indices=indices, feat=x, label=y, edge_weight=weight,
+                     name=name, num_classes=num_classes, directed=not is_symmetric(indptr, indices),
+                     **masks)
+
+
+def _num_nodes(a: dict[str, np.ndarray], src: Path, ei: np.ndarray) -> int:
+    """N from ``num_nodes``, else the first per-node array, else max id + 1."""
+    n = None
+    if "num_nodes" in a:
+        v = a["num_nodes"]
+        if v.shape not in ((), (1,)) or not np.issubdtype(v.dtype, np.integer) or int(v.reshape(-1)[0]) <= 0:
+            raise FormatError(src, "num_nodes", f"expected a positive integer scalar, got {v!r}")
+        n = int(v.reshape(-1)[0])
+    for key in ("x", "y", *MASKS):
+        if n is None and key in a and a[key].ndim >= 1:
+            n = int(a[key].shape[0])
+    if n is None:
+        n = int(ei.max()) + 1 if ei.size else 0
+    if n <= 0:
+        raise FormatError(src, "edge_index", "empty graph (0 nodes)")
+    return n
+
+
+def convert_npz(src: str | os.PathLike, out: str | os.PathLike, force: bool = False, *,
+                name: str | None = None) -> Path:
+    """Convert a graph ``.npz`` archive (see the module docstring) to a dataset file.
+
+    Args:
+        src: the ``.npz`` archive.
+        out: dataset file to write (atomically).
+        force: overwrite ``out`` when it exists.
+        name: dataset name (default: the file stem of ``src``).
+
+    Returns:
+        ``out`` as a Path.
+    """
+    out = check_output(out, force)
+    graph = read_npz(src, name=name)
+    write_dataset(out, graph, force=force)
+    log.info("converted %s -> %s (%d nodes, %d edges, %d classes)", src, out, graph.num_nodes,
+             graph.num_edges, graph.num_classes)
+    return out
