@@ -1,0 +1,66 @@
+"""Abort-on-error: an uncaught exception on any rank ends the whole job.
+
+Without this, a rank that dies leaves its peers blocked in a collective
+until the batch system's wall-time limit. :func:`install_abort_handler`
+replaces ``sys.excepthook`` and ``threading.excepthook``: the exception is
+logged at ERROR as ``rank R: <type>: <message>`` with its traceback, then
+``comm.abort(1)`` (``MPI_Abort``) brings every rank down within seconds. In a
+single-process job the previous hooks run as usual and Python exits normally.
+"""
+from __future__ import annotations
+
+import logging
+import sys
+import threading
+import traceback
+from typing import Any
+
+log = logging.getLogger(__name__)
+
+
+def _report(comm: Any, exc_type: type, exc: BaseException, tb: Any) -> None:
+    """Log ``rank R: Type: message`` with the traceback (straight to stderr if logging is unset)."""
+    message = f"rank {getattr(comm, 'rank', '?')}: {exc_type.__name__}: {exc}"
+    if logging.getLogger().handlers:
+        log.error(message, exc_info=(exc_type, exc, tb))
+        return
+    try:
+        text = "".join(traceback.format_exception(exc_type, exc, tb))
+        sys.stderr.write(f"ERROR {__name__}: {message}\n{text}")
+        sys.stderr.flush()
+    except Exception:  # stderr closed: nothing left to report to
+        pass
+
+
+def install_abort_handler(comm: Any) -> None:
+    """Make any uncaught exception (main thread or any other thread) abort the whole job.
+
+    Args:
+        comm: a :class:`~hpc_graph.comm.Communicator`; its ``abort(1)`` is called
+            when ``comm.size > 1``. ``KeyboardInterrupt`` is treated the same way
+            in a multi-rank job (exit status 130 is not propagated by MPI_Abort).
+    Calling it again replaces the communicator used.
+    """
+    previous_sys = getattr(sys.excepthook, "_hpc_graph_previous", sys.excepthook)
+    previous_thread = getattr(threading.excepthook, "_hpc_graph_previous", threading.excepthook)
+
+    def sys_hook(exc_type, exc, tb):
+        if getattr(comm, "size", 1) > 1:
+            _report(comm, exc_type, exc, tb)
+            comm.abort(1)
+        previous_sys(exc_type, exc, tb)
+
+    def thread_hook(args):
+        if args.exc_type is SystemExit:
+            return previous_thread(args)
+        if getattr(comm, "size", 1) > 1:
+            name = args.thread.name if args.thread is not None else "?"
+            _report(comm, args.exc_type, args.exc_value, args.exc_traceback)
+            log.error("rank %s: the exception above was raised in thread %r", comm.rank, name)
+            comm.abort(1)
+        return previous_thread(args)
+
+    sys_hook._hpc_graph_previous = previous_sys
+    thread_hook._hpc_graph_previous = previous_thread
+    sys.excepthook = sys_hook
+    threading.excepthook = thread_hook

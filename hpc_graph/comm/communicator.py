@@ -1,0 +1,605 @@
+"""``Communicator``: the one interface every engine talks to, and its factory.
+
+A communicator moves torch tensors between the ranks of a job. Backends
+(:mod:`~hpc_graph.comm.mpi` over mpi4py, :mod:`~hpc_graph.comm.torch_dist`
+over torch.distributed, :mod:`~hpc_graph.comm.local` for one process) only
+implement byte- and element-level primitives; this base class does the rest
+in one place, so every backend behaves the same:
+
+* **chunking**: no single message, broadcast or reduction is larger than
+  ``max_message_bytes`` (default ``2**31 - 1``, the limit of a C ``int``
+  count); larger payloads go as consecutive chunks.
+* **staging**: a CUDA tensor the backend cannot send from device memory is
+  copied to host memory, communicated and copied back.
+* **counters**: ``bytes_sent`` and ``comm_seconds`` (see below).
+
+Counting (``bytes_sent``, per operation in ``bytes_by_op``):
+
+* ``exchange`` / ``exchange_start``: exactly the payload bytes of the tensors
+  sent to *other* ranks (a rank's message to itself is a local copy and does
+  not count). Engines compare this with their halo sizes.
+* ``alltoallv``: exactly the payload bytes of the rows sent to other ranks;
+  the exchange of the counts (8 bytes per rank) is not counted.
+* ``allreduce_`` (and ``allreduce_bucketed_``, which calls it): ``t.nbytes``
+  per call, the payload this rank contributes, whatever algorithm the library
+  uses internally (a ring all-reduce really moves about twice that).
+* ``bcast``: ``t.nbytes`` on the root only; ``bcast_object``: the pickled
+  size on the root; ``allgather_object``: the pickled size of this rank's
+  object; ``barrier``: nothing.
+* Nothing is counted when ``size == 1``.
+
+``comm_seconds`` is the wall time spent inside these calls (for
+``exchange_start`` the time in the call plus the time in ``Request.wait``).
+Counters are per communicator and not thread-safe.
+"""
+from __future__ import annotations
+
+import contextlib
+import logging
+import math
+import os
+import pickle
+import sys
+import time
+from abc import ABC, abstractmethod
+from collections import defaultdict
+from typing import Any, Iterator, NoReturn, Sequence
+
+import numpy as np
+import torch
+
+log = logging.getLogger(__name__)
+
+MAX_MESSAGE_BYTES = 2**31 - 1
+"""Largest single message (bytes) sent by default; larger payloads are chunked."""
+
+_REDUCE_OPS = ("sum", "prod", "max", "min", "mean")
+_TAG_EXCHANGE = 1000
+_TAG_ALLTOALLV = 3000
+_TAG_SPAN = 1000  # chunk c of a message uses tag base + c % _TAG_SPAN
+
+
+def _chunk_ranges(total: int, limit: int) -> list[tuple[int, int]]:
+    """``[(start, stop), ...]`` covering ``range(total)`` in pieces of at most ``limit``.
+
+    Empty for ``total == 0`` (zero-byte messages are never sent).
+    """
+    if limit < 1:
+        raise ValueError(f"max_message_bytes must be >= 1, got {limit}")
+    return [(start, min(start + limit, total)) for start in range(0, total, limit)]
+
+
+def _byte_view(t: torch.Tensor) -> torch.Tensor:
+    """1-D ``uint8`` view of the bytes of a contiguous tensor (no copy)."""
+    flat = t.reshape(-1)
+    return flat if flat.dtype == torch.uint8 else flat.view(torch.uint8)
+
+
+def _as_device(device: torch.device | str | None) -> torch.device | None:
+    return None if device is None else torch.device(device)
+
+
+class Request:
+    """Handle of a started :meth:`Communicator.exchange_start`.
+
+    ``wait()`` blocks until every message of the exchange has arrived and
+    returns ``{peer: tensor}`` with the shapes and dtypes of ``recv_specs``.
+    Calling ``wait()`` again returns the same dict.
+    """
+
+    def __init__(self, comm: "Communicator", handles: list[Any], results: dict[int, torch.Tensor],
+                 staged: list[tuple[torch.Tensor, torch.Tensor]], keep_alive: list[torch.Tensor]):
+        self._comm = comm
+        self._handles = handles
+        self._results = results
+        self._staged = staged
+        self._keep_alive = keep_alive  # send buffers must live until the sends complete
+        self._done = False
+
+    @property
+    def done(self) -> bool:
+        """Whether :meth:`wait` has completed."""
+        return self._done
+
+    def wait(self) -> dict[int, torch.Tensor]:
+        """Block until all sends and receives finished; ``{peer: received tensor}``."""
+        if self._done:
+            return self._results
+        with self._comm._timed("exchange"):
+            self._comm._waitall(self._handles)
+            for out, host in self._staged:
+                out.copy_(host, non_blocking=False)
+        self._handles, self._staged, self._keep_alive = [], [], []
+        self._done = True
+        return self._results
+
+
+class Communicator(ABC):
+    """Collective and point-to-point communication between the ranks of a job.
+
+    Attributes:
+        rank, size: this process's rank and the number of ranks.
+        local_rank, local_size: rank among, and number of, the ranks on this node.
+        backend: ``"mpi"``, ``"torch"`` or ``"local"``.
+        bytes_sent: payload bytes this rank sent since the last :meth:`reset_counters`
+            (rules in the module docstring); ``bytes_by_op`` splits it by operation.
+        comm_seconds: wall seconds spent inside communication calls.
+        max_message_bytes: largest single message; larger ones are chunked.
+    """
+
+    backend: str = ""
+
+    def __init__(self, rank: int, size: int, local_rank: int, local_size: int,
+                 max_message_bytes: int = MAX_MESSAGE_BYTES):
+        if max_message_bytes < 1:
+            raise ValueError(f"max_message_bytes must be >= 1, got {max_message_bytes}")
+        self.rank = int(rank)
+        self.size = int(size)
+        self.local_rank = int(local_rank)
+        self.local_size = int(local_size)
+        self.max_message_bytes = int(max_message_bytes)
+        self._timer_depth = 0
+        self.reset_counters()
+
+    def __repr__(self) -> str:
+        return (f"{type(self).__name__}(backend={self.backend!r}, rank={self.rank}, "
+                f"size={self.size}, local_rank={self.local_rank}, local_size={self.local_size})")
+
+    # ------------------------------------------------------------------ counters
+    def reset_counters(self) -> None:
+        """Zero ``bytes_sent``, ``bytes_by_op``, ``calls`` and ``comm_seconds``."""
+        self.bytes_sent = 0
+        self.comm_seconds = 0.0
+        self.bytes_by_op: dict[str, int] = defaultdict(int)
+        self.calls: dict[str, int] = defaultdict(int)
+
+    def counters(self) -> dict[str, Any]:
+        """Snapshot: ``bytes_sent``, ``comm_seconds``, ``bytes_by_op``, ``calls``."""
+        return {"bytes_sent": self.bytes_sent, "comm_seconds": self.comm_seconds,
+                "bytes_by_op": dict(self.bytes_by_op), "calls": dict(self.calls)}
+
+    def _count(self, op: str, nbytes: int) -> None:
+        if self.size > 1 and nbytes:
+            self.bytes_sent += int(nbytes)
+            self.bytes_by_op[op] += int(nbytes)
+
+    @contextlib.contextmanager
+    def _timed(self, op: str) -> Iterator[None]:
+        """Add the wall time of the outermost timed call to ``comm_seconds``."""
+        if self._timer_depth == 0:
+            self.calls[op] += 1
+        self._timer_depth += 1
+        start = time.perf_counter()
+        try:
+            yield
+        finally:
+            self._timer_depth -= 1
+            if self._timer_depth == 0:
+                self.comm_seconds += time.perf_counter() - start
+
+    # ------------------------------------------------------- backend primitives
+    @abstractmethod
+    def _device_capable(self, device: torch.device) -> bool:
+        """Whether tensors on ``device`` can be handed to the backend without staging."""
+
+    @abstractmethod
+    def _isend(self, buf: torch.Tensor, peer: int, tag: int) -> Any:
+        """Start sending the 1-D uint8 tensor ``buf`` (<= max_message_bytes) to ``peer``."""
+
+    @abstractmethod
+    def _irecv(self, buf: torch.Tensor, peer: int, tag: int) -> Any:
+        """Start receiving into the 1-D uint8 tensor ``buf`` from ``peer``."""
+
+    def _launch(self, handles: list[Any]) -> list[Any]:
+        """Start posted operations that a backend batches (torch.distributed); default: no-op."""
+        return handles
+
+    @abstractmethod
+    def _waitall(self, handles: list[Any]) -> None:
+        """Complete every handle returned by :meth:`_launch`."""
+
+    @abstractmethod
+    def _allreduce_flat(self, t: torch.Tensor, op: str) -> None:
+        """In-place all-reduce of a contiguous 1-D tensor (<= max_message_bytes); ``op`` != mean."""
+
+    @abstractmethod
+    def _bcast_flat(self, buf: torch.Tensor, root: int) -> None:
+        """In-place broadcast of a 1-D uint8 tensor (<= max_message_bytes)."""
+
+    @abstractmethod
+    def _alltoall_int64(self, values: np.ndarray) -> np.ndarray:
+        """``out[p]`` = ``values[rank]`` of rank ``p``: int64[size] -> int64[size]."""
+
+    @abstractmethod
+    def _alltoallv_bytes(self, send: torch.Tensor, send_bytes: np.ndarray, send_displs: np.ndarray,
+                         recv: torch.Tensor, recv_bytes: np.ndarray, recv_displs: np.ndarray) -> None:
+        """One all-to-all-v over 1-D uint8 tensors; every count and displacement fits the limit."""
+
+    @abstractmethod
+    def allgather_object(self, obj: Any) -> list:
+        """Gather one picklable object per rank; every rank returns the list in rank order."""
+
+    @abstractmethod
+    def barrier(self) -> None:
+        """Block until every rank reached the barrier."""
+
+    @abstractmethod
+    def abort(self, code: int = 1) -> NoReturn:
+        """Terminate every rank of the job with exit status ``code`` (never returns)."""
+
+    # --------------------------------------------------------------- helpers
+    def _check_peer(self, peer: Any, what: str) -> int:
+        if isinstance(peer, (bool, np.bool_)) or not isinstance(peer, (int, np.integer)):
+            raise ValueError(f"{what}: peer {peer!r} is not an integer rank")
+        if not 0 <= int(peer) < self.size:
+            raise ValueError(f"{what}: peer {int(peer)} out of range [0, {self.size})")
+        return int(peer)
+
+    def _comm_device(self, device: torch.device) -> torch.device:
+        """Where buffers for ``device`` live while communicating (host when staging)."""
+        return device if self._device_capable(device) else torch.device("cpu")
+
+    @staticmethod
+    def _sync(device: torch.device) -> None:
+        """Make queued GPU work visible to a library reading device memory directly."""
+        if device.type == "cuda":
+            torch.cuda.current_stream(device).synchronize()
+
+    def _post_chunks(self, post, buf: torch.Tensor, peer: int, tag_base: int) -> list[Any]:
+        return [post(buf[start:stop], peer, tag_base + i % _TAG_SPAN)
+                for i, (start, stop) in enumerate(_chunk_ranges(buf.numel(), self.max_message_bytes))]
+
+    # -------------------------------------------------------------- collectives
+    def allreduce_(self, t: torch.Tensor, op: str = "sum") -> torch.Tensor:
+        """All-reduce ``t`` in place over all ranks and return it.
+
+        ``op``: ``"sum"``, ``"prod"``, ``"max"``, ``"min"`` or ``"mean"`` (sum
+        divided by ``size``; floating tensors only). Any shape; non-contiguous
+        and CUDA tensors are handled (through a contiguous/host copy).
+        """
+        if op not in _REDUCE_OPS:
+            raise ValueError(f"allreduce_: op must be one of {_REDUCE_OPS}, got {op!r}")
+        if op == "mean" and not (t.is_floating_point() or t.is_complex()):
+            raise ValueError(f"allreduce_: op 'mean' needs a floating tensor, got {t.dtype}")
+        if self.size == 1:
+            return t
+        with self._timed("allreduce"), torch.no_grad():
+            comm_dev = self._comm_device(t.device)
+            work = t if (t.is_contiguous() and t.device == comm_dev) else t.detach().contiguous().to(comm_dev)
+            self._sync(t.device)
+            flat = work.reshape(-1)
+            itemsize = 4 if flat.dtype in (torch.float16, torch.bfloat16) else flat.element_size()
+            step = max(1, self.max_message_bytes // itemsize)  # halves are reduced as float32
+            for start, stop in _chunk_ranges(flat.numel(), step):
+                self._allreduce_flat(flat[start:stop], "sum" if op == "mean" else op)
+            if op == "mean":
+                flat.div_(self.size)
+            if work is not t:
+                t.copy_(work)
+            self._count("allreduce", t.numel() * t.element_size())
+        return t
+
+    def allreduce_bucketed_(self, tensors: Sequence[torch.Tensor], bucket_bytes: int = 25 << 20,
+                            op: str = "sum") -> None:
+        """All-reduce many tensors in place with few calls (gradient all-reduce).
+
+        Tensors of the same dtype and device are flattened, in order, into
+        buckets of at most ``bucket_bytes`` (a bigger tensor is a bucket by
+        itself); one all-reduce per bucket, then the results are copied back.
+        """
+        if bucket_bytes < 1:
+            raise ValueError(f"allreduce_bucketed_: bucket_bytes must be >= 1, got {bucket_bytes}")
+        if self.size == 1:
+            if op not in _REDUCE_OPS:
+                raise ValueError(f"allreduce_bucketed_: op must be one of {_REDUCE_OPS}, got {op!r}")
+            return
+        groups: dict[tuple[torch.dtype, torch.device], list[torch.Tensor]] = {}
+        for t in tensors:
+            groups.setdefault((t.dtype, t.device), []).append(t)
+        with self._timed("allreduce"), torch.no_grad():
+            for group in groups.values():
+                bucket: list[torch.Tensor] = []
+                filled = 0
+                for t in group:
+                    nbytes = t.numel() * t.element_size()
+                    if bucket and filled + nbytes > bucket_bytes:
+                        self._reduce_bucket(bucket, op)
+                        bucket, filled = [], 0
+                    bucket.append(t)
+                    filled += nbytes
+                if bucket:
+                    self._reduce_bucket(bucket, op)
+
+    def _reduce_bucket(self, bucket: list[torch.Tensor], op: str) -> None:
+        if len(bucket) == 1:
+            self.allreduce_(bucket[0], op)
+            return
+        flat = torch.cat([t.detach().reshape(-1) for t in bucket])
+        self.allreduce_(flat, op)
+        offset = 0
+        for t in bucket:
+            n = t.numel()
+            t.copy_(flat[offset:offset + n].view(t.shape))
+            offset += n
+
+    def bcast(self, t: torch.Tensor, root: int = 0) -> torch.Tensor:
+        """Broadcast ``t`` from ``root`` in place (same shape and dtype on every rank); returns ``t``."""
+        root = self._check_peer(root, "bcast root")
+        if self.size == 1:
+            return t
+        with self._timed("bcast"), torch.no_grad():
+            comm_dev = self._comm_device(t.device)
+            work = t if (t.is_contiguous() and t.device == comm_dev) else t.detach().contiguous().to(comm_dev)
+            self._sync(t.device)
+            buf = _byte_view(work)
+            for start, stop in _chunk_ranges(buf.numel(), self.max_message_bytes):
+                self._bcast_flat(buf[start:stop], root)
+            if work is not t:
+                t.copy_(work)
+            if self.rank == root:
+                self._count("bcast", buf.numel())
+        return t
+
+    def bcast_object(self, obj: Any, root: int = 0) -> Any:
+        """Broadcast a picklable object from ``root``; every rank returns the root's object.
+
+        The pickle travels as a byte tensor (chunked like any message), so
+        objects above 2 GiB are fine.
+        """
+        root = self._check_peer(root, "bcast_object root")
+        if self.size == 1:
+            return obj
+        with self._timed("bcast_object"):
+            length = torch.zeros(1, dtype=torch.int64)
+            if self.rank == root:
+                data = pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
+                length[0] = len(data)
+            self._bcast_flat(_byte_view(length), root)
+            if self.rank == root:
+                buf = torch.frombuffer(bytearray(data), dtype=torch.uint8) if data else \
+                    torch.empty(0, dtype=torch.uint8)
+            else:
+                buf = torch.empty(int(length[0]), dtype=torch.uint8)
+            for start, stop in _chunk_ranges(buf.numel(), self.max_message_bytes):
+                self._bcast_flat(buf[start:stop], root)
+            if self.rank == root:
+                self._count("bcast_object", buf.numel())
+                return obj
+            return pickle.loads(buf.numpy().tobytes())
+
+    def alltoallv(self, send: torch.Tensor, send_counts: Sequence[int] | np.ndarray
+                  ) -> tuple[torch.Tensor, np.ndarray]:
+        """Personalised all-to-all of rows.
+
+        Args:
+            send: [sum(send_counts), *row_shape]; rows for rank 0 first, then rank 1, ...
+            send_counts: int[size], rows sent to each rank (zeros allowed).
+        Returns:
+            ``(recv, recv_counts)``: recv [sum(recv_counts), *row_shape] (same dtype and
+            device as ``send``), rows from rank 0 first; recv_counts int64[size].
+            Messages above ``max_message_bytes`` go as chunked point-to-point messages.
+        """
+        counts = np.asarray(send_counts, dtype=np.int64).reshape(-1)
+        if counts.shape[0] != self.size:
+            raise ValueError(f"alltoallv: send_counts has {counts.shape[0]} entries, need size={self.size}")
+        if (counts < 0).any():
+            raise ValueError("alltoallv: send_counts must be non-negative")
+        if send.dim() == 0 or int(counts.sum()) != send.shape[0]:
+            raise ValueError(f"alltoallv: sum(send_counts)={int(counts.sum())} does not match "
+                             f"send.shape[0]={send.shape[0] if send.dim() else 'scalar'}")
+        with self._timed("alltoallv"), torch.no_grad():
+            recv_counts = self._alltoall_int64(counts) if self.size > 1 else counts.copy()
+            row_shape = tuple(send.shape[1:])
+            device = send.device
+            recv = torch.empty((int(recv_counts.sum()),) + row_shape, dtype=send.dtype, device=device)
+            if self.size == 1:
+                recv.copy_(send)
+                return recv, recv_counts
+            comm_dev = self._comm_device(device)
+            sbuf_t = send.detach().contiguous().to(comm_dev)
+            rbuf_t = recv if comm_dev == device else torch.empty_like(recv, device=comm_dev)
+            row_bytes = math.prod(row_shape) * send.element_size()
+            sbytes, rbytes = counts * row_bytes, recv_counts * row_bytes
+            sdispl = np.concatenate(([0], np.cumsum(sbytes)[:-1])).astype(np.int64)
+            rdispl = np.concatenate(([0], np.cumsum(rbytes)[:-1])).astype(np.int64)
+            sbuf, rbuf = _byte_view(sbuf_t), _byte_view(rbuf_t)
+            self._sync(device)
+            limit = self.max_message_bytes
+            too_big = int(max(int(sbytes.sum()), int(rbytes.sum())) > limit)
+            flag = torch.tensor([too_big], dtype=torch.int64)
+            self._allreduce_flat(flag, "max")
+            if int(flag[0]) == 0:
+                self._alltoallv_bytes(sbuf, sbytes, sdispl, rbuf, rbytes, rdispl)
+            else:
+                handles: list[Any] = []
+                for p in range(self.size):
+                    if p != self.rank:
+                        handles += self._post_chunks(self._irecv, rbuf[rdispl[p]:rdispl[p] + rbytes[p]],
+                                                     p, _TAG_ALLTOALLV)
+                for p in range(self.size):
+                    if p != self.rank:
+                        handles += self._post_chunks(self._isend, sbuf[sdispl[p]:sdispl[p] + sbytes[p]],
+                                                     p, _TAG_ALLTOALLV)
+                me = self.rank
+                handles = self._launch(handles)
+                rbuf[rdispl[me]:rdispl[me] + rbytes[me]].copy_(sbuf[sdispl[me]:sdispl[me] + sbytes[me]])
+                self._waitall(handles)
+            if rbuf_t is not recv:
+                recv.copy_(rbuf_t)
+            self._count("alltoallv", int(sbytes.sum() - sbytes[self.rank]))
+        return recv, recv_counts
+
+    # ----------------------------------------------------------- point to point
+    def exchange(self, sends: dict[int, torch.Tensor],
+                 recv_specs: dict[int, tuple[tuple[int, ...], torch.dtype]], *,
+                 device: torch.device | str | None = None) -> dict[int, torch.Tensor]:
+        """Send ``sends[p]`` to each listed peer ``p`` and receive from each peer in ``recv_specs``.
+
+        Non-blocking point-to-point with only the listed peers, then waits for all.
+        ``recv_specs[p] = (shape, dtype)`` of what ``p`` sends here; a send to
+        ``p`` must be matched by a spec on ``p`` with the same byte size
+        (zero-size messages are skipped on both sides). A rank may list itself
+        (local copy). Received tensors live on ``device`` (default: the device
+        of the first send tensor, else CPU). Returns ``{peer: tensor}``.
+        """
+        return self.exchange_start(sends, recv_specs, device=device).wait()
+
+    def exchange_start(self, sends: dict[int, torch.Tensor],
+                       recv_specs: dict[int, tuple[tuple[int, ...], torch.dtype]], *,
+                       device: torch.device | str | None = None) -> Request:
+        """Start :meth:`exchange` and return a :class:`Request`; ``request.wait()`` gives the dict.
+
+        Sends are posted from copies only where needed (non-contiguous or staged
+        tensors); otherwise the caller must not modify ``sends`` before ``wait()``.
+        """
+        with self._timed("exchange"), torch.no_grad():
+            sends = {self._check_peer(p, "exchange sends"): t for p, t in sends.items()}
+            specs = {self._check_peer(p, "exchange recv_specs"): self._check_spec(p, spec)
+                     for p, spec in recv_specs.items()}
+            if (self.rank in specs) != (self.rank in sends):
+                raise ValueError(f"exchange: this rank ({self.rank}) must be in both sends and "
+                                 f"recv_specs or in neither")
+            if self.rank in sends:
+                shape, dtype = specs[self.rank]
+                mine = sends[self.rank]
+                if mine.dtype != dtype or mine.numel() != math.prod(shape):
+                    raise ValueError(f"exchange: self message {tuple(mine.shape)} {mine.dtype} does "
+                                     f"not match recv_specs[{self.rank}] {shape} {dtype}")
+            dev = _as_device(device)
+            if dev is None:
+                dev = next(iter(sends.values())).device if sends else torch.device("cpu")
+            comm_dev = self._comm_device(dev)
+            results: dict[int, torch.Tensor] = {}
+            staged: list[tuple[torch.Tensor, torch.Tensor]] = []
+            handles: list[Any] = []
+            for p in sorted(specs):
+                shape, dtype = specs[p]
+                out = torch.empty(shape, dtype=dtype, device=dev)
+                results[p] = out
+                if p == self.rank:
+                    out.copy_(sends[p].detach().reshape(shape))
+                    continue
+                buf = out if comm_dev == dev else torch.empty(shape, dtype=dtype, device=comm_dev)
+                if buf is not out:
+                    staged.append((out, buf))
+                handles += self._post_chunks(self._irecv, _byte_view(buf), p, _TAG_EXCHANGE)
+            for cuda_dev in {t.device for t in sends.values() if t.is_cuda}:
+                self._sync(cuda_dev)
+            keep: list[torch.Tensor] = []
+            for p in sorted(sends):
+                if p == self.rank:
+                    continue
+                src = sends[p].detach()
+                target = self._comm_device(src.device)
+                if not src.is_contiguous() or src.device != target:
+                    src = src.contiguous().to(target)
+                keep.append(src)
+                buf = _byte_view(src)
+                handles += self._post_chunks(self._isend, buf, p, _TAG_EXCHANGE)
+                self._count("exchange", buf.numel())
+            return Request(self, self._launch(handles), results, staged, keep)
+
+    @staticmethod
+    def _check_spec(peer: int, spec: Any) -> tuple[tuple[int, ...], torch.dtype]:
+        try:
+            shape, dtype = spec
+            shape = tuple(int(s) for s in shape)
+        except (TypeError, ValueError):
+            raise ValueError(f"exchange recv_specs[{peer}]: expected (shape, dtype), got {spec!r}") from None
+        if not isinstance(dtype, torch.dtype):
+            raise ValueError(f"exchange recv_specs[{peer}]: {dtype!r} is not a torch.dtype")
+        if any(s < 0 for s in shape):
+            raise ValueError(f"exchange recv_specs[{peer}]: negative size in shape {shape}")
+        return shape, dtype
+
+
+def _flush_streams() -> None:
+    for handler in logging.getLogger().handlers:
+        with contextlib.suppress(Exception):
+            handler.flush()
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):
+            stream.flush()
+
+
+def _pickled_size(obj: Any) -> int:
+    try:
+        return len(pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL))
+    except Exception:  # the backend will raise its own error for unpicklable objects
+        return 0
+
+
+_CACHE: dict[str, Communicator] = {}
+_BACKENDS = ("mpi", "torch", "local")
+
+
+def get_communicator(backend: str = "mpi", **options: Any) -> Communicator:
+    """The communicator of this process.
+
+    Args:
+        backend: ``"mpi"`` (mpi4py, default), ``"torch"`` (torch.distributed:
+            gloo on CPU, NCCL for CUDA tensors, oneCCL when installed) or
+            ``"local"`` (one process). ``"mpi"`` and ``"torch"`` fall back to a
+            size-1 :class:`~hpc_graph.comm.local.LocalCommunicator` when no
+            launcher is detected (and, for ``"mpi"``, mpi4py was not already
+            imported; for ``"torch"``, torch.distributed is not initialised).
+        options: passed to the backend constructor (e.g. ``max_message_bytes``);
+            without options the same communicator is returned on every call.
+    Raises:
+        ValueError for an unknown backend; RuntimeError when the launcher and
+        MPI disagree (e.g. mpi4py built against another MPI than ``mpiexec``).
+    """
+    if backend not in _BACKENDS:
+        raise ValueError(f"communication backend must be one of {_BACKENDS}, got {backend!r}")
+    if not options and backend in _CACHE:
+        return _CACHE[backend]
+    comm = _create(backend, options)
+    if not options:
+        _CACHE[backend] = comm
+    return comm
+
+
+def _create(backend: str, options: dict[str, Any]) -> Communicator:
+    from hpc_graph.comm.env import detect_rank_size, launcher_name
+    from hpc_graph.comm.local import LocalCommunicator
+
+    launcher = launcher_name()
+    env_rank, env_size = detect_rank_size()
+    if backend == "local":
+        return LocalCommunicator(**options)
+    if backend == "mpi":
+        if launcher == "none" and "mpi4py.MPI" not in sys.modules:
+            log.debug("no MPI launcher detected: using a single-process communicator")
+            return LocalCommunicator(**options)
+        if launcher == "torchrun":
+            raise ValueError("started by torchrun (RANK/WORLD_SIZE set, no MPI launcher): "
+                             "use communication backend 'torch'")
+        from hpc_graph.comm.mpi import MPICommunicator
+
+        comm: Communicator = MPICommunicator(**options)
+    else:
+        if launcher == "none" and not _torch_dist_initialized():
+            log.debug("no launcher detected: using a single-process communicator")
+            return LocalCommunicator(**options)
+        from hpc_graph.comm.torch_dist import TorchDistCommunicator
+
+        comm = TorchDistCommunicator(**options)
+    if launcher != "none" and (comm.size, comm.rank) != (env_size, env_rank):
+        raise RuntimeError(
+            f"launcher {launcher!r} says rank {env_rank} of {env_size} but the {backend} backend says "
+            f"rank {comm.rank} of {comm.size}: is mpi4py built against the MPI of this mpiexec?")
+    log.debug("communicator: %r", comm)
+    return comm
+
+
+def _torch_dist_initialized() -> bool:
+    import torch.distributed as dist
+
+    return dist.is_available() and dist.is_initialized()
+
+
+def _env_flag(name: str) -> bool | None:
+    value = os.environ.get(name)
+    if value is None or value.strip() == "":
+        return None
+    return value.strip().lower() in ("1", "true", "yes", "on")
