@@ -1,0 +1,115 @@
+"""``single`` engine: one process holds the whole graph; the reference every other engine must match.
+
+``source`` is a dataset file (``hpc-graph generate|convert``). Aggregation is
+one call of :func:`hpc_graph.ops.spmm.spmm` over the whole CSR; GAT attention
+one call of :func:`hpc_graph.ops.gat_attention.gat_attention` over the CSR with
+a self loop appended to every row. There is no communication.
+"""
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import numpy as np
+import torch
+
+from data_io.dataset import open_dataset
+from data_io.errors import FormatError
+from hpc_graph.engines.base import Engine
+from hpc_graph.graph.base import GraphContext
+from hpc_graph.ops.csr import CSR
+from hpc_graph.ops.gat_attention import gat_attention
+from hpc_graph.ops.spmm import spmm
+
+log = logging.getLogger(__name__)
+
+_OPTIONS = {"prefetch"}  # accepted (so one config serves every engine) and ignored
+
+
+class _SingleGraph(GraphContext):
+    """The whole graph: global ids are local ids, all-reduce is the identity."""
+
+    def __init__(self, csr: CSR):
+        self.csr = csr
+        self.num_nodes = self.global_num_nodes = csr.num_dst
+        self._gid = torch.arange(csr.num_dst, dtype=torch.int64, device=csr.device)
+        self._self_loops: CSR | None = None
+
+    def aggregate(self, x: torch.Tensor, reduce: str = "sum") -> torch.Tensor:
+        if reduce not in ("sum", "mean"):
+            raise ValueError(f"aggregate: reduce must be 'sum' or 'mean', got {reduce!r}")
+        return spmm(self.csr, x, reduce)
+
+    def with_self_loops(self) -> CSR:
+        """The CSR with an edge ``i -> i`` appended to every row (after its in-edges), built once."""
+        if self._self_loops is None:
+            g, n = self.csr, self.num_nodes
+            ar = torch.arange(n + 1, device=g.device)
+            indptr = g.indptr + ar
+            indices = torch.empty(g.num_edges + n, dtype=torch.int64, device=g.device)
+            rows = torch.repeat_interleave(ar[:-1], g.in_degree())
+            indices[torch.arange(g.num_edges, device=g.device) + rows] = g.indices
+            indices[indptr[1:] - 1] = ar[:-1]
+            self._self_loops = CSR(indptr, indices, n, validate=False)
+        return self._self_loops
+
+    def gat(self, z: torch.Tensor, s_src: torch.Tensor, s_dst: torch.Tensor, *,
+            negative_slope: float = 0.2, attn_dropout: float = 0.0, seed: int = 0,
+            add_self_loops: bool = True) -> torch.Tensor:
+        g = self.with_self_loops() if add_self_loops else self.csr
+        return gat_attention(g, z, s_src, s_dst, negative_slope=negative_slope, attn_dropout=attn_dropout,
+                             seed=seed, src_gid=self._gid, dst_gid=self._gid, training=attn_dropout > 0)
+
+    def in_degree(self) -> torch.Tensor:
+        return self.csr.in_degree()
+
+    def global_ids(self) -> torch.Tensor:
+        return self._gid
+
+    def all_reduce_sum(self, t: torch.Tensor) -> torch.Tensor:
+        return t
+
+
+class SingleEngine(Engine):
+    """The whole dataset in one process (see module docstring). ``source``: a dataset file.
+
+    ``label`` holds -1 for unlabelled nodes; a missing mask is all False.
+    Options: ``prefetch`` is accepted and ignored; any other option is an error.
+    Raises ``ValueError`` when ``comm`` has more than one rank.
+    """
+
+    name = "single"
+
+    def __init__(self, source: str, comm: Any, device: torch.device, dtype: torch.dtype,
+                 options: dict[str, Any] | None = None):
+        super().__init__(source, comm, device, dtype, options)
+        size = int(getattr(comm, "size", 1)) if comm is not None else 1
+        if size > 1:
+            raise ValueError(f"engine: 'single' runs on one process but this job has {size} ranks; "
+                             "use engine 'dp' or 'sar' with a partitioned dataset")
+        unknown = sorted(set(self.options) - _OPTIONS)
+        if unknown:
+            raise ValueError(f"engine options: unknown option(s) {unknown} for engine 'single'")
+        with open_dataset(self.source) as ds:
+            if not ds.has("feat"):
+                raise FormatError(self.source, "/node/feat", "missing (training needs node features)")
+            n = ds.num_nodes
+            csr = CSR(ds.indptr(), ds.indices().astype(np.int64, copy=False), n, validate=False)
+            feat = ds.feat_rows(0, n)
+            label = ds.label() if ds.has("label") else np.full(n, -1, dtype=np.int64)
+            masks = {name: (ds.mask(f"{name}_mask") if ds.has(f"{name}_mask") else np.zeros(n, dtype=bool))
+                     for name in ("train", "val", "test")}
+            self.num_classes = int(ds.num_classes) or int(label.max()) + 1
+        self.graph = _SingleGraph(csr.to(self.device))
+        self.feat = torch.from_numpy(feat).to(device=self.device, dtype=dtype)
+        self.label = torch.from_numpy(np.asarray(label, dtype=np.int64)).to(self.device)
+        self.masks = {k: torch.from_numpy(np.asarray(v, dtype=bool)).to(self.device) for k, v in masks.items()}
+        self.num_features = int(self.feat.shape[1])
+        log.info("single engine: %s, %d nodes, %d edges, %d features, %d classes", self.source, n,
+                 csr.num_edges, self.num_features, self.num_classes)
+
+    def stats(self) -> dict[str, float]:
+        return {"bytes_sent": 0.0, "comm_seconds": 0.0}
+
+    def reset_stats(self) -> None:
+        pass

@@ -1,0 +1,129 @@
+"""Per-rank metrics: JSONL writer, timers, peak resident memory and the rank-0 progress bar.
+
+Every rank writes its own file ``RUN_DIR/metrics.rank<R>.jsonl`` (R = rank, no
+padding), one JSON object per epoch, each carrying a ``rank`` field, so the
+files can be concatenated or read with :func:`read_metrics`. Nothing is shared
+between ranks' files, so no locking is needed on a parallel file system.
+"""
+from __future__ import annotations
+
+import json
+import os
+import resource
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+
+def metrics_path(run_dir: str | os.PathLike, rank: int) -> Path:
+    """``RUN_DIR/metrics.rank<R>.jsonl``: where rank ``rank`` writes its per-epoch lines."""
+    return Path(run_dir) / f"metrics.rank{int(rank)}.jsonl"
+
+
+def read_metrics(run_dir: str | os.PathLike) -> list[dict[str, Any]]:
+    """All ranks' metric lines of a run, sorted by (epoch, rank)."""
+    rows = []
+    for path in sorted(Path(run_dir).glob("metrics.rank*.jsonl")):
+        with open(path, encoding="utf-8") as fh:
+            rows.extend(json.loads(line) for line in fh if line.strip())
+    return sorted(rows, key=lambda r: (r.get("epoch", 0), r.get("rank", 0)))
+
+
+class MetricsWriter:
+    """Append one JSON object per line to this rank's metrics file (flushed each line).
+
+    The file is truncated when the writer is created (a new run).
+    """
+
+    def __init__(self, run_dir: str | os.PathLike, rank: int):
+        self.rank = int(rank)
+        self.path = metrics_path(run_dir, rank)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._fh = open(self.path, "w", encoding="utf-8")
+
+    def write(self, record: dict[str, Any]) -> None:
+        """Write ``record`` (plus ``rank``) as one JSON line."""
+        self._fh.write(json.dumps({"rank": self.rank, **record}, sort_keys=False) + "\n")
+        self._fh.flush()
+
+    def close(self) -> None:
+        if not self._fh.closed:
+            self._fh.close()
+
+    def __enter__(self) -> "MetricsWriter":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+class Timer:
+    """Accumulating wall-clock timer (seconds): ``with timer: ...`` adds the block's duration."""
+
+    def __init__(self):
+        self.seconds = 0.0
+        self._start: float | None = None
+
+    def __enter__(self) -> "Timer":
+        self._start = time.perf_counter()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        assert self._start is not None
+        self.seconds += time.perf_counter() - self._start
+        self._start = None
+
+    def reset(self) -> float:
+        """Return the accumulated seconds and set them to zero."""
+        s, self.seconds = self.seconds, 0.0
+        return s
+
+
+def peak_rss_mb() -> float:
+    """High-water resident memory of this process in MiB (``getrusage``; KiB on Linux, bytes on macOS)."""
+    ru = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return ru / (1024.0 * 1024.0) if sys.platform == "darwin" else ru / 1024.0
+
+
+class ProgressBar:
+    """Epoch progress on stderr (tqdm when importable, else a plain line), shown only when ``enabled``."""
+
+    def __init__(self, total: int, enabled: bool, desc: str = "train"):
+        self.enabled = enabled
+        self._bar = None
+        self._n = 0
+        self.total = total
+        self.desc = desc
+        if enabled:
+            try:
+                from tqdm import tqdm
+                self._bar = tqdm(total=total, desc=desc, file=sys.stderr, dynamic_ncols=True, leave=True)
+            except ImportError:  # a simple text bar
+                self._bar = None
+
+    def update(self, **postfix: Any) -> None:
+        """Advance one step and show ``postfix`` values (floats shown with 4 digits)."""
+        if not self.enabled:
+            return
+        self._n += 1
+        shown = {k: (f"{v:.4f}" if isinstance(v, float) else v) for k, v in postfix.items() if v is not None}
+        if self._bar is not None:
+            self._bar.set_postfix(shown, refresh=False)
+            self._bar.update(1)
+        else:
+            text = " ".join(f"{k}={v}" for k, v in shown.items())
+            sys.stderr.write(f"\r{self.desc} {self._n}/{self.total} {text}")
+            sys.stderr.flush()
+
+    def close(self) -> None:
+        if not self.enabled:
+            return
+        if self._bar is not None:
+            self._bar.close()
+        else:
+            sys.stderr.write("\n")
+            sys.stderr.flush()
+        self.enabled = False
+
+

@@ -1,0 +1,138 @@
+"""Config loading: defaults, overrides, and one named error per bad field."""
+import dataclasses
+
+import pytest
+import yaml
+
+from hpc_graph.train.config import (Config, ConfigError, check_paths, config_from_dict, config_to_dict,
+                                    load_config, validate_config)
+
+
+def _write(tmp_path, data, name="c.yaml"):
+    p = tmp_path / name
+    p.write_text(data if isinstance(data, str) else yaml.safe_dump(data))
+    return p
+
+
+def test_defaults_and_round_trip(tmp_path):
+    cfg = load_config(_write(tmp_path, {"data": {"path": "g.h5"}}))
+    assert isinstance(cfg, Config)
+    assert cfg.data.path == "g.h5" and cfg.data.feature_norm == "none"
+    assert cfg.engine.name == "auto" and cfg.engine.prefetch is True
+    assert (cfg.model.name, cfg.model.hidden, cfg.model.num_layers) == ("gcn", 16, 2)
+    assert cfg.optim.name == "adam" and cfg.train.epochs == 200 and cfg.train.run_dir is None
+    d = config_to_dict(cfg)
+    assert set(d) == {"data", "engine", "model", "optim", "train"}
+    assert config_from_dict(d) == cfg
+    assert validate_config(cfg) == cfg
+
+
+def test_full_file_and_overrides(tmp_path):
+    raw = {"data": {"path": "x.h5", "feature_norm": "row"}, "engine": {"name": "sar", "prefetch": False},
+           "model": {"name": "gat", "hidden": 8, "heads": 4, "attn_dropout": 0.6, "dropout": 0.6},
+           "optim": {"name": "sgd", "lr": "5e-3", "weight_decay": 5e-4, "momentum": 0.9, "schedule": "step",
+                     "step_size": 10, "gamma": 0.1},
+           "train": {"epochs": 3, "seed": 7, "dtype": "float64", "run_dir": "runs/a", "progress": False}}
+    cfg = load_config(_write(tmp_path, raw), ["model.hidden=32", "optim.lr=1e-2", "train.progress=true",
+                                              "engine.name=dp", "train.run_dir=runs/b"])
+    assert cfg.model.hidden == 32 and cfg.model.heads == 4 and cfg.model.attn_dropout == 0.6
+    assert cfg.optim.lr == pytest.approx(0.01) and isinstance(cfg.optim.lr, float)
+    assert cfg.optim.schedule == "step" and cfg.optim.momentum == 0.9
+    assert cfg.train.progress is True and cfg.train.dtype == "float64" and cfg.train.run_dir == "runs/b"
+    assert cfg.engine.name == "dp" and cfg.engine.prefetch is False and cfg.data.feature_norm == "row"
+
+
+BAD = [
+    ({"model": {"hidden": -3}}, "model.hidden: must be a positive integer, got -3"),
+    ({"model": {"hidden": 2.5}}, "model.hidden: must be a positive integer, got 2.5"),
+    ({"model": {"hidden": True}}, "model.hidden: must be a positive integer, got True"),
+    ({"model": {"num_layers": 0}}, "model.num_layers: must be a positive integer"),
+    ({"model": {"name": "gin"}}, "model.name: must be one of 'gcn', 'sage', 'gat', got 'gin'"),
+    ({"model": {"dropout": 1.0}}, "model.dropout: must be a number in [0, 1), got 1.0"),
+    ({"model": {"attn_dropout": -0.1}}, "model.attn_dropout: must be a number in [0, 1)"),
+    ({"model": {"residual": "yes"}}, "model.residual: must be true or false, got 'yes'"),
+    ({"model": {"heads": 0}}, "model.heads: must be a positive integer"),
+    ({"model": {"out_heads": "two"}}, "model.out_heads: must be a positive integer"),
+    ({"model": {"batchnorm": 1}}, "model.batchnorm: must be true or false"),
+    ({"model": {"hiden": 3}}, "model.hiden: unknown key"),
+    ({"data": {"feature_norm": "l2"}}, "data.feature_norm: must be one of 'none', 'row'"),
+    ({"data": {"path": ""}}, "data.path: must be a non-empty path string"),
+    ({"data": {"path": 3}}, "data.path: must be a non-empty path string, got 3"),
+    ({"data": {"feature_norm": "row"}, "drop_data_path": True}, "data.path: required"),
+    ({"engine": {"name": "ddp"}}, "engine.name: must be one of 'auto', 'single', 'dp', 'sar', got 'ddp'"),
+    ({"engine": {"prefetch": "no"}}, "engine.prefetch: must be true or false"),
+    ({"optim": {"name": "rmsprop"}}, "optim.name: must be one of 'adam', 'sgd'"),
+    ({"optim": {"lr": 0}}, "optim.lr: must be a positive number, got 0"),
+    ({"optim": {"lr": "fast"}}, "optim.lr: must be a positive number, got 'fast'"),
+    ({"optim": {"lr": float("nan")}}, "optim.lr: must be a positive number"),
+    ({"optim": {"weight_decay": -1e-4}}, "optim.weight_decay: must be a non-negative number"),
+    ({"optim": {"momentum": 1.5}}, "optim.momentum: must be a number in [0, 1)"),
+    ({"optim": {"schedule": "linear"}}, "optim.schedule: must be one of 'none', 'step', 'cosine'"),
+    ({"optim": {"step_size": 0}}, "optim.step_size: must be a positive integer"),
+    ({"optim": {"gamma": 0}}, "optim.gamma: must be a number in (0, 1], got 0"),
+    ({"train": {"epochs": 0}}, "train.epochs: must be a positive integer, got 0"),
+    ({"train": {"seed": -1}}, "train.seed: must be a non-negative integer, got -1"),
+    ({"train": {"eval_every": 0}}, "train.eval_every: must be a positive integer"),
+    ({"train": {"device": "tpu"}}, "train.device: must be one of 'cpu', 'cuda', got 'tpu'"),
+    ({"train": {"dtype": "float16"}}, "train.dtype: must be one of 'float32', 'float64'"),
+    ({"train": {"comm_backend": "nccl"}}, "train.comm_backend: must be one of 'mpi', 'torch'"),
+    ({"train": {"checkpoint_every": -2}}, "train.checkpoint_every: must be a non-negative integer"),
+    ({"train": {"progress": 0}}, "train.progress: must be true or false"),
+    ({"train": {"run_dir": ["a"]}}, "train.run_dir: must be a non-empty path string"),
+    ({"train": ["epochs", 3]}, "train: must be a mapping"),
+    ({"trainer": {"epochs": 3}}, "trainer: unknown section"),
+]
+
+
+@pytest.mark.parametrize("raw,message", BAD, ids=[m.split(":")[0] + f"-{i}" for i, (_, m) in enumerate(BAD)])
+def test_each_bad_field_is_named(tmp_path, raw, message):
+    raw = dict(raw)
+    drop = raw.pop("drop_data_path", False)
+    if not drop:
+        raw.setdefault("data", {})
+        if isinstance(raw["data"], dict):
+            raw["data"] = {"path": "g.h5", **raw["data"]}
+    with pytest.raises(ConfigError) as err:
+        load_config(_write(tmp_path, raw))
+    assert message in str(err.value)
+    assert "\n" not in str(err.value)
+
+
+@pytest.mark.parametrize("override,message", [
+    ("model.hidden=-3", "model.hidden: must be a positive integer, got -3"),
+    ("model.hidden", "expected section.key=value"),
+    ("hidden=3", "expected section.key=value"),
+    ("a.b.c=1", "expected section.key=value"),
+    ("modle.hidden=3", "modle: unknown section"),
+    ("model.width=3", "model.width: unknown key"),
+    ("train.device=gpu", "train.device: must be one of"),
+])
+def test_bad_overrides_are_named(tmp_path, override, message):
+    with pytest.raises(ConfigError, match=message.replace(".", r"\.").replace("(", r"\(")):
+        load_config(_write(tmp_path, {"data": {"path": "g.h5"}}), [override])
+
+
+def test_file_errors(tmp_path):
+    with pytest.raises(ConfigError, match="no such config file"):
+        load_config(tmp_path / "missing.yaml")
+    with pytest.raises(ConfigError, match=r"invalid YAML at line 2, column 10: mapping values"):
+        load_config(_write(tmp_path, "data:\n  path: a: b\n"))
+    with pytest.raises(ConfigError, match="expected a mapping"):
+        load_config(_write(tmp_path, "- 1\n- 2\n"))
+    with pytest.raises(ConfigError, match="data.path: required"):
+        load_config(_write(tmp_path, ""))
+
+
+def test_validate_config_rejects_bad_values_set_in_code(tmp_path):
+    cfg = load_config(_write(tmp_path, {"data": {"path": "g.h5"}}))
+    bad = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, hidden=0))
+    with pytest.raises(ConfigError, match="model.hidden"):
+        validate_config(bad)
+
+
+def test_check_paths(tmp_path):
+    cfg = load_config(_write(tmp_path, {"data": {"path": str(tmp_path / "nope.h5")}}))
+    with pytest.raises(ConfigError, match="data.path: no such file or directory"):
+        check_paths(cfg)
+    (tmp_path / "g.h5").write_bytes(b"")
+    check_paths(load_config(_write(tmp_path, {"data": {"path": str(tmp_path / "g.h5")}})))
