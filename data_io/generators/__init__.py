@@ -1,0 +1,12 @@
+"""Synthetic graph generators: Graph500 Kronecker (R-MAT) and contextual SBM.
+
+``generate_*`` return a :class:`data_io.dataset.GraphData` in memory;
+``write_*`` write a dataset file atomically with features in row blocks.
+Equal seeds give identical graphs. Bad arguments raise
+:class:`GeneratorParamError` (a :class:`data_io.errors.DataError`) naming the parameter.
+"""
+from data_io.generators._common import GeneratorParamError
+from data_io.generators.csbm import generate_csbm, write_csbm
+from data_io.generators.rmat import generate_rmat, write_rmat
+
+__all__ = ["GeneratorParamError", "generate_rmat", "write_rmat", "generate_csbm", "write_csbm"]
