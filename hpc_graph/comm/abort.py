@@ -18,9 +18,10 @@ from typing import Any
 log = logging.getLogger(__name__)
 
 
-def _report(comm: Any, exc_type: type, exc: BaseException, tb: Any) -> None:
+def _report(comm: Any, exc_type: type, exc: BaseException, tb: Any, thread: str | None = None) -> None:
     """Log ``rank R: Type: message`` with the traceback (straight to stderr if logging is unset)."""
-    message = f"rank {getattr(comm, 'rank', '?')}: {exc_type.__name__}: {exc}"
+    where = f"rank {getattr(comm, 'rank', '?')}" + (f" (thread {thread!r})" if thread else "")
+    message = f"{where}: {exc_type.__name__}: {exc}"
     if logging.getLogger().handlers:
         log.error(message, exc_info=(exc_type, exc, tb))
         return
@@ -55,8 +56,7 @@ def install_abort_handler(comm: Any) -> None:
             return previous_thread(args)
         if getattr(comm, "size", 1) > 1:
             name = args.thread.name if args.thread is not None else "?"
-            _report(comm, args.exc_type, args.exc_value, args.exc_traceback)
-            log.error("rank %s: the exception above was raised in thread %r", comm.rank, name)
+            _report(comm, args.exc_type, args.exc_value, args.exc_traceback, thread=name)
             comm.abort(1)
         return previous_thread(args)
 

@@ -71,6 +71,8 @@ def _chunk_ranges(total: int, limit: int) -> list[tuple[int, int]]:
 
 def _byte_view(t: torch.Tensor) -> torch.Tensor:
     """1-D ``uint8`` view of the bytes of a contiguous tensor (no copy)."""
+    if t.numel() == 0:  # empty tensors may carry strides that forbid a dtype view
+        return torch.empty(0, dtype=torch.uint8, device=t.device)
     flat = t.reshape(-1)
     return flat if flat.dtype == torch.uint8 else flat.view(torch.uint8)
 
