@@ -71,11 +71,14 @@ def _to_graph(a: dict[str, np.ndarray], src: Path, name: str) -> GraphData:
     ei = ei.astype(np.int64, copy=False)
     num_edges = int(ei.shape[1])
 
-    n = _num_nodes(a, src, ei)
+    n, n_from = _num_nodes(a, src, ei)
+    rows = f"{n}, N from {n_from}"
+    if n <= 0:
+        raise bad(n_from, "empty graph (0 nodes)")
     x = a.get("x")
     if x is not None:
         if x.ndim != 2 or x.shape[0] != n:
-            raise bad("x", f"expected shape ({n}, F), got {x.shape}")
+            raise bad("x", f"expected shape ({n}, F) ({rows}), got {x.shape}")
         if not (np.issubdtype(x.dtype, np.number) or x.dtype == np.bool_):
             raise bad("x", f"expected a numeric dtype, got {x.dtype}")
         x = x.astype(np.float32, copy=False)
@@ -87,7 +90,7 @@ def _to_graph(a: dict[str, np.ndarray], src: Path, name: str) -> GraphData:
         if y.ndim == 2 and y.shape[1] == 1:
             y = y[:, 0]
         if y.shape != (n,):
-            raise bad("y", f"expected shape ({n},), got {y.shape}")
+            raise bad("y", f"expected shape ({rows}), got {y.shape}")
         if not np.issubdtype(y.dtype, np.integer):
             raise bad("y", f"expected an integer dtype, got {y.dtype}")
         y = y.astype(np.int64, copy=False)
@@ -100,7 +103,7 @@ def _to_graph(a: dict[str, np.ndarray], src: Path, name: str) -> GraphData:
         if v is None:
             continue
         if v.shape != (n,):
-            raise bad(m, f"expected shape ({n},), got {v.shape}")
+            raise bad(m, f"expected shape ({rows}), got {v.shape}")
         if v.dtype != np.bool_:
             if not np.issubdtype(v.dtype, np.integer) or (v.size and not np.isin(v, (0, 1)).all()):
                 raise bad(m, f"expected bool (or 0/1), got {v.dtype}")
@@ -123,29 +126,26 @@ def _to_graph(a: dict[str, np.ndarray], src: Path, name: str) -> GraphData:
             raise bad("edge_index", f"negative node id {lo} at [{k[0]}, {k[1]}]")
         if hi >= n:
             k = np.argwhere(ei >= n)[0]
-            raise bad("edge_index", f"node id {hi} at [{k[0]}, {k[1]}] out of range [0, {n})")
+            raise bad("edge_index", f"node id {hi} at [{k[0]}, {k[1]}] out of range [0, {n}) ({rows})")
     indptr, indices, weight = build_csr(ei[0], ei[1], n, w)
     return GraphData(indptr=indptr, indices=indices, feat=x, label=y, edge_weight=weight,
                      name=name, num_classes=num_classes, directed=not is_symmetric(indptr, indices),
                      **masks)
 
 
-def _num_nodes(a: dict[str, np.ndarray], src: Path, ei: np.ndarray) -> int:
-    """N from ``num_nodes``, else the first per-node array, else max id + 1."""
-    n = None
+def _num_nodes(a: dict[str, np.ndarray], src: Path, ei: np.ndarray) -> tuple[int, str]:
+    """N and where it came from: ``num_nodes``, else the first per-node array, else max id + 1."""
     if "num_nodes" in a:
         v = a["num_nodes"]
         if v.shape not in ((), (1,)) or not np.issubdtype(v.dtype, np.integer) or int(v.reshape(-1)[0]) <= 0:
             raise FormatError(src, "num_nodes", f"expected a positive integer scalar, got {v!r}")
-        n = int(v.reshape(-1)[0])
+        return int(v.reshape(-1)[0]), "num_nodes"
     for key in ("x", "y", *MASKS):
-        if n is None and key in a and a[key].ndim >= 1:
-            n = int(a[key].shape[0])
-    if n is None:
-        n = int(ei.max()) + 1 if ei.size else 0
-    if n <= 0:
-        raise FormatError(src, "edge_index", "empty graph (0 nodes)")
-    return n
+        if key in a and a[key].ndim >= 1:
+            return int(a[key].shape[0]), key
+    if ei.size == 0:
+        raise FormatError(src, "edge_index", "empty graph (no edges and no num_nodes, x or y)")
+    return int(ei.max()) + 1, "max id + 1"
 
 
 def convert_npz(src: str | os.PathLike, out: str | os.PathLike, force: bool = False, *,
