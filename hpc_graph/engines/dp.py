@@ -55,7 +55,7 @@ class _DPGraph(GraphContext):
         g = dg.local_self_loops() if add_self_loops else dg.local
         return gat_attention(g, z_all, s_all, s_dst, negative_slope=negative_slope,
                              attn_dropout=attn_dropout, seed=seed,
-                             src_gid=dg.local_gid, dst_gid=dg.gid)
+                             src_gid=dg.local_orig_id, dst_gid=dg.orig_id)
 
     def in_degree(self) -> torch.Tensor:
         return self.dg.in_degree

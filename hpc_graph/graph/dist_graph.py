@@ -81,6 +81,11 @@ class DistGraph:
         halo_offsets: int64[P+1] NumPy; halo rows of q are ``halo_gid[halo_offsets[q]:halo_offsets[q+1]]``.
         halo_gid: int64[h] tensor (on ``device``).
         local_gid: int64[n+h] tensor: global id of each column of ``local``.
+        orig_id, halo_orig_id, local_orig_id: int64[n], int64[h], int64[n+h] tensors: ids of the
+            same nodes in the source dataset (independent of the partitioning; the attention
+            dropout hash uses them so that every engine and partitioning drops the same edges).
+            ``halo_orig_id`` is fetched from the owners by :meth:`fetch_halo_orig_ids`; until
+            then (and when no ``orig_id`` is given) the relabelled ids stand in.
         gid: int64[n] tensor: global id of each owned node.
         in_degree: int64[n] tensor: in-degree of each owned node in the whole graph.
         local: CSR [n x (n+h)].
@@ -94,6 +99,7 @@ class DistGraph:
                  halo_gid: np.ndarray, halo_offsets: np.ndarray, indptr: np.ndarray,
                  indices: np.ndarray, send_offsets: np.ndarray, send_lid: np.ndarray,
                  edge_weight: np.ndarray | None = None, global_num_nodes: int | None = None,
+                 orig_id: np.ndarray | None = None,
                  device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32):
         self.part_id = int(part_id)
         self.num_parts = int(num_parts)
@@ -118,6 +124,10 @@ class DistGraph:
         self.gid = torch.arange(self.first_gid, self.first_gid + n, dtype=torch.int64, device=self.device)
         self.halo_gid = torch.as_tensor(halo_gid).to(self.device)
         self.local_gid = torch.cat([self.gid, self.halo_gid])
+        self.orig_id = self.gid if orig_id is None else torch.as_tensor(
+            np.asarray(orig_id, dtype=np.int64)).to(self.device)
+        self.halo_orig_id = self.halo_gid
+        self.local_orig_id = self.local_gid if orig_id is None else torch.cat([self.orig_id, self.halo_gid])
 
         # per-source-partition blocks: stable split of each row's edges by the owner of the column
         counts = np.diff(self.halo_offsets)
@@ -173,7 +183,20 @@ class DistGraph:
                    halo_gid=part.halo_gid, halo_offsets=part.halo_offsets, indptr=part.indptr,
                    indices=part.indices, send_offsets=part.send_offsets, send_lid=part.send_lid,
                    edge_weight=part.edge_weight, global_num_nodes=part.global_num_nodes or None,
-                   device=device, dtype=dtype)
+                   orig_id=part.orig_id, device=device, dtype=dtype)
+
+    def fetch_halo_orig_ids(self, comm: Any) -> None:
+        """Fill ``halo_orig_id`` (and ``local_orig_id``) with the halo nodes' source-dataset ids.
+
+        One halo exchange of int64 ids with every peer that shares a halo (collective:
+        every rank must call it).
+        """
+        sends = {q: self.orig_id.index_select(0, lid).contiguous() for q, lid in self.send_lid.items()}
+        got = comm.exchange(sends, {q: ((c,), torch.int64) for q, c in self.recv_count.items()},
+                            device=self.device)
+        parts = [got[q].to(self.device) for q in sorted(self.recv_count)]
+        self.halo_orig_id = torch.cat(parts) if parts else self.halo_gid.new_zeros(0)
+        self.local_orig_id = torch.cat([self.orig_id, self.halo_orig_id])
 
     # ------------------------------------------------------------------ queries
     def halo_range(self, q: int) -> tuple[int, int]:
@@ -186,6 +209,13 @@ class DistGraph:
             return self.gid
         lo, hi = self.halo_range(q)
         return self.halo_gid[lo:hi]
+
+    def block_orig_id(self, q: int) -> torch.Tensor:
+        """int64[num_src of block q]: source-dataset ids of the source columns of block G_{p,q}."""
+        if q == self.part_id:
+            return self.orig_id
+        lo, hi = self.halo_range(q)
+        return self.halo_orig_id[lo:hi]
 
     def block_t(self, q: int) -> CSR:
         """Transpose of ``blocks[q]`` (``[num_src x n]``), built once and cached."""
@@ -254,6 +284,7 @@ def load_dist_graph(directory: str | os.PathLike, comm: Any, device: torch.devic
     check_ranks(num_parts, comm, directory)
     part = _partition.read_partition(directory, int(comm.rank))
     dg = DistGraph.from_partition(part, comm, device, dtype, source=directory)
+    dg.fetch_halo_orig_ids(comm)
     log.debug("rank %d: %r", comm.rank, dg)
     return dg, part
 

@@ -16,10 +16,10 @@ from typing import Any
 import torch
 
 
-def _exchange(comm: Any, sends: dict[int, torch.Tensor],
-              recv_shapes: dict[int, tuple[int, ...]], dtype: torch.dtype) -> dict[int, torch.Tensor]:
+def _exchange(comm: Any, sends: dict[int, torch.Tensor], recv_shapes: dict[int, tuple[int, ...]],
+              dtype: torch.dtype, device: torch.device) -> dict[int, torch.Tensor]:
     specs = {q: (shape, dtype) for q, shape in recv_shapes.items()}
-    return comm.exchange(sends, specs)
+    return comm.exchange(sends, specs, device=device)
 
 
 class HaloExchange(torch.autograd.Function):
@@ -38,7 +38,7 @@ class HaloExchange(torch.autograd.Function):
     def forward(ctx, x: torch.Tensor, send_lid: dict, recv_count: dict, comm: Any) -> torch.Tensor:
         feat = tuple(x.shape[1:])
         sends = {q: x.index_select(0, lid).contiguous() for q, lid in send_lid.items()}
-        got = _exchange(comm, sends, {q: (c, *feat) for q, c in recv_count.items()}, x.dtype)
+        got = _exchange(comm, sends, {q: (c, *feat) for q, c in recv_count.items()}, x.dtype, x.device)
         del sends
         ctx.send_lid, ctx.recv_count, ctx.comm = send_lid, recv_count, comm
         ctx.num_rows = x.shape[0]
@@ -56,7 +56,7 @@ class HaloExchange(torch.autograd.Function):
             sends[q] = grad_halo[lo:lo + c].contiguous()
             lo += c
         got = _exchange(ctx.comm, sends, {q: (lid.shape[0], *feat) for q, lid in ctx.send_lid.items()},
-                        grad_halo.dtype)
+                        grad_halo.dtype, grad_halo.device)
         del sends
         grad_x = grad_halo.new_zeros((ctx.num_rows, *feat))
         for q in sorted(got):

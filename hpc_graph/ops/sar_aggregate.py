@@ -35,13 +35,13 @@ def _steps(p: int, n: int) -> list[tuple[int, int]]:
     return [((p + k) % n, (p - k) % n) for k in range(1, n)]
 
 
-def _start(comm: Any, sends: dict, specs: dict, prefetch: bool):
+def _start(comm: Any, sends: dict, specs: dict, prefetch: bool, device: torch.device):
     """Start (prefetch) or run an exchange; returns a handle, a finished dict, or None if there is nothing to do."""
     if not sends and not specs:
         return None
     if prefetch:
-        return comm.exchange_start(sends, specs)
-    return comm.exchange(sends, specs)
+        return comm.exchange_start(sends, specs, device=device)
+    return comm.exchange(sends, specs, device=device)
 
 
 def _finish(pending) -> dict:
@@ -67,7 +67,7 @@ def _fetch_rotation(dg: Any, comm: Any, rows_for, feat: tuple[int, ...], dtype: 
         dst, src = steps[i]
         sends = {dst: rows_for(dst)} if dg.send_count(dst) else {}
         specs = {src: ((dg.recv_count[src], *feat), dtype)} if src in dg.recv_count else {}
-        return _start(comm, sends, specs, prefetch), sends
+        return _start(comm, sends, specs, prefetch, dg.device), sends
 
     pending = start(0) if steps and prefetch else None
     for i, (dst, src) in enumerate(steps):
@@ -101,7 +101,7 @@ class _Returns:
         specs = ({send_to: ((self.dg.send_count(send_to), *self.feat), self.grad.dtype)}
                  if self.dg.send_count(send_to) else {})
         self._drain()
-        self._pending = (_start(self.comm, sends, specs, self.prefetch), sends)
+        self._pending = (_start(self.comm, sends, specs, self.prefetch, self.grad.device), sends)
         if not self.prefetch:
             self._drain()
 
@@ -188,7 +188,7 @@ class SARGat(torch.autograd.Function):
         z: float[n, H, D], s_src: float[n, H], s_dst: float[n, H] of owned nodes.
         dg, comm, prefetch: as for :class:`SARAggregate`.
         negative_slope, attn_dropout, seed: as for :func:`hpc_graph.ops.gat_attention.gat_attention`
-            (dropout hashed on global ids, so it matches every other engine).
+            (dropout hashed on source-dataset ids, so it matches every other engine).
         add_self_loops: add the identity block (each node attends to itself).
     Returns:
         float[n, H, D]. Saves ``z``, ``s_src``, ``s_dst``, the output and the softmax
@@ -201,17 +201,17 @@ class SARGat(torch.autograd.Function):
         z, s_src, s_dst = z.detach().contiguous(), s_src.detach().contiguous(), s_dst.detach().contiguous()
         n, heads, dim = z.shape
         kw = dict(negative_slope=float(negative_slope), attn_dropout=float(attn_dropout),
-                  seed=int(seed), dst_gid=dg.gid)
+                  seed=int(seed), dst_gid=dg.orig_id)
         state = init_state(n, heads, dim, z.dtype, z.device)
-        accumulate(state, dg.blocks[dg.part_id], z, s_src, s_dst, src_gid=dg.gid, **kw)
+        accumulate(state, dg.blocks[dg.part_id], z, s_src, s_dst, src_gid=dg.orig_id, **kw)
         if add_self_loops:
-            accumulate(state, dg.identity(), z, s_src, s_dst, src_gid=dg.gid, **kw)
+            accumulate(state, dg.identity(), z, s_src, s_dst, src_gid=dg.orig_id, **kw)
         for _, src, rows in _fetch_rotation(dg, comm, lambda q: _pack(z, s_src, dg.send_lid[q]),
                                              (heads * dim + heads,), z.dtype, prefetch):
             if rows is not None:
                 z_q, s_q = _unpack(rows, heads, dim)
                 del rows
-                accumulate(state, dg.blocks[src], z_q, s_q, s_dst, src_gid=dg.block_gid(src), **kw)
+                accumulate(state, dg.blocks[src], z_q, s_q, s_dst, src_gid=dg.block_orig_id(src), **kw)
                 del z_q, s_q
         out = finalize(state)
         ctx.save_for_backward(z, s_src, s_dst, state.m, state.l, out)
@@ -228,9 +228,9 @@ class SARGat(torch.autograd.Function):
         g = grad_out.contiguous()
         delta = output_delta(state, g)
         grad_z, grad_s_src, grad_s_dst = backward_block(state, g, delta, dg.blocks[dg.part_id], z, s_src,
-                                                        s_dst, src_gid=dg.gid, **kw)
+                                                        s_dst, src_gid=dg.orig_id, **kw)
         if ctx.add_self_loops:
-            gz, gs, gd = backward_block(state, g, delta, dg.identity(), z, s_src, s_dst, src_gid=dg.gid, **kw)
+            gz, gs, gd = backward_block(state, g, delta, dg.identity(), z, s_src, s_dst, src_gid=dg.orig_id, **kw)
             grad_z += gz
             grad_s_src += gs
             grad_s_dst += gd
@@ -244,7 +244,7 @@ class SARGat(torch.autograd.Function):
                 z_q, s_q = _unpack(rows, heads, dim)
                 del rows
                 gz, gs, gd = backward_block(state, g, delta, dg.blocks[src], z_q, s_q, s_dst,
-                                            src_gid=dg.block_gid(src), **kw)
+                                            src_gid=dg.block_orig_id(src), **kw)
                 grad_s_dst += gd
                 grad_rows = _pack(gz, gs)
                 del z_q, s_q, gz, gs, gd

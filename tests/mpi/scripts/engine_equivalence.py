@@ -1,0 +1,254 @@
+"""Run under ``mpiexec -n N``: the ``dp`` and ``sar`` engines must reproduce the ``single`` engine.
+
+Rank 0 writes random datasets (float features, isolated nodes, a variant with a
+single training node so that some parts have none) and partitions them into N
+parts (random and METIS); then every rank compares, for GCN, SAGE and GAT
+(with attention dropout), in float64:
+
+* forward outputs of its owned rows with the single engine's rows ``orig_id``,
+* the loss (sum of CE over train nodes / global train count, all-reduced),
+* every parameter gradient (all-reduced),
+* weights after 5 SGD steps,
+* the bytes each engine sent in one forward + backward against the count
+  derived from the halo sizes and the widths of the aggregations the model made.
+
+Usage: engine_equivalence.py WORKDIR
+"""
+from __future__ import annotations
+
+import copy
+import sys
+import time
+import traceback
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from data_io.dataset import GraphData, write_dataset
+from data_io.partitioner import partition_dataset
+from hpc_graph.comm import communicator as _communicator
+from hpc_graph.engines import create_engine
+from hpc_graph.nn import build_model
+
+RTOL = 1e-5
+ITEM = 8  # float64 bytes
+
+
+def _comm():
+    comm = _communicator.get_communicator("mpi")
+    try:
+        from hpc_graph.comm import install_abort_handler
+        install_abort_handler(comm)
+    except ImportError:
+        pass
+    return comm
+
+
+def _dataset(path: Path, seed: int, n: int = 70, e: int = 320, isolated: int = 6,
+             feat_dim: int = 7, classes: int = 3, train_count: int | None = None) -> None:
+    """Random directed graph (no self loops, no duplicate edges); the last ``isolated`` nodes have no edges."""
+    rng = np.random.default_rng(seed)
+    active = n - isolated
+    src = rng.integers(0, active, e)
+    dst = rng.integers(0, active, e)
+    keep = src != dst
+    pairs = np.unique(np.stack([dst[keep], src[keep]], 1), axis=0)
+    perm = rng.permutation(n)  # isolated nodes scattered over the id range
+    dst, src = perm[pairs[:, 0]], perm[pairs[:, 1]]
+    order = np.lexsort((src, dst))
+    dst, src = dst[order], src[order]
+    indptr = np.zeros(n + 1, dtype=np.int64)
+    np.cumsum(np.bincount(dst, minlength=n), out=indptr[1:])
+    label = rng.integers(0, classes, n)
+    split = rng.random(n)
+    train = split < 0.4
+    if train_count is not None:
+        train = np.zeros(n, dtype=bool)
+        train[rng.choice(n, train_count, replace=False)] = True
+    data = GraphData(indptr=indptr, indices=src.astype(np.int64),
+                     feat=rng.standard_normal((n, feat_dim)).astype(np.float32),
+                     label=label.astype(np.int64), train_mask=train,
+                     val_mask=(split >= 0.4) & (split < 0.7), test_mask=split >= 0.7,
+                     name=path.stem, num_classes=classes, directed=True)
+    write_dataset(path, data)
+
+
+def _close(what: str, got: torch.Tensor, want: torch.Tensor) -> None:
+    scale = float(want.abs().max()) if want.numel() else 0.0
+    err = float((got - want).abs().max()) if want.numel() else 0.0
+    if got.shape != want.shape or not err <= RTOL * max(scale, 1e-8):
+        raise AssertionError(f"{what}: max abs error {err:.3e} vs scale {scale:.3e} "
+                             f"(shapes {tuple(got.shape)} / {tuple(want.shape)})")
+
+
+def _model(name: str, in_dim: int, classes: int, attn_dropout: float) -> torch.nn.Module:
+    torch.manual_seed(1234)
+    return build_model(name, in_dim, 5, classes, num_layers=2, dropout=0.0, heads=3, out_heads=2,
+                       attn_dropout=attn_dropout).double()
+
+
+def _loss(out, engine, global_train: float) -> torch.Tensor:
+    mask = engine.masks["train"]
+    return F.cross_entropy(out[mask], engine.label[mask], reduction="sum") / global_train
+
+
+def _sgd_step(model, lr: float = 0.5, weight_decay: float = 5e-4) -> None:
+    """Plain SGD with weight decay (torch.optim would import torch._dynamo: ~10 s per rank)."""
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(p.grad + weight_decay * p, alpha=-lr)
+
+
+def _record_calls(graph) -> list:
+    """Wrap ``graph.aggregate``/``graph.gat`` to log (kind, row width, requires_grad)."""
+    calls = []
+    agg, gat = graph.aggregate, graph.gat
+
+    def aggregate(x, reduce="sum"):
+        calls.append(("aggregate", int(np.prod(x.shape[1:])), x.requires_grad))
+        return agg(x, reduce)
+
+    def attention(z, s_src, s_dst, **kw):
+        calls.append(("gat", int(np.prod(z.shape[1:])) + int(s_src.shape[1]),
+                      z.requires_grad or s_src.requires_grad))
+        return gat(z, s_src, s_dst, **kw)
+
+    graph.aggregate, graph.gat = aggregate, attention
+    return calls
+
+
+def _expected_bytes(engine_name: str, dg, calls: list) -> int:
+    """Bytes one forward + backward sends, from the halo sizes and the logged calls."""
+    send_rows = sum(dg.send_count(q) for q in range(dg.num_parts))
+    halo_rows = dg.num_halo
+    total = 0
+    for kind, width, grad in calls:
+        total += send_rows * width * ITEM                      # forward: my rows to the peers
+        if grad:
+            total += halo_rows * width * ITEM                  # backward: halo gradients to owners
+            if engine_name == "sar" and kind == "gat":
+                total += send_rows * width * ITEM              # case 2: re-fetch in backward
+    return total
+
+
+def _reference(ds_path: Path, model_name: str, attn_dropout: float, local_comm) -> dict:
+    eng = create_engine("single", str(ds_path), local_comm, "cpu", torch.float64)
+    model = _model(model_name, eng.num_features, eng.num_classes, attn_dropout)
+    start = copy.deepcopy(model)
+    train_count = float(eng.masks["train"].sum())
+    out = model(eng.graph, eng.feat)
+    loss = _loss(out, eng, train_count)
+    loss.backward()
+    ref = {"out": out.detach(), "loss": loss.detach(), "model": start,
+           "grads": {k: p.grad.detach().clone() for k, p in model.named_parameters()}}
+    for _ in range(5):
+        model.zero_grad()
+        _loss(model(eng.graph, eng.feat), eng, train_count).backward()
+        _sgd_step(model)
+    ref["weights"] = {k: p.detach().clone() for k, p in model.named_parameters()}
+    return ref
+
+
+def _check_engine(tag: str, engine_name: str, options: dict, pdir: Path, ref: dict, comm) -> int:
+    eng = create_engine(engine_name, str(pdir), comm, "cpu", torch.float64, options)
+    dg = eng.graph.dg
+    rows = dg.orig_id
+    model = copy.deepcopy(ref["model"])
+    train_count = float(eng.graph.all_reduce_sum(eng.masks["train"].sum().double()))
+    calls = _record_calls(eng.graph)
+    eng.reset_stats()
+    out = model(eng.graph, eng.feat)
+    _close(f"{tag} forward", out.detach(), ref["out"][rows])
+    loss = _loss(out, eng, train_count)
+    loss.backward()
+    sent = eng.stats()["bytes_sent"]
+    want = _expected_bytes(engine_name, dg, calls)
+    if sent != want:
+        raise AssertionError(f"{tag}: sent {sent} bytes in forward+backward, halo sizes give {want} "
+                             f"(calls {calls})")
+    if comm.size > 1 and eng.stats()["comm_seconds"] <= 0:
+        raise AssertionError(f"{tag}: comm_seconds not counted")
+    total = loss.detach().clone()
+    comm.allreduce_(total)
+    _close(f"{tag} loss", total, ref["loss"])
+    grads = [p.grad for p in model.parameters()]
+    comm.allreduce_bucketed_(grads)
+    for k, p in model.named_parameters():
+        _close(f"{tag} grad {k}", p.grad, ref["grads"][k])
+    for _ in range(5):
+        model.zero_grad()
+        _loss(model(eng.graph, eng.feat), eng, train_count).backward()
+        comm.allreduce_bucketed_([p.grad for p in model.parameters()])
+        _sgd_step(model)
+    for k, p in model.named_parameters():
+        _close(f"{tag} weights after 5 steps {k}", p.detach(), ref["weights"][k])
+    # evaluation mode under no_grad goes through the same ops
+    model.eval()
+    with torch.no_grad():
+        model(eng.graph, eng.feat)
+    return int(sent)
+
+
+def main() -> int:
+    work = Path(sys.argv[1])
+    comm = _comm()
+    local = _communicator.get_communicator("local")
+    n = comm.size
+    t0 = time.perf_counter()
+    cases = [("graph", "random", 1), ("graph", "metis", 0), ("onetrain", "random", 2)]
+    if comm.rank == 0:
+        work.mkdir(parents=True, exist_ok=True)
+        _dataset(work / "graph.h5", seed=10 + n)
+        _dataset(work / "onetrain.h5", seed=20 + n, train_count=1)
+        for ds, method, seed in cases:
+            partition_dataset(work / f"{ds}.h5", work / f"{ds}-{method}-{n}", n, method, seed)
+        partition_dataset(work / "graph.h5", work / f"graph-random-{n + 1}", n + 1, "random", 0)
+    comm.barrier()
+    t_setup = time.perf_counter() - t0
+
+    # wrong rank count: a clear error naming the directory and both numbers
+    wrong = work / f"graph-random-{n + 1}"
+    for name in ("dp", "sar"):
+        try:
+            create_engine(name, str(wrong), comm, "cpu", torch.float64)
+        except ValueError as exc:
+            msg = str(exc)
+            if str(wrong) not in msg or f"{n + 1} parts" not in msg or f"{n} ranks" not in msg:
+                raise AssertionError(f"{name}: unclear rank-count error: {msg}") from None
+        else:
+            raise AssertionError(f"{name}: no error for {n + 1} parts on {n} ranks")
+
+    checked = 0
+    bytes_by = {}
+    for ds, method, _ in cases:
+        pdir = work / f"{ds}-{method}-{n}"
+        for model_name in ("gcn", "sage", "gat"):
+            attn = 0.3 if model_name == "gat" else 0.0
+            ref = _reference(work / f"{ds}.h5", model_name, attn, local)
+            for engine_name, options in (("dp", {}), ("sar", {"prefetch": False}), ("sar", {"prefetch": True})):
+                tag = f"rank {comm.rank}/{n} {ds}/{method} {model_name} {engine_name}{options}"
+                sent = _check_engine(tag, engine_name, options, pdir, ref, comm)
+                bytes_by[(ds, method, model_name, engine_name, bool(options.get("prefetch")))] = sent
+                checked += 1
+    # sar sends as much as dp for sum/mean (case 1) and 1.5x for GAT (case 2)
+    for (ds, method, model_name, engine_name, prefetch), sent in bytes_by.items():
+        if engine_name == "sar":
+            if sent != bytes_by[(ds, method, model_name, "sar", not prefetch)]:
+                raise AssertionError(f"sar bytes depend on prefetch ({ds}/{method} {model_name})")
+    comm.barrier()
+    if comm.rank == 0:
+        print(f"engine_equivalence: {n} ranks, {checked} cases per rank OK "
+              f"(setup {t_setup:.1f} s, total {time.perf_counter() - t0:.1f} s)", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    try:
+        sys.exit(main())
+    except Exception:
+        traceback.print_exc()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        _communicator.get_communicator("mpi").abort(1)
