@@ -1,4 +1,7 @@
 """hpc_graph.ops: torch.autograd.Functions combining numba kernels (and, for engines, communication)."""
 from hpc_graph.ops.csr import CSR
+from hpc_graph.ops.edge_softmax import edge_softmax
+from hpc_graph.ops.sddmm import sddmm
+from hpc_graph.ops.spmm import spmm
 
-__all__ = ["CSR"]
+__all__ = ["CSR", "spmm", "sddmm", "edge_softmax"]

@@ -1,0 +1,79 @@
+"""Shared plumbing of the kernel-backed ops: checks, cached per-graph arrays, kernel views.
+
+Everything here is computed once per :class:`~hpc_graph.ops.csr.CSR` and kept
+in ``g._cache`` (the transpose in ``g._csc``), so repeated calls on one graph
+pay no set-up cost. All checks run before any kernel is launched and raise
+``ValueError`` naming the argument.
+"""
+from __future__ import annotations
+
+import torch
+
+from hpc_graph.ops._bridge import as_array, kernel_device
+from hpc_graph.ops.csr import CSR
+from numba_kernels import get_kernel
+
+FLOAT_DTYPES = (torch.float32, torch.float64)
+
+
+def kernel(name: str, t: torch.Tensor):
+    """The CPU or CUDA twin of kernel ``"<family>.<function>"`` for tensor ``t``'s device."""
+    return get_kernel(name, kernel_device(t))
+
+
+def check_graph(g: CSR, op: str) -> None:
+    """Validate ``g`` (shapes, index ranges) once per graph object; ``ValueError`` on failure."""
+    if not isinstance(g, CSR):
+        raise ValueError(f"{op}: g must be an hpc_graph.ops.CSR, got {type(g).__name__}")
+    if not g._cache.get("ops.validated"):
+        try:
+            g.validate()
+        except ValueError as exc:
+            raise ValueError(f"{op}: {exc}") from None
+        g._cache["ops.validated"] = True
+
+
+def check_tensor(op: str, name: str, t, g: CSR, rows: int, ndims: tuple[int, ...]) -> None:
+    """Check that ``t`` is a float32/float64 tensor on ``g``'s device with ``rows`` rows and a rank in ``ndims``."""
+    if not isinstance(t, torch.Tensor):
+        raise ValueError(f"{op}: {name} must be a torch.Tensor, got {type(t).__name__}")
+    if t.dtype not in FLOAT_DTYPES:
+        raise ValueError(f"{op}: {name} must be float32 or float64, got {t.dtype}")
+    if t.dim() not in ndims:
+        raise ValueError(f"{op}: {name} must have {' or '.join(map(str, ndims))} dimensions, "
+                         f"got shape {tuple(t.shape)}")
+    if t.shape[0] != rows:
+        raise ValueError(f"{op}: {name} has {t.shape[0]} rows, expected {rows} (shape {tuple(t.shape)})")
+    if t.device != g.device:
+        raise ValueError(f"{op}: {name} is on {t.device} but the graph is on {g.device}")
+
+
+def csc(g: CSR) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``g.csc()``, built on the CPU by the numba counting-sort kernel (same result, much faster)."""
+    if g._csc is None and g.device.type == "cpu":
+        from numba_kernels.cpu._transpose import csr_transpose
+
+        indptr_t, indices_t, perm = csr_transpose(as_array(g.indptr), as_array(g.indices), g.num_src)
+        g._csc = (torch.from_numpy(indptr_t), torch.from_numpy(indices_t), torch.from_numpy(perm))
+    return g.csc()
+
+
+def inv_degree(g: CSR, dtype: torch.dtype) -> torch.Tensor:
+    """float[num_dst]: ``1 / in_degree`` (0 for rows without edges), cached per dtype."""
+    key = ("ops.inv_degree", dtype)
+    if key not in g._cache:
+        deg = g.in_degree().to(dtype)
+        g._cache[key] = torch.where(deg > 0, 1.0 / deg.clamp(min=1), torch.zeros((), dtype=dtype,
+                                                                                  device=g.device))
+    return g._cache[key]
+
+
+def absent(dtype: torch.dtype, device: torch.device, ndim: int):
+    """Kernel view of an empty placeholder for an optional argument (weight ``[0, 1]``, vectors ``[0]``)."""
+    shape = (0, 1) if ndim == 2 else (0,)
+    return as_array(torch.empty(shape, dtype=dtype, device=device))
+
+
+def no_eids(device: torch.device):
+    """Kernel view of an empty int64 edge-id array (identity edge order)."""
+    return as_array(torch.empty(0, dtype=torch.int64, device=device))

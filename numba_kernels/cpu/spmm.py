@@ -1,0 +1,227 @@
+"""SpMM over a destination-major CSR (CPU twin): sum / mean / max aggregation.
+
+Shapes (``Nd`` destination rows, ``Ns`` source rows, ``E`` edges, ``H`` heads,
+``D`` features per head; a plain ``[N, F]`` feature matrix is passed as
+``[N, 1, F]``):
+
+* ``indptr`` int64[Nd+1], ``indices`` int64[E]: row ``i`` gathers the source
+  rows ``indices[indptr[i]:indptr[i+1]]``.
+* ``eids`` int64[E] or int64[0]: edge id of CSR position ``k`` (used to index
+  ``weight`` and reported in ``argmax``); empty means the identity. A transposed
+  (CSC) copy passes its permutation here, so per-edge values stay in the
+  original edge order.
+* ``weight`` float[E, H] or float[E, 1] (one weight for all heads), or a
+  0-row array for an unweighted graph; indexed by edge id.
+* ``col_scale`` float[Ns] or float[0]: multiplies every gathered source row
+  (the backward pass of ``mean`` uses ``1 / in_degree``).
+* ``x`` float[Ns, H, D] input rows, ``out`` float[Nd, H, D] written in full.
+
+All float arrays share one dtype (float32 or float64) and are C-contiguous;
+indices are trusted (the ops layer validates them). Kernels are row-parallel
+over chunks of equal work (:mod:`numba_kernels.cpu._partition`), write each
+output row once and use no atomics; the backward passes run on the transposed
+CSR. Threads: ``NUMBA_NUM_THREADS`` (or ``numba.set_num_threads``).
+"""
+from __future__ import annotations
+
+import numpy as np
+from numba import njit, prange
+
+from numba_kernels.cpu._partition import default_chunks
+
+_JIT = dict(parallel=True, fastmath=False, cache=True, nogil=True)
+
+
+def spmm_sum(indptr, indices, eids, weight, col_scale, x, out, mean: bool) -> None:
+    """``out[i] = sum_k w[e_k] * col_scale[j_k] * x[j_k]`` over row ``i``'s edges (``/ deg(i)`` if ``mean``).
+
+    Rows without edges get 0. ``mean`` divides by the number of edges (not
+    by the sum of the weights).
+    """
+    _spmm_sum(default_chunks(indptr), indptr, indices, eids, weight, col_scale, x, out, bool(mean))
+
+
+def spmm_max(indptr, indices, eids, weight, x, out, argmax) -> None:
+    """``out[i,h,d] = max_k w[e_k,h] * x[j_k,h,d]``; ``argmax`` int64[Nd,H,D] gets the winning edge id.
+
+    Rows without edges get ``out = 0`` and ``argmax = -1``; ties go to the
+    first edge in row order.
+    """
+    _spmm_max(default_chunks(indptr), indptr, indices, eids, weight, x, out, argmax)
+
+
+def spmm_max_backward(indptr_t, indices_t, perm, weight, argmax, grad_out, grad_x) -> None:
+    """Gradient of :func:`spmm_max` w.r.t. ``x``, walking the transposed CSR (no atomics).
+
+    Args:
+        indptr_t: int64[Ns+1]; indices_t: int64[E] destination row of each
+            source-major edge; perm: int64[E] its edge id.
+        weight: as in :func:`spmm_max` (indexed by edge id).
+        argmax: int64[Nd,H,D] from the forward pass; grad_out: float[Nd,H,D].
+        grad_x: float[Ns,H,D], written in full:
+            ``grad_x[j,h,d] = sum over edges e=(j->i) with argmax[i,h,d]==e of w[e,h] * grad_out[i,h,d]``.
+    """
+    _spmm_max_backward(default_chunks(indptr_t), indptr_t, indices_t, perm, weight, argmax,
+                       grad_out, grad_x)
+
+
+def spmm_max_weight_grad(indptr, indices, argmax, x, grad_out, grad_w) -> None:
+    """Gradient of :func:`spmm_max` (run without ``eids``) w.r.t. the edge weights.
+
+    ``grad_w`` float[E, H] (or float[E, 1] for weights shared by all heads) is
+    written in full: ``grad_w[e,h] = sum_d [argmax[i,h,d]==e] * grad_out[i,h,d] * x[src(e),h,d]``.
+    """
+    _spmm_max_weight_grad(default_chunks(indptr), indptr, indices, argmax, x, grad_out, grad_w)
+
+
+@njit(**_JIT)
+def _spmm_sum(bounds, indptr, indices, eids, weight, col_scale, x, out, mean):
+    H = out.shape[1]
+    D = out.shape[2]
+    has_e = eids.shape[0] > 0
+    has_w = weight.shape[0] > 0
+    has_s = col_scale.shape[0] > 0
+    w_heads = weight.shape[1] > 1
+    for c in prange(bounds.shape[0] - 1):
+        acc = np.empty((H, D), dtype=out.dtype)
+        one = np.ones(1, dtype=out.dtype)[0]
+        for i in range(bounds[c], bounds[c + 1]):
+            acc[:, :] = 0
+            start = indptr[i]
+            end = indptr[i + 1]
+            if not has_w and not has_s:
+                for k in range(start, end):
+                    j = indices[k]
+                    for h in range(H):
+                        for d in range(D):
+                            acc[h, d] += x[j, h, d]
+            else:
+                for k in range(start, end):
+                    j = indices[k]
+                    e = eids[k] if has_e else k
+                    s = col_scale[j] if has_s else one
+                    for h in range(H):
+                        cf = s * weight[e, h if w_heads else 0] if has_w else s
+                        for d in range(D):
+                            acc[h, d] += cf * x[j, h, d]
+            if mean and end > start:
+                inv = one / (end - start)
+                for h in range(H):
+                    for d in range(D):
+                        out[i, h, d] = acc[h, d] * inv
+            else:
+                for h in range(H):
+                    for d in range(D):
+                        out[i, h, d] = acc[h, d]
+
+
+@njit(fastmath=False, nogil=True, inline="always")
+def _max_step(x, j, weight, e, w_heads, has_w, one, rel, best0, arg0, best1, arg1):
+    # best1/arg1 <- elementwise max of (best0/arg0, w*x[j]) with position rel on a strict win.
+    # Loading both old values unconditionally and writing to a *different*
+    # buffer keeps LLVM from emitting masked (microcoded on some CPUs) stores.
+    H = best0.shape[0]
+    D = best0.shape[1]
+    for h in range(H):
+        cf = weight[e, h if w_heads else 0] if has_w else one
+        for d in range(D):
+            v = cf * x[j, h, d]
+            b = best0[h, d]
+            a = arg0[h, d]
+            gt = v > b
+            best1[h, d] = v if gt else b
+            arg1[h, d] = rel if gt else a
+
+
+@njit(**_JIT)
+def _spmm_max(bounds, indptr, indices, eids, weight, x, out, argmax):
+    H = out.shape[1]
+    D = out.shape[2]
+    has_e = eids.shape[0] > 0
+    has_w = weight.shape[0] > 0
+    w_heads = weight.shape[1] > 1
+    for c in prange(bounds.shape[0] - 1):
+        # two (value, position) buffers used alternately (ping-pong), positions relative to the row start
+        b0 = np.empty((H, D), dtype=out.dtype)
+        a0 = np.empty((H, D), dtype=np.int32)
+        b1 = np.empty((H, D), dtype=out.dtype)
+        a1 = np.empty((H, D), dtype=np.int32)
+        one = np.ones(1, dtype=out.dtype)[0]
+        for i in range(bounds[c], bounds[c + 1]):
+            start = indptr[i]
+            end = indptr[i + 1]
+            if end == start:
+                for h in range(H):
+                    for d in range(D):
+                        out[i, h, d] = 0
+                        argmax[i, h, d] = -1
+                continue
+            j = indices[start]
+            e = eids[start] if has_e else start
+            for h in range(H):
+                cf = weight[e, h if w_heads else 0] if has_w else one
+                for d in range(D):
+                    b0[h, d] = cf * x[j, h, d]
+                    a0[h, d] = 0
+            k = start + 1
+            while k + 1 < end:
+                _max_step(x, indices[k], weight, eids[k] if has_e else k, w_heads, has_w, one,
+                          np.int32(k - start), b0, a0, b1, a1)
+                _max_step(x, indices[k + 1], weight, eids[k + 1] if has_e else k + 1, w_heads, has_w,
+                          one, np.int32(k + 1 - start), b1, a1, b0, a0)
+                k += 2
+            if k < end:
+                _max_step(x, indices[k], weight, eids[k] if has_e else k, w_heads, has_w, one,
+                          np.int32(k - start), b0, a0, b1, a1)
+                for h in range(H):
+                    for d in range(D):
+                        b0[h, d] = b1[h, d]
+                        a0[h, d] = a1[h, d]
+            for h in range(H):
+                for d in range(D):
+                    out[i, h, d] = b0[h, d]
+                    pos = start + a0[h, d]
+                    argmax[i, h, d] = eids[pos] if has_e else pos
+
+
+@njit(**_JIT)
+def _spmm_max_backward(bounds, indptr_t, indices_t, perm, weight, argmax, grad_out, grad_x):
+    H = grad_x.shape[1]
+    D = grad_x.shape[2]
+    has_w = weight.shape[0] > 0
+    w_heads = weight.shape[1] > 1
+    for c in prange(bounds.shape[0] - 1):
+        acc = np.empty((H, D), dtype=grad_x.dtype)
+        one = np.ones(1, dtype=grad_x.dtype)[0]
+        zero = np.zeros(1, dtype=grad_x.dtype)[0]
+        for j in range(bounds[c], bounds[c + 1]):
+            acc[:, :] = 0
+            for k in range(indptr_t[j], indptr_t[j + 1]):
+                i = indices_t[k]
+                e = perm[k]
+                for h in range(H):
+                    cf = weight[e, h if w_heads else 0] if has_w else one
+                    for d in range(D):
+                        gv = cf * grad_out[i, h, d]
+                        acc[h, d] += gv if argmax[i, h, d] == e else zero
+            for h in range(H):
+                for d in range(D):
+                    grad_x[j, h, d] = acc[h, d]
+
+
+@njit(**_JIT)
+def _spmm_max_weight_grad(bounds, indptr, indices, argmax, x, grad_out, grad_w):
+    H = grad_out.shape[1]
+    D = grad_out.shape[2]
+    WH = grad_w.shape[1]
+    for c in prange(bounds.shape[0] - 1):
+        for i in range(bounds[c], bounds[c + 1]):
+            for k in range(indptr[i], indptr[i + 1]):
+                for h in range(WH):
+                    grad_w[k, h] = 0
+            for h in range(H):
+                wh = h if WH > 1 else 0
+                for d in range(D):
+                    e = argmax[i, h, d]
+                    if e >= 0:
+                        grad_w[e, wh] += grad_out[i, h, d] * x[indices[e], h, d]

@@ -1,0 +1,173 @@
+"""SpMM over a destination-major CSR (CUDA twin of :mod:`numba_kernels.cpu.spmm`).
+
+Same functions, arguments and semantics as the CPU twin; arrays are numba
+device arrays or anything exposing ``__cuda_array_interface__`` (torch CUDA
+tensors), outputs preallocated by the caller. One thread block per output row
+(grid-stride), the block's threads stride over the ``H * D`` features, so
+loads of a source row are coalesced. Kernels run on the default stream.
+
+The backward of ``max`` w.r.t. ``x`` walks the transposed CSR (no atomics);
+its weight gradient uses ``cuda.atomic.add`` within a row's own edges.
+"""
+from __future__ import annotations
+
+import numpy as np
+from numba import cuda, float32, float64
+
+_THREADS = 128  # threads per block
+_MAX_BLOCKS = 65535 * 4
+
+
+def _launch(n_rows: int, features: int) -> tuple[int, int]:
+    threads = min(_THREADS, max(32, (features + 31) // 32 * 32))
+    return min(max(n_rows, 1), _MAX_BLOCKS), threads
+
+
+def _build(nbtype):
+    zero = nbtype(0)
+    one = nbtype(1)
+
+    @cuda.jit
+    def sum_kernel(indptr, indices, eids, weight, col_scale, x, out, mean):
+        H = out.shape[1]
+        D = out.shape[2]
+        has_e = eids.shape[0] > 0
+        has_w = weight.shape[0] > 0
+        has_s = col_scale.shape[0] > 0
+        w_heads = weight.shape[1] > 1
+        for i in range(cuda.blockIdx.x, out.shape[0], cuda.gridDim.x):
+            start = indptr[i]
+            end = indptr[i + 1]
+            for f in range(cuda.threadIdx.x, H * D, cuda.blockDim.x):
+                h = f // D
+                d = f - h * D
+                acc = zero
+                for k in range(start, end):
+                    j = indices[k]
+                    cf = one
+                    if has_s:
+                        cf = col_scale[j]
+                    if has_w:
+                        e = eids[k] if has_e else k
+                        cf = cf * weight[e, h if w_heads else 0]
+                    acc += cf * x[j, h, d]
+                if mean and end > start:
+                    out[i, h, d] = acc / (end - start)
+                else:
+                    out[i, h, d] = acc
+
+    @cuda.jit
+    def max_kernel(indptr, indices, eids, weight, x, out, argmax):
+        H = out.shape[1]
+        D = out.shape[2]
+        has_e = eids.shape[0] > 0
+        has_w = weight.shape[0] > 0
+        w_heads = weight.shape[1] > 1
+        for i in range(cuda.blockIdx.x, out.shape[0], cuda.gridDim.x):
+            start = indptr[i]
+            end = indptr[i + 1]
+            for f in range(cuda.threadIdx.x, H * D, cuda.blockDim.x):
+                h = f // D
+                d = f - h * D
+                best = zero
+                arg = -1
+                for k in range(start, end):
+                    e = eids[k] if has_e else k
+                    cf = one
+                    if has_w:
+                        cf = weight[e, h if w_heads else 0]
+                    v = cf * x[indices[k], h, d]
+                    if arg < 0 or v > best:
+                        best = v
+                        arg = e
+                out[i, h, d] = best
+                argmax[i, h, d] = arg
+
+    @cuda.jit
+    def max_backward_kernel(indptr_t, indices_t, perm, weight, argmax, grad_out, grad_x):
+        H = grad_x.shape[1]
+        D = grad_x.shape[2]
+        has_w = weight.shape[0] > 0
+        w_heads = weight.shape[1] > 1
+        for j in range(cuda.blockIdx.x, grad_x.shape[0], cuda.gridDim.x):
+            for f in range(cuda.threadIdx.x, H * D, cuda.blockDim.x):
+                h = f // D
+                d = f - h * D
+                acc = zero
+                for k in range(indptr_t[j], indptr_t[j + 1]):
+                    i = indices_t[k]
+                    e = perm[k]
+                    if argmax[i, h, d] == e:
+                        cf = one
+                        if has_w:
+                            cf = weight[e, h if w_heads else 0]
+                        acc += cf * grad_out[i, h, d]
+                grad_x[j, h, d] = acc
+
+    @cuda.jit
+    def zero_rows_kernel(grad_w):
+        for p in range(cuda.grid(1), grad_w.shape[0] * grad_w.shape[1], cuda.gridsize(1)):
+            grad_w[p // grad_w.shape[1], p % grad_w.shape[1]] = zero
+
+    @cuda.jit
+    def max_weight_grad_kernel(indptr, indices, argmax, x, grad_out, grad_w):
+        H = grad_out.shape[1]
+        D = grad_out.shape[2]
+        WH = grad_w.shape[1]
+        for i in range(cuda.blockIdx.x, grad_out.shape[0], cuda.gridDim.x):
+            for f in range(cuda.threadIdx.x, H * D, cuda.blockDim.x):
+                h = f // D
+                d = f - h * D
+                e = argmax[i, h, d]
+                if e >= 0:
+                    cuda.atomic.add(grad_w, (e, h if WH > 1 else 0), grad_out[i, h, d] * x[indices[e], h, d])
+
+    return sum_kernel, max_kernel, max_backward_kernel, zero_rows_kernel, max_weight_grad_kernel
+
+
+_CACHE: dict = {}
+
+
+def _kernels(dtype):
+    key = np.dtype(dtype).name
+    if key not in _CACHE:
+        if key not in ("float32", "float64"):
+            raise ValueError(f"spmm CUDA kernels support float32/float64, got {key}")
+        _CACHE[key] = _build(float32 if key == "float32" else float64)
+    return _CACHE[key]
+
+
+def spmm_sum(indptr, indices, eids, weight, col_scale, x, out, mean: bool) -> None:
+    """See :func:`numba_kernels.cpu.spmm.spmm_sum`."""
+    if out.shape[0] == 0:
+        return
+    blocks, threads = _launch(out.shape[0], out.shape[1] * out.shape[2])
+    _kernels(out.dtype)[0][blocks, threads](indptr, indices, eids, weight, col_scale, x, out, bool(mean))
+
+
+def spmm_max(indptr, indices, eids, weight, x, out, argmax) -> None:
+    """See :func:`numba_kernels.cpu.spmm.spmm_max`."""
+    if out.shape[0] == 0:
+        return
+    blocks, threads = _launch(out.shape[0], out.shape[1] * out.shape[2])
+    _kernels(out.dtype)[1][blocks, threads](indptr, indices, eids, weight, x, out, argmax)
+
+
+def spmm_max_backward(indptr_t, indices_t, perm, weight, argmax, grad_out, grad_x) -> None:
+    """See :func:`numba_kernels.cpu.spmm.spmm_max_backward`."""
+    if grad_x.shape[0] == 0:
+        return
+    blocks, threads = _launch(grad_x.shape[0], grad_x.shape[1] * grad_x.shape[2])
+    _kernels(grad_x.dtype)[2][blocks, threads](indptr_t, indices_t, perm, weight, argmax, grad_out, grad_x)
+
+
+def spmm_max_weight_grad(indptr, indices, argmax, x, grad_out, grad_w) -> None:
+    """See :func:`numba_kernels.cpu.spmm.spmm_max_weight_grad`."""
+    k = _kernels(grad_w.dtype)
+    size = grad_w.shape[0] * grad_w.shape[1]
+    if size > 0:
+        k[3][min((size + _THREADS - 1) // _THREADS, _MAX_BLOCKS), _THREADS](grad_w)
+    if grad_out.shape[0] == 0:
+        return
+    blocks, threads = _launch(grad_out.shape[0], grad_out.shape[1] * grad_out.shape[2])
+    k[4][blocks, threads](indptr, indices, argmax, x, grad_out, grad_w)
