@@ -69,9 +69,31 @@ def _row_chunks(indptr, nchunks):
     return bounds
 
 
-def _num_chunks(num_rows: int) -> int:
-    """How many row chunks a parallel kernel uses: a few per thread, at most one per row."""
-    return max(1, min(int(num_rows), 8 * numba.get_num_threads()))
+#: below this many multiply-adds a kernel runs on one thread: waking the
+#: thread pool costs more than the work (milliseconds on a loaded machine).
+SMALL_WORK = 1 << 16
+
+
+def run_parallel(kernel, indptr, work: int, *args) -> None:
+    """Call ``kernel(bounds, indptr, *args)`` with nnz-balanced row chunks ``bounds``.
+
+    ``work`` estimates the multiply-adds; small calls run on one thread.
+    """
+    chunks = 1 if work < SMALL_WORK else max(1, min(indptr.shape[0] - 1, 8 * numba.get_num_threads()))
+    _small(kernel, work, _row_chunks(indptr, chunks), indptr, *args)
+
+
+def _small(kernel, work: int, *args) -> None:
+    """Call ``kernel(*args)``, on one thread when ``work`` is below :data:`SMALL_WORK`."""
+    threads = numba.get_num_threads()
+    if work < SMALL_WORK and threads > 1:
+        numba.set_num_threads(1)
+        try:
+            kernel(*args)
+        finally:
+            numba.set_num_threads(threads)
+    else:
+        kernel(*args)
 
 
 def init_state(num_dst: int, heads: int, dim: int, dtype=np.float32):
@@ -107,7 +129,7 @@ def finalize(m, l, acc) -> None:
     (the backward pass needs them).
     """
     if acc.shape[0]:
-        _finalize(l, acc)
+        _small(_finalize, acc.size, l, acc)
 
 
 @njit(parallel=True, cache=True, fastmath=FASTMATH)
@@ -126,4 +148,4 @@ def _output_delta(grad_out, out, delta):
 def output_delta(grad_out, out, delta) -> None:
     """``delta[i,h] = grad_out[i,h,:] . out[i,h,:]`` (the softmax-backward correction term)."""
     if out.shape[0]:
-        _output_delta(grad_out, out, delta)
+        _small(_output_delta, out.size, grad_out, out, delta)

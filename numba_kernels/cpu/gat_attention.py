@@ -37,8 +37,8 @@ from __future__ import annotations
 import numpy as np
 from numba import njit, prange
 
-from numba_kernels.cpu._attention_common import (FASTMATH, _keep, _mix, _num_chunks, _row_chunks,
-                                                 finalize, init_state, output_delta)
+from numba_kernels.cpu._attention_common import (FASTMATH, _keep, _mix, finalize, init_state, output_delta,
+                                                 run_parallel)
 
 __all__ = ["init_state", "accumulate", "finalize", "output_delta", "backward_dst", "backward_src"]
 
@@ -110,8 +110,8 @@ def accumulate(indptr, indices, z, s_src, s_dst, src_gid, dst_gid, negative_slop
     n = indptr.shape[0] - 1
     if n == 0 or indices.shape[0] == 0:
         return
-    bounds = _row_chunks(indptr, _num_chunks(n))
-    _accumulate(bounds, indptr, indices, z, s_src, s_dst, src_gid, dst_gid,
+    work = indices.shape[0] * z.shape[1] * (z.shape[2] + 4)
+    run_parallel(_accumulate, indptr, work, indices, z, s_src, s_dst, src_gid, dst_gid,
                 float(negative_slope), float(attn_dropout), int(seed), m, l, acc)
 
 
@@ -161,9 +161,9 @@ def backward_dst(indptr, indices, z, s_src, s_dst, src_gid, dst_gid, negative_sl
     n = indptr.shape[0] - 1
     if n == 0 or indices.shape[0] == 0:
         return
-    bounds = _row_chunks(indptr, _num_chunks(n))
-    _backward_dst(bounds, indptr, indices, z, s_src, s_dst, src_gid, dst_gid, float(negative_slope),
-                  float(attn_dropout), int(seed), m, l, grad_out, delta, grad_s_dst)
+    work = indices.shape[0] * z.shape[1] * (z.shape[2] + 4)
+    run_parallel(_backward_dst, indptr, work, indices, z, s_src, s_dst, src_gid, dst_gid,
+                 float(negative_slope), float(attn_dropout), int(seed), m, l, grad_out, delta, grad_s_dst)
 
 
 @njit(parallel=True, cache=True, fastmath=FASTMATH)
@@ -216,6 +216,6 @@ def backward_src(indptr_t, indices_t, z, s_src, s_dst, src_gid, dst_gid, negativ
     n = indptr_t.shape[0] - 1
     if n == 0 or indices_t.shape[0] == 0:
         return
-    bounds = _row_chunks(indptr_t, _num_chunks(n))
-    _backward_src(bounds, indptr_t, indices_t, z, s_src, s_dst, src_gid, dst_gid, float(negative_slope),
-                  float(attn_dropout), int(seed), m, l, grad_out, delta, grad_z, grad_s_src)
+    work = indices_t.shape[0] * z.shape[1] * (2 * z.shape[2] + 4)
+    run_parallel(_backward_src, indptr_t, work, indices_t, z, s_src, s_dst, src_gid, dst_gid,
+                 float(negative_slope), float(attn_dropout), int(seed), m, l, grad_out, delta, grad_z, grad_s_src)

@@ -1,0 +1,153 @@
+"""Fused dot-product edge attention (graph transformer): block-wise functions and the autograd op.
+
+``out[i,h,:] = sum_j softmax_j(scale * q[i,h,:] . k[j,h,:] + bias[e,h]) * v[j,h,:]``
+over the in-edges ``e = (j -> i)`` of a :class:`~hpc_graph.ops.csr.CSR`, by the
+numba kernels in ``numba_kernels/{cpu,cuda}/dot_attention.py``; no E x H
+attention tensor is stored (only the optional bias and its gradient are E x H).
+
+The block-wise protocol is the one of :mod:`hpc_graph.ops.gat_attention`
+(same :class:`~hpc_graph.ops.attention_state.AttentionState`)::
+
+    state = init_state(num_dst, H, Dv, dtype)
+    for blk, k_q, v_q, bias_q in blocks:
+        accumulate(state, blk, q, k_q, v_q, bias_q)
+    out = finalize(state)
+    delta = output_delta(state, grad_out)
+    for blk, k_q, v_q, bias_q in blocks:
+        gq, gk_q, gv_q, gb_q = backward_block(state, grad_out, delta, blk, q, k_q, v_q, bias_q)
+        grad_q += gq
+
+``bias_q`` is float[E_q, H] in block ``q``'s CSR edge order (or ``None``).
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+
+from hpc_graph.ops._bridge import as_array, kernel_device
+from hpc_graph.ops.attention_state import (AttentionState, check_block, check_tensor, finalize,
+                                           init_state, output_delta)
+from hpc_graph.ops.csr import CSR
+from numba_kernels import get_kernel
+
+__all__ = ["AttentionState", "init_state", "accumulate", "finalize", "output_delta", "backward_block",
+           "DotAttention", "dot_attention"]
+
+
+def _check_inputs(state: AttentionState, block: CSR, q, k_block, v_block, bias_block) -> torch.Tensor:
+    """Validate one block's inputs; return the bias as a kernel array (0 rows for none)."""
+    ref = state.acc
+    check_block("block", block, state.num_dst, ref.device)
+    check_tensor("q", q, (state.num_dst, state.heads, None), ref.dtype, ref.device)
+    check_tensor("k_block", k_block, (block.num_src, state.heads, q.shape[2]), ref.dtype, ref.device)
+    check_tensor("v_block", v_block, (block.num_src, state.heads, state.dim), ref.dtype, ref.device)
+    if bias_block is None:
+        return torch.empty((0, state.heads), dtype=ref.dtype, device=ref.device)
+    check_tensor("bias_block", bias_block, (block.num_edges, state.heads), ref.dtype, ref.device)
+    return bias_block
+
+
+def _scale(scale: float | None, dim: int) -> float:
+    return 1.0 / math.sqrt(dim) if scale is None else float(scale)
+
+
+def accumulate(state: AttentionState, block: CSR, q: torch.Tensor, k_block: torch.Tensor,
+               v_block: torch.Tensor, bias_block: torch.Tensor | None = None,
+               scale: float | None = None) -> None:
+    """Fold one block of sources into ``state`` (in place, no autograd).
+
+    Args:
+        state: from :func:`init_state` with ``dim = Dv``.
+        block: CSR with ``num_dst`` rows; columns are block-local source ids.
+        q: float[num_dst, H, Dk]; k_block: float[block.num_src, H, Dk]; v_block: float[block.num_src, H, Dv].
+        bias_block: optional float[block.num_edges, H] score bias in the block's edge order.
+        scale: score multiplier, default ``1/sqrt(Dk)``.
+    """
+    if state.finalized:
+        raise ValueError("accumulate: state is already finalized")
+    bias = _check_inputs(state, block, q, k_block, v_block, bias_block)
+    get_kernel("dot_attention.accumulate", kernel_device(state.acc))(
+        as_array(block.indptr), as_array(block.indices), as_array(q), as_array(k_block), as_array(v_block),
+        as_array(bias), _scale(scale, q.shape[2]), as_array(state.m), as_array(state.l), as_array(state.acc))
+
+
+def backward_block(state: AttentionState, grad_out: torch.Tensor, delta: torch.Tensor, block: CSR,
+                   q: torch.Tensor, k_block: torch.Tensor, v_block: torch.Tensor,
+                   bias_block: torch.Tensor | None = None, scale: float | None = None,
+                   ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """Gradients of one block, recomputing its scores (no autograd).
+
+    Args:
+        state: the finalized forward state; grad_out: float[num_dst, H, Dv];
+        delta: float[num_dst, H] from :func:`output_delta`;
+        block, q, k_block, v_block, bias_block, scale: as passed to :func:`accumulate`.
+    Returns:
+        ``(grad_q float[num_dst, H, Dk]`` (this block's share, to be summed over
+        blocks), ``grad_k_block``, ``grad_v_block``, ``grad_bias_block`` float[E, H]
+        or ``None`` without bias).
+    """
+    if not state.finalized:
+        raise ValueError("backward_block: the state must be finalized first")
+    bias = _check_inputs(state, block, q, k_block, v_block, bias_block)
+    ref = state.acc
+    check_tensor("grad_out", grad_out, tuple(ref.shape), ref.dtype, ref.device)
+    check_tensor("delta", delta, tuple(state.m.shape), ref.dtype, ref.device)
+    device = kernel_device(ref)
+    sc = _scale(scale, q.shape[2])
+    grad_q = torch.zeros_like(q)
+    grad_k = torch.zeros_like(k_block)
+    grad_v = torch.zeros_like(v_block)
+    grad_bias = torch.zeros_like(bias)
+    common = (as_array(q), as_array(k_block), as_array(v_block), as_array(bias), sc,
+              as_array(state.m), as_array(state.l), as_array(grad_out), as_array(delta))
+    get_kernel("dot_attention.backward_dst", device)(
+        as_array(block.indptr), as_array(block.indices), *common, as_array(grad_q), as_array(grad_bias))
+    indptr_t, indices_t, perm = block.csc()
+    get_kernel("dot_attention.backward_src", device)(
+        as_array(indptr_t), as_array(indices_t), as_array(perm), *common, as_array(grad_k), as_array(grad_v))
+    return grad_q, grad_k, grad_v, (None if bias_block is None else grad_bias)
+
+
+class DotAttention(torch.autograd.Function):
+    """Autograd wrapper: one block holding all sources.  Use :func:`dot_attention`."""
+
+    @staticmethod
+    def forward(ctx, g: CSR, q, k, v, bias, scale):
+        state = init_state(g.num_dst, v.shape[1], v.shape[2], v.dtype, v.device)
+        accumulate(state, g, q, k, v, bias, scale)
+        out = finalize(state)
+        ctx.save_for_backward(q, k, v, bias, state.m, state.l, out)
+        ctx.g, ctx.scale = g, scale
+        return out
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        q, k, v, bias, m, l, out = ctx.saved_tensors
+        state = AttentionState(m, l, out, finalized=True)
+        grad_out = grad_out.contiguous()
+        delta = output_delta(state, grad_out)
+        gq, gk, gv, gb = backward_block(state, grad_out, delta, ctx.g, q, k, v, bias, ctx.scale)
+        return None, gq, gk, gv, gb, None
+
+
+def dot_attention(g: CSR, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                  bias: torch.Tensor | None = None, scale: float | None = None) -> torch.Tensor:
+    """Sparse (edge) softmax attention over the in-edges of ``g``; differentiable in q, k, v, bias.
+
+    Args:
+        g: CSR, row ``i`` lists the sources attended by destination ``i`` (no self-loops added).
+        q: float[Nd, H, Dk]; k: float[Ns, H, Dk]; v: float[Ns, H, Dv].
+        bias: optional float[E, H] additive score bias in ``g``'s edge order.
+        scale: score multiplier, default ``1/sqrt(Dk)``.
+    Returns:
+        float[Nd, H, Dv]; rows without in-edges are 0.
+    """
+    check_tensor("v", v, (None, None, None), None, getattr(v, "device", "cpu"))
+    for name, t in (("q", q), ("k", k)):
+        check_tensor(name, t, (None, None, None), v.dtype, v.device)
+    if bias is not None:
+        check_tensor("bias", bias, (None, None), v.dtype, v.device)
+        bias = bias.contiguous()
+    return DotAttention.apply(g, q.contiguous(), k.contiguous(), v.contiguous(), bias,
+                              None if scale is None else float(scale))

@@ -1,0 +1,186 @@
+"""Fused dot-product edge attention (graph transformer), block-wise with an online softmax (CPU twin).
+
+For destination ``i``, in-edge ``e = (j -> i)`` (CSR position ``e``), head ``h``::
+
+    s_e      = scale * q[i,h,:] . k[j,h,:] + bias[e,h]        (bias optional)
+    alpha_e  = softmax over the in-edges of i (all blocks)
+    out[i,h,:] = sum_e alpha_e * v[j,h,:]
+
+``q`` float[num_dst, H, Dk]; ``k`` float[num_src, H, Dk]; ``v`` float[num_src, H, Dv].
+The state ``(m, l, acc)`` and the block-wise protocol are those of
+:mod:`numba_kernels.cpu.gat_attention` (``init_state``/``finalize``/``output_delta``
+are the same functions).  ``bias`` is float[E, H] in this block's CSR edge
+order, or an array with 0 rows for none.
+
+Backward, with ``p_e = exp(s_e - m_i)/l_i`` and ``delta_i = grad_out_i . out_i``::
+
+    grad_s_e  = p_e * (grad_out_i . v_j - delta_i)       (= grad_bias[e,h])
+    grad_q_i += scale * grad_s_e * k_j                   (row pass, backward_dst)
+    grad_k_j += scale * grad_s_e * q_i ; grad_v_j += p_e * grad_out_i   (column pass, backward_src)
+
+All outputs are accumulated (``+=``) into caller-allocated arrays, except
+``grad_bias`` rows which are written.
+"""
+from __future__ import annotations
+
+import numpy as np
+from numba import njit, prange
+
+from numba_kernels.cpu._attention_common import (FASTMATH, finalize, init_state, output_delta,
+                                                 run_parallel)
+
+__all__ = ["init_state", "accumulate", "finalize", "output_delta", "backward_dst", "backward_src"]
+
+
+@njit(parallel=True, cache=True, fastmath=FASTMATH)
+def _accumulate(bounds, indptr, indices, q, k, v, bias, scale, m, l, acc):
+    H = q.shape[1]
+    Dk = q.shape[2]
+    Dv = v.shape[2]
+    has_bias = bias.shape[0] > 0
+    for c in prange(bounds.shape[0] - 1):
+        maxdeg = 0
+        for i in range(bounds[c], bounds[c + 1]):
+            maxdeg = max(maxdeg, indptr[i + 1] - indptr[i])
+        scores = np.empty((maxdeg, H), dtype=acc.dtype)  # one row's scores only
+        mnew = np.empty(H, dtype=acc.dtype)
+        for i in range(bounds[c], bounds[c + 1]):
+            lo = indptr[i]
+            hi = indptr[i + 1]
+            if lo == hi:
+                continue
+            for h in range(H):
+                mnew[h] = m[i, h]
+            for e in range(lo, hi):
+                j = indices[e]
+                for h in range(H):
+                    s = 0.0
+                    for d in range(Dk):
+                        s += q[i, h, d] * k[j, h, d]
+                    s *= scale
+                    if has_bias:
+                        s += bias[e, h]
+                    scores[e - lo, h] = s
+                    if s > mnew[h]:
+                        mnew[h] = s
+            for h in range(H):
+                if mnew[h] > m[i, h]:
+                    r = np.exp(m[i, h] - mnew[h])
+                    l[i, h] *= r
+                    for d in range(Dv):
+                        acc[i, h, d] *= r
+                    m[i, h] = mnew[h]
+            for e in range(lo, hi):
+                j = indices[e]
+                for h in range(H):
+                    w = np.exp(scores[e - lo, h] - m[i, h])
+                    l[i, h] += w
+                    for d in range(Dv):
+                        acc[i, h, d] += w * v[j, h, d]
+
+
+def accumulate(indptr, indices, q, k, v, bias, scale: float, m, l, acc) -> None:
+    """Fold one block of sources into the state ``(m, l, acc)`` in place.
+
+    Args:
+        indptr: int64[num_dst+1], indices: int64[E]: block CSR (block-local source columns).
+        q: float[num_dst, H, Dk]; k: float[num_src, H, Dk]; v: float[num_src, H, Dv].
+        bias: float[E, H] per-edge score bias in CSR order, or shape [0, H] for none.
+        scale: score multiplier (usually ``1/sqrt(Dk)``).
+        m, l: float[num_dst, H]; acc: float[num_dst, H, Dv]: state, updated in place.
+    """
+    n = indptr.shape[0] - 1
+    if n == 0 or indices.shape[0] == 0:
+        return
+    work = indices.shape[0] * q.shape[1] * (q.shape[2] + v.shape[2])
+    run_parallel(_accumulate, indptr, work, indices, q, k, v, bias, float(scale), m, l, acc)
+
+
+@njit(parallel=True, cache=True, fastmath=FASTMATH)
+def _backward_dst(bounds, indptr, indices, q, k, v, bias, scale, m, l, grad_out, delta, grad_q, grad_bias):
+    H = q.shape[1]
+    Dk = q.shape[2]
+    Dv = v.shape[2]
+    has_bias = bias.shape[0] > 0
+    for c in prange(bounds.shape[0] - 1):
+        for i in range(bounds[c], bounds[c + 1]):
+            for e in range(indptr[i], indptr[i + 1]):
+                j = indices[e]
+                for h in range(H):
+                    s = 0.0
+                    for d in range(Dk):
+                        s += q[i, h, d] * k[j, h, d]
+                    s *= scale
+                    if has_bias:
+                        s += bias[e, h]
+                    prob = np.exp(s - m[i, h]) / l[i, h]
+                    dot = 0.0
+                    for d in range(Dv):
+                        dot += grad_out[i, h, d] * v[j, h, d]
+                    gs = prob * (dot - delta[i, h])
+                    if has_bias:
+                        grad_bias[e, h] = gs
+                    gs *= scale
+                    for d in range(Dk):
+                        grad_q[i, h, d] += gs * k[j, h, d]
+
+
+def backward_dst(indptr, indices, q, k, v, bias, scale: float, m, l, grad_out, delta, grad_q, grad_bias) -> None:
+    """Row pass of one block's backward: accumulates ``grad_q`` float[num_dst, H, Dk] and
+    writes ``grad_bias`` float[E, H] (ignored when ``bias`` has 0 rows).
+
+    ``m``, ``l``: final state; ``grad_out`` float[num_dst, H, Dv]; ``delta``
+    float[num_dst, H] from :func:`output_delta`.  Other arguments as in :func:`accumulate`.
+    """
+    n = indptr.shape[0] - 1
+    if n == 0 or indices.shape[0] == 0:
+        return
+    work = indices.shape[0] * q.shape[1] * (2 * q.shape[2] + v.shape[2])
+    run_parallel(_backward_dst, indptr, work, indices, q, k, v, bias, float(scale), m, l, grad_out, delta,
+                 grad_q, grad_bias)
+
+
+@njit(parallel=True, cache=True, fastmath=FASTMATH)
+def _backward_src(bounds, indptr_t, indices_t, perm, q, k, v, bias, scale, m, l, grad_out, delta,
+                  grad_k, grad_v):
+    H = q.shape[1]
+    Dk = q.shape[2]
+    Dv = v.shape[2]
+    has_bias = bias.shape[0] > 0
+    for c in prange(bounds.shape[0] - 1):
+        for j in range(bounds[c], bounds[c + 1]):
+            for t in range(indptr_t[j], indptr_t[j + 1]):
+                i = indices_t[t]
+                for h in range(H):
+                    s = 0.0
+                    for d in range(Dk):
+                        s += q[i, h, d] * k[j, h, d]
+                    s *= scale
+                    if has_bias:
+                        s += bias[perm[t], h]
+                    prob = np.exp(s - m[i, h]) / l[i, h]
+                    dot = 0.0
+                    for d in range(Dv):
+                        g = grad_out[i, h, d]
+                        dot += g * v[j, h, d]
+                        grad_v[j, h, d] += prob * g
+                    gs = prob * (dot - delta[i, h]) * scale
+                    for d in range(Dk):
+                        grad_k[j, h, d] += gs * q[i, h, d]
+
+
+def backward_src(indptr_t, indices_t, perm, q, k, v, bias, scale: float, m, l, grad_out, delta,
+                 grad_k, grad_v) -> None:
+    """Column pass of one block's backward over the transposed CSR.
+
+    ``indptr_t`` int64[num_src+1], ``indices_t`` int64[E] destination of each
+    edge in source-major order, ``perm`` int64[E] its CSR position (for
+    ``bias``) (:meth:`hpc_graph.ops.CSR.csc`).  Accumulates ``grad_k``
+    float[num_src, H, Dk] and ``grad_v`` float[num_src, H, Dv].
+    """
+    n = indptr_t.shape[0] - 1
+    if n == 0 or indices_t.shape[0] == 0:
+        return
+    work = indices_t.shape[0] * q.shape[1] * (2 * q.shape[2] + 2 * v.shape[2])
+    run_parallel(_backward_src, indptr_t, work, indices_t, perm, q, k, v, bias, float(scale), m, l, grad_out,
+                 delta, grad_k, grad_v)
