@@ -24,7 +24,7 @@ from data_io.errors import DataError, FormatError
 
 log = logging.getLogger(__name__)
 
-DEFAULT_CHUNK_BYTES = 16 << 20
+DEFAULT_CHUNK_BYTES = 8 << 20
 _NL, _SPACE, _COMMA = 10, 32, 44
 
 
@@ -71,6 +71,7 @@ def _read_blocks(f: BinaryIO, path: Path, chunk_bytes: int) -> Iterator[tuple[by
             rest = data
             continue
         block, rest = data[:cut + 1], data[cut + 1:]
+        del data  # hold one copy of the block only
         yield block, line
         line += block.count(b"\n")
     if rest.strip():
@@ -120,14 +121,18 @@ def _first_width(arr: np.ndarray, comments: bytes, path: Path, first: int,
                  allowed: tuple[int, ...] | None) -> int | None:
     """Column count of the first data line of a block (None if there is none)."""
     text = arr.tobytes()
-    for k, line in enumerate(text.split(b"\n")):
+    pos, k = 0, 0
+    while pos < len(text):
+        end = text.find(b"\n", pos)
+        end = len(text) if end < 0 else end
+        line, pos, k = text[pos:end], end + 1, k + 1
         s = line.strip()
         if not s or s[0] in comments:
             continue
         n = len(s.split())
         if allowed is not None and n not in allowed:
             want = " or ".join(str(a) for a in allowed)
-            raise FormatError(path, f"line {first + k}", f"expected {want} columns, got {n}: {_show(line)}")
+            raise FormatError(path, f"line {first + k - 1}", f"expected {want} columns, got {n}: {_show(line)}")
         return n
     return None
 
@@ -144,6 +149,7 @@ def _parse_block(arr: np.ndarray, block: bytes, width: int, comments: bytes, pat
     start = ~ws
     start[1:] &= ws[:-1]
     tok = np.flatnonzero(start)  # byte offset of each token
+    del ws, start
     nl = np.flatnonzero(arr == _NL)  # the block ends with a newline: len(nl) lines
     nlines = len(nl)
     lines = None
@@ -153,10 +159,10 @@ def _parse_block(arr: np.ndarray, block: bytes, width: int, comments: bytes, pat
             and bool((tok[width::width] > nl[:-1]).all()))
     if not fast:
         line_of_tok = np.searchsorted(nl, tok)
-        if has_comment:
-            firsts = np.unique(line_of_tok, return_index=True)
-            is_comment = np.isin(arr[tok[firsts[1]]], np.frombuffer(comments, dtype=np.uint8))
-            comment_lines = firsts[0][is_comment]
+        if has_comment and len(tok):
+            head = np.flatnonzero(np.r_[True, line_of_tok[1:] != line_of_tok[:-1]])  # first token of each line
+            is_comment = np.isin(arr[tok[head]], np.frombuffer(comments, dtype=np.uint8))
+            comment_lines = line_of_tok[head[is_comment]]
             if len(comment_lines):
                 arr = _blank_lines(arr, nl, comment_lines)
                 keep = ~np.isin(line_of_tok, comment_lines)
@@ -173,7 +179,8 @@ def _parse_block(arr: np.ndarray, block: bytes, width: int, comments: bytes, pat
             return None
         if len(lines) == nlines:
             lines = None
-    values = _fromstring(arr, width, ints)
+    # parse the block itself unless commas or comments were blanked in a copy
+    values = _fromstring(block if arr.base is block else arr.tobytes(), width, ints)
     if values is None or values.shape[0] != (nlines if lines is None else len(lines)):
         _locate_bad_token(arr, comments, path, first)
         raise FormatError(path, f"lines {first}..{first + nlines - 1}", "could not be parsed")  # pragma: no cover
@@ -184,17 +191,20 @@ def _blank_lines(arr: np.ndarray, nl: np.ndarray, which: np.ndarray) -> np.ndarr
     """Copy of ``arr`` with the given lines (indices into ``nl``) overwritten by spaces."""
     starts = np.where(which > 0, nl[which - 1] + 1, 0)
     ends = nl[which]
-    mark = np.zeros(len(arr) + 1, dtype=np.int32)
-    np.add.at(mark, starts, 1)
-    np.add.at(mark, ends, -1)
     out = arr.copy()
-    out[np.cumsum(mark[:-1]) > 0] = _SPACE
+    if len(which) < 1024:
+        for a, b in zip(starts.tolist(), ends.tolist()):
+            out[a:b] = _SPACE
+        return out
+    mark = np.zeros(len(arr) + 1, dtype=np.int8)  # +1 at a line start, -1 at its end: lines do not overlap
+    mark[starts] += 1
+    mark[ends] -= 1
+    out[np.cumsum(mark[:-1], dtype=np.int8) > 0] = _SPACE
     return out
 
 
-def _fromstring(arr: np.ndarray, width: int, ints: bool) -> np.ndarray | None:
+def _fromstring(text: bytes, width: int, ints: bool) -> np.ndarray | None:
     """Parse whitespace-separated numbers; None on an unparsable token."""
-    text = arr.tobytes()
     for dtype in ((np.int64, np.float64) if ints else (np.float64,)):
         try:
             vals = np.fromstring(text, dtype=dtype, sep=" ")

@@ -174,6 +174,8 @@ def convert_edgelist(src: str | os.PathLike, out: str | os.PathLike, *, force: b
             if relabel:
                 log.info("%s: ids are sparse (%d of 0..%d used): relabelling to 0..%d",
                          src, len(uniq), max_id, len(uniq) - 1)
+            else:
+                uniq = None
     if relabel:
         if uniq is None:
             uniq = np.union1d(np.unique(s), np.unique(d))
