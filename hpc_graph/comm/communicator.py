@@ -107,7 +107,7 @@ class Request:
         """Block until all sends and receives finished; ``{peer: received tensor}``."""
         if self._done:
             return self._results
-        with self._comm._timed("exchange"):
+        with self._comm._timed("exchange_wait"):
             self._comm._waitall(self._handles)
             for out, host in self._staged:
                 out.copy_(host, non_blocking=False)
@@ -522,13 +522,6 @@ def _flush_streams() -> None:
     for stream in (sys.stdout, sys.stderr):
         with contextlib.suppress(Exception):
             stream.flush()
-
-
-def _pickled_size(obj: Any) -> int:
-    try:
-        return len(pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL))
-    except Exception:  # the backend will raise its own error for unpicklable objects
-        return 0
 
 
 _CACHE: dict[str, Communicator] = {}

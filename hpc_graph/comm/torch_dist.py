@@ -101,7 +101,8 @@ class TorchDistCommunicator(Communicator):
 
     Args:
         dist_backend: process-group backend spec (``"gloo"``, ``"nccl"``,
-            ``"cpu:gloo,cuda:nccl"``...); default per the module docstring.
+            ``"cpu:gloo,cuda:nccl"``...); default per the module docstring. A plain
+            ``"nccl"`` becomes ``"cpu:gloo,cuda:nccl"``: counts and objects travel in CPU tensors.
         max_message_bytes: largest single message; larger payloads are chunked.
         timeout_s: collective timeout given to ``init_process_group`` (seconds).
     """
@@ -119,6 +120,8 @@ class TorchDistCommunicator(Communicator):
             if any(name not in os.environ for name in _RENDEZVOUS_VARS):
                 bootstrap_env_from_mpi()
             spec = dist_backend or _default_backend_spec()
+            if spec == "nccl":  # keep a CPU backend for counts and pickled objects
+                spec = "cpu:gloo,cuda:nccl"
             if "nccl" in spec and torch.cuda.is_available():
                 torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")) % torch.cuda.device_count())
             dist.init_process_group(backend=spec, init_method="env://",

@@ -11,7 +11,6 @@ abort handler takes the job down.
 """
 import argparse
 import logging
-import sys
 
 import numpy as np
 import torch
