@@ -74,17 +74,24 @@ def build_csr(src: np.ndarray, dst: np.ndarray, num_nodes: int, weight: np.ndarr
 
 
 def is_symmetric(indptr: np.ndarray, indices: np.ndarray) -> bool:
-    """Whether the edge multiset equals its reverse (every ``j -> i`` has an ``i -> j``)."""
+    """Whether the edge multiset equals its reverse (every ``j -> i`` has an ``i -> j``).
+
+    Costs two int64 ``[E]`` arrays and one sort.
+    """
     n = len(indptr) - 1
     dst = np.repeat(np.arange(n, dtype=np.int64), np.diff(indptr))
-    src = indices.astype(np.int64)
-    if n <= _KEY_LIMIT:
-        fwd = dst * n + src
+    if n > _KEY_LIMIT:
+        src = indices.astype(np.int64)
+        a = np.lexsort((src, dst))
+        b = np.lexsort((dst, src))
+        return bool(np.array_equal(src[a], dst[b]) and np.array_equal(dst[a], src[b]))
+    rev = indices.astype(np.int64)
+    rev *= n
+    rev += dst  # key of the reversed edge
+    fwd = dst
+    fwd *= n
+    fwd += indices  # key of the edge itself: sorted when every row is sorted by source
+    if len(fwd) > 1 and not (fwd[1:] >= fwd[:-1]).all():
         fwd.sort()
-        rev = src * n + dst
-        del src, dst
-        rev.sort()
-        return bool(np.array_equal(fwd, rev))
-    a = np.lexsort((src, dst))
-    b = np.lexsort((dst, src))
-    return bool(np.array_equal(src[a], dst[b]) and np.array_equal(dst[a], src[b]))
+    rev.sort()
+    return bool(np.array_equal(fwd, rev))
