@@ -1,0 +1,90 @@
+"""Private helpers shared by the CUDA attention kernels (twins of ``numba_kernels/cpu/_attention_common.py``).
+
+Device functions for the attention-dropout hash (bit-identical to the CPU
+twin), a launcher, and the state functions ``init_state``/``finalize``/``output_delta``.
+"""
+from __future__ import annotations
+
+import numpy as np
+from numba import cuda
+
+_GOLDEN = np.uint64(0x9E3779B97F4A7C15)
+_M1 = np.uint64(0xBF58476D1CE4E5B9)
+_M2 = np.uint64(0x94D049BB133111EB)
+_INV_2_53 = 1.0 / 9007199254740992.0
+
+THREADS_PER_BLOCK = 128
+
+
+@cuda.jit(device=True, inline=True)
+def _splitmix64(x):
+    z = x + _GOLDEN
+    z = (z ^ (z >> np.uint64(30))) * _M1
+    z = (z ^ (z >> np.uint64(27))) * _M2
+    return z ^ (z >> np.uint64(31))
+
+
+@cuda.jit(device=True, inline=True)
+def _mix(state, value):
+    return _splitmix64(state ^ np.uint64(value))
+
+
+@cuda.jit(device=True, inline=True)
+def _keep(edge_hash, head, p):
+    u = np.float64(_splitmix64(edge_hash ^ np.uint64(head)) >> np.uint64(11)) * _INV_2_53
+    return u >= p
+
+
+def launch(kernel, num_threads: int, *args) -> None:
+    """Run ``kernel`` on a 1-D grid of at least ``num_threads`` threads (nothing for 0)."""
+    if num_threads <= 0:
+        return
+    blocks = (num_threads + THREADS_PER_BLOCK - 1) // THREADS_PER_BLOCK
+    kernel[blocks, THREADS_PER_BLOCK](*args)
+
+
+def init_state(num_dst: int, heads: int, dim: int, dtype=np.float32):
+    """Device arrays ``m`` = -inf, ``l`` = 0 float[num_dst, heads] and ``acc`` = 0 float[num_dst, heads, dim]."""
+    m = cuda.to_device(np.full((num_dst, heads), -np.inf, dtype=dtype))
+    l = cuda.to_device(np.zeros((num_dst, heads), dtype=dtype))
+    acc = cuda.to_device(np.zeros((num_dst, heads, dim), dtype=dtype))
+    return m, l, acc
+
+
+@cuda.jit
+def _finalize(l, acc):
+    t = cuda.grid(1)
+    H = acc.shape[1]
+    if t >= acc.shape[0] * H:
+        return
+    i = t // H
+    h = t - i * H
+    s = l[i, h]
+    inv = 1.0 / s if s > 0 else 0.0
+    for d in range(acc.shape[2]):
+        acc[i, h, d] = acc[i, h, d] * inv if s > 0 else 0.0
+
+
+def finalize(m, l, acc) -> None:
+    """Normalise in place: ``acc[i,h,:] /= l[i,h]`` (rows without edges become 0)."""
+    launch(_finalize, acc.shape[0] * acc.shape[1], l, acc)
+
+
+@cuda.jit
+def _output_delta(grad_out, out, delta):
+    t = cuda.grid(1)
+    H = out.shape[1]
+    if t >= out.shape[0] * H:
+        return
+    i = t // H
+    h = t - i * H
+    s = 0.0
+    for d in range(out.shape[2]):
+        s += grad_out[i, h, d] * out[i, h, d]
+    delta[i, h] = s
+
+
+def output_delta(grad_out, out, delta) -> None:
+    """``delta[i,h] = grad_out[i,h,:] . out[i,h,:]``."""
+    launch(_output_delta, out.shape[0] * out.shape[1], grad_out, out, delta)
+

@@ -1,0 +1,140 @@
+"""Run the CUDA attention twins under NUMBA_ENABLE_CUDASIM=1 on tiny inputs and compare them
+with the torch references (and the CPU twins).  Started by test_attention_cuda.py in a
+subprocess so the simulator setting never leaks into the CPU tests.  Exits non-zero on a mismatch.
+"""
+import os
+import sys
+import warnings
+from pathlib import Path
+
+import numpy as np
+import torch
+
+assert os.environ.get("NUMBA_ENABLE_CUDASIM") == "1", "run with NUMBA_ENABLE_CUDASIM=1"
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _attention_ref import awkward_graph, dot_reference, gat_reference, split_blocks  # noqa: E402
+from numba import cuda  # noqa: E402
+
+from numba_kernels import get_kernel  # noqa: E402
+
+warnings.simplefilter("ignore", RuntimeWarning)  # uint64 hash arithmetic wraps on purpose
+TOL = {np.float32: dict(rtol=3e-4, atol=3e-5), np.float64: dict(rtol=1e-10, atol=1e-12)}
+
+
+def K(name, device):
+    return get_kernel(name, device)
+
+
+def dev(a):
+    return cuda.to_device(np.ascontiguousarray(a))
+
+
+def check_gat(dtype, p, num_blocks):
+    rng = np.random.default_rng(7)
+    g = awkward_graph(rng, 12, 10, 40)
+    H, D, slope, seed = 2, 3, 0.2, 5
+    z = rng.standard_normal((g.num_src, H, D)).astype(dtype)
+    s_src = (rng.standard_normal((g.num_src, H)) + np.linspace(0, 4, g.num_src)[:, None]).astype(dtype)
+    s_dst = rng.standard_normal((g.num_dst, H)).astype(dtype)
+    grad_out = rng.standard_normal((g.num_dst, H, D)).astype(dtype)
+    blocks = split_blocks(g, num_blocks)
+    dst_ids = np.arange(g.num_dst, dtype=np.int64)
+    m, l, acc = K("gat_attention.init_state", "cuda")(g.num_dst, H, D, dtype)
+    d_sdst = dev(s_dst)
+    for blk, lo, hi, _ in blocks:
+        K("gat_attention.accumulate", "cuda")(
+            dev(blk.indptr.numpy()), dev(blk.indices.numpy()), dev(z[lo:hi]), dev(s_src[lo:hi]), d_sdst,
+            dev(np.arange(lo, hi, dtype=np.int64)), dev(dst_ids), slope, p, seed, m, l, acc)
+    K("gat_attention.finalize", "cuda")(m, l, acc)
+    delta = cuda.device_array(m.shape, dtype)
+    K("gat_attention.output_delta", "cuda")(dev(grad_out), acc, delta)
+    gz, gs, gd = np.zeros_like(z), np.zeros_like(s_src), cuda.to_device(np.zeros_like(s_dst))
+    for blk, lo, hi, _ in blocks:
+        args = (dev(z[lo:hi]), dev(s_src[lo:hi]), d_sdst, dev(np.arange(lo, hi, dtype=np.int64)), dev(dst_ids),
+                slope, p, seed, m, l, dev(grad_out), delta)
+        K("gat_attention.backward_dst", "cuda")(dev(blk.indptr.numpy()), dev(blk.indices.numpy()), *args, gd)
+        indptr_t, indices_t, _ = blk.csc()
+        bz, bs = cuda.to_device(np.zeros_like(z[lo:hi])), cuda.to_device(np.zeros_like(s_src[lo:hi]))
+        K("gat_attention.backward_src", "cuda")(dev(indptr_t.numpy()), dev(indices_t.numpy()), *args, bz, bs)
+        gz[lo:hi] += bz.copy_to_host()
+        gs[lo:hi] += bs.copy_to_host()
+
+    tz, ts, td = (torch.tensor(a, dtype=torch.float64, requires_grad=True) for a in (z, s_src, s_dst))
+    ref = gat_reference(g, tz, ts, td, slope, p, seed)
+    ref.backward(torch.from_numpy(grad_out).double())
+    np.testing.assert_allclose(acc.copy_to_host(), ref.detach().numpy(), **TOL[dtype])
+    for got, want in ((gz, tz), (gs, ts), (gd.copy_to_host(), td)):
+        np.testing.assert_allclose(got, want.grad.numpy(), **TOL[dtype])
+
+
+def check_dot(dtype, with_bias, num_blocks):
+    rng = np.random.default_rng(8)
+    g = awkward_graph(rng, 12, 10, 40)
+    H, Dk, Dv, scale = 2, 3, 2, 0.7
+    q = rng.standard_normal((g.num_dst, H, Dk)).astype(dtype)
+    k = rng.standard_normal((g.num_src, H, Dk)).astype(dtype) * 2
+    v = rng.standard_normal((g.num_src, H, Dv)).astype(dtype)
+    bias = rng.standard_normal((g.num_edges, H)).astype(dtype) if with_bias else np.zeros((0, H), dtype)
+    grad_out = rng.standard_normal((g.num_dst, H, Dv)).astype(dtype)
+    blocks = split_blocks(g, num_blocks)
+    m, l, acc = K("dot_attention.init_state", "cuda")(g.num_dst, H, Dv, dtype)
+    d_q = dev(q)
+    for blk, lo, hi, mask in blocks:
+        b = bias[mask.numpy()] if with_bias else bias
+        K("dot_attention.accumulate", "cuda")(dev(blk.indptr.numpy()), dev(blk.indices.numpy()), d_q,
+                                             dev(k[lo:hi]), dev(v[lo:hi]), dev(b), scale, m, l, acc)
+    K("dot_attention.finalize", "cuda")(m, l, acc)
+    delta = cuda.device_array(m.shape, dtype)
+    K("dot_attention.output_delta", "cuda")(dev(grad_out), acc, delta)
+    gq = cuda.to_device(np.zeros_like(q))
+    gk, gv, gb = np.zeros_like(k), np.zeros_like(v), np.zeros_like(bias)
+    for blk, lo, hi, mask in blocks:
+        b = bias[mask.numpy()] if with_bias else bias
+        args = (d_q, dev(k[lo:hi]), dev(v[lo:hi]), dev(b), scale, m, l, dev(grad_out), delta)
+        bb = cuda.to_device(np.zeros_like(b))
+        K("dot_attention.backward_dst", "cuda")(dev(blk.indptr.numpy()), dev(blk.indices.numpy()), *args, gq, bb)
+        indptr_t, indices_t, perm = blk.csc()
+        bk, bv = cuda.to_device(np.zeros_like(k[lo:hi])), cuda.to_device(np.zeros_like(v[lo:hi]))
+        K("dot_attention.backward_src", "cuda")(dev(indptr_t.numpy()), dev(indices_t.numpy()), dev(perm.numpy()),
+                                               *args, bk, bv)
+        gk[lo:hi] += bk.copy_to_host()
+        gv[lo:hi] += bv.copy_to_host()
+        if with_bias:
+            gb[mask.numpy()] = bb.copy_to_host()
+
+    tq, tk, tv, tb = (torch.tensor(a, dtype=torch.float64, requires_grad=True) for a in (q, k, v, bias))
+    ref = dot_reference(g, tq, tk, tv, tb if with_bias else None, scale)
+    ref.backward(torch.from_numpy(grad_out).double())
+    np.testing.assert_allclose(acc.copy_to_host(), ref.detach().numpy(), **TOL[dtype])
+    pairs = [(gq.copy_to_host(), tq), (gk, tk), (gv, tv)] + ([(gb, tb)] if with_bias else [])
+    for got, want in pairs:
+        np.testing.assert_allclose(got, want.grad.numpy(), **TOL[dtype])
+
+
+def check_dropout_bits_match_cpu():
+    """The CUDA hash keeps exactly the coefficients the CPU hash keeps."""
+    rng = np.random.default_rng(9)
+    n, H, p, seed = 300, 3, 0.4, 2 ** 40 + 17
+    src = rng.integers(0, n, n).astype(np.int64)
+    src_gid = rng.integers(0, 2 ** 40, n).astype(np.int64)
+    dst_gid = rng.integers(0, 2 ** 40, n).astype(np.int64)
+    indptr = np.arange(n + 1, dtype=np.int64)
+    z, s = np.ones((n, H, 1)), np.zeros((n, H))
+    outs = []
+    for device in ("cpu", "cuda"):
+        m, l, acc = K("gat_attention.init_state", device)(n, H, 1, np.float64)
+        K("gat_attention.accumulate", device)(indptr, src, z, s, s, src_gid, dst_gid, 0.2, p, seed, m, l, acc)
+        K("gat_attention.finalize", device)(m, l, acc)
+        outs.append(acc if device == "cpu" else acc.copy_to_host())
+    np.testing.assert_array_equal(outs[0], outs[1])
+    assert 0.4 < (outs[0] > 0).mean() < 0.8
+
+
+if __name__ == "__main__":
+    for dtype in (np.float32, np.float64):
+        check_gat(dtype, 0.0, 1)
+        check_gat(dtype, 0.3, 3)
+        check_dot(dtype, False, 1)
+        check_dot(dtype, True, 3)
+    check_dropout_bits_match_cpu()
+    print("cudasim attention OK")
