@@ -148,3 +148,55 @@ def test_transpose_keeps_weights():
         for k in range(int(t.indptr[j]), int(t.indptr[j + 1])):
             dense_t[j, int(t.indices[k])] += float(t.edge_weight[k])
     np.testing.assert_allclose(dense_t, dense.T)
+
+
+def _write_random_dataset(path, rng, n=50, e=200):
+    from data_io.dataset import GraphData, write_dataset
+    src, dst = rng.integers(0, n - 4, e), rng.integers(0, n - 4, e)
+    keep = src != dst
+    src, dst = src[keep], dst[keep]
+    order = np.lexsort((src, dst))
+    src, dst = src[order], dst[order]
+    indptr = np.zeros(n + 1, dtype=np.int64)
+    np.cumsum(np.bincount(dst, minlength=n), out=indptr[1:])
+    write_dataset(path, GraphData(indptr=indptr, indices=src, feat=rng.standard_normal((n, 3)).astype(np.float32),
+                                  label=rng.integers(0, 2, n), train_mask=rng.random(n) < 0.5, num_classes=2))
+    return src, dst
+
+
+def test_partitioner_output_round_trip(tmp_path):
+    """Blocks built from ``partition_dataset`` output hold exactly the source edges (via ``orig_id``)."""
+    from data_io.partition import read_partition
+    from data_io.partitioner import partition_dataset
+    rng = np.random.default_rng(5)
+    src, dst = _write_random_dataset(tmp_path / "g.h5", rng)
+    partition_dataset(tmp_path / "g.h5", tmp_path / "parts", 3, "random", seed=1)
+    parts = [read_partition(tmp_path / "parts", p) for p in range(3)]
+    orig_of_gid = np.concatenate([pt.orig_id for pt in parts])
+    got = []
+    for pt in parts:
+        dg = DistGraph.from_partition(pt, _Comm(pt.part_id, 3), "cpu", torch.float64)
+        for q, blk in dg.blocks.items():
+            cols = dg.block_gid(q).numpy()
+            rows = np.repeat(np.arange(blk.num_dst), np.diff(blk.indptr.numpy()))
+            got += list(zip(orig_of_gid[dg.gid.numpy()[rows]], orig_of_gid[cols[blk.indices.numpy()]]))
+        np.testing.assert_array_equal(dg.in_degree.numpy(), np.bincount(dst, minlength=50)[pt.orig_id])
+    assert sorted(got) == sorted(zip(dst.tolist(), src.tolist()))
+
+
+def test_load_dist_graph_checks_rank_count_and_loads(tmp_path):
+    from data_io.partitioner import partition_dataset
+    from hpc_graph.comm.local import LocalCommunicator
+    from hpc_graph.graph.dist_graph import load_dist_graph, partition_tensors
+    rng = np.random.default_rng(6)
+    _write_random_dataset(tmp_path / "g.h5", rng)
+    partition_dataset(tmp_path / "g.h5", tmp_path / "p2", 2, "random")
+    with pytest.raises(ValueError, match=rf"{tmp_path / 'p2'}: partitioned into 2 parts but the job runs 1 ranks"):
+        load_dist_graph(tmp_path / "p2", _Comm(0, 1))
+    partition_dataset(tmp_path / "g.h5", tmp_path / "p1", 1, "random")
+    dg, part = load_dist_graph(tmp_path / "p1", LocalCommunicator(), "cpu", torch.float64)
+    assert dg.num_halo == 0 and dg.num_owned == 50 and set(dg.blocks) == {0}
+    data = partition_tensors(part, "cpu", torch.float64)
+    assert data["feat"].dtype == torch.float64 and data["feat"].shape == (50, 3)
+    np.testing.assert_array_equal(data["masks"]["train"].numpy(), part.train_mask)
+    assert data["num_classes"] == 2 and data["num_features"] == 3
