@@ -174,7 +174,7 @@ def check_partition(path: str | os.PathLike, compare_source: bool = True) -> dic
             probs.append(f"{d / part_file_name(p)}: /halo/gid: {int((~used).sum())} halo node(s) not used by any edge "
                          f"(e.g. gid {int(q.halo_gid[np.argmin(used)])})")
     compared = False
-    if compare_source and perm_ok and not probs:
+    if compare_source and perm_ok:  # every part read and structurally valid
         compared = _compare_source(d, meta, parts, orig, res)
     if not compared and "feat" in meta.get("fields", []):
         for p, q in parts.items():  # read every feature row once: truncated or corrupt chunks

@@ -359,7 +359,7 @@ def _read_part(d: Path, meta: dict, part_id: int, features: bool = True
         bad(None, f"not a readable HDF5 file (truncated or corrupt: {exc})")
         return None, probs
     with h5:
-        a = dict(h5.attrs)
+        a = {k: (v.item() if isinstance(v, np.generic) else v) for k, v in h5.attrs.items()}
         fmt = a.get("format")
         fmt = fmt.decode() if isinstance(fmt, bytes) else fmt
         if fmt != FORMAT:
