@@ -27,7 +27,7 @@ def _graph_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--symmetrize", action="store_true", help="add v->u for every edge u->v")
     p.add_argument("--remove-self-loops", action="store_true", help="drop edges u->u")
     p.add_argument("--dedup", action="store_true", help="keep one copy of repeated edges")
-    p.add_argument("--chunk-mb", type=float, default=16.0, help="MiB of text parsed per step (default 16)")
+    p.add_argument("--chunk-mb", type=float, default=8.0, help="MiB of text parsed per step (default 8)")
 
 
 def add_parser(subparsers) -> None:
