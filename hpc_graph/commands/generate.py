@@ -10,7 +10,6 @@ from __future__ import annotations
 import argparse
 import time
 
-from hpc_graph.cli import CLIError
 
 
 def _add_common(p: argparse.ArgumentParser, feat_dim: int, num_classes: int) -> None:
@@ -65,6 +64,7 @@ def add_parser(subparsers) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from data_io.errors import DataError
     from data_io.generators import GeneratorParamError, write_csbm, write_rmat
 
     common = dict(feat_dim=args.feat_dim, num_classes=args.num_classes, train_frac=args.train_frac,
@@ -79,7 +79,8 @@ def run(args: argparse.Namespace) -> int:
             info = write_csbm(args.output, args.num_nodes, avg_degree=args.avg_degree,
                               homophily=args.homophily, snr=args.snr, power_law=args.power_law, **common)
     except GeneratorParamError as exc:
-        raise CLIError(f"--{exc.param.replace('_', '-')}: {exc.message}") from None
+        # name the command-line option instead of the Python parameter
+        raise DataError(f"--{exc.param.replace('_', '-')}: {exc.message}") from None
     seconds = time.perf_counter() - t0
     print(f"{args.output}: {args.generator} graph, {info['num_nodes']} nodes, {info['num_edges']} edges, "
           f"{info['feat_dim']} features, {seconds:.1f} s")
