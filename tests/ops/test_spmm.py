@@ -1,0 +1,133 @@
+"""``hpc_graph.ops.spmm``: forward vs a torch reference, gradcheck on awkward graphs, input checks."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+import hpc_graph.ops._kernel_args as kargs
+from hpc_graph.ops import CSR, spmm
+
+
+def _graph(awkward_graph, seed=0, num_dst=19, num_src=None, num_edges=90) -> CSR:
+    indptr, indices = awkward_graph(seed, num_dst=num_dst, num_src=num_src, num_edges=num_edges)
+    return CSR(indptr, indices, num_src=num_src)
+
+
+def _reference(g: CSR, x, reduce, w=None):
+    dst = torch.repeat_interleave(torch.arange(g.num_dst), g.in_degree())
+    msg = x[g.indices]
+    if w is not None:
+        msg = msg * (w.reshape(w.shape + (1,) * (msg.dim() - w.dim())))
+    out = torch.zeros((g.num_dst,) + tuple(x.shape[1:]), dtype=x.dtype)
+    if reduce == "max":
+        idx = dst.view(-1, *([1] * (msg.dim() - 1))).expand_as(msg)
+        out = out.scatter_reduce(0, idx, msg, "amax", include_self=False)
+        return out
+    out = out.index_add(0, dst, msg)
+    if reduce == "mean":
+        out = out / g.in_degree().clamp(min=1).to(x.dtype).view(-1, *([1] * (x.dim() - 1)))
+    return out
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("reduce", ["sum", "mean", "max"])
+@pytest.mark.parametrize("weighted", [False, True])
+def test_spmm_forward_backward_match_torch(awkward_graph, dtype, reduce, weighted):
+    g = _graph(awkward_graph, 1, num_dst=21, num_src=17)
+    gen = torch.Generator().manual_seed(3)
+    x = torch.randn(17, 6, dtype=dtype, generator=gen, requires_grad=True)
+    w = (torch.rand(g.num_edges, dtype=dtype, generator=gen) + 0.5).requires_grad_() if weighted else None
+    out = spmm(g, x, reduce, w)
+    xr = x.detach().clone().requires_grad_()
+    wr = None if w is None else w.detach().clone().requires_grad_()
+    ref = _reference(g, xr, reduce, wr)
+    tol = dict(rtol=1e-5, atol=1e-5) if dtype == torch.float32 else dict(rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(out, ref, **tol)
+    gout = torch.randn(out.shape, dtype=dtype, generator=gen)
+    out.backward(gout)
+    ref.backward(gout)
+    torch.testing.assert_close(x.grad, xr.grad, **tol)
+    if weighted:
+        torch.testing.assert_close(w.grad, wr.grad, **tol)
+
+
+@pytest.mark.parametrize("reduce", ["sum", "mean", "max"])
+@pytest.mark.parametrize("weights", [None, "edge", "head"])
+def test_spmm_gradcheck_awkward_graph(awkward_graph, reduce, weights):
+    """float64 gradcheck; the graph has empty rows, isolated nodes, self-loops, duplicates and a hub row."""
+    g = _graph(awkward_graph, 2, num_dst=13, num_edges=50)
+    gen = torch.Generator().manual_seed(5)
+    heads = 2 if weights == "head" else 1
+    x = torch.randn(13, heads, 3, dtype=torch.float64, generator=gen, requires_grad=True)
+    inputs = [x]
+    if weights is not None:
+        w = torch.rand((g.num_edges, heads) if weights == "head" else (g.num_edges,), dtype=torch.float64,
+                       generator=gen) + 0.5
+        inputs.append(w.requires_grad_())
+    fn = lambda x, w=None: spmm(g, x, reduce, w)  # noqa: E731
+    assert torch.autograd.gradcheck(fn, inputs, eps=1e-6, atol=1e-6)
+
+
+def test_spmm_multihead_shared_weight_and_2d(awkward_graph):
+    g = _graph(awkward_graph, 3)
+    gen = torch.Generator().manual_seed(0)
+    x = torch.randn(19, 3, 4, dtype=torch.float64, generator=gen)
+    w = torch.rand(g.num_edges, dtype=torch.float64, generator=gen)
+    torch.testing.assert_close(spmm(g, x, "sum", w), _reference(g, x, "sum", w))
+    torch.testing.assert_close(spmm(g, x.reshape(19, 12), "mean"), _reference(g, x.reshape(19, 12), "mean"))
+
+
+def test_spmm_noncontiguous_input(awkward_graph):
+    g = _graph(awkward_graph, 4)
+    x = torch.randn(8, 19, dtype=torch.float64).t()
+    torch.testing.assert_close(spmm(g, x, "sum"), _reference(g, x.contiguous(), "sum"))
+
+
+def test_spmm_bad_inputs_raise_before_kernels(awkward_graph, monkeypatch):
+    def no_kernel(*a, **k):
+        raise AssertionError("a kernel ran before the inputs were checked")
+
+    monkeypatch.setattr(kargs, "get_kernel", no_kernel)
+    g = _graph(awkward_graph, 5)
+    x = torch.randn(19, 4)
+    with pytest.raises(ValueError, match="reduce"):
+        spmm(g, x, "min")
+    with pytest.raises(ValueError, match="x has 18 rows, expected 19"):
+        spmm(g, x[:18])
+    with pytest.raises(ValueError, match="float32 or float64"):
+        spmm(g, x.to(torch.int64))
+    with pytest.raises(ValueError, match="edge_weight"):
+        spmm(g, x, "sum", torch.ones(g.num_edges + 1))
+    with pytest.raises(ValueError, match="dtype"):
+        spmm(g, x, "sum", torch.ones(g.num_edges, dtype=torch.float64))
+    with pytest.raises(ValueError, match="edge_weight shape"):
+        spmm(g, x.view(19, 2, 2), "sum", torch.ones(g.num_edges, 3))
+    bad = CSR(g.indptr, g.indices.clone(), validate=False)
+    bad.indices[3] = 19
+    with pytest.raises(ValueError, match="out of range"):
+        spmm(bad, x)
+    with pytest.raises(ValueError, match="CSR"):
+        spmm((g.indptr, g.indices), x)
+
+
+def test_spmm_caches_transpose_once(awkward_graph):
+    g = _graph(awkward_graph, 6)
+    x = torch.randn(19, 3, requires_grad=True)
+    spmm(g, x, "mean").sum().backward()
+    first = g._csc
+    assert first is not None
+    ref = torch.argsort(g.indices, stable=True)
+    torch.testing.assert_close(first[2], ref)
+    spmm(g, x, "sum").sum().backward()
+    assert g._csc is first
+
+
+def test_spmm_empty_graph():
+    g = CSR(np.zeros(4, np.int64), np.zeros(0, np.int64), num_src=2)
+    x = torch.randn(2, 3, requires_grad=True)
+    for reduce in ("sum", "mean", "max"):
+        out = spmm(g, x, reduce)
+        assert out.shape == (3, 3) and not out.any()
+        out.sum().backward()
+        assert not x.grad.any()
