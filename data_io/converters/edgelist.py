@@ -17,7 +17,7 @@ from pathlib import Path
 
 import numpy as np
 
-from data_io.converters._csr import build_csr, is_symmetric
+from data_io.converters._csr import build_csr, is_symmetric, unique_ids
 from data_io.converters._text import DEFAULT_CHUNK_BYTES, _Block, iter_rows
 from data_io.dataset import MASKS, DatasetWriter
 from data_io.errors import DataError, FormatError, check_output
@@ -169,7 +169,7 @@ def convert_edgelist(src: str | os.PathLike, out: str | os.PathLike, *, force: b
     if relabel is None:
         relabel = False
         if num_nodes is None:
-            uniq = np.union1d(np.unique(s), np.unique(d))
+            uniq = unique_ids(s, d)
             relabel = len(uniq) < (max_id + 1) / 2
             if relabel:
                 log.info("%s: ids are sparse (%d of 0..%d used): relabelling to 0..%d",
@@ -178,7 +178,7 @@ def convert_edgelist(src: str | os.PathLike, out: str | os.PathLike, *, force: b
                 uniq = None
     if relabel:
         if uniq is None:
-            uniq = np.union1d(np.unique(s), np.unique(d))
+            uniq = unique_ids(s, d)
         s, d, used = _relabel(s, d, uniq)
         del uniq
         if num_nodes is not None and num_nodes < used:
