@@ -132,7 +132,17 @@ def _train_eval(g, use_graph: bool, seed: int, epochs: int = 100) -> float:
     torch.manual_seed(seed)
     lin1, lin2 = torch.nn.Linear(g.feat_dim, 16), torch.nn.Linear(16, g.num_classes)
     params = list(lin1.parameters()) + list(lin2.parameters())
-    opt = torch.optim.Adam(params, lr=0.01, weight_decay=5e-4)
+    moments = [(torch.zeros_like(q), torch.zeros_like(q)) for q in params]
+
+    def adam_step(t: int, lr: float = 0.01, wd: float = 5e-4, b1: float = 0.9, b2: float = 0.999) -> None:
+        # plain Adam with L2 weight decay (torch.optim's first step imports torch._dynamo: seconds)
+        with torch.no_grad():
+            for q, (m, v) in zip(params, moments):
+                grad = q.grad + wd * q
+                m.mul_(b1).add_(grad, alpha=1 - b1)
+                v.mul_(b2).addcmul_(grad, grad, value=1 - b2)
+                q -= lr * (m / (1 - b1 ** t)) / ((v / (1 - b2 ** t)).sqrt() + 1e-8)
+                q.grad = None
 
     def prop(h):
         return torch.sparse.mm(adj, h) if use_graph else h
@@ -141,10 +151,9 @@ def _train_eval(g, use_graph: bool, seed: int, epochs: int = 100) -> float:
         h = torch.relu(prop(lin1(x)))
         return prop(lin2(torch.nn.functional.dropout(h, 0.5, training)))
 
-    for _ in range(epochs):
-        opt.zero_grad()
+    for t in range(1, epochs + 1):
         torch.nn.functional.cross_entropy(forward(True)[train], y[train]).backward()
-        opt.step()
+        adam_step(t)
     with torch.no_grad():
         return float((forward(False).argmax(1)[test] == y[test]).float().mean())
 
