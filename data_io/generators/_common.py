@@ -3,12 +3,12 @@
 * :class:`GeneratorParamError`: a bad generator argument, naming the parameter.
 * Seeded sub-streams, so that each part of a graph (edges, permutation,
   features, labels, split) has its own reproducible random stream.
-* :func:`_coo_to_csr`: edge list -> CSR over destinations by a counting sort,
+* :func:`coo_to_csr`: edge list -> CSR over destinations by a counting sort,
   optionally symmetrised, without self-loops and without duplicates.
 * Feature rows produced in fixed blocks (same values whether the graph is built
   in memory or streamed to a file).
-* :func:`_emit`: turn generated parts into a :class:`GraphData` or write them
-  through :class:`DatasetWriter` with features in row blocks.
+* :class:`GeneratedGraph`: a generator's output, turned into a :class:`GraphData`
+  or written through :class:`DatasetWriter` with features in row blocks.
 """
 from __future__ import annotations
 
