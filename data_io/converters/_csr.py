@@ -27,6 +27,16 @@ def _sorted_unique(a: np.ndarray) -> np.ndarray:
     return a[keep]
 
 
+def _compact(a: np.ndarray, keep: np.ndarray, block: int = 1 << 22) -> np.ndarray:
+    """``a[keep]`` computed in place, block by block (no second full-size array); returns a view of ``a``."""
+    w = 0
+    for lo in range(0, len(a), block):
+        sel = a[lo:lo + block][keep[lo:lo + block]]
+        a[w:w + len(sel)] = sel  # w <= lo: never overwrites what is still to be read
+        w += len(sel)
+    return a[:w]
+
+
 def build_csr(src: np.ndarray, dst: np.ndarray, num_nodes: int, weight: np.ndarray | None = None, *,
               symmetrize: bool = False, remove_self_loops: bool = False, dedup: bool = False
               ) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
@@ -52,13 +62,19 @@ def build_csr(src: np.ndarray, dst: np.ndarray, num_nodes: int, weight: np.ndarr
         if not keep.all():
             src, dst = src[keep], dst[keep]
             weight = None if weight is None else weight[keep]
-    if symmetrize:
-        src, dst = np.concatenate([src, dst]), np.concatenate([dst, src])
-        weight = None if weight is None else np.concatenate([weight, weight])
+    if symmetrize and weight is not None:
+        weight = np.concatenate([weight, weight])
     if n <= _KEY_LIMIT:
-        key = dst.astype(np.int64)
-        key *= n
-        key += src
+        # one int64 key dst * n + src per edge, written in place (no concatenated id copies)
+        m = len(src)
+        key = np.empty(2 * m if symmetrize else m, dtype=np.int64)
+        key[:m] = dst
+        key[:m] *= n
+        key[:m] += src
+        if symmetrize:
+            key[m:] = src
+            key[m:] *= n
+            key[m:] += dst
         del src, dst
         if weight is None:
             key.sort()  # equal keys are identical: stability does not matter
@@ -70,12 +86,15 @@ def build_csr(src: np.ndarray, dst: np.ndarray, num_nodes: int, weight: np.ndarr
             first = np.empty(len(key), dtype=bool)
             first[0] = True
             np.not_equal(key[1:], key[:-1], out=first[1:])
-            key = key[first]
-            weight = None if weight is None else weight[first]
+            key = _compact(key, first)
+            weight = None if weight is None else _compact(weight, first)
+            del first
         indptr = np.searchsorted(key, np.arange(n + 1, dtype=np.int64) * n).astype(np.int64)
         np.remainder(key, n, out=key)
         indices = key.astype(index_dtype(n))
     else:  # too many nodes for a single int64 key
+        if symmetrize:
+            src, dst = np.concatenate([src, dst]), np.concatenate([dst, src])
         order = np.lexsort((src, dst))
         src, dst = src[order], dst[order]
         weight = None if weight is None else weight[order]
