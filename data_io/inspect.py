@@ -7,6 +7,7 @@ problem as one line naming the file and field.
 """
 from __future__ import annotations
 
+import json
 import logging
 import os
 from pathlib import Path
@@ -16,7 +17,8 @@ import numpy as np
 
 from data_io.dataset import MASKS, open_dataset, validate_dataset
 from data_io.errors import DataError, FormatError
-from data_io.partition import META_NAME, Partition, _read_part, meta_problems, part_file_name
+from data_io.partition import (META_NAME, Partition, _read_part, meta_problems, part_file_name,
+                               read_partition_meta)
 from data_io.partitioner import file_sha256
 
 log = logging.getLogger(__name__)
@@ -64,8 +66,6 @@ def dataset_info(path: str | os.PathLike) -> dict[str, Any]:
 
 def partition_info(path: str | os.PathLike) -> dict[str, Any]:
     """Summary of a partition directory: ``partition.json`` plus the per-part table."""
-    from data_io.partition import read_partition_meta
-
     meta = read_partition_meta(path)
     return {"kind": "partition", "path": str(path), **meta}
 
@@ -113,8 +113,6 @@ def check_partition(path: str | os.PathLike, compare_source: bool = True) -> dic
     res: dict[str, Any] = {"kind": "partition", "path": str(d), "valid": False, "problems": [], "notes": []}
     probs: list[str] = res["problems"]
     mf = d / META_NAME
-    import json
-
     try:
         meta = json.loads(mf.read_text(encoding="utf-8"))
     except FileNotFoundError:

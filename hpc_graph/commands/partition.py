@@ -40,7 +40,8 @@ def format_partition_stats(meta: dict) -> str:
         f"edge cut {meta['edge_cut']} ({100 * meta['edge_cut_fraction']:.2f}% of edges), "
         f"replication factor {meta['replication_factor']:.4f} (halo / owned)",
         f"balance (max/mean): nodes {b['nodes']:.4f}, edges {b['edges']:.4f}, train nodes {b['train']:.4f}",
-        f"{'part':>5} {'nodes':>11} {'edges':>13} {'halo':>11} {'send':>11} {'train':>10} {'cut edges':>12} {'repl':>7}",
+        f"{'part':>5} {'nodes':>11} {'edges':>13} {'halo':>11} {'send':>11} {'train':>10} "
+        f"{'cut edges':>12} {'repl':>7}",
     ]
     for e in meta["parts"]:
         lines.append(f"{e['part_id']:>5} {e['num_nodes']:>11} {e['num_edges']:>13} {e['num_halo']:>11} "

@@ -133,7 +133,8 @@ def test_check_modified_send_list(tmp_path, setup):
 def test_check_out_of_range_index(tmp_path, setup):
     d = _copy(setup[2], tmp_path / "c")
     q = read_partition(d, 0, features=False)
-    _edit(d / "part-00000.h5", "/graph/indices", lambda v: np.where(np.arange(len(v)) == 3, q.num_owned + q.num_halo, v))
+    bad = q.num_owned + q.num_halo
+    _edit(d / "part-00000.h5", "/graph/indices", lambda v: np.where(np.arange(len(v)) == 3, bad, v))
     _assert_problem(check(d), "part-00000.h5", "/graph/indices", "out of range")
 
 
