@@ -1,0 +1,543 @@
+"""Kernel benchmark (``hpc-graph bench kernels``): hpc_graph ops vs torch and PyG on an R-MAT graph.
+
+Measurements (each one JSON record, see :data:`RECORD_FIELDS`):
+
+* ``memcpy``   — copy bandwidth of a large array (NumPy ``copyto``, one thread;
+  torch ``copy_``, all threads); ``gb_per_s`` counts bytes read + written.
+* ``spmm``     — sum aggregation ``[N, F]``: hpc_graph ``spmm`` vs
+  ``torch.sparse.mm`` (CSR tensor) vs PyG-style gather + ``index_add_``.
+  ``bound_fraction`` of the hpc_graph record = (E*F*itemsize / bandwidth) / seconds.
+* ``sage``     — SAGE layer (mean aggregation + Linear F->F, root weight),
+  forward + backward: hpc_graph ``spmm`` vs PyG ``SAGEConv`` (same weights).
+* ``gat``      — GAT layer (``heads`` x F/heads, self-loops in the graph for
+  both), forward + backward: hpc_graph ``gat_attention`` vs PyG ``GATConv``.
+  Skipped (logged) if :mod:`hpc_graph.ops.gat_attention` is absent.
+* ``locality`` — the same forward SpMM after relabelling the nodes in reverse
+  Cuthill-McKee order and in a random order; ``speedup_vs_random``.
+* ``compile``  — wall time of a fresh Python process that imports the ops and
+  runs every kernel once, with an empty numba cache (compiles) and again with
+  the cache it just filled (loads from disk).
+
+Every comparison uses the same inputs, thread count and autograd setting:
+``requires_grad=False`` (input features, as in a first layer) and ``True``
+(hidden layer: the backward also produces the input gradient). ``seconds`` is
+the median over ``repeat`` timed calls after one untimed warm-up call (which
+compiles kernels and builds the cached transposed graph); ``peak_mb`` the
+largest extra peak RSS of a timed call (:class:`~hpc_graph.bench.memory.PeakRSS`).
+A baseline whose estimated memory exceeds ``memory_fraction`` of the available
+RAM is not run; its record carries ``skipped`` with the reason.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import psutil
+import torch
+
+from hpc_graph.bench.memory import PeakRSS
+from hpc_graph.ops.csr import CSR
+from hpc_graph.ops.spmm import spmm
+
+log = logging.getLogger(__name__)
+
+OPS = ("memcpy", "spmm", "sage", "gat", "locality", "compile")
+RECORD_FIELDS = ("op", "impl", "scale", "feat", "heads", "seconds", "peak_mb", "threads", "requires_grad")
+HPC = "hpc_graph"
+
+
+@dataclass
+class KernelBenchConfig:
+    """Options of the kernel benchmark (validated by :meth:`validate`, messages name the option).
+
+    Attributes:
+        scale: R-MAT scale, N = 2**scale nodes.
+        feat: feature width F.
+        heads: attention heads of the GAT layer (F must be divisible by it).
+        edge_factor: generated edges per node (before duplicate removal).
+        symmetrize: add reverse edges (default: directed graph).
+        repeat: timed calls per measurement (the median is reported).
+        threads: torch and numba threads (default: numba's ``NUMBA_NUM_THREADS``).
+        ops: which measurements to run, a subset of :data:`OPS`.
+        grad: the ``requires_grad`` settings of the input features to run.
+        memory_fraction: skip a baseline whose estimate exceeds this share of available RAM.
+        seed: graph and feature seed.
+    """
+
+    scale: int = 20
+    feat: int = 128
+    heads: int = 4
+    edge_factor: int = 16
+    symmetrize: bool = False
+    repeat: int = 3
+    threads: int | None = None
+    ops: tuple[str, ...] = OPS
+    grad: tuple[bool, ...] = (False, True)
+    memory_fraction: float = 0.6
+    seed: int = 0
+
+    def validate(self) -> None:
+        import numba
+
+        def bad(name, msg):
+            raise ValueError(f"--{name.replace('_', '-')}: {msg}")
+
+        if not 1 <= self.scale <= 30:
+            bad("scale", f"must be in 1..30, got {self.scale}")
+        if self.feat < 1:
+            bad("feat", f"must be >= 1, got {self.feat}")
+        if self.heads < 1 or self.feat % self.heads:
+            bad("heads", f"must be >= 1 and divide --feat={self.feat}, got {self.heads}")
+        if self.edge_factor < 1:
+            bad("edge_factor", f"must be >= 1, got {self.edge_factor}")
+        if self.repeat < 1:
+            bad("repeat", f"must be >= 1, got {self.repeat}")
+        if self.threads is not None and not 1 <= self.threads <= numba.config.NUMBA_NUM_THREADS:
+            bad("threads", f"must be in 1..NUMBA_NUM_THREADS={numba.config.NUMBA_NUM_THREADS}, got {self.threads}")
+        unknown = [o for o in self.ops if o not in OPS]
+        if unknown or not self.ops:
+            bad("ops", f"unknown {unknown}; choose from {', '.join(OPS)}")
+        if not 0 < self.memory_fraction <= 1:
+            bad("memory_fraction", f"must be in (0, 1], got {self.memory_fraction}")
+
+
+@dataclass
+class _Ctx:
+    cfg: KernelBenchConfig
+    threads: int
+    indptr: np.ndarray
+    indices: np.ndarray
+    base: dict = field(default_factory=dict)
+    bandwidth: float | None = None  # bytes/s, from the memcpy measurement
+
+    @property
+    def num_nodes(self) -> int:
+        return int(self.indptr.shape[0] - 1)
+
+    @property
+    def num_edges(self) -> int:
+        return int(self.indices.shape[0])
+
+
+# ----------------------------------------------------------------------------- helpers
+
+def _measure(fn, repeat: int) -> dict:
+    """Warm-up call, then ``repeat`` timed calls; median seconds and the largest extra peak RSS."""
+    fn()
+    runs, peaks = [], []
+    for _ in range(repeat):
+        with PeakRSS() as mem:
+            t0 = time.perf_counter()
+            fn()
+            runs.append(time.perf_counter() - t0)
+        peaks.append(mem.extra_mb)
+    return {"seconds": statistics.median(runs), "seconds_min": min(runs), "runs": runs,
+            "peak_mb": max(peaks)}
+
+
+def _fits(ctx: _Ctx, nbytes: float) -> str | None:
+    """``None`` when ``nbytes`` fits the memory budget, else the reason for skipping."""
+    avail = psutil.virtual_memory().available
+    if nbytes <= ctx.cfg.memory_fraction * avail:
+        return None
+    return (f"needs ~{nbytes / 2**30:.1f} GiB, more than {ctx.cfg.memory_fraction:g} of the "
+            f"{avail / 2**30:.1f} GiB available")
+
+
+def _record(ctx: _Ctx, op: str, impl: str, requires_grad: bool | None, result: dict | None = None,
+            skipped: str | None = None, **extra) -> dict:
+    rec = dict(op=op, impl=impl, **ctx.base, requires_grad=requires_grad, seconds=None, peak_mb=None)
+    if result is not None:
+        rec.update(result)
+    if skipped is not None:
+        rec["skipped"] = skipped
+        log.warning("%s/%s skipped: %s", op, impl, skipped)
+    rec.update(extra)
+    if rec["seconds"] is not None:
+        log.info("%-8s %-18s grad=%-5s %8.3f s  peak %+8.1f MB", op, impl, requires_grad, rec["seconds"],
+                 rec["peak_mb"] or 0.0)
+    return rec
+
+
+def _run_step(forward, x: torch.Tensor, gout: torch.Tensor | None, params=()):
+    """Forward, and backward with ``gout`` when given; frees everything before returning."""
+    def step():
+        out = forward(x)
+        if gout is not None:
+            out.backward(gout)
+            x.grad = None
+            for p in params:
+                p.grad = None
+        del out
+    return step
+
+
+def _edge_index(ctx: _Ctx) -> torch.Tensor:
+    dst = np.repeat(np.arange(ctx.num_nodes, dtype=np.int64), np.diff(ctx.indptr))
+    return torch.stack([torch.from_numpy(ctx.indices.astype(np.int64)), torch.from_numpy(dst)])
+
+
+# ----------------------------------------------------------------------------- measurements
+
+def _bench_memcpy(ctx: _Ctx) -> list[dict]:
+    n = 1 << 27  # 512 MiB of float32 per array
+    src = np.random.default_rng(0).random(n, dtype=np.float32)
+    dst = np.empty_like(src)
+    recs = []
+    res = _measure(lambda: np.copyto(dst, src), max(3, ctx.cfg.repeat))
+    bw_np = 2 * src.nbytes / res["seconds_min"]
+    recs.append(_record(ctx, "memcpy", "numpy.copyto", None, res, gb_per_s=bw_np / 1e9, bytes=2 * src.nbytes,
+                        threads_used=1))
+    ts, td = torch.from_numpy(src), torch.from_numpy(dst)
+    res = _measure(lambda: td.copy_(ts), max(3, ctx.cfg.repeat))
+    bw_t = 2 * src.nbytes / res["seconds_min"]
+    recs.append(_record(ctx, "memcpy", "torch.copy_", None, res, gb_per_s=bw_t / 1e9, bytes=2 * src.nbytes))
+    ctx.bandwidth = max(bw_np, bw_t)
+    return recs
+
+
+def _bench_spmm(ctx: _Ctx, g: CSR, x0: torch.Tensor) -> list[dict]:
+    N, E, F = ctx.num_nodes, ctx.num_edges, ctx.cfg.feat
+    A = torch.sparse_csr_tensor(g.indptr, g.indices, torch.ones(E), size=(N, N))
+    ei = _edge_index(ctx)
+    src, dst = ei[0], ei[1]
+    del ei
+
+    def gather_scatter(x):
+        return torch.zeros(N, F).index_add_(0, dst, x[src])
+
+    recs = []
+    for rg in ctx.cfg.grad:
+        x = x0.detach().requires_grad_(rg)
+        gout = torch.randn(N, F, generator=torch.Generator().manual_seed(1)) if rg else None
+        res = _measure(_run_step(lambda x: spmm(g, x, "sum"), x, gout), ctx.cfg.repeat)
+        extra = {}
+        if ctx.bandwidth and not rg:
+            bound = E * F * x.element_size() / ctx.bandwidth
+            extra = dict(bound_seconds=bound, bound_fraction=bound / res["seconds"])
+        recs.append(_record(ctx, "spmm", HPC, rg, res, **extra))
+        res = _measure(_run_step(lambda x: torch.sparse.mm(A, x), x, gout), ctx.cfg.repeat)
+        recs.append(_record(ctx, "spmm", "torch.sparse.mm", rg, res))
+        need = E * F * 4 * (2 if rg else 1) + 2 * N * F * 4
+        why = _fits(ctx, need)
+        res = None if why else _measure(_run_step(gather_scatter, x, gout), ctx.cfg.repeat)
+        recs.append(_record(ctx, "spmm", "gather_index_add", rg, res, skipped=why))
+    return recs
+
+
+class _SageLayer(torch.nn.Module):
+    """SAGE layer on hpc_graph's spmm: ``lin_l(mean_{j->i} x_j) + lin_r(x_i)`` (PyG SAGEConv's formula)."""
+
+    def __init__(self, g: CSR, fin: int, fout: int):
+        super().__init__()
+        self.g = g
+        self.lin_l = torch.nn.Linear(fin, fout)
+        self.lin_r = torch.nn.Linear(fin, fout, bias=False)
+
+    def forward(self, x):
+        return self.lin_l(spmm(self.g, x, "mean")) + self.lin_r(x)
+
+
+class _GatLayer(torch.nn.Module):
+    """GATv1 layer on hpc_graph's fused ``gat_attention`` (PyG GATConv's formula, concat heads)."""
+
+    def __init__(self, g: CSR, fin: int, heads: int, dim: int):
+        super().__init__()
+        from hpc_graph.ops.gat_attention import gat_attention
+
+        self._attn = gat_attention
+        self.g, self.heads, self.dim = g, heads, dim
+        self.lin = torch.nn.Linear(fin, heads * dim, bias=False)
+        self.att_src = torch.nn.Parameter(torch.randn(1, heads, dim) * 0.1)
+        self.att_dst = torch.nn.Parameter(torch.randn(1, heads, dim) * 0.1)
+        self.bias = torch.nn.Parameter(torch.zeros(heads * dim))
+
+    def forward(self, x):
+        z = self.lin(x).view(-1, self.heads, self.dim)
+        s_src = (z * self.att_src).sum(-1)
+        s_dst = (z * self.att_dst).sum(-1)
+        out = self._attn(self.g, z, s_src, s_dst, negative_slope=0.2)
+        return out.reshape(-1, self.heads * self.dim) + self.bias
+
+
+def make_sage_pair(g: CSR, edge_index: torch.Tensor, fin: int, fout: int, seed: int = 0):
+    """``(hpc_graph SAGE layer, PyG SAGEConv)`` with identical weights; both map ``x [N, fin]`` to ``[N, fout]``."""
+    from torch_geometric.nn import SAGEConv
+
+    torch.manual_seed(seed)
+    ours = _SageLayer(g, fin, fout)
+    theirs = SAGEConv(fin, fout)
+    with torch.no_grad():
+        theirs.lin_l.weight.copy_(ours.lin_l.weight)
+        theirs.lin_l.bias.copy_(ours.lin_l.bias)
+        theirs.lin_r.weight.copy_(ours.lin_r.weight)
+    return ours, (lambda x: theirs(x, edge_index)), theirs
+
+
+def make_gat_pair(g: CSR, edge_index: torch.Tensor, fin: int, heads: int, dim: int, seed: int = 0):
+    """``(hpc_graph GAT layer, PyG GATConv)`` with identical weights (graphs must already hold self-loops)."""
+    from torch_geometric.nn import GATConv
+
+    torch.manual_seed(seed)
+    ours = _GatLayer(g, fin, heads, dim)
+    theirs = GATConv(fin, dim, heads=heads, add_self_loops=False)
+    with torch.no_grad():
+        theirs.lin.weight.copy_(ours.lin.weight)
+        theirs.att_src.copy_(ours.att_src)
+        theirs.att_dst.copy_(ours.att_dst)
+        theirs.bias.copy_(ours.bias)
+    return ours, (lambda x: theirs(x, edge_index)), theirs
+
+
+def _bench_sage(ctx: _Ctx, g: CSR, x0: torch.Tensor) -> list[dict]:
+    N, E, F = ctx.num_nodes, ctx.num_edges, ctx.cfg.feat
+    ours, theirs_fn, theirs = make_sage_pair(g, _edge_index(ctx), F, F, ctx.cfg.seed)
+    recs = []
+    for rg in ctx.cfg.grad:
+        x = x0.detach().requires_grad_(rg)
+        gout = torch.randn(N, F, generator=torch.Generator().manual_seed(2))
+        res = _measure(_run_step(ours, x, gout, list(ours.parameters())), ctx.cfg.repeat)
+        recs.append(_record(ctx, "sage", HPC, rg, res))
+        why = _fits(ctx, E * F * 4 * (2 if rg else 1) + 4 * N * F * 4)
+        res = None if why else _measure(_run_step(theirs_fn, x, gout, list(theirs.parameters())), ctx.cfg.repeat)
+        recs.append(_record(ctx, "sage", "pyg.SAGEConv", rg, res, skipped=why))
+    return recs
+
+
+def _bench_gat(ctx: _Ctx, x0: torch.Tensor) -> list[dict]:
+    try:
+        import hpc_graph.ops.gat_attention  # noqa: F401
+    except ImportError as exc:
+        log.warning("gat skipped: hpc_graph.ops.gat_attention not available (%s)", exc)
+        return [_record(ctx, "gat", HPC, None, skipped=f"hpc_graph.ops.gat_attention not available: {exc}")]
+    N, F, H = ctx.num_nodes, ctx.cfg.feat, ctx.cfg.heads
+    D = F // H
+    # the same graph plus one self-loop per node, for both implementations
+    src = np.concatenate([ctx.indices.astype(np.int64), np.arange(N, dtype=np.int64)])
+    dst = np.concatenate([np.repeat(np.arange(N, dtype=np.int64), np.diff(ctx.indptr)), np.arange(N)])
+    g = CSR.from_edges(src, dst, N)
+    E = g.num_edges
+    edge_index = torch.stack([torch.from_numpy(src), torch.from_numpy(dst)])
+    ours, theirs_fn, theirs = make_gat_pair(g, edge_index, F, H, D, ctx.cfg.seed)
+    recs = []
+    for rg in ctx.cfg.grad:
+        x = x0.detach().requires_grad_(rg)
+        gout = torch.randn(N, H * D, generator=torch.Generator().manual_seed(3))
+        res = _measure(_run_step(ours, x, gout, list(ours.parameters())), ctx.cfg.repeat)
+        recs.append(_record(ctx, "gat", HPC, rg, res, num_edges_with_loops=E))
+        why = _fits(ctx, E * H * D * 4 * 3 + E * H * 4 * 6)
+        res = None if why else _measure(_run_step(theirs_fn, x, gout, list(theirs.parameters())), ctx.cfg.repeat)
+        recs.append(_record(ctx, "gat", "pyg.GATConv", rg, res, skipped=why, num_edges_with_loops=E))
+    return recs
+
+
+def _relabel(indptr: np.ndarray, indices: np.ndarray, order: np.ndarray) -> CSR:
+    """The graph with node ``order[k]`` renamed ``k`` (rows and columns), as a CSR."""
+    import scipy.sparse as sp
+
+    n = indptr.shape[0] - 1
+    a = sp.csr_matrix((np.ones(indices.shape[0], np.float32), indices, indptr), shape=(n, n))
+    b = a[order][:, order].tocsr()
+    b.sort_indices()
+    return CSR(b.indptr.astype(np.int64), b.indices.astype(np.int64))
+
+
+def _bench_locality(ctx: _Ctx, x0: torch.Tensor) -> list[dict]:
+    import scipy.sparse as sp
+    from scipy.sparse.csgraph import reverse_cuthill_mckee
+
+    n = ctx.num_nodes
+    a = sp.csr_matrix((np.ones(ctx.num_edges, np.float32), ctx.indices, ctx.indptr), shape=(n, n))
+    t0 = time.perf_counter()
+    rcm = np.asarray(reverse_cuthill_mckee(a, symmetric_mode=ctx.cfg.symmetrize), dtype=np.int64)
+    t_rcm = time.perf_counter() - t0
+    del a
+    rnd = np.random.default_rng(ctx.cfg.seed + 7).permutation(n)
+    recs, times = [], {}
+    for name, order in (("random", rnd), ("rcm", rcm)):
+        g = _relabel(ctx.indptr, ctx.indices, order)
+        x = x0[torch.from_numpy(order)].contiguous()
+        res = _measure(_run_step(lambda x: spmm(g, x, "sum"), x, None), ctx.cfg.repeat)
+        times[name] = res["seconds"]
+        extra = dict(order=name)
+        if name == "rcm":
+            extra.update(reorder_seconds=t_rcm, speedup_vs_random=times["random"] / res["seconds"])
+        recs.append(_record(ctx, "locality", f"{HPC}/{name}", False, res, **extra))
+        del g, x
+    return recs
+
+
+_COMPILE_SNIPPET = r"""
+import time
+t0 = time.perf_counter()
+import torch
+from hpc_graph.ops import CSR, spmm, sddmm, edge_softmax
+g = CSR([0, 2, 3, 3], [1, 2, 0])
+x = torch.randn(3, 4, requires_grad=True)
+w = torch.rand(3, requires_grad=True)
+for red in ("sum", "mean", "max"):
+    spmm(g, x, red, w).sum().backward()
+a = torch.randn(3, 2, 4, requires_grad=True)
+s = sddmm(g, a, a)
+edge_softmax(g, s).sum().backward()
+print(time.perf_counter() - t0)
+"""
+
+
+def _bench_compile(ctx: _Ctx) -> list[dict]:
+    """First-call time of every kernel (float32) in a fresh process: empty cache, then the filled cache."""
+    recs = []
+    repo = str(Path(__file__).resolve().parents[2])
+    with tempfile.TemporaryDirectory(prefix="hpc-graph-numba-cache-") as cache:
+        env = dict(os.environ, NUMBA_CACHE_DIR=cache,
+                   PYTHONPATH=os.pathsep.join([repo, os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep))
+        for impl in ("cold_cache", "warm_cache"):
+            t0 = time.perf_counter()
+            proc = subprocess.run([sys.executable, "-c", _COMPILE_SNIPPET], env=env, capture_output=True,
+                                  text=True, timeout=900)
+            wall = time.perf_counter() - t0
+            if proc.returncode != 0:
+                raise RuntimeError(f"compile benchmark failed: {proc.stderr.strip()[-500:]}")
+            inner = float(proc.stdout.strip().splitlines()[-1])
+            recs.append(_record(ctx, "compile", impl, None, {"seconds": inner, "peak_mb": None},
+                                process_seconds=wall))
+    return recs
+
+
+# ----------------------------------------------------------------------------- driver
+
+def _set_threads(threads: int | None) -> int:
+    import numba
+
+    t = numba.config.NUMBA_NUM_THREADS if threads is None else threads
+    numba.set_num_threads(t)
+    torch.set_num_threads(t)
+    return t
+
+
+def run_kernel_bench(cfg: KernelBenchConfig) -> list[dict]:
+    """Run the selected measurements; return one record (dict) per measurement.
+
+    Every record has the keys of :data:`RECORD_FIELDS` plus ``num_nodes``,
+    ``num_edges``, ``edge_factor``, ``seconds_min``, ``runs`` and op-specific
+    extras; ``seconds``/``peak_mb`` are ``None`` for skipped measurements.
+    """
+    from data_io.generators.rmat import generate_rmat
+
+    cfg.validate()
+    threads = _set_threads(cfg.threads)
+    t0 = time.perf_counter()
+    data = generate_rmat(cfg.scale, cfg.edge_factor, symmetrize=cfg.symmetrize, feat_dim=0, seed=cfg.seed)
+    log.info("R-MAT scale %d: %d nodes, %d edges (%.1f s)", cfg.scale, data.num_nodes, data.num_edges,
+             time.perf_counter() - t0)
+    ctx = _Ctx(cfg, threads, data.indptr.astype(np.int64), data.indices)
+    ctx.base = dict(scale=cfg.scale, feat=cfg.feat, heads=cfg.heads, threads=threads,
+                    num_nodes=ctx.num_nodes, num_edges=ctx.num_edges, edge_factor=cfg.edge_factor)
+    del data
+    x0 = torch.randn(ctx.num_nodes, cfg.feat, generator=torch.Generator().manual_seed(cfg.seed))
+    records: list[dict] = []
+    g = None
+    for op in OPS:  # fixed order: memcpy first, so SpMM gets its bandwidth bound
+        if op not in cfg.ops:
+            continue
+        if op in ("spmm", "sage") and g is None:
+            g = CSR(ctx.indptr, ctx.indices.astype(np.int64))
+        if op == "memcpy":
+            records += _bench_memcpy(ctx)
+        elif op == "spmm":
+            records += _bench_spmm(ctx, g, x0)
+        elif op == "sage":
+            records += _bench_sage(ctx, g, x0)
+        elif op == "gat":
+            records += _bench_gat(ctx, x0)
+        elif op == "locality":
+            records += _bench_locality(ctx, x0)
+        elif op == "compile":
+            records += _bench_compile(ctx)
+    return records
+
+
+def summarize(records: list[dict]) -> list[str]:
+    """Human-readable lines: hpc_graph vs every baseline per (op, requires_grad): speed-up and memory ratio."""
+    lines = []
+    ours = {(r["op"], r["requires_grad"]): r for r in records if r["impl"] == HPC and r["seconds"]}
+    for r in records:
+        key = (r["op"], r["requires_grad"])
+        if r["op"] == "memcpy" and r["seconds"]:
+            lines.append(f"memcpy {r['impl']}: {r['gb_per_s']:.1f} GB/s (read+write)")
+        elif r["op"] == "compile":
+            lines.append(f"compile {r['impl']}: {r['seconds']:.2f} s in a fresh process")
+        elif r["op"] == "locality" and "speedup_vs_random" in r:
+            lines.append(f"locality: SpMM after RCM {r['seconds']:.3f} s, {r['speedup_vs_random']:.2f}x "
+                         f"vs random order")
+        elif r["impl"] == HPC and r["seconds"]:
+            extra = f", {100 * r['bound_fraction']:.0f}% of the bandwidth bound" if "bound_fraction" in r else ""
+            lines.append(f"{r['op']} grad={r['requires_grad']}: {HPC} {r['seconds']:.3f} s, "
+                         f"peak +{r['peak_mb']:.0f} MB{extra}")
+        elif key in ours and r["impl"] != HPC:
+            if r["seconds"] is None:
+                lines.append(f"  vs {r['impl']}: skipped ({r.get('skipped', '')})")
+                continue
+            o = ours[key]
+            mem = (f", memory {o['peak_mb'] / r['peak_mb']:.2f}x" if r["peak_mb"] and r["peak_mb"] > 1 else "")
+            lines.append(f"  vs {r['impl']}: {r['seconds']:.3f} s -> {r['seconds'] / o['seconds']:.2f}x faster"
+                         f"{mem} (peak +{r['peak_mb']:.0f} MB)")
+    return lines
+
+
+def write_json(records: list[dict], path, force: bool = False) -> None:
+    """Write the records as JSON Lines (one record per line), atomically."""
+    from data_io.errors import atomic_output
+
+    with atomic_output(path, force) as tmp:
+        with open(tmp, "w", encoding="utf-8") as f:
+            for r in records:
+                f.write(json.dumps(r, sort_keys=True) + "\n")
+
+
+def write_plot(records: list[dict], path, force: bool = False) -> None:
+    """Bar plot (PNG): seconds and extra peak MB per (op, autograd setting), one bar per implementation."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from data_io.errors import atomic_output
+
+    rows = [r for r in records if r["op"] in ("spmm", "sage", "gat", "locality") and r["seconds"]]
+    def group(r):
+        kind = "fwd" if r["op"] in ("spmm", "locality") and not r["requires_grad"] else "fwd+bwd"
+        return f"{r['op']}\n{kind}" + ("\nx.requires_grad" if r["requires_grad"] else "")
+
+    groups = list(dict.fromkeys(group(r) for r in rows))
+    impls = list(dict.fromkeys(r["impl"] for r in rows))
+    fig, axes = plt.subplots(1, 2, figsize=(max(8, 1.6 * len(groups) + 4), 4.5))
+    width = 0.8 / max(1, len(impls))
+    for ax, key, label in ((axes[0], "seconds", "seconds (median)"), (axes[1], "peak_mb", "extra peak RSS (MB)")):
+        for k, impl in enumerate(impls):
+            xs, ys = [], []
+            for r in rows:
+                if r["impl"] == impl and r[key] is not None:
+                    xs.append(groups.index(group(r)) + (k - (len(impls) - 1) / 2) * width)
+                    ys.append(r[key])
+            ax.bar(xs, ys, width, label=impl)
+        ax.set_xticks(range(len(groups)))
+        ax.set_xticklabels(groups, fontsize=8)
+        ax.set_ylabel(label)
+    meta = rows[0] if rows else {}
+    fig.suptitle(f"kernels: R-MAT scale {meta.get('scale')}, {meta.get('num_edges')} edges, F={meta.get('feat')}, "
+                 f"{meta.get('threads')} threads", fontsize=10)
+    axes[1].legend(fontsize=8)
+    fig.tight_layout()
+    with atomic_output(path, force) as tmp:
+        fig.savefig(tmp, format="png", dpi=110)
+    plt.close(fig)

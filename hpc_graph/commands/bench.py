@@ -1,0 +1,95 @@
+"""``hpc-graph bench KIND``: benchmarks writing JSON Lines records and a PNG plot.
+
+    hpc-graph bench kernels --scale 20 --feat 128 --json results/kernels.jsonl --plot results/kernels.png
+    hpc-graph bench kernels --scale 18 --ops sage gat --threads 8
+
+Kinds are registered in :data:`KINDS` (name -> (add_arguments, run)); later
+benchmark kinds add an entry. Prints a summary (speed-ups, memory ratios);
+progress goes to the log. Set ``NUMBA_NUM_THREADS`` and ``OMP_NUM_THREADS``
+to the cores you want to use (``--threads`` applies the same count to torch
+and numba).
+"""
+from __future__ import annotations
+
+import argparse
+import time
+
+
+def _add_kernels(p: argparse.ArgumentParser) -> None:
+    from hpc_graph.bench.kernels import OPS
+
+    p.add_argument("--scale", type=int, default=20, help="R-MAT scale: 2**scale nodes (default: %(default)s)")
+    p.add_argument("--feat", type=int, default=128, help="feature width F (default: %(default)s)")
+    p.add_argument("--heads", type=int, default=4, help="GAT heads, must divide F (default: %(default)s)")
+    p.add_argument("--edge-factor", type=int, default=16, help="R-MAT edges per node (default: %(default)s)")
+    p.add_argument("--symmetrize", action=argparse.BooleanOptionalAction, default=False,
+                   help="add reverse edges (default: off, a directed graph)")
+    p.add_argument("--ops", nargs="+", default=list(OPS), metavar="OP",
+                   help=f"measurements to run, from: {' '.join(OPS)} (default: all)")
+    p.add_argument("--grad", choices=["both", "off", "on"], default="both",
+                   help="input features requiring grad: off (first layer), on (hidden layer), both (default)")
+    p.add_argument("--threads", type=int, default=None,
+                   help="torch and numba threads (default: NUMBA_NUM_THREADS)")
+    p.add_argument("--repeat", type=int, default=3, help="timed calls per measurement, median reported "
+                                                         "(default: %(default)s)")
+    p.add_argument("--memory-fraction", type=float, default=0.6,
+                   help="skip a baseline needing more than this share of available RAM (default: %(default)s)")
+    p.add_argument("--seed", type=int, default=0, help="graph and feature seed (default: %(default)s)")
+    p.add_argument("--json", metavar="OUT", help="write one JSON record per measurement (JSON Lines)")
+    p.add_argument("--plot", metavar="OUT.png", help="write a bar plot of times and peak memory")
+    p.add_argument("--force", action="store_true", help="overwrite existing --json/--plot outputs")
+
+
+def _run_kernels(args: argparse.Namespace) -> int:
+    from data_io.errors import DataError, check_output
+    from hpc_graph.bench.kernels import KernelBenchConfig, run_kernel_bench, summarize, write_json, write_plot
+
+    grad = {"both": (False, True), "off": (False,), "on": (True,)}[args.grad]
+    cfg = KernelBenchConfig(scale=args.scale, feat=args.feat, heads=args.heads, edge_factor=args.edge_factor,
+                            symmetrize=args.symmetrize, repeat=args.repeat, threads=args.threads,
+                            ops=tuple(args.ops), grad=grad, memory_fraction=args.memory_fraction, seed=args.seed)
+    try:
+        cfg.validate()
+    except ValueError as exc:
+        raise DataError(str(exc)) from None
+    for path in (args.json, args.plot):  # fail before hours of benchmarking, not after
+        if path:
+            check_output(path, args.force)
+    t0 = time.perf_counter()
+    records = run_kernel_bench(cfg)
+    if args.json:
+        write_json(records, args.json, args.force)
+    if args.plot:
+        write_plot(records, args.plot, args.force)
+    r0 = records[0] if records else {}
+    print(f"bench kernels: R-MAT scale {cfg.scale} ({r0.get('num_nodes')} nodes, {r0.get('num_edges')} edges), "
+          f"F={cfg.feat}, {r0.get('threads')} threads, {time.perf_counter() - t0:.0f} s")
+    for line in summarize(records):
+        print(line)
+    for path in (args.json, args.plot):
+        if path:
+            print(f"wrote {path}")
+    return 0
+
+
+#: benchmark kinds: name -> (add its arguments to a parser, run it)
+KINDS = {
+    "kernels": (_add_kernels, _run_kernels,
+                "SpMM / SAGE / GAT kernels vs torch.sparse and PyG on an R-MAT graph"),
+}
+
+
+def add_parser(subparsers) -> None:
+    parser = subparsers.add_parser("bench", help="run a benchmark (kernels)",
+                                   description="Run a benchmark; records go to JSON Lines, plots to PNG.")
+    kinds = parser.add_subparsers(dest="bench_kind", metavar="KIND")
+    kinds.required = True
+    for name, (add_args, _, help_text) in KINDS.items():
+        p = kinds.add_parser(name, help=help_text, description=help_text)
+        add_args(p)
+        p.set_defaults(func=run)
+    parser.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    return KINDS[args.bench_kind][1](args)
