@@ -42,47 +42,52 @@ def _find(folder: Path, stem: str, required: bool = True) -> Path | None:
     return None
 
 
-def _read_column(path: Path, chunk_bytes: int, what: str) -> np.ndarray:
-    """All values of a one-column file as float64 or int64 ``[rows]``."""
-    parts = []
+def _read_column(path: Path, chunk_bytes: int, what: str) -> tuple[np.ndarray, np.ndarray]:
+    """All values of a one-column file (float64 or int64 ``[rows]``) and their 1-based line numbers."""
+    parts, lines = [], []
     for block in iter_rows(path, csv=True, chunk_bytes=chunk_bytes):
         if block.values.shape[1] != 1:
             raise FormatError(path, f"line {block.line_of(0)}",
                               f"expected one {what} per line, got {block.values.shape[1]} columns")
         parts.append(block.values[:, 0])
+        lines.append(block.lines if block.lines is not None
+                     else block.first_line + np.arange(len(block.values), dtype=np.int64))
     if not parts:
-        return np.zeros(0, np.int64)
-    return np.concatenate(parts) if len({p.dtype for p in parts}) == 1 else \
-        np.concatenate([p.astype(np.float64) for p in parts])
+        return np.zeros(0, np.int64), np.zeros(0, np.int64)
+    if len({p.dtype for p in parts}) > 1:
+        parts = [p.astype(np.float64) for p in parts]
+    return np.concatenate(parts), np.concatenate(lines)
 
 
 def _read_labels(path: Path, chunk_bytes: int) -> np.ndarray:
     """Node labels int64 ``[N]``; NaN becomes -1 (unlabelled)."""
-    raw = _read_column(path, chunk_bytes, "label")
+    raw, lines = _read_column(path, chunk_bytes, "label")
     if raw.dtype == np.float64:
         nan = np.isnan(raw)
         bad = ~nan & ((raw != np.floor(raw)) | ~np.isfinite(raw))
         if bad.any():
-            raise FormatError(path, f"line {int(np.argmax(bad)) + 1}", f"label {raw[np.argmax(bad)]} is not an integer")
+            k = int(np.argmax(bad))
+            raise FormatError(path, f"line {lines[k]}", f"label {raw[k]} is not an integer")
         raw = np.where(nan, -1, raw).astype(np.int64)
-    raw = raw.astype(np.int64, copy=False)
     if raw.size and raw.min() < -1:
-        raise FormatError(path, f"line {int(np.argmin(raw)) + 1}", f"negative label {raw.min()}")
+        k = int(np.argmin(raw))
+        raise FormatError(path, f"line {lines[k]}", f"negative label {raw[k]}")
     return raw
 
 
 def _read_ids(path: Path, n: int, chunk_bytes: int) -> np.ndarray:
-    """Node ids of a split file, checked to lie in ``[0, n)``."""
-    ids = _read_column(path, chunk_bytes, "node id")
+    """Node ids of a split file, checked to be integers in ``[0, n)``."""
+    ids, lines = _read_column(path, chunk_bytes, "node id")
     if ids.dtype != np.int64:
-        bad = ids != np.floor(ids)
+        bad = (ids != np.floor(ids)) | ~np.isfinite(ids)
         if bad.any():
-            raise FormatError(path, f"line {int(np.argmax(bad)) + 1}", f"node id {ids[np.argmax(bad)]} is not an integer")
+            k = int(np.argmax(bad))
+            raise FormatError(path, f"line {lines[k]}", f"node id {ids[k]} is not an integer")
         ids = ids.astype(np.int64)
     bad = (ids < 0) | (ids >= n)
     if bad.any():
         k = int(np.argmax(bad))
-        raise FormatError(path, f"line {k + 1}", f"node id {ids[k]} out of range [0, {n})")
+        raise FormatError(path, f"line {lines[k]}", f"node id {ids[k]} out of range [0, {n})")
     return ids
 
 
@@ -132,7 +137,7 @@ def convert_ogb(src_dir: str | os.PathLike, out: str | os.PathLike, *, force: bo
     n = None
     nn_file = _find(raw, "num-node-list", required=False)
     if nn_file is not None:
-        counts = _read_column(nn_file, chunk_bytes, "node count")
+        counts, _ = _read_column(nn_file, chunk_bytes, "node count")
         if len(counts) != 1:
             raise FormatError(nn_file, None, f"{len(counts)} graphs: graph-property datasets are not supported")
         n = int(counts[0])

@@ -127,7 +127,16 @@ def test_bad_folders(tmp_path):
     _gz(root / "split" / "time" / "valid.csv.gz", ["0", "40"])
     msg = _expect_error(root, out, "out of range")
     assert msg.startswith(f"{root / 'split' / 'time' / 'valid.csv.gz'}: line 2:")
+    _gz(root / "split" / "time" / "valid.csv.gz", ["0", "", "1", "1.5"])  # blank line counted
+    msg = _expect_error(root, out, "not an integer")
+    assert ": line 4:" in msg
     _gz(root / "split" / "time" / "valid.csv.gz", ["0", "1"])
+    _gz(raw / "node-label.csv.gz", ["1"] * 20 + ["-4"] + ["1"] * 19)
+    msg = _expect_error(root, out, "negative label", chunk_bytes=8)
+    assert msg.startswith(f"{raw / 'node-label.csv.gz'}: line 21:")
+    _gz(raw / "node-label.csv.gz", ["1", "2.5"] + ["1"] * 38)
+    _expect_error(root, out, "line 2: label 2.5 is not an integer")
+    _gz(raw / "node-label.csv.gz", ["1"] * 40)
     # malformed edge line
     _gz(raw / "edge.csv.gz", ["0,1", "2,3", "4;5"])
     msg = _expect_error(root, out, "line 3", chunk_bytes=4)
