@@ -116,11 +116,13 @@ def _bad_indptr_drop(g):
 CASES = {
     # name: (mutation of a valid GraphData, field named, words in the message)
     "indptr_dtype": (lambda g: setattr(g, "indptr", g.indptr.astype(np.int32)), "/graph/indptr", "int64"),
-    "indices_dtype": (lambda g: setattr(g, "indices", g.indices.astype(np.float32)), "/graph/indices", "int32 or int64"),
+    "indices_dtype": (lambda g: setattr(g, "indices", g.indices.astype(np.float32)), "/graph/indices",
+                      "int32 or int64"),
     "feat_dtype": (lambda g: setattr(g, "feat", g.feat.astype(np.float64)), "/node/feat", "float32"),
     "label_dtype": (lambda g: setattr(g, "label", g.label.astype(np.int32)), "/node/label", "int64"),
     "mask_dtype": (lambda g: setattr(g, "val_mask", g.val_mask.astype(np.uint8)), "/node/val_mask", "bool"),
-    "weight_dtype": (lambda g: setattr(g, "edge_weight", g.edge_weight.astype(np.float64)), "/graph/edge_weight", "float32"),
+    "weight_dtype": (lambda g: setattr(g, "edge_weight", g.edge_weight.astype(np.float64)), "/graph/edge_weight",
+                     "float32"),
     "type_dtype": (lambda g: setattr(g, "edge_type", g.edge_type.astype(np.int32)), "/graph/edge_type", "int16"),
     "index_out_of_range": (lambda g: g.indices.__setitem__(7, g.num_nodes), "/graph/indices", "out of range"),
     "negative_index": (lambda g: g.indices.__setitem__(3, -2), "/graph/indices", "negative index -2"),
