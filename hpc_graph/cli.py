@@ -86,4 +86,8 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    # Re-enter through the package module so that `python -m hpc_graph.cli` and the
+    # console script share one CLIError class (commands import it from hpc_graph.cli).
+    from hpc_graph.cli import main as _main
+
+    sys.exit(_main())

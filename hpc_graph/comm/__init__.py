@@ -7,11 +7,21 @@
 Launcher detection that never imports MPI lives in :mod:`hpc_graph.comm.env`.
 Backends are imported lazily so ``import hpc_graph.comm`` never initialises MPI.
 """
-from hpc_graph.comm.abort import install_abort_handler
-from hpc_graph.comm.communicator import MAX_MESSAGE_BYTES, Communicator, Request, get_communicator
-from hpc_graph.comm.env import (describe_environment, detect_local_rank, detect_local_size,
-                                detect_rank_size, launcher_name, local_device)
+import importlib
 
-__all__ = ["Communicator", "Request", "get_communicator", "install_abort_handler", "MAX_MESSAGE_BYTES",
-           "detect_rank_size", "detect_local_rank", "detect_local_size", "launcher_name",
-           "describe_environment", "local_device"]
+# Lazy exports (PEP 562): importing hpc_graph.comm.env (the CLI does, for log
+# prefixes) must not pull in torch or MPI.
+_EXPORTS = {
+    "install_abort_handler": "abort",
+    "MAX_MESSAGE_BYTES": "communicator", "Communicator": "communicator", "Request": "communicator",
+    "get_communicator": "communicator",
+    "describe_environment": "env", "detect_local_rank": "env", "detect_local_size": "env",
+    "detect_rank_size": "env", "launcher_name": "env", "local_device": "env",
+}
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str):
+    if name in _EXPORTS:
+        return getattr(importlib.import_module(f"hpc_graph.comm.{_EXPORTS[name]}"), name)
+    raise AttributeError(f"module 'hpc_graph.comm' has no attribute {name!r}")
