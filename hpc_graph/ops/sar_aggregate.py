@@ -36,7 +36,7 @@ def _steps(p: int, n: int) -> list[tuple[int, int]]:
 
 
 def _start(comm: Any, sends: dict, specs: dict, prefetch: bool, device: torch.device):
-    """Start (prefetch) or run an exchange; returns a handle, a finished dict, or None if there is nothing to do."""
+    """Start (prefetch) or run an exchange: a Request, a finished dict, or None when there is nothing to do."""
     if not sends and not specs:
         return None
     if prefetch:
@@ -230,7 +230,8 @@ class SARGat(torch.autograd.Function):
         grad_z, grad_s_src, grad_s_dst = backward_block(state, g, delta, dg.blocks[dg.part_id], z, s_src,
                                                         s_dst, src_gid=dg.orig_id, **kw)
         if ctx.add_self_loops:
-            gz, gs, gd = backward_block(state, g, delta, dg.identity(), z, s_src, s_dst, src_gid=dg.orig_id, **kw)
+            gz, gs, gd = backward_block(state, g, delta, dg.identity(), z, s_src, s_dst,
+                                        src_gid=dg.orig_id, **kw)
             grad_z += gz
             grad_s_src += gs
             grad_s_dst += gd

@@ -119,6 +119,34 @@ def _record_calls(graph) -> list:
     return calls
 
 
+class _ExchangeProbe:
+    """Wrap ``comm.exchange_start`` to record, per call, the peers received from and the
+    number of exchanges in flight (started, not yet waited for)."""
+
+    def __init__(self, comm):
+        self.comm, self.recv_peers, self.in_flight, self.max_in_flight = comm, [], 0, 0
+        self._orig = comm.exchange_start
+
+        def exchange_start(sends, recv_specs, **kw):
+            self.recv_peers.append(len([q for q in recv_specs if q != comm.rank]))
+            req = self._orig(sends, recv_specs, **kw)
+            self.in_flight += 1
+            self.max_in_flight = max(self.max_in_flight, self.in_flight)
+            wait = req.wait
+
+            def waited():
+                if not req.done:
+                    self.in_flight -= 1
+                return wait()
+            req.wait = waited
+            return req
+
+        comm.exchange_start = exchange_start
+
+    def close(self) -> None:
+        del self.comm.exchange_start
+
+
 def _expected_bytes(engine_name: str, dg, calls: list) -> int:
     """Bytes one forward + backward sends, from the halo sizes and the logged calls."""
     send_rows = sum(dg.send_count(q) for q in range(dg.num_parts))
@@ -159,10 +187,21 @@ def _check_engine(tag: str, engine_name: str, options: dict, pdir: Path, ref: di
     train_count = float(eng.graph.all_reduce_sum(eng.masks["train"].sum().double()))
     calls = _record_calls(eng.graph)
     eng.reset_stats()
+    probe = _ExchangeProbe(comm)
     out = model(eng.graph, eng.feat)
     _close(f"{tag} forward", out.detach(), ref["out"][rows])
     loss = _loss(out, eng, train_count)
     loss.backward()
+    probe.close()
+    if engine_name == "sar":
+        # one remote block per exchange; at most the prefetched block and one returning gradient in flight
+        limit = 2 if options.get("prefetch") else 1
+        if max(probe.recv_peers, default=0) > 1 or probe.max_in_flight > limit:
+            raise AssertionError(f"{tag}: exchanges received from {max(probe.recv_peers)} peers at once, "
+                                 f"{probe.max_in_flight} in flight (limit {limit})")
+    elif n_peers := len(dg.recv_count):
+        if max(probe.recv_peers) != n_peers:
+            raise AssertionError(f"{tag}: dp halo exchange should receive from all {n_peers} peers at once")
     sent = eng.stats()["bytes_sent"]
     want = _expected_bytes(engine_name, dg, calls)
     if sent != want:
