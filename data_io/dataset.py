@@ -192,9 +192,9 @@ def _min_max(arr: Any) -> tuple[Any, Any]:
     lo = hi = None
     for s in range(0, n, step):
         c = np.asarray(arr[s:s + step])
-        clo, chi = c.min(), c.max()
-        lo = clo if lo is None else min(lo, clo)
-        hi = chi if hi is None else max(hi, chi)
+        clo, chi = c.min(), c.max()  # NaN-propagating, like np.minimum below
+        lo = clo if lo is None else np.minimum(lo, clo)
+        hi = chi if hi is None else np.maximum(hi, chi)
     return lo, hi
 
 
@@ -325,7 +325,7 @@ def write_dataset(path: str | os.PathLike, data: GraphData, *, force: bool = Fal
                        num_classes=data.num_classes, directed=data.directed, task=data.task,
                        force=force) as w:
         w.write_graph(data.indptr, data.indices, data.edge_weight, data.edge_type)
-        if data.feat is not None:
+        if data.feat is not None and data.feat_dim:
             step = max(1, _CHUNK_BYTES // max(1, 4 * data.feat_dim))
             for s in range(0, data.num_nodes, step):
                 w.write_feat(s, data.feat[s:s + step])

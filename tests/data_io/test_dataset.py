@@ -312,3 +312,26 @@ def test_writer_exception_leaves_nothing(tmp_path):
             w.write_graph(g.indptr, g.indices)
             raise KeyError("late")
     assert out.read_bytes() == before and _leftovers(tmp_path) == ["g.h5"]
+
+
+def test_nan_edge_weight_found_beyond_first_chunk(tmp_path, monkeypatch):
+    """A NaN in a later chunk must not be lost when chunk minima/maxima are combined."""
+    import data_io.dataset as dataset_mod
+
+    monkeypatch.setattr(dataset_mod, "_CHUNK_BYTES", 8)  # two float32 per chunk
+    g = _random_graph(3)
+    w = np.random.default_rng(0).random(g.num_edges).astype(np.float32)
+    w[-1] = np.nan
+    g.edge_weight = w
+    with pytest.raises(FormatError, match="edge_weight.*NaN"):
+        dataset_mod.write_dataset(tmp_path / "g.h5", g)
+    assert not (tmp_path / "g.h5").exists()
+
+
+def test_zero_width_features_write_no_feature_field(tmp_path):
+    g = _random_graph(4)
+    g.feat = np.zeros((g.num_nodes, 0), dtype=np.float32)
+    from data_io.dataset import write_dataset
+    write_dataset(tmp_path / "g.h5", g)
+    with open_dataset(tmp_path / "g.h5") as ds:
+        assert not ds.has("feat") and ds.feat_dim == 0
