@@ -82,6 +82,7 @@ class SAREngine(Engine):
             raise ValueError(f"engine options: unknown option(s) {unknown} for engine 'sar'")
         self.prefetch = _flag(self.options, "prefetch", False)
         dg, part = load_dist_graph(self.source, comm, self.device, dtype)
+        dg.release_local()  # SAR works on the per-partition blocks only
         data = partition_tensors(part, self.device, dtype, self.source)
         del part
         self.graph = _SARGraph(dg, comm, self.prefetch)

@@ -22,7 +22,6 @@ Built from a :class:`data_io.partition.Partition`:
 """
 from __future__ import annotations
 
-import json
 import logging
 import os
 from typing import Any
@@ -30,38 +29,10 @@ from typing import Any
 import numpy as np
 import torch
 
+from data_io.partition import PartitionBook, read_partition, read_partition_meta
 from hpc_graph.ops.csr import CSR
 
 log = logging.getLogger(__name__)
-
-
-class _RangeBook:
-    """Range partition book: owner and local id of new global ids (``node_ranges`` int64[P+1])."""
-
-    def __init__(self, node_ranges: np.ndarray):
-        self.node_ranges = np.asarray(node_ranges, dtype=np.int64)
-        self.num_parts = int(len(self.node_ranges) - 1)
-
-    def owner(self, gid) -> np.ndarray:
-        """int64[...]: partition owning each global id."""
-        return np.searchsorted(self.node_ranges, np.asarray(gid, dtype=np.int64), side="right") - 1
-
-    def to_local(self, gid) -> np.ndarray:
-        """int64[...]: id of each global id inside its owner's owned range."""
-        gid = np.asarray(gid, dtype=np.int64)
-        return gid - self.node_ranges[self.owner(gid)]
-
-
-def _partition_book(node_ranges: np.ndarray) -> Any:
-    """``data_io.partition.PartitionBook`` over ``node_ranges`` when available, else a local range book."""
-    try:
-        from data_io.partition import PartitionBook
-    except ImportError:
-        return _RangeBook(node_ranges)
-    try:
-        return PartitionBook(np.asarray(node_ranges, dtype=np.int64))
-    except TypeError:  # a different constructor signature: fall back to the plain range book
-        return _RangeBook(node_ranges)
 
 
 def transpose_csr(g: CSR) -> CSR:
@@ -88,7 +59,7 @@ class DistGraph:
             then (and when no ``orig_id`` is given) the relabelled ids stand in.
         gid: int64[n] tensor: global id of each owned node.
         in_degree: int64[n] tensor: in-degree of each owned node in the whole graph.
-        local: CSR [n x (n+h)].
+        local: CSR [n x (n+h)] (None after :meth:`release_local`).
         blocks: {q: CSR} for q == part_id and every q with halo rows here.
         send_lid: {q: int64[s_q] tensor} owned rows to send to q (non-empty only).
         recv_count: {q: int} halo rows owned by q (non-zero only).
@@ -114,7 +85,7 @@ class DistGraph:
         self.num_owned, self.num_halo = n, h
         self.first_gid = int(self.node_ranges[p])
         self.global_num_nodes = int(self.node_ranges[-1] if global_num_nodes is None else global_num_nodes)
-        self.book = _partition_book(self.node_ranges)
+        self.book = PartitionBook(self.node_ranges)
 
         indptr = np.asarray(indptr, dtype=np.int64)
         indices = np.asarray(indices, dtype=np.int64)
@@ -129,25 +100,9 @@ class DistGraph:
         self.halo_orig_id = self.halo_gid
         self.local_orig_id = self.local_gid if orig_id is None else torch.cat([self.orig_id, self.halo_gid])
 
-        # per-source-partition blocks: stable split of each row's edges by the owner of the column
-        counts = np.diff(self.halo_offsets)
-        owner = np.full(len(indices), p, dtype=np.int64)
-        is_halo = indices >= n
-        owner[is_halo] = np.searchsorted(self.halo_offsets, indices[is_halo] - n, side="right") - 1
-        dst = np.repeat(np.arange(n, dtype=np.int64), np.diff(indptr))
-        order = np.argsort(owner, kind="stable")  # stays destination-major within a block
-        bounds = np.searchsorted(owner[order], np.arange(self.num_parts + 1))
-        self.blocks: dict[int, CSR] = {}
-        for q in range(self.num_parts):
-            if q != p and counts[q] == 0:
-                continue
-            sel = order[bounds[q]:bounds[q + 1]]
-            cols = indices[sel] - (0 if q == p else n + self.halo_offsets[q])
-            bptr = np.zeros(n + 1, dtype=np.int64)
-            np.cumsum(np.bincount(dst[sel], minlength=n), out=bptr[1:])
-            bw = None if w is None else w[torch.from_numpy(sel)]
-            self.blocks[q] = CSR(bptr, cols, n if q == p else int(counts[q]), bw).to(self.device)
+        self._blocks: dict[int, CSR] | None = None  # built on first use (SAR), see ``blocks``
         self._blocks_t: dict[int, CSR] = {}
+        counts = np.diff(self.halo_offsets)
 
         send_offsets = np.asarray(send_offsets, dtype=np.int64)
         send_lid = np.asarray(send_lid, dtype=np.int64)
@@ -199,9 +154,49 @@ class DistGraph:
         self.local_orig_id = torch.cat([self.orig_id, self.halo_orig_id])
 
     # ------------------------------------------------------------------ queries
+    @property
+    def blocks(self) -> dict[int, CSR]:
+        """``{q: CSR}``: the SAR blocks G_{p,q}, built from ``local`` on first use and cached.
+
+        Each block has ``num_owned`` rows; block ``p`` has the owned columns, block
+        ``q != p`` the halo columns of ``q`` re-based to 0. Within a row the edges keep
+        their order in ``local``. Only partitions with halo rows here (and ``p``) appear.
+        """
+        if self._blocks is None:
+            self._blocks = self._split_blocks()
+        return self._blocks
+
+    def _split_blocks(self) -> dict[int, CSR]:
+        p, n = self.part_id, self.num_owned
+        indptr, indices = self.local.indptr.cpu().numpy(), self.local.indices.cpu().numpy()
+        w = self.local.edge_weight
+        counts = np.diff(self.halo_offsets)
+        owner = np.full(len(indices), p, dtype=np.int64)
+        is_halo = indices >= n
+        owner[is_halo] = np.searchsorted(self.halo_offsets, indices[is_halo] - n, side="right") - 1
+        dst = np.repeat(np.arange(n, dtype=np.int64), np.diff(indptr))
+        order = np.argsort(owner, kind="stable")  # stays destination-major within a block
+        bounds = np.searchsorted(owner[order], np.arange(self.num_parts + 1))
+        blocks: dict[int, CSR] = {}
+        for q in range(self.num_parts):
+            if q != p and counts[q] == 0:
+                continue
+            sel = order[bounds[q]:bounds[q + 1]]
+            cols = indices[sel] - (0 if q == p else n + self.halo_offsets[q])
+            bptr = np.zeros(n + 1, dtype=np.int64)
+            np.cumsum(np.bincount(dst[sel], minlength=n), out=bptr[1:])
+            bw = None if w is None else w[torch.from_numpy(sel).to(w.device)]
+            blocks[q] = CSR(bptr, cols, n if q == p else int(counts[q]), bw).to(self.device)
+        return blocks
+
     def halo_range(self, q: int) -> tuple[int, int]:
         """Rows ``[lo, hi)`` of the halo (0-based within the halo) owned by partition ``q``."""
         return int(self.halo_offsets[q]), int(self.halo_offsets[q + 1])
+
+    def release_local(self) -> None:
+        """Build ``blocks`` and drop ``local`` (SAR needs only the blocks; saves one copy of the structure)."""
+        _ = self.blocks
+        self.local = None
 
     def block_gid(self, q: int) -> torch.Tensor:
         """int64[num_src of block q]: global ids of the source columns of block G_{p,q}."""
@@ -254,7 +249,7 @@ class DistGraph:
 
     def __repr__(self) -> str:
         return (f"DistGraph(part {self.part_id}/{self.num_parts}, owned={self.num_owned}, "
-                f"halo={self.num_halo}, edges={self.local.num_edges}, peers={sorted(self.recv_count)})")
+                f"halo={self.num_halo}, edges={int(self.in_degree.sum())}, peers={sorted(self.recv_count)})")
 
 
 def check_ranks(num_parts: int, comm: Any, source: str | None = None) -> None:
@@ -271,18 +266,10 @@ def load_dist_graph(directory: str | os.PathLike, comm: Any, device: torch.devic
     Checks the rank count against ``partition.json`` before reading the part file.
     Returns ``(DistGraph, Partition)``; the Partition carries feat/label/masks as NumPy.
     """
-    from data_io import partition as _partition
-
     directory = str(directory)
-    reader = getattr(_partition, "read_partition_meta", None)
-    if reader is not None:
-        meta = reader(directory)
-        num_parts = meta["num_parts"] if isinstance(meta, dict) else meta.num_parts
-    else:
-        with open(os.path.join(directory, "partition.json"), encoding="utf-8") as f:
-            num_parts = json.load(f)["num_parts"]
+    num_parts = int(read_partition_meta(directory)["num_parts"])
     check_ranks(num_parts, comm, directory)
-    part = _partition.read_partition(directory, int(comm.rank))
+    part = read_partition(directory, int(comm.rank))
     dg = DistGraph.from_partition(part, comm, device, dtype, source=directory)
     dg.fetch_halo_orig_ids(comm)
     log.debug("rank %d: %r", comm.rank, dg)
