@@ -219,6 +219,8 @@ def partition_dataset(src_h5: str | os.PathLike, out_dir: str | os.PathLike, num
     t_start = time.perf_counter()
     with open_dataset(src) as ds:
         n, e = ds.num_nodes, ds.num_edges
+        if ds.task != "node":
+            raise DataError(f"{src}: task={ds.task!r}: only node-level datasets can be partitioned")
         if isinstance(num_parts, bool) or not isinstance(num_parts, (int, np.integer)) \
                 or not 1 <= num_parts <= n:
             raise DataError(f"{src}: num_parts must be in [1, {n}] (number of nodes), got {num_parts!r}")

@@ -173,3 +173,12 @@ def test_failure_leaves_no_partial_output(tmp_path, monkeypatch):
 def test_missing_source(tmp_path):
     with pytest.raises(DataError, match="no such file"):
         partition_dataset(tmp_path / "nope.h5", tmp_path / "p", 2)
+
+
+def test_graph_level_dataset_refused(tmp_path):
+    g = random_graph(30, 60, seed=1)
+    g.task = "graph"
+    src = write(tmp_path, g)
+    with pytest.raises(DataError, match="task='graph'"):
+        partition_dataset(src, tmp_path / "p", 2)
+    assert not (tmp_path / "p").exists()
