@@ -15,8 +15,15 @@ def add_parser(subparsers) -> None:
         "info", help="summarise a dataset file or a partition directory",
         description="Counts, degree statistics, classes, splits and fields of a dataset file, or the "
                     "per-part table of a partition directory.")
-    p.add_argument("path", metavar="PATH", help="dataset file (.h5) or partition directory")
+    p.add_argument("path", metavar="PATH", nargs="?", help="dataset file (.h5) or partition directory")
     p.add_argument("--json", action="store_true", help="print JSON")
+    p.add_argument("--env", action="store_true",
+                   help="instead of PATH: print what every rank detected (launcher, rank, size, local "
+                        "rank, threads, CUDA devices); run it under your launcher, e.g. "
+                        "srun hpc-graph info --env")
+    p.add_argument("--backend", default="mpi", choices=["mpi", "torch"],
+                   help="with --env: communicator to gather with (torch also shows the derived "
+                        "MASTER_ADDR/MASTER_PORT/RANK/WORLD_SIZE/LOCAL_RANK)")
     p.set_defaults(func=run_info)
 
     c = subparsers.add_parser(
@@ -63,9 +70,46 @@ def format_info(info: dict) -> str:
     return "\n".join(lines)
 
 
+def run_env(args: argparse.Namespace) -> int:
+    """Gather :func:`describe_environment` from every rank; rank 0 prints a table (or JSON)."""
+    import os
+
+    from hpc_graph.comm import describe_environment, get_communicator, install_abort_handler
+
+    comm = get_communicator(args.backend)
+    install_abort_handler(comm)
+    mine = describe_environment()
+    mine["backend"] = comm.backend
+    mine["torch_distributed_env"] = {k: os.environ.get(k) for k in
+                                     ("MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE", "LOCAL_RANK")}
+    everyone = comm.allgather_object(mine)
+    if comm.rank != 0:
+        return 0
+    if args.json:
+        print(json.dumps(everyone, indent=1))
+        return 0
+    first = everyone[0]
+    print(f"launcher {first['launcher']}, {first['size']} rank(s), backend {first['backend']}, "
+          f"python {first['python']}, " + ", ".join(f"{k} {v}" for k, v in first["packages"].items()))
+    print(f"{'rank':>4} {'local':>5} {'host':<20} {'pid':>8} {'cpus':>5} {'omp':>4} {'numba':>5} "
+          f"{'torch':>5} {'cuda':>5}  torch.distributed")
+    for e in everyone:
+        t, c, d = e["threads"], e["cuda"], e["torch_distributed_env"]
+        tdist = " ".join(f"{k}={v}" for k, v in d.items() if v is not None) or "-"
+        print(f"{e['rank']:>4} {e['local_rank']:>5} {e['hostname'][:20]:<20} {e['pid']:>8} "
+              f"{t['cpu_affinity']!s:>5} {t['OMP_NUM_THREADS'] or '-':>4} {t['NUMBA_NUM_THREADS'] or '-':>5} "
+              f"{t['torch_num_threads']!s:>5} {c['device_count']!s:>5}  {tdist}")
+    return 0
+
+
 def run_info(args: argparse.Namespace) -> int:
     from data_io.inspect import info
 
+    if args.env:
+        return run_env(args)
+    if args.path is None:
+        from hpc_graph.cli import CLIError
+        raise CLIError("PATH: give a dataset file or partition directory (or --env)")
     res = info(args.path)
     print(json.dumps(res, indent=1) if args.json else format_info(res))
     return 0
