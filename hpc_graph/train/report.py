@@ -445,10 +445,10 @@ def _curves(axes, run: Run, label: str | None, color=None, splits=("train", "val
 
 
 def _label_curves(axes, title: str) -> None:
-    for row, xlabel in ((0, "epoch"), (1, "training time (s, slowest rank, step + eval)")):
-        axes[row, 0].set(xlabel=xlabel, ylabel="training loss (cross-entropy)", title=f"loss vs {xlabel.split(' (')[0]}")
-        axes[row, 1].set(xlabel=xlabel, ylabel="accuracy (fraction)",
-                         title=f"accuracy vs {xlabel.split(' (')[0]}")
+    for row, what, xlabel in ((0, "epoch", "epoch"),
+                              (1, "training time", "training time (s, slowest rank, step + eval)")):
+        axes[row, 0].set(xlabel=xlabel, ylabel="training loss (cross-entropy)", title=f"loss vs {what}")
+        axes[row, 1].set(xlabel=xlabel, ylabel="accuracy (fraction)", title=f"accuracy vs {what}")
         for ax in axes[row]:
             ax.grid(True, alpha=0.3)
             if ax.get_legend_handles_labels()[0]:
