@@ -29,10 +29,18 @@ from typing import Any
 import numpy as np
 import torch
 
+from data_io.errors import DataError
 from data_io.partition import PartitionBook, read_partition, read_partition_meta
 from hpc_graph.ops.csr import CSR
 
 log = logging.getLogger(__name__)
+
+
+class RankMismatchError(DataError, ValueError):
+    """The job's rank count (or rank) does not fit the partition directory.
+
+    A :class:`data_io.errors.DataError` (the CLI prints it as one line) and a ``ValueError``.
+    """
 
 
 def transpose_csr(g: CSR) -> CSR:
@@ -125,7 +133,7 @@ class DistGraph:
         Args:
             part: the partition of this rank.
             comm: communicator; when given, its ``size`` must equal ``part.num_parts``
-                and its ``rank`` must equal ``part.part_id`` (``ValueError`` otherwise).
+                and its ``rank`` must equal ``part.part_id`` (:class:`RankMismatchError` otherwise).
             device: where tensors and CSR structures live.
             dtype: floating dtype for edge weights.
             source: partition directory, named in errors.
@@ -133,7 +141,8 @@ class DistGraph:
         if comm is not None:
             check_ranks(part.num_parts, comm, source)
             if int(comm.rank) != int(part.part_id):
-                raise ValueError(f"{source or 'partition'}: rank {comm.rank} was given part {part.part_id}")
+                raise RankMismatchError(f"{source or 'partition'}: rank {comm.rank} was given part "
+                                        f"{part.part_id}")
         return cls(part_id=part.part_id, num_parts=part.num_parts, node_ranges=part.node_ranges,
                    halo_gid=part.halo_gid, halo_offsets=part.halo_offsets, indptr=part.indptr,
                    indices=part.indices, send_offsets=part.send_offsets, send_lid=part.send_lid,
@@ -253,9 +262,9 @@ class DistGraph:
 
 
 def check_ranks(num_parts: int, comm: Any, source: str | None = None) -> None:
-    """``ValueError`` unless the job has exactly ``num_parts`` ranks (names the partition directory)."""
+    """:class:`RankMismatchError` unless the job has exactly ``num_parts`` ranks (names the directory)."""
     if int(comm.size) != int(num_parts):
-        raise ValueError(f"{source or 'partition'}: partitioned into {int(num_parts)} parts but the job "
+        raise RankMismatchError(f"{source or 'partition'}: partitioned into {int(num_parts)} parts but the job "
                          f"runs {int(comm.size)} ranks; launch with {int(num_parts)} ranks or re-partition")
 
 

@@ -132,6 +132,9 @@ def test_rank_count_mismatch_names_dir_and_numbers():
         DistGraph.from_partition(parts[0], _Comm(0, 3), source="/data/parts")
     with pytest.raises(ValueError, match="2 parts"):
         check_ranks(2, _Comm(0, 1))
+    from data_io.errors import DataError  # the CLI prints DataError as one line
+    with pytest.raises(DataError):
+        check_ranks(2, _Comm(0, 3))
 
 
 def test_transpose_keeps_weights():
