@@ -16,6 +16,7 @@ import numpy as np
 from numba import njit, prange
 
 from numba_kernels.cpu._partition import default_chunks
+from numba_kernels.cpu._prefetch import PREFETCH_DISTANCE, prefetch_row, row_lines
 
 _LANES = 8  # independent partial sums per dot product (SIMD-friendly without fastmath)
 
@@ -30,10 +31,16 @@ def _sddmm(bounds, indptr, indices, a, b, out):
     H = a.shape[1]
     D = a.shape[2]
     main = D - D % _LANES
+    E = indices.shape[0]
+    base = b.ctypes.data
+    rb = b.strides[0]
+    lines = row_lines(rb)
     for c in prange(bounds.shape[0] - 1):
         part = np.empty(_LANES, dtype=out.dtype)
         for i in range(bounds[c], bounds[c + 1]):
             for k in range(indptr[i], indptr[i + 1]):
+                if k + PREFETCH_DISTANCE < E:
+                    prefetch_row(base, rb, lines, indices[k + PREFETCH_DISTANCE])
                 j = indices[k]
                 for h in range(H):
                     part[:] = 0

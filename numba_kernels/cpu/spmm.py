@@ -28,6 +28,7 @@ import numpy as np
 from numba import njit, prange
 
 from numba_kernels.cpu._partition import default_chunks
+from numba_kernels.cpu._prefetch import PREFETCH_DISTANCE, prefetch_row, row_lines
 
 _JIT = dict(parallel=True, fastmath=False, cache=True, nogil=True)
 
@@ -82,6 +83,10 @@ def _spmm_sum(bounds, indptr, indices, eids, weight, col_scale, x, out, mean):
     has_w = weight.shape[0] > 0
     has_s = col_scale.shape[0] > 0
     w_heads = weight.shape[1] > 1
+    E = indices.shape[0]
+    base = x.ctypes.data
+    rb = x.strides[0]
+    lines = row_lines(rb)
     for c in prange(bounds.shape[0] - 1):
         acc = np.empty((H, D), dtype=out.dtype)
         one = np.ones(1, dtype=out.dtype)[0]
@@ -91,12 +96,16 @@ def _spmm_sum(bounds, indptr, indices, eids, weight, col_scale, x, out, mean):
             end = indptr[i + 1]
             if not has_w and not has_s:
                 for k in range(start, end):
+                    if k + PREFETCH_DISTANCE < E:
+                        prefetch_row(base, rb, lines, indices[k + PREFETCH_DISTANCE])
                     j = indices[k]
                     for h in range(H):
                         for d in range(D):
                             acc[h, d] += x[j, h, d]
             else:
                 for k in range(start, end):
+                    if k + PREFETCH_DISTANCE < E:
+                        prefetch_row(base, rb, lines, indices[k + PREFETCH_DISTANCE])
                     j = indices[k]
                     e = eids[k] if has_e else k
                     s = col_scale[j] if has_s else one
@@ -140,6 +149,10 @@ def _spmm_max(bounds, indptr, indices, eids, weight, x, out, argmax):
     has_e = eids.shape[0] > 0
     has_w = weight.shape[0] > 0
     w_heads = weight.shape[1] > 1
+    E = indices.shape[0]
+    base = x.ctypes.data
+    rb = x.strides[0]
+    lines = row_lines(rb)
     for c in prange(bounds.shape[0] - 1):
         # two (value, position) buffers used alternately (ping-pong), positions relative to the row start
         b0 = np.empty((H, D), dtype=out.dtype)
@@ -165,6 +178,9 @@ def _spmm_max(bounds, indptr, indices, eids, weight, x, out, argmax):
                     a0[h, d] = 0
             k = start + 1
             while k + 1 < end:
+                if k + 1 + PREFETCH_DISTANCE < E:
+                    prefetch_row(base, rb, lines, indices[k + PREFETCH_DISTANCE])
+                    prefetch_row(base, rb, lines, indices[k + 1 + PREFETCH_DISTANCE])
                 _max_step(x, indices[k], weight, eids[k] if has_e else k, w_heads, has_w, one,
                           np.int32(k - start), b0, a0, b1, a1)
                 _max_step(x, indices[k + 1], weight, eids[k + 1] if has_e else k + 1, w_heads, has_w,
@@ -190,6 +206,13 @@ def _spmm_max_backward(bounds, indptr_t, indices_t, perm, weight, argmax, grad_o
     D = grad_x.shape[2]
     has_w = weight.shape[0] > 0
     w_heads = weight.shape[1] > 1
+    E = indices_t.shape[0]
+    g_base = grad_out.ctypes.data
+    g_rb = grad_out.strides[0]
+    g_lines = row_lines(g_rb)
+    a_base = argmax.ctypes.data
+    a_rb = argmax.strides[0]
+    a_lines = row_lines(a_rb)
     for c in prange(bounds.shape[0] - 1):
         acc = np.empty((H, D), dtype=grad_x.dtype)
         one = np.ones(1, dtype=grad_x.dtype)[0]
@@ -197,6 +220,9 @@ def _spmm_max_backward(bounds, indptr_t, indices_t, perm, weight, argmax, grad_o
         for j in range(bounds[c], bounds[c + 1]):
             acc[:, :] = 0
             for k in range(indptr_t[j], indptr_t[j + 1]):
+                if k + PREFETCH_DISTANCE < E:
+                    prefetch_row(g_base, g_rb, g_lines, indices_t[k + PREFETCH_DISTANCE])
+                    prefetch_row(a_base, a_rb, a_lines, indices_t[k + PREFETCH_DISTANCE])
                 i = indices_t[k]
                 e = perm[k]
                 for h in range(H):

@@ -7,7 +7,7 @@ import pytest
 
 from numba_kernels import get_kernel
 from numba_kernels.cpu import spmm as K
-from numba_kernels.cpu._partition import row_chunks
+from numba_kernels.cpu._partition import max_threads, row_chunks
 from numba_kernels.cpu._transpose import csr_transpose
 
 DTYPES = [np.float32, np.float64]
@@ -182,3 +182,17 @@ def test_get_kernel_dispatches_to_cpu_twin():
     assert get_kernel("spmm.spmm_sum", "cpu") is K.spmm_sum
     with pytest.raises(ValueError):
         get_kernel("spmm.no_such_kernel", "cpu")
+
+
+def test_thread_limit_follows_numba_then_omp_env(monkeypatch):
+    cores = numba.config.NUMBA_NUM_THREADS
+    monkeypatch.delenv("NUMBA_NUM_THREADS", raising=False)
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    assert max_threads() == 1
+    monkeypatch.setenv("OMP_NUM_THREADS", str(cores + 5))
+    assert max_threads() == cores
+    monkeypatch.setenv("OMP_NUM_THREADS", "junk")
+    assert max_threads() == cores
+    monkeypatch.setenv("NUMBA_NUM_THREADS", str(cores))
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    assert max_threads() == cores
