@@ -33,12 +33,16 @@ __all__ = ["init_state", "accumulate", "finalize", "output_delta", "backward_dst
 
 
 @njit(parallel=True, cache=True, fastmath=FASTMATH)
-def _accumulate(bounds, indptr, indices, q, k, v, bias, scale, m, l, acc):
+def _accumulate(bounds, indptr, indices, q, k, v, bias, scale64, m, l, acc):
     H = q.shape[1]
     Dk = q.shape[2]
     Dv = v.shape[2]
     has_bias = bias.shape[0] > 0
     for c in prange(bounds.shape[0] - 1):
+        consts = np.zeros(2, dtype=q.dtype)  # scalars in the array dtype: float32 math stays float32
+        consts[0] = scale64
+        scale = consts[0]
+        zero = consts[1]
         maxdeg = 0
         for i in range(bounds[c], bounds[c + 1]):
             maxdeg = max(maxdeg, indptr[i + 1] - indptr[i])
@@ -54,7 +58,7 @@ def _accumulate(bounds, indptr, indices, q, k, v, bias, scale, m, l, acc):
             for e in range(lo, hi):
                 j = indices[e]
                 for h in range(H):
-                    s = 0.0
+                    s = zero
                     for d in range(Dk):
                         s += q[i, h, d] * k[j, h, d]
                     s *= scale
@@ -97,24 +101,28 @@ def accumulate(indptr, indices, q, k, v, bias, scale: float, m, l, acc) -> None:
 
 
 @njit(parallel=True, cache=True, fastmath=FASTMATH)
-def _backward_dst(bounds, indptr, indices, q, k, v, bias, scale, m, l, grad_out, delta, grad_q, grad_bias):
+def _backward_dst(bounds, indptr, indices, q, k, v, bias, scale64, m, l, grad_out, delta, grad_q, grad_bias):
     H = q.shape[1]
     Dk = q.shape[2]
     Dv = v.shape[2]
     has_bias = bias.shape[0] > 0
     for c in prange(bounds.shape[0] - 1):
+        consts = np.zeros(2, dtype=q.dtype)  # scalars in the array dtype: float32 math stays float32
+        consts[0] = scale64
+        scale = consts[0]
+        zero = consts[1]
         for i in range(bounds[c], bounds[c + 1]):
             for e in range(indptr[i], indptr[i + 1]):
                 j = indices[e]
                 for h in range(H):
-                    s = 0.0
+                    s = zero
                     for d in range(Dk):
                         s += q[i, h, d] * k[j, h, d]
                     s *= scale
                     if has_bias:
                         s += bias[e, h]
                     prob = np.exp(s - m[i, h]) / l[i, h]
-                    dot = 0.0
+                    dot = zero
                     for d in range(Dv):
                         dot += grad_out[i, h, d] * v[j, h, d]
                     gs = prob * (dot - delta[i, h])
@@ -141,25 +149,29 @@ def backward_dst(indptr, indices, q, k, v, bias, scale: float, m, l, grad_out, d
 
 
 @njit(parallel=True, cache=True, fastmath=FASTMATH)
-def _backward_src(bounds, indptr_t, indices_t, perm, q, k, v, bias, scale, m, l, grad_out, delta,
+def _backward_src(bounds, indptr_t, indices_t, perm, q, k, v, bias, scale64, m, l, grad_out, delta,
                   grad_k, grad_v):
     H = q.shape[1]
     Dk = q.shape[2]
     Dv = v.shape[2]
     has_bias = bias.shape[0] > 0
     for c in prange(bounds.shape[0] - 1):
+        consts = np.zeros(2, dtype=q.dtype)  # scalars in the array dtype: float32 math stays float32
+        consts[0] = scale64
+        scale = consts[0]
+        zero = consts[1]
         for j in range(bounds[c], bounds[c + 1]):
             for t in range(indptr_t[j], indptr_t[j + 1]):
                 i = indices_t[t]
                 for h in range(H):
-                    s = 0.0
+                    s = zero
                     for d in range(Dk):
                         s += q[i, h, d] * k[j, h, d]
                     s *= scale
                     if has_bias:
                         s += bias[perm[t], h]
                     prob = np.exp(s - m[i, h]) / l[i, h]
-                    dot = 0.0
+                    dot = zero
                     for d in range(Dv):
                         g = grad_out[i, h, d]
                         dot += g * v[j, h, d]

@@ -37,21 +37,30 @@ from __future__ import annotations
 import numpy as np
 from numba import njit, prange
 
-from numba_kernels.cpu._attention_common import (FASTMATH, _keep, _mix, finalize, init_state, output_delta,
+from numba_kernels.cpu._attention_common import (FASTMATH, _keep, _mix, _small, finalize, init_state, output_delta,
                                                  run_parallel)
 
 __all__ = ["init_state", "accumulate", "finalize", "output_delta", "backward_dst", "backward_src"]
 
 
 @njit(parallel=True, cache=True, fastmath=FASTMATH)
-def _accumulate(bounds, indptr, indices, z, s_src, s_dst, src_gid, dst_gid, slope, p, seed, m, l, acc):
+def _accumulate(bounds, indptr, indices, z, s_src, s_dst, src_gid, dst_gid, slope64, p, seed, m, l, acc):
     H = z.shape[1]
     D = z.shape[2]
     use_drop = p > 0.0
-    inv_keep = 1.0 / (1.0 - p) if use_drop else 1.0
     seed_hash = _mix(np.uint64(0), seed)
     for c in prange(bounds.shape[0] - 1):
-        mnew = np.empty(H, dtype=m.dtype)
+        # per-chunk scratch in the array dtype: float32 math stays float32 (vectorises)
+        consts = np.ones(3, dtype=z.dtype)
+        consts[0] = slope64
+        consts[1] = 1.0 / (1.0 - p)
+        slope = consts[0]
+        inv_keep = consts[1]
+        one = consts[2]
+        mnew = np.empty(H, dtype=z.dtype)
+        sdi = np.empty(H, dtype=z.dtype)
+        rl = np.empty(H, dtype=z.dtype)
+        racc = np.empty((H, D), dtype=z.dtype)
         for i in range(bounds[c], bounds[c + 1]):
             lo = indptr[i]
             hi = indptr[i + 1]
@@ -60,39 +69,43 @@ def _accumulate(bounds, indptr, indices, z, s_src, s_dst, src_gid, dst_gid, slop
             # pass 1: block max of the scores
             for h in range(H):
                 mnew[h] = m[i, h]
+                sdi[h] = s_dst[i, h]
             for e in range(lo, hi):
                 j = indices[e]
                 for h in range(H):
-                    a = s_dst[i, h] + s_src[j, h]
+                    a = sdi[h] + s_src[j, h]
                     if a < 0:
                         a = a * slope
                     if a > mnew[h]:
                         mnew[h] = a
-            # rescale what earlier blocks accumulated
+            # rescale what earlier blocks accumulated (exp(-inf) = 0 on the first block)
             for h in range(H):
-                if mnew[h] > m[i, h]:
-                    sc = np.exp(m[i, h] - mnew[h])
-                    l[i, h] *= sc
-                    for d in range(D):
-                        acc[i, h, d] *= sc
-                    m[i, h] = mnew[h]
-            # pass 2: accumulate
+                r = np.exp(m[i, h] - mnew[h]) if mnew[h] > m[i, h] else one
+                rl[h] = l[i, h] * r
+                for d in range(D):
+                    racc[h, d] = acc[i, h, d] * r
+            # pass 2: accumulate into the row's registers
             dst_hash = _mix(seed_hash, dst_gid[i]) if use_drop else np.uint64(0)
             for e in range(lo, hi):
                 j = indices[e]
                 edge_hash = _mix(dst_hash, src_gid[j]) if use_drop else np.uint64(0)
                 for h in range(H):
-                    a = s_dst[i, h] + s_src[j, h]
+                    a = sdi[h] + s_src[j, h]
                     if a < 0:
                         a = a * slope
-                    w = np.exp(a - m[i, h])
-                    l[i, h] += w
+                    w = np.exp(a - mnew[h])
+                    rl[h] += w
                     if use_drop:
                         if not _keep(edge_hash, h, p):
                             continue
                         w = w * inv_keep
                     for d in range(D):
-                        acc[i, h, d] += w * z[j, h, d]
+                        racc[h, d] += w * z[j, h, d]
+            for h in range(H):
+                m[i, h] = mnew[h]
+                l[i, h] = rl[h]
+                for d in range(D):
+                    acc[i, h, d] = racc[h, d]
 
 
 def accumulate(indptr, indices, z, s_src, s_dst, src_gid, dst_gid, negative_slope: float,
@@ -116,19 +129,27 @@ def accumulate(indptr, indices, z, s_src, s_dst, src_gid, dst_gid, negative_slop
 
 
 @njit(parallel=True, cache=True, fastmath=FASTMATH)
-def _backward_dst(bounds, indptr, indices, z, s_src, s_dst, src_gid, dst_gid, slope, p, seed,
+def _backward_dst(bounds, indptr, indices, z, s_src, s_dst, src_gid, dst_gid, slope64, p, seed,
                   m, l, grad_out, delta, grad_s_dst):
     H = z.shape[1]
     D = z.shape[2]
     use_drop = p > 0.0
-    inv_keep = 1.0 / (1.0 - p) if use_drop else 1.0
     seed_hash = _mix(np.uint64(0), seed)
     for c in prange(bounds.shape[0] - 1):
+        consts = np.zeros(3, dtype=z.dtype)
+        consts[0] = slope64
+        consts[1] = 1.0 / (1.0 - p)
+        slope = consts[0]
+        inv_keep = consts[1]
+        zero = consts[2]
+        gsum = np.empty(H, dtype=z.dtype)
         for i in range(bounds[c], bounds[c + 1]):
             lo = indptr[i]
             hi = indptr[i + 1]
             if lo == hi:
                 continue
+            for h in range(H):
+                gsum[h] = zero
             dst_hash = _mix(seed_hash, dst_gid[i]) if use_drop else np.uint64(0)
             for e in range(lo, hi):
                 j = indices[e]
@@ -139,15 +160,17 @@ def _backward_dst(bounds, indptr, indices, z, s_src, s_dst, src_gid, dst_gid, sl
                     prob = np.exp(a - m[i, h]) / l[i, h]
                     kept = inv_keep
                     if use_drop and not _keep(edge_hash, h, p):
-                        kept = 0.0
-                    dot = 0.0
-                    if kept != 0.0:
+                        kept = zero
+                    dot = zero
+                    if kept != 0:
                         for d in range(D):
                             dot += grad_out[i, h, d] * z[j, h, d]
                     ge = prob * (kept * dot - delta[i, h])
                     if pre < 0:
                         ge = ge * slope
-                    grad_s_dst[i, h] += ge
+                    gsum[h] += ge
+            for h in range(H):
+                grad_s_dst[i, h] += gsum[h]
 
 
 def backward_dst(indptr, indices, z, s_src, s_dst, src_gid, dst_gid, negative_slope: float,
@@ -166,42 +189,67 @@ def backward_dst(indptr, indices, z, s_src, s_dst, src_gid, dst_gid, negative_sl
                  float(negative_slope), float(attn_dropout), int(seed), m, l, grad_out, delta, grad_s_dst)
 
 
+@njit(parallel=True, cache=True)
+def _pack_dst(s_dst, m, l, delta, aux):
+    """aux[i, h, :] = (s_dst, m, 1/l, delta): one cache line per destination in the column pass."""
+    for i in prange(s_dst.shape[0]):
+        for h in range(s_dst.shape[1]):
+            aux[i, h, 0] = s_dst[i, h]
+            aux[i, h, 1] = m[i, h]
+            aux[i, h, 2] = 1.0 / l[i, h] if l[i, h] > 0 else 0.0
+            aux[i, h, 3] = delta[i, h]
+
+
 @njit(parallel=True, cache=True, fastmath=FASTMATH)
-def _backward_src(bounds, indptr_t, indices_t, z, s_src, s_dst, src_gid, dst_gid, slope, p, seed,
-                  m, l, grad_out, delta, grad_z, grad_s_src):
+def _backward_src(bounds, indptr_t, indices_t, z, s_src, aux, src_gid, dst_gid, slope64, p, seed,
+                  grad_out, grad_z, grad_s_src):
     H = z.shape[1]
     D = z.shape[2]
     use_drop = p > 0.0
-    inv_keep = 1.0 / (1.0 - p) if use_drop else 1.0
     seed_hash = _mix(np.uint64(0), seed)
     for c in prange(bounds.shape[0] - 1):
+        consts = np.zeros(3, dtype=z.dtype)
+        consts[0] = slope64
+        consts[1] = 1.0 / (1.0 - p)
+        slope = consts[0]
+        inv_keep = consts[1]
+        zero = consts[2]
+        gs = np.empty(H, dtype=z.dtype)
+        gz = np.empty((H, D), dtype=z.dtype)
         for j in range(bounds[c], bounds[c + 1]):
             lo = indptr_t[j]
             hi = indptr_t[j + 1]
+            if lo == hi:
+                continue
+            for h in range(H):
+                gs[h] = zero
+                for d in range(D):
+                    gz[h, d] = zero
             for t in range(lo, hi):
                 i = indices_t[t]
                 edge_hash = np.uint64(0)
                 if use_drop:
                     edge_hash = _mix(_mix(seed_hash, dst_gid[i]), src_gid[j])
                 for h in range(H):
-                    pre = s_dst[i, h] + s_src[j, h]
+                    pre = aux[i, h, 0] + s_src[j, h]
                     a = pre if pre >= 0 else pre * slope
-                    prob = np.exp(a - m[i, h]) / l[i, h]
-                    kept = inv_keep
-                    if use_drop and not _keep(edge_hash, h, p):
-                        kept = 0.0
-                    ge = -prob * delta[i, h]
-                    if kept != 0.0:
-                        w = prob * kept
-                        dot = 0.0
+                    prob = np.exp(a - aux[i, h, 1]) * aux[i, h, 2]
+                    ge = -prob * aux[i, h, 3]
+                    if not (use_drop and not _keep(edge_hash, h, p)):
+                        w = prob * inv_keep
+                        dot = zero
                         for d in range(D):
                             g = grad_out[i, h, d]
                             dot += g * z[j, h, d]
-                            grad_z[j, h, d] += w * g
+                            gz[h, d] += w * g
                         ge += w * dot
                     if pre < 0:
                         ge = ge * slope
-                    grad_s_src[j, h] += ge
+                    gs[h] += ge
+            for h in range(H):
+                grad_s_src[j, h] += gs[h]
+                for d in range(D):
+                    grad_z[j, h, d] += gz[h, d]
 
 
 def backward_src(indptr_t, indices_t, z, s_src, s_dst, src_gid, dst_gid, negative_slope: float,
@@ -217,5 +265,7 @@ def backward_src(indptr_t, indices_t, z, s_src, s_dst, src_gid, dst_gid, negativ
     if n == 0 or indices_t.shape[0] == 0:
         return
     work = indices_t.shape[0] * z.shape[1] * (2 * z.shape[2] + 4)
-    run_parallel(_backward_src, indptr_t, work, indices_t, z, s_src, s_dst, src_gid, dst_gid,
-                 float(negative_slope), float(attn_dropout), int(seed), m, l, grad_out, delta, grad_z, grad_s_src)
+    aux = np.empty((s_dst.shape[0], s_dst.shape[1], 4), dtype=s_dst.dtype)
+    _small(_pack_dst, work, s_dst, m, l, delta, aux)
+    run_parallel(_backward_src, indptr_t, work, indices_t, z, s_src, aux, src_gid, dst_gid,
+                 float(negative_slope), float(attn_dropout), int(seed), grad_out, grad_z, grad_s_src)
