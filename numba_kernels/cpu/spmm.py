@@ -94,25 +94,16 @@ def _spmm_sum(bounds, indptr, indices, eids, weight, col_scale, x, out, mean):
             acc[:, :] = 0
             start = indptr[i]
             end = indptr[i + 1]
-            if not has_w and not has_s:
-                for k in range(start, end):
-                    if k + PREFETCH_DISTANCE < E:
-                        prefetch_row(base, rb, lines, indices[k + PREFETCH_DISTANCE])
-                    j = indices[k]
-                    for h in range(H):
-                        for d in range(D):
-                            acc[h, d] += x[j, h, d]
-            else:
-                for k in range(start, end):
-                    if k + PREFETCH_DISTANCE < E:
-                        prefetch_row(base, rb, lines, indices[k + PREFETCH_DISTANCE])
-                    j = indices[k]
-                    e = eids[k] if has_e else k
-                    s = col_scale[j] if has_s else one
-                    for h in range(H):
-                        cf = s * weight[e, h if w_heads else 0] if has_w else s
-                        for d in range(D):
-                            acc[h, d] += cf * x[j, h, d]
+            for k in range(start, end):
+                if k + PREFETCH_DISTANCE < E:
+                    prefetch_row(base, rb, lines, indices[k + PREFETCH_DISTANCE])
+                j = indices[k]
+                e = eids[k] if has_e else k
+                s = col_scale[j] if has_s else one
+                for h in range(H):
+                    cf = s * weight[e, h if w_heads else 0] if has_w else s
+                    for d in range(D):
+                        acc[h, d] += cf * x[j, h, d]
             if mean and end > start:
                 inv = one / (end - start)
                 for h in range(H):
@@ -176,23 +167,13 @@ def _spmm_max(bounds, indptr, indices, eids, weight, x, out, argmax):
                 for d in range(D):
                     b0[h, d] = cf * x[j, h, d]
                     a0[h, d] = 0
-            k = start + 1
-            while k + 1 < end:
-                if k + 1 + PREFETCH_DISTANCE < E:
+            for k in range(start + 1, end):
+                if k + PREFETCH_DISTANCE < E:
                     prefetch_row(base, rb, lines, indices[k + PREFETCH_DISTANCE])
-                    prefetch_row(base, rb, lines, indices[k + 1 + PREFETCH_DISTANCE])
                 _max_step(x, indices[k], weight, eids[k] if has_e else k, w_heads, has_w, one,
                           np.int32(k - start), b0, a0, b1, a1)
-                _max_step(x, indices[k + 1], weight, eids[k + 1] if has_e else k + 1, w_heads, has_w,
-                          one, np.int32(k + 1 - start), b1, a1, b0, a0)
-                k += 2
-            if k < end:
-                _max_step(x, indices[k], weight, eids[k] if has_e else k, w_heads, has_w, one,
-                          np.int32(k - start), b0, a0, b1, a1)
-                for h in range(H):
-                    for d in range(D):
-                        b0[h, d] = b1[h, d]
-                        a0[h, d] = a1[h, d]
+                b0, b1 = b1, b0
+                a0, a1 = a1, a0
             for h in range(H):
                 for d in range(D):
                     out[i, h, d] = b0[h, d]
