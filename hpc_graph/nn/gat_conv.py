@@ -37,7 +37,7 @@ class GATConv(nn.Module):
 
     Parameters mirror PyG's names: ``lin.weight`` float[H*D, F_in], ``att_src``/``att_dst``
     float[1, H, D], ``bias``.
-    ``forward(graph, x)``: x float[num_nodes, F_in] -> float[num_nodes, H*D or D].
+    ``forward(graph, x)``: x float[num_nodes, F_in] (dense or sparse CSR) -> float[num_nodes, H*D or D].
     """
 
     def __init__(self, in_channels: int, out_channels: int, heads: int = 1, concat: bool = True,

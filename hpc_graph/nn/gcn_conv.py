@@ -21,7 +21,7 @@ class GCNConv(nn.Module):
         bias: add a learnable bias.
 
     Parameters mirror PyG's names: ``lin.weight`` float[F_out, F_in], ``bias`` float[F_out].
-    ``forward(graph, x)``: x float[num_nodes, F_in] -> float[num_nodes, F_out].
+    ``forward(graph, x)``: x float[num_nodes, F_in] (dense or sparse CSR) -> float[num_nodes, F_out].
     """
 
     def __init__(self, in_channels: int, out_channels: int, bias: bool = True):

@@ -6,6 +6,7 @@ from torch import nn
 from torch.nn import functional as F
 
 from hpc_graph.graph.base import GraphContext
+from hpc_graph.nn._dropout import dropout
 from hpc_graph.nn.dist_batch_norm import DistBatchNorm
 from hpc_graph.nn.gat_conv import GATConv
 from hpc_graph.nn.gcn_conv import GCNConv
@@ -22,12 +23,15 @@ class GNN(nn.Module):
     widths differ); on hidden layers ``y = act(bn_l(graph, y))`` (the
     DistBatchNorm only with ``batchnorm``); ``h = y``. ``act`` is ELU for GAT,
     ReLU otherwise. Dropout is applied to the input features too (as in the
-    GCN and GAT papers).
+    GCN and GAT papers); its mask comes from a fast CPU sampler (see
+    :mod:`hpc_graph.nn._dropout`).
 
     GAT hidden layers have ``heads`` concatenated heads of ``hidden`` features
     (width ``heads * hidden``); the output layer averages ``out_heads`` heads.
 
-    ``forward(graph, x)``: x float[num_nodes, in_dim] -> logits float[num_nodes, out_dim].
+    ``forward(graph, x)``: x float[num_nodes, in_dim], dense or sparse CSR (sparse input
+    features make the first layer's dropout and projection cost O(nnz)) -> logits
+    float[num_nodes, out_dim].
     """
 
     def __init__(self, name: str, in_dim: int, hidden: int, out_dim: int, num_layers: int = 2,
@@ -71,10 +75,12 @@ class GNN(nn.Module):
         h = x
         last = len(self.convs) - 1
         for layer, conv in enumerate(self.convs):
-            h_in = F.dropout(h, p=self.dropout, training=self.training)
+            h_in = dropout(h, self.dropout, self.training)
             y = conv(graph, h_in)
             if self.residuals is not None:
-                y = y + self.residuals[layer](h_in)
+                skip = self.residuals[layer]
+                y = y + (skip(h_in.to_dense()) if isinstance(skip, nn.Identity) and h_in.layout != torch.strided
+                         else skip(h_in))
             if layer != last:
                 if self.norms is not None:
                     y = self.norms[layer](graph, y)

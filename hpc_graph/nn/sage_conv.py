@@ -13,7 +13,8 @@ class SAGEConv(nn.Module):
     A node without in-edges aggregates to zero (its output is ``lin_l.bias + lin_r(x_i)``).
     When ``out_channels < in_channels`` the projection ``lin_l`` is applied before
     the aggregation (exact, since the mean is linear and ``lin_l(0) = bias``):
-    fewer features travel between ranks.
+    fewer features travel between ranks. A sparse (CSR) input is always projected
+    first: aggregation takes dense rows.
 
     Args:
         in_channels: input features F_in.
@@ -22,7 +23,7 @@ class SAGEConv(nn.Module):
         bias: bias of ``lin_l``.
 
     Parameters mirror PyG's names: ``lin_l.weight``/``lin_l.bias``, ``lin_r.weight``.
-    ``forward(graph, x)``: x float[num_nodes, F_in] -> float[num_nodes, F_out].
+    ``forward(graph, x)``: x float[num_nodes, F_in] (dense or sparse CSR) -> float[num_nodes, F_out].
     """
 
     def __init__(self, in_channels: int, out_channels: int, root_weight: bool = True, bias: bool = True):
@@ -39,7 +40,7 @@ class SAGEConv(nn.Module):
             self.lin_r.reset_parameters()
 
     def forward(self, graph: GraphContext, x: torch.Tensor) -> torch.Tensor:
-        if self.out_channels < self.in_channels:
+        if self.out_channels < self.in_channels or x.layout != torch.strided:
             out = graph.aggregate(nn.functional.linear(x, self.lin_l.weight), "mean")
             if self.lin_l.bias is not None:
                 out = out + self.lin_l.bias

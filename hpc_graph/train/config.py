@@ -2,7 +2,7 @@
 
 A config file has up to five sections, each optional except ``data.path``::
 
-    data:   {path: data/cora.h5, feature_norm: row}
+    data:   {path: data/cora.h5, feature_norm: row, feature_layout: auto}
     engine: {name: single, prefetch: true}
     model:  {name: gcn, hidden: 16, num_layers: 2, dropout: 0.5}
     optim:  {name: adam, lr: 0.01, weight_decay: 5.0e-4}
@@ -49,9 +49,12 @@ _OPT_PATH = {"kind": "path", "optional": True}
 
 @dataclasses.dataclass
 class DataConfig:
-    """``path``: a dataset file (single) or partition directory (dp, sar); ``feature_norm``: none|row."""
+    """``path``: a dataset file (single) or partition directory (dp, sar); ``feature_norm``: none|row
+    (divide each node's features by their sum); ``feature_layout``: dense|sparse|auto (auto: sparse CSR
+    when at most 10% of this rank's feature entries are non-zero, e.g. bag-of-words features)."""
     path: str | None = dataclasses.field(default=None, metadata=_PATH)
     feature_norm: str = dataclasses.field(default="none", metadata=_choice("none", "row"))
+    feature_layout: str = dataclasses.field(default="auto", metadata=_choice("auto", "dense", "sparse"))
 
 
 @dataclasses.dataclass

@@ -34,6 +34,7 @@ import math
 import random
 import statistics
 import time
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -52,12 +53,25 @@ log = logging.getLogger(__name__)
 
 _DTYPES = {"float32": torch.float32, "float64": torch.float64}
 _SPLITS = ("train", "val", "test")
+SPARSE_MAX_DENSITY = 0.1
 
 
 def row_normalize(x: torch.Tensor) -> torch.Tensor:
     """Divide every row by its sum (rows summing to 0 are left unchanged): float[N, F] -> float[N, F]."""
     s = x.sum(1, keepdim=True)
     return x / torch.where(s == 0, torch.ones_like(s), s)
+
+
+def to_layout(x: torch.Tensor, layout: str, max_density: float = SPARSE_MAX_DENSITY) -> torch.Tensor:
+    """Features as given (``dense``), as sparse CSR (``sparse``), or CSR when ``auto`` finds at most
+    ``max_density`` of the entries non-zero: float[N, F] -> float[N, F]."""
+    if layout == "dense" or x.numel() == 0:
+        return x
+    if layout == "auto" and float((x != 0).sum()) > max_density * x.numel():
+        return x
+    with warnings.catch_warnings():  # "sparse CSR support is in beta": linear layers are all we need
+        warnings.simplefilter("ignore", UserWarning)
+        return x.to_sparse_csr()
 
 
 def choose_engine(name: str, size: int, data_path: str) -> str:
@@ -82,7 +96,7 @@ class Trainer:
             ``get_communicator(config.train.comm_backend)``.
 
     Attributes: ``model``, ``engine``, ``graph`` (``engine.graph``), ``feat``
-    (possibly row-normalised), ``optimizer``, ``scheduler``, ``comm``, ``rank``,
+    (possibly row-normalised; sparse CSR per ``data.feature_layout``), ``optimizer``, ``scheduler``, ``comm``, ``rank``,
     ``size``, ``run_dir``, ``best`` (dict: ``val_acc``, ``test_acc``, ``epoch``),
     ``best_state`` (CPU copy of the model's state at the best validation accuracy).
     Raises ConfigError (a ValueError naming the field) for settings that cannot work here.
@@ -107,7 +121,9 @@ class Trainer:
                                             {"prefetch": config.engine.prefetch})
         self.graph = self.engine.graph
         feat = self.engine.feat
-        self.feat = row_normalize(feat) if config.data.feature_norm == "row" else feat
+        if config.data.feature_norm == "row":
+            feat = row_normalize(feat)
+        self.feat = to_layout(feat, config.data.feature_layout)
         self.label = self.engine.label
         self.masks = {k: self.engine.masks[k] & (self.label >= 0) for k in _SPLITS}
         self.train_idx = self.masks["train"].nonzero().squeeze(1)

@@ -17,7 +17,7 @@ def _write(tmp_path, data, name="c.yaml"):
 def test_defaults_and_round_trip(tmp_path):
     cfg = load_config(_write(tmp_path, {"data": {"path": "g.h5"}}))
     assert isinstance(cfg, Config)
-    assert cfg.data.path == "g.h5" and cfg.data.feature_norm == "none"
+    assert cfg.data.path == "g.h5" and cfg.data.feature_norm == "none" and cfg.data.feature_layout == "auto"
     assert cfg.engine.name == "auto" and cfg.engine.prefetch is True
     assert (cfg.model.name, cfg.model.hidden, cfg.model.num_layers) == ("gcn", 16, 2)
     assert cfg.optim.name == "adam" and cfg.train.epochs == 200 and cfg.train.run_dir is None
@@ -56,6 +56,7 @@ BAD = [
     ({"model": {"batchnorm": 1}}, "model.batchnorm: must be true or false"),
     ({"model": {"hiden": 3}}, "model.hiden: unknown key"),
     ({"data": {"feature_norm": "l2"}}, "data.feature_norm: must be one of 'none', 'row'"),
+    ({"data": {"feature_layout": "coo"}}, "data.feature_layout: must be one of 'auto', 'dense', 'sparse'"),
     ({"data": {"path": ""}}, "data.path: must be a non-empty path string"),
     ({"data": {"path": 3}}, "data.path: must be a non-empty path string, got 3"),
     ({"data": {"feature_norm": "row"}, "drop_data_path": True}, "data.path: required"),

@@ -1,0 +1,60 @@
+"""`hpc-graph train`: a short run end to end, and config errors as one line with exit status 2."""
+import json
+
+import pytest
+import yaml
+
+from data_io.generators.csbm import write_csbm
+from hpc_graph.cli import main
+
+
+@pytest.fixture(scope="module")
+def graph_file(tmp_path_factory):
+    path = tmp_path_factory.mktemp("data") / "g.h5"
+    write_csbm(path, num_nodes=120, num_classes=3, avg_degree=5.0, feat_dim=8, seed=1)
+    return str(path)
+
+
+def _cfg(tmp_path, graph_file, **sections):
+    raw = {"data": {"path": graph_file}, "model": {"name": "sage", "hidden": 8},
+           "train": {"epochs": 4, "progress": False, "run_dir": str(tmp_path / "from_cfg")}}
+    for k, v in sections.items():
+        raw.setdefault(k, {}).update(v)
+    p = tmp_path / "cfg.yaml"
+    p.write_text(yaml.safe_dump(raw))
+    return str(p)
+
+
+def test_train_runs_and_prints_summary(tmp_path, graph_file, capsys):
+    run_dir = tmp_path / "run"
+    rc = main(["-q", "train", "--config", _cfg(tmp_path, graph_file), "--set", "train.epochs=3",
+               "--set", "model.name=gcn", "--run-dir", str(run_dir)])
+    out = capsys.readouterr().out
+    assert rc == 0
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["epochs"] == 3 and summary["config"]["model"]["name"] == "gcn"
+    assert summary["config"]["train"]["run_dir"] == str(run_dir)
+    assert out.count("\n") == 1 and out.startswith("best val acc ")
+    assert f"test acc {summary['test_acc']:.4f}" in out and str(run_dir / "summary.json") in out
+    assert not (tmp_path / "from_cfg").exists()
+
+
+@pytest.mark.parametrize("args,message", [
+    (["--set", "model.hidden=-3"], "model.hidden: must be a positive integer, got -3"),
+    (["--set", "optim.lr=0"], "optim.lr: must be a positive number, got 0"),
+    (["--set", "model.hiden=3"], "model.hiden: unknown key"),
+    (["--set", "data.path=/nonexistent/g.h5"], "data.path: no such file or directory: /nonexistent/g.h5"),
+    (["--set", "engine.name=single", "--set", "train.device=gpu"], "train.device: must be one of"),
+    (["--run-dir", " "], "--run-dir: must be a non-empty path"),
+])
+def test_config_errors_exit_2_with_one_line(tmp_path, graph_file, capsys, args, message):
+    rc = main(["train", "--config", _cfg(tmp_path, graph_file), *args])
+    err = capsys.readouterr().err.strip()
+    assert rc == 2
+    assert err.startswith("hpc-graph train: error: ") and message in err and "\n" not in err
+    assert not (tmp_path / "from_cfg").exists()  # nothing trained, nothing written
+
+
+def test_missing_config_file(tmp_path, capsys):
+    assert main(["train", "--config", str(tmp_path / "none.yaml")]) == 2
+    assert "none.yaml: no such config file" in capsys.readouterr().err
