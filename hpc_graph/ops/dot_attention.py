@@ -35,17 +35,15 @@ __all__ = ["AttentionState", "init_state", "accumulate", "finalize", "output_del
            "DotAttention", "dot_attention"]
 
 
-def _check_inputs(state: AttentionState, block: CSR, q, k_block, v_block, bias_block) -> torch.Tensor:
-    """Validate one block's inputs; return the bias as a kernel array (0 rows for none)."""
+def _check_inputs(state: AttentionState, block: CSR, q, k_block, v_block, bias_block) -> None:
+    """Validate one block's inputs (``ValueError`` naming the argument)."""
     ref = state.acc
     check_block("block", block, state.num_dst, ref.device)
     check_tensor("q", q, (state.num_dst, state.heads, None), ref.dtype, ref.device)
     check_tensor("k_block", k_block, (block.num_src, state.heads, q.shape[2]), ref.dtype, ref.device)
     check_tensor("v_block", v_block, (block.num_src, state.heads, state.dim), ref.dtype, ref.device)
-    if bias_block is None:
-        return torch.empty((0, state.heads), dtype=ref.dtype, device=ref.device)
-    check_tensor("bias_block", bias_block, (block.num_edges, state.heads), ref.dtype, ref.device)
-    return bias_block
+    if bias_block is not None:
+        check_tensor("bias_block", bias_block, (block.num_edges, state.heads), ref.dtype, ref.device)
 
 
 def _scale(scale: float | None, dim: int) -> float:
@@ -66,10 +64,10 @@ def accumulate(state: AttentionState, block: CSR, q: torch.Tensor, k_block: torc
     """
     if state.finalized:
         raise ValueError("accumulate: state is already finalized")
-    bias = _check_inputs(state, block, q, k_block, v_block, bias_block)
+    _check_inputs(state, block, q, k_block, v_block, bias_block)
     get_kernel("dot_attention.accumulate", kernel_device(state.acc))(
         as_array(block.indptr), as_array(block.indices), as_array(q), as_array(k_block), as_array(v_block),
-        as_array(bias), _scale(scale, q.shape[2]), as_array(state.m), as_array(state.l), as_array(state.acc))
+        as_array(bias_block), _scale(scale, q.shape[2]), as_array(state.m), as_array(state.l), as_array(state.acc))
 
 
 def backward_block(state: AttentionState, grad_out: torch.Tensor, delta: torch.Tensor, block: CSR,
@@ -89,7 +87,7 @@ def backward_block(state: AttentionState, grad_out: torch.Tensor, delta: torch.T
     """
     if not state.finalized:
         raise ValueError("backward_block: the state must be finalized first")
-    bias = _check_inputs(state, block, q, k_block, v_block, bias_block)
+    _check_inputs(state, block, q, k_block, v_block, bias_block)
     ref = state.acc
     check_tensor("grad_out", grad_out, tuple(ref.shape), ref.dtype, ref.device)
     check_tensor("delta", delta, tuple(state.m.shape), ref.dtype, ref.device)
@@ -98,15 +96,15 @@ def backward_block(state: AttentionState, grad_out: torch.Tensor, delta: torch.T
     grad_q = torch.zeros_like(q)
     grad_k = torch.zeros_like(k_block)
     grad_v = torch.zeros_like(v_block)
-    grad_bias = torch.zeros_like(bias)
-    common = (as_array(q), as_array(k_block), as_array(v_block), as_array(bias), sc,
+    grad_bias = None if bias_block is None else torch.zeros_like(bias_block)
+    common = (as_array(q), as_array(k_block), as_array(v_block), as_array(bias_block), sc,
               as_array(state.m), as_array(state.l), as_array(grad_out), as_array(delta))
     get_kernel("dot_attention.backward_dst", device)(
         as_array(block.indptr), as_array(block.indices), *common, as_array(grad_q), as_array(grad_bias))
     indptr_t, indices_t, perm = block.csc()
     get_kernel("dot_attention.backward_src", device)(
         as_array(indptr_t), as_array(indices_t), as_array(perm), *common, as_array(grad_k), as_array(grad_v))
-    return grad_q, grad_k, grad_v, (None if bias_block is None else grad_bias)
+    return grad_q, grad_k, grad_v, grad_bias
 
 
 class DotAttention(torch.autograd.Function):

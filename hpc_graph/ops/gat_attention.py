@@ -41,9 +41,6 @@ from numba_kernels import get_kernel
 __all__ = ["AttentionState", "init_state", "accumulate", "finalize", "output_delta", "backward_block",
            "GATAttention", "gat_attention"]
 
-_NO_IDS = torch.empty(0, dtype=torch.int64)
-
-
 def _check_dropout(attn_dropout: float, seed: int) -> tuple[float, int]:
     p = float(attn_dropout)
     if not 0.0 <= p < 1.0:
@@ -53,16 +50,16 @@ def _check_dropout(attn_dropout: float, seed: int) -> tuple[float, int]:
     return p, int(seed) & 0x7FFFFFFFFFFFFFFF
 
 
-def _gids(name: str, gid, n: int, p: float, device) -> torch.Tensor:
-    """int64[n] global ids (arange when ``None``); an empty tensor when dropout is off."""
-    if p == 0.0:
-        return _NO_IDS.to(device)
-    if gid is None:
-        return torch.arange(n, dtype=torch.int64, device=device)
+def _gids(name: str, gid, n: int, p: float, device) -> torch.Tensor | None:
+    """Validated int64[n] global ids, or ``None`` (local ids; also whenever dropout is off)."""
+    if p == 0.0 or gid is None:
+        return None
     gid = torch.as_tensor(gid, device=device)
     if gid.dtype != torch.int64 or tuple(gid.shape) != (n,):
         raise ValueError(f"{name}: expected an int64 tensor of shape ({n},), got {gid.dtype} {tuple(gid.shape)}")
-    return gid
+    if n and int(gid.min()) < 0:
+        raise ValueError(f"{name}: global ids must be >= 0")
+    return gid.contiguous()
 
 
 def _check_inputs(state: AttentionState, block: CSR, z_block, s_src_block, s_dst) -> None:

@@ -2,7 +2,7 @@
 
 * ``_row_chunks``: split CSR rows into contiguous chunks of about equal cost
   (edges + rows), so a ``prange`` over chunks balances power-law degrees.
-* ``_mix`` / ``_keep``: the counter-based attention-dropout hash (splitmix64).
+* ``_mix`` / ``_keep`` / ``_gid``: the counter-based attention-dropout hash (splitmix64).
   Edge ``(dst, src)`` head ``h`` is kept when
   ``uniform(mix(mix(mix(mix(seed), dst), src), h)) >= p``; the value depends only
   on the seed and the global ids, so every engine, every block split and the
@@ -45,6 +45,16 @@ def _keep(edge_hash, head, p):
     """True when head ``head`` of the edge hashed to ``edge_hash`` survives dropout ``p``."""
     u = np.float64(_splitmix64(edge_hash ^ np.uint64(head)) >> np.uint64(11)) * _INV_2_53
     return u >= p
+
+
+#: stands for "global id = local id" where a kernel takes ``src_gid``/``dst_gid`` (passed for ``None``)
+LOCAL_IDS = np.full(1, -1, dtype=np.int64)
+
+
+@njit(cache=True, inline="always")
+def _gid(ids, k):
+    """Global id of local row ``k``: ``ids[k]``, or ``k`` itself when ``ids`` is :data:`LOCAL_IDS`."""
+    return ids[k] if ids[0] >= 0 else k
 
 
 @njit(cache=True)

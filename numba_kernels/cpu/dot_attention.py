@@ -10,7 +10,7 @@ For destination ``i``, in-edge ``e = (j -> i)`` (CSR position ``e``), head ``h``
 The state ``(m, l, acc)`` and the block-wise protocol are those of
 :mod:`numba_kernels.cpu.gat_attention` (``init_state``/``finalize``/``output_delta``
 are the same functions).  ``bias`` is float[E, H] in this block's CSR edge
-order, or an array with 0 rows for none.
+order, or ``None``.
 
 Backward, with ``p_e = exp(s_e - m_i)/l_i`` and ``delta_i = grad_out_i . out_i``::
 
@@ -32,12 +32,18 @@ from numba_kernels.cpu._attention_common import (FASTMATH, finalize, init_state,
 __all__ = ["init_state", "accumulate", "finalize", "output_delta", "backward_dst", "backward_src"]
 
 
+def _bias_or_dummy(bias, q):
+    """``(bias, True)``, or a 1-row stand-in and ``False`` for ``None`` (kernels never read it)."""
+    if bias is None:
+        return np.zeros((1, q.shape[1]), dtype=q.dtype), False
+    return bias, True
+
+
 @njit(parallel=True, cache=True, fastmath=FASTMATH)
-def _accumulate(bounds, indptr, indices, q, k, v, bias, scale64, m, l, acc):
+def _accumulate(bounds, indptr, indices, q, k, v, bias, has_bias, scale64, m, l, acc):
     H = q.shape[1]
     Dk = q.shape[2]
     Dv = v.shape[2]
-    has_bias = bias.shape[0] > 0
     for c in prange(bounds.shape[0] - 1):
         consts = np.zeros(2, dtype=q.dtype)  # scalars in the array dtype: float32 math stays float32
         consts[0] = scale64
@@ -89,23 +95,24 @@ def accumulate(indptr, indices, q, k, v, bias, scale: float, m, l, acc) -> None:
     Args:
         indptr: int64[num_dst+1], indices: int64[E]: block CSR (block-local source columns).
         q: float[num_dst, H, Dk]; k: float[num_src, H, Dk]; v: float[num_src, H, Dv].
-        bias: float[E, H] per-edge score bias in CSR order, or shape [0, H] for none.
+        bias: float[E, H] per-edge score bias in CSR order, or None.
         scale: score multiplier (usually ``1/sqrt(Dk)``).
         m, l: float[num_dst, H]; acc: float[num_dst, H, Dv]: state, updated in place.
     """
     n = indptr.shape[0] - 1
     if n == 0 or indices.shape[0] == 0:
         return
+    bias, has_bias = _bias_or_dummy(bias, q)
     work = indices.shape[0] * q.shape[1] * (q.shape[2] + v.shape[2])
-    run_parallel(_accumulate, indptr, work, indices, q, k, v, bias, float(scale), m, l, acc)
+    run_parallel(_accumulate, indptr, work, indices, q, k, v, bias, has_bias, float(scale), m, l, acc)
 
 
 @njit(parallel=True, cache=True, fastmath=FASTMATH)
-def _backward_dst(bounds, indptr, indices, q, k, v, bias, scale64, m, l, grad_out, delta, grad_q, grad_bias):
+def _backward_dst(bounds, indptr, indices, q, k, v, bias, has_bias, scale64, m, l, grad_out, delta, grad_q,
+                  grad_bias):
     H = q.shape[1]
     Dk = q.shape[2]
     Dv = v.shape[2]
-    has_bias = bias.shape[0] > 0
     for c in prange(bounds.shape[0] - 1):
         consts = np.zeros(2, dtype=q.dtype)  # scalars in the array dtype: float32 math stays float32
         consts[0] = scale64
@@ -133,9 +140,10 @@ def _backward_dst(bounds, indptr, indices, q, k, v, bias, scale64, m, l, grad_ou
                         grad_q[i, h, d] += gs * k[j, h, d]
 
 
-def backward_dst(indptr, indices, q, k, v, bias, scale: float, m, l, grad_out, delta, grad_q, grad_bias) -> None:
+def backward_dst(indptr, indices, q, k, v, bias, scale: float, m, l, grad_out, delta, grad_q,
+                 grad_bias) -> None:
     """Row pass of one block's backward: accumulates ``grad_q`` float[num_dst, H, Dk] and
-    writes ``grad_bias`` float[E, H] (ignored when ``bias`` has 0 rows).
+    writes ``grad_bias`` float[E, H] (``None`` when ``bias`` is ``None``).
 
     ``m``, ``l``: final state; ``grad_out`` float[num_dst, H, Dv]; ``delta``
     float[num_dst, H] from :func:`output_delta`.  Other arguments as in :func:`accumulate`.
@@ -143,18 +151,19 @@ def backward_dst(indptr, indices, q, k, v, bias, scale: float, m, l, grad_out, d
     n = indptr.shape[0] - 1
     if n == 0 or indices.shape[0] == 0:
         return
+    bias, has_bias = _bias_or_dummy(bias, q)
+    grad_bias = bias if grad_bias is None else grad_bias
     work = indices.shape[0] * q.shape[1] * (2 * q.shape[2] + v.shape[2])
-    run_parallel(_backward_dst, indptr, work, indices, q, k, v, bias, float(scale), m, l, grad_out, delta,
-                 grad_q, grad_bias)
+    run_parallel(_backward_dst, indptr, work, indices, q, k, v, bias, has_bias, float(scale), m, l, grad_out,
+                 delta, grad_q, grad_bias)
 
 
 @njit(parallel=True, cache=True, fastmath=FASTMATH)
-def _backward_src(bounds, indptr_t, indices_t, perm, q, k, v, bias, scale64, m, l, grad_out, delta,
+def _backward_src(bounds, indptr_t, indices_t, perm, q, k, v, bias, has_bias, scale64, m, l, grad_out, delta,
                   grad_k, grad_v):
     H = q.shape[1]
     Dk = q.shape[2]
     Dv = v.shape[2]
-    has_bias = bias.shape[0] > 0
     for c in prange(bounds.shape[0] - 1):
         consts = np.zeros(2, dtype=q.dtype)  # scalars in the array dtype: float32 math stays float32
         consts[0] = scale64
@@ -193,6 +202,7 @@ def backward_src(indptr_t, indices_t, perm, q, k, v, bias, scale: float, m, l, g
     n = indptr_t.shape[0] - 1
     if n == 0 or indices_t.shape[0] == 0:
         return
+    bias, has_bias = _bias_or_dummy(bias, q)
     work = indices_t.shape[0] * q.shape[1] * (2 * q.shape[2] + 2 * v.shape[2])
-    run_parallel(_backward_src, indptr_t, work, indices_t, perm, q, k, v, bias, float(scale), m, l, grad_out,
-                 delta, grad_k, grad_v)
+    run_parallel(_backward_src, indptr_t, work, indices_t, perm, q, k, v, bias, has_bias, float(scale), m, l,
+                 grad_out, delta, grad_k, grad_v)

@@ -26,8 +26,8 @@ with ``delta_i = grad_out_i . out_i`` (:func:`output_delta`).  Without atomics:
 Attention dropout: head ``h`` of edge ``(i, j)`` is kept when a splitmix64 hash
 of ``(seed, dst_gid[i], src_gid[j], h)`` maps to a uniform ``>= p``; kept values
 are scaled by ``1/(1-p)``.  The same mask results for every block split and is
-recomputed in backward.  ``src_gid``/``dst_gid`` are int64 global ids (only
-read when ``attn_dropout > 0``).
+recomputed in backward.  ``src_gid``/``dst_gid`` are int64 global ids, or
+``None`` for "global id = local id" (only read when ``attn_dropout > 0``).
 
 All outputs are accumulated (``+=``) into caller-allocated arrays; all float
 arrays share one dtype (float32 or float64) and are C-contiguous.
@@ -37,8 +37,8 @@ from __future__ import annotations
 import numpy as np
 from numba import njit, prange
 
-from numba_kernels.cpu._attention_common import (FASTMATH, _keep, _mix, _small, finalize, init_state, output_delta,
-                                                 run_parallel)
+from numba_kernels.cpu._attention_common import (FASTMATH, LOCAL_IDS, _gid, _keep, _mix, _small, finalize,
+                                                 init_state, output_delta, run_parallel)
 
 __all__ = ["init_state", "accumulate", "finalize", "output_delta", "backward_dst", "backward_src"]
 
@@ -85,10 +85,10 @@ def _accumulate(bounds, indptr, indices, z, s_src, s_dst, src_gid, dst_gid, slop
                 for d in range(D):
                     racc[h, d] = acc[i, h, d] * r
             # pass 2: accumulate into the row's registers
-            dst_hash = _mix(seed_hash, dst_gid[i]) if use_drop else np.uint64(0)
+            dst_hash = _mix(seed_hash, _gid(dst_gid, i)) if use_drop else np.uint64(0)
             for e in range(lo, hi):
                 j = indices[e]
-                edge_hash = _mix(dst_hash, src_gid[j]) if use_drop else np.uint64(0)
+                edge_hash = _mix(dst_hash, _gid(src_gid, j)) if use_drop else np.uint64(0)
                 for h in range(H):
                     a = sdi[h] + s_src[j, h]
                     if a < 0:
@@ -116,13 +116,15 @@ def accumulate(indptr, indices, z, s_src, s_dst, src_gid, dst_gid, negative_slop
         indptr: int64[num_dst+1], indices: int64[E] block CSR (columns are block-local sources).
         z: float[num_src, H, D] source features of the block.
         s_src: float[num_src, H] source scores; s_dst: float[num_dst, H] destination scores.
-        src_gid: int64[num_src], dst_gid: int64[num_dst] global ids (dropout hash only).
+        src_gid: int64[num_src], dst_gid: int64[num_dst] global ids (dropout hash only) or None.
         negative_slope: LeakyReLU slope; attn_dropout: drop probability in [0, 1); seed: int >= 0.
         m, l: float[num_dst, H]; acc: float[num_dst, H, D]: state, updated in place.
     """
     n = indptr.shape[0] - 1
     if n == 0 or indices.shape[0] == 0:
         return
+    src_gid = LOCAL_IDS if src_gid is None else src_gid
+    dst_gid = LOCAL_IDS if dst_gid is None else dst_gid
     work = indices.shape[0] * z.shape[1] * (z.shape[2] + 4)
     run_parallel(_accumulate, indptr, work, indices, z, s_src, s_dst, src_gid, dst_gid,
                 float(negative_slope), float(attn_dropout), int(seed), m, l, acc)
@@ -150,10 +152,10 @@ def _backward_dst(bounds, indptr, indices, z, s_src, s_dst, src_gid, dst_gid, sl
                 continue
             for h in range(H):
                 gsum[h] = zero
-            dst_hash = _mix(seed_hash, dst_gid[i]) if use_drop else np.uint64(0)
+            dst_hash = _mix(seed_hash, _gid(dst_gid, i)) if use_drop else np.uint64(0)
             for e in range(lo, hi):
                 j = indices[e]
-                edge_hash = _mix(dst_hash, src_gid[j]) if use_drop else np.uint64(0)
+                edge_hash = _mix(dst_hash, _gid(src_gid, j)) if use_drop else np.uint64(0)
                 for h in range(H):
                     pre = s_dst[i, h] + s_src[j, h]
                     a = pre if pre >= 0 else pre * slope
@@ -184,6 +186,8 @@ def backward_dst(indptr, indices, z, s_src, s_dst, src_gid, dst_gid, negative_sl
     n = indptr.shape[0] - 1
     if n == 0 or indices.shape[0] == 0:
         return
+    src_gid = LOCAL_IDS if src_gid is None else src_gid
+    dst_gid = LOCAL_IDS if dst_gid is None else dst_gid
     work = indices.shape[0] * z.shape[1] * (z.shape[2] + 4)
     run_parallel(_backward_dst, indptr, work, indices, z, s_src, s_dst, src_gid, dst_gid,
                  float(negative_slope), float(attn_dropout), int(seed), m, l, grad_out, delta, grad_s_dst)
@@ -229,7 +233,7 @@ def _backward_src(bounds, indptr_t, indices_t, z, s_src, aux, src_gid, dst_gid, 
                 i = indices_t[t]
                 edge_hash = np.uint64(0)
                 if use_drop:
-                    edge_hash = _mix(_mix(seed_hash, dst_gid[i]), src_gid[j])
+                    edge_hash = _mix(_mix(seed_hash, _gid(dst_gid, i)), _gid(src_gid, j))
                 for h in range(H):
                     pre = aux[i, h, 0] + s_src[j, h]
                     a = pre if pre >= 0 else pre * slope
@@ -264,6 +268,8 @@ def backward_src(indptr_t, indices_t, z, s_src, s_dst, src_gid, dst_gid, negativ
     n = indptr_t.shape[0] - 1
     if n == 0 or indices_t.shape[0] == 0:
         return
+    src_gid = LOCAL_IDS if src_gid is None else src_gid
+    dst_gid = LOCAL_IDS if dst_gid is None else dst_gid
     work = indices_t.shape[0] * z.shape[1] * (2 * z.shape[2] + 4)
     aux = np.empty((s_dst.shape[0], s_dst.shape[1], 4), dtype=s_dst.dtype)
     _small(_pack_dst, work, s_dst, m, l, delta, aux)

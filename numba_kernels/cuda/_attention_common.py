@@ -35,6 +35,28 @@ def _keep(edge_hash, head, p):
     return u >= p
 
 
+@cuda.jit(device=True, inline=True)
+def _gid(ids, k):
+    return ids[k] if ids[0] >= 0 else k
+
+
+_LOCAL_IDS: dict = {}
+
+
+def device_key() -> int:
+    """Id of the current GPU (0 under the CUDA simulator), for per-device caches."""
+    get = getattr(cuda, "get_current_device", None)
+    return get().id if get is not None else 0
+
+
+def local_ids():
+    """Device array ``[-1]``: "global id = local id" (the CPU twin's ``LOCAL_IDS``), one per GPU."""
+    key = device_key()
+    if key not in _LOCAL_IDS:
+        _LOCAL_IDS[key] = cuda.to_device(np.full(1, -1, dtype=np.int64))
+    return _LOCAL_IDS[key]
+
+
 def launch(kernel, num_threads: int, *args) -> None:
     """Run ``kernel`` on a 1-D grid of at least ``num_threads`` threads (nothing for 0)."""
     if num_threads <= 0:

@@ -10,26 +10,39 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 from numba import cuda
 
-from numba_kernels.cuda._attention_common import finalize, init_state, launch, output_delta
+from numba_kernels.cuda._attention_common import device_key, finalize, init_state, launch, output_delta
 
 __all__ = ["init_state", "accumulate", "finalize", "output_delta", "backward_dst", "backward_src"]
 
+_DUMMIES: dict = {}
+
+
+def _bias_or_dummy(bias, q):
+    """``(bias, True)``, or a cached 1-row device stand-in and ``False`` for ``None`` (never read)."""
+    if bias is not None:
+        return bias, True
+    key = (device_key(), str(q.dtype), q.shape[1])
+    if key not in _DUMMIES:
+        _DUMMIES[key] = cuda.to_device(np.zeros((1, q.shape[1]), dtype=q.dtype))
+    return _DUMMIES[key], False
+
 
 @cuda.jit(device=True, inline=True)
-def _score(i, j, e, h, q, k, bias, scale):
+def _score(i, j, e, h, q, k, bias, has_bias, scale):
     s = 0.0
     for d in range(q.shape[2]):
         s += q[i, h, d] * k[j, h, d]
     s *= scale
-    if bias.shape[0] > 0:
+    if has_bias:
         s += bias[e, h]
     return s
 
 
 @cuda.jit
-def _accumulate(indptr, indices, q, k, v, bias, scale, m, l, acc):
+def _accumulate(indptr, indices, q, k, v, bias, has_bias, scale, m, l, acc):
     t = cuda.grid(1)
     H = q.shape[1]
     if t >= (indptr.shape[0] - 1) * H:
@@ -42,7 +55,7 @@ def _accumulate(indptr, indices, q, k, v, bias, scale, m, l, acc):
         return
     mx = m[i, h]
     for e in range(lo, hi):
-        mx = max(mx, _score(i, indices[e], e, h, q, k, bias, scale))
+        mx = max(mx, _score(i, indices[e], e, h, q, k, bias, has_bias, scale))
     run_l = l[i, h]
     if mx > m[i, h]:
         r = math.exp(m[i, h] - mx)
@@ -53,7 +66,7 @@ def _accumulate(indptr, indices, q, k, v, bias, scale, m, l, acc):
         mx = m[i, h]
     for e in range(lo, hi):
         j = indices[e]
-        w = math.exp(_score(i, j, e, h, q, k, bias, scale) - mx)
+        w = math.exp(_score(i, j, e, h, q, k, bias, has_bias, scale) - mx)
         run_l += w
         for d in range(v.shape[2]):
             acc[i, h, d] += w * v[j, h, d]
@@ -64,14 +77,15 @@ def accumulate(indptr, indices, q, k, v, bias, scale: float, m, l, acc) -> None:
     """Fold one block of sources into the state ``(m, l, acc)`` in place (see the CPU twin)."""
     if indices.shape[0] == 0:
         return
-    launch(_accumulate, (indptr.shape[0] - 1) * q.shape[1], indptr, indices, q, k, v, bias, float(scale),
-           m, l, acc)
+    bias, has_bias = _bias_or_dummy(bias, q)
+    launch(_accumulate, (indptr.shape[0] - 1) * q.shape[1], indptr, indices, q, k, v, bias, has_bias,
+           float(scale), m, l, acc)
 
 
 @cuda.jit(device=True, inline=True)
-def _grad_score(i, j, e, h, q, k, v, bias, scale, m, l, grad_out, delta):
+def _grad_score(i, j, e, h, q, k, v, bias, has_bias, scale, m, l, grad_out, delta):
     """(softmax weight p_e, grad wrt the score s_e) of edge e = (j -> i), head h."""
-    prob = math.exp(_score(i, j, e, h, q, k, bias, scale) - m[i, h]) / l[i, h]
+    prob = math.exp(_score(i, j, e, h, q, k, bias, has_bias, scale) - m[i, h]) / l[i, h]
     dot = 0.0
     for d in range(v.shape[2]):
         dot += grad_out[i, h, d] * v[j, h, d]
@@ -79,7 +93,7 @@ def _grad_score(i, j, e, h, q, k, v, bias, scale, m, l, grad_out, delta):
 
 
 @cuda.jit
-def _backward_dst(indptr, indices, q, k, v, bias, scale, m, l, grad_out, delta, grad_q, grad_bias):
+def _backward_dst(indptr, indices, q, k, v, bias, has_bias, scale, m, l, grad_out, delta, grad_q, grad_bias):
     t = cuda.grid(1)
     H = q.shape[1]
     if t >= (indptr.shape[0] - 1) * H:
@@ -88,24 +102,28 @@ def _backward_dst(indptr, indices, q, k, v, bias, scale, m, l, grad_out, delta, 
     h = t - i * H
     for e in range(indptr[i], indptr[i + 1]):
         j = indices[e]
-        prob, gs = _grad_score(i, j, e, h, q, k, v, bias, scale, m, l, grad_out, delta)
-        if bias.shape[0] > 0:
+        prob, gs = _grad_score(i, j, e, h, q, k, v, bias, has_bias, scale, m, l, grad_out, delta)
+        if has_bias:
             grad_bias[e, h] = gs
         gs *= scale
         for d in range(q.shape[2]):
             grad_q[i, h, d] += gs * k[j, h, d]
 
 
-def backward_dst(indptr, indices, q, k, v, bias, scale: float, m, l, grad_out, delta, grad_q, grad_bias) -> None:
+def backward_dst(indptr, indices, q, k, v, bias, scale: float, m, l, grad_out, delta, grad_q,
+                 grad_bias) -> None:
     """Row pass of one block's backward: ``grad_q`` and ``grad_bias`` (see the CPU twin)."""
     if indices.shape[0] == 0:
         return
-    launch(_backward_dst, (indptr.shape[0] - 1) * q.shape[1], indptr, indices, q, k, v, bias, float(scale),
-           m, l, grad_out, delta, grad_q, grad_bias)
+    bias, has_bias = _bias_or_dummy(bias, q)
+    grad_bias = bias if grad_bias is None else grad_bias
+    launch(_backward_dst, (indptr.shape[0] - 1) * q.shape[1], indptr, indices, q, k, v, bias, has_bias,
+           float(scale), m, l, grad_out, delta, grad_q, grad_bias)
 
 
 @cuda.jit
-def _backward_src(indptr_t, indices_t, perm, q, k, v, bias, scale, m, l, grad_out, delta, grad_k, grad_v):
+def _backward_src(indptr_t, indices_t, perm, q, k, v, bias, has_bias, scale, m, l, grad_out, delta, grad_k,
+                  grad_v):
     t = cuda.grid(1)
     H = q.shape[1]
     if t >= (indptr_t.shape[0] - 1) * H:
@@ -114,7 +132,7 @@ def _backward_src(indptr_t, indices_t, perm, q, k, v, bias, scale, m, l, grad_ou
     h = t - j * H
     for s in range(indptr_t[j], indptr_t[j + 1]):
         i = indices_t[s]
-        prob, gs = _grad_score(i, j, perm[s], h, q, k, v, bias, scale, m, l, grad_out, delta)
+        prob, gs = _grad_score(i, j, perm[s], h, q, k, v, bias, has_bias, scale, m, l, grad_out, delta)
         gs *= scale
         for d in range(v.shape[2]):
             grad_v[j, h, d] += prob * grad_out[i, h, d]
@@ -127,5 +145,6 @@ def backward_src(indptr_t, indices_t, perm, q, k, v, bias, scale: float, m, l, g
     """Column pass of one block's backward over the transposed CSR (see the CPU twin)."""
     if indices_t.shape[0] == 0:
         return
+    bias, has_bias = _bias_or_dummy(bias, q)
     launch(_backward_src, (indptr_t.shape[0] - 1) * q.shape[1], indptr_t, indices_t, perm, q, k, v, bias,
-           float(scale), m, l, grad_out, delta, grad_k, grad_v)
+           has_bias, float(scale), m, l, grad_out, delta, grad_k, grad_v)

@@ -13,7 +13,8 @@ import math
 import numpy as np
 from numba import cuda
 
-from numba_kernels.cuda._attention_common import _keep, _mix, finalize, init_state, launch, output_delta
+from numba_kernels.cuda._attention_common import (_gid, _keep, _mix, finalize, init_state, launch, local_ids,
+                                                  output_delta)
 
 __all__ = ["init_state", "accumulate", "finalize", "output_delta", "backward_dst", "backward_src"]
 
@@ -47,7 +48,7 @@ def _accumulate(indptr, indices, z, s_src, s_dst, src_gid, dst_gid, slope, p, se
         mx = m[i, h]  # the stored (possibly float32) max: backward divides by the same
     use_drop = p > 0.0
     inv_keep = 1.0 / (1.0 - p) if use_drop else 1.0
-    dst_hash = _mix(_mix(np.uint64(0), seed), dst_gid[i]) if use_drop else np.uint64(0)
+    dst_hash = _mix(_mix(np.uint64(0), seed), _gid(dst_gid, i)) if use_drop else np.uint64(0)
     for e in range(lo, hi):
         j = indices[e]
         a = sd + s_src[j, h]
@@ -56,7 +57,7 @@ def _accumulate(indptr, indices, z, s_src, s_dst, src_gid, dst_gid, slope, p, se
         w = math.exp(a - mx)
         run_l += w
         if use_drop:
-            if not _keep(_mix(dst_hash, src_gid[j]), h, p):
+            if not _keep(_mix(dst_hash, _gid(src_gid, j)), h, p):
                 continue
             w = w * inv_keep
         for d in range(z.shape[2]):
@@ -69,6 +70,8 @@ def accumulate(indptr, indices, z, s_src, s_dst, src_gid, dst_gid, negative_slop
     """Fold one block of sources into the state ``(m, l, acc)`` in place (see the CPU twin)."""
     if indices.shape[0] == 0:
         return
+    src_gid = local_ids() if src_gid is None else src_gid
+    dst_gid = local_ids() if dst_gid is None else dst_gid
     launch(_accumulate, (indptr.shape[0] - 1) * z.shape[1], indptr, indices, z, s_src, s_dst, src_gid,
            dst_gid, float(negative_slope), float(attn_dropout), int(seed), m, l, acc)
 
@@ -101,11 +104,11 @@ def _backward_dst(indptr, indices, z, s_src, s_dst, src_gid, dst_gid, slope, p, 
         return
     i = t // H
     h = t - i * H
-    dst_hash = _mix(_mix(np.uint64(0), seed), dst_gid[i]) if p > 0.0 else np.uint64(0)
+    dst_hash = _mix(_mix(np.uint64(0), seed), _gid(dst_gid, i)) if p > 0.0 else np.uint64(0)
     total = 0.0
     for e in range(indptr[i], indptr[i + 1]):
         j = indices[e]
-        edge_hash = _mix(dst_hash, src_gid[j]) if p > 0.0 else np.uint64(0)
+        edge_hash = _mix(dst_hash, _gid(src_gid, j)) if p > 0.0 else np.uint64(0)
         ge, w = _edge_grad(i, j, h, z, s_src, s_dst, edge_hash, slope, p, m, l, grad_out, delta)
         total += ge
     grad_s_dst[i, h] += total
@@ -116,6 +119,8 @@ def backward_dst(indptr, indices, z, s_src, s_dst, src_gid, dst_gid, negative_sl
     """Row pass of one block's backward: ``grad_s_dst += sum_j grad_e_ij`` (see the CPU twin)."""
     if indices.shape[0] == 0:
         return
+    src_gid = local_ids() if src_gid is None else src_gid
+    dst_gid = local_ids() if dst_gid is None else dst_gid
     launch(_backward_dst, (indptr.shape[0] - 1) * z.shape[1], indptr, indices, z, s_src, s_dst, src_gid,
            dst_gid, float(negative_slope), float(attn_dropout), int(seed), m, l, grad_out, delta, grad_s_dst)
 
@@ -133,7 +138,7 @@ def _backward_src(indptr_t, indices_t, z, s_src, s_dst, src_gid, dst_gid, slope,
     total = 0.0
     for e in range(indptr_t[j], indptr_t[j + 1]):
         i = indices_t[e]
-        edge_hash = _mix(_mix(seed_hash, dst_gid[i]), src_gid[j]) if p > 0.0 else np.uint64(0)
+        edge_hash = _mix(_mix(seed_hash, _gid(dst_gid, i)), _gid(src_gid, j)) if p > 0.0 else np.uint64(0)
         ge, w = _edge_grad(i, j, h, z, s_src, s_dst, edge_hash, slope, p, m, l, grad_out, delta)
         total += ge
         if w != 0.0:
@@ -147,6 +152,8 @@ def backward_src(indptr_t, indices_t, z, s_src, s_dst, src_gid, dst_gid, negativ
     """Column pass of one block's backward over the transposed CSR (see the CPU twin)."""
     if indices_t.shape[0] == 0:
         return
+    src_gid = local_ids() if src_gid is None else src_gid
+    dst_gid = local_ids() if dst_gid is None else dst_gid
     launch(_backward_src, (indptr_t.shape[0] - 1) * z.shape[1], indptr_t, indices_t, z, s_src, s_dst,
            src_gid, dst_gid, float(negative_slope), float(attn_dropout), int(seed), m, l, grad_out, delta,
            grad_z, grad_s_src)

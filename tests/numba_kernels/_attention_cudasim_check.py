@@ -38,19 +38,19 @@ def check_gat(dtype, p, num_blocks):
     s_dst = rng.standard_normal((g.num_dst, H)).astype(dtype)
     grad_out = rng.standard_normal((g.num_dst, H, D)).astype(dtype)
     blocks = split_blocks(g, num_blocks)
-    dst_ids = np.arange(g.num_dst, dtype=np.int64)
+    dst_ids = None  # local ids: exercises the "global id = local id" path
     m, l, acc = K("gat_attention.init_state", "cuda")(g.num_dst, H, D, dtype)
     d_sdst = dev(s_dst)
     for blk, lo, hi, _ in blocks:
         K("gat_attention.accumulate", "cuda")(
             dev(blk.indptr.numpy()), dev(blk.indices.numpy()), dev(z[lo:hi]), dev(s_src[lo:hi]), d_sdst,
-            dev(np.arange(lo, hi, dtype=np.int64)), dev(dst_ids), slope, p, seed, m, l, acc)
+            dev(np.arange(lo, hi, dtype=np.int64)), dst_ids, slope, p, seed, m, l, acc)
     K("gat_attention.finalize", "cuda")(m, l, acc)
     delta = cuda.device_array(m.shape, dtype)
     K("gat_attention.output_delta", "cuda")(dev(grad_out), acc, delta)
     gz, gs, gd = np.zeros_like(z), np.zeros_like(s_src), cuda.to_device(np.zeros_like(s_dst))
     for blk, lo, hi, _ in blocks:
-        args = (dev(z[lo:hi]), dev(s_src[lo:hi]), d_sdst, dev(np.arange(lo, hi, dtype=np.int64)), dev(dst_ids),
+        args = (dev(z[lo:hi]), dev(s_src[lo:hi]), d_sdst, dev(np.arange(lo, hi, dtype=np.int64)), dst_ids,
                 slope, p, seed, m, l, dev(grad_out), delta)
         K("gat_attention.backward_dst", "cuda")(dev(blk.indptr.numpy()), dev(blk.indices.numpy()), *args, gd)
         indptr_t, indices_t, _ = blk.csc()
@@ -74,24 +74,25 @@ def check_dot(dtype, with_bias, num_blocks):
     q = rng.standard_normal((g.num_dst, H, Dk)).astype(dtype)
     k = rng.standard_normal((g.num_src, H, Dk)).astype(dtype) * 2
     v = rng.standard_normal((g.num_src, H, Dv)).astype(dtype)
-    bias = rng.standard_normal((g.num_edges, H)).astype(dtype) if with_bias else np.zeros((0, H), dtype)
+    bias = rng.standard_normal((g.num_edges, H)).astype(dtype) if with_bias else None
     grad_out = rng.standard_normal((g.num_dst, H, Dv)).astype(dtype)
     blocks = split_blocks(g, num_blocks)
     m, l, acc = K("dot_attention.init_state", "cuda")(g.num_dst, H, Dv, dtype)
     d_q = dev(q)
     for blk, lo, hi, mask in blocks:
-        b = bias[mask.numpy()] if with_bias else bias
+        b = dev(bias[mask.numpy()]) if with_bias else None
         K("dot_attention.accumulate", "cuda")(dev(blk.indptr.numpy()), dev(blk.indices.numpy()), d_q,
-                                             dev(k[lo:hi]), dev(v[lo:hi]), dev(b), scale, m, l, acc)
+                                             dev(k[lo:hi]), dev(v[lo:hi]), b, scale, m, l, acc)
     K("dot_attention.finalize", "cuda")(m, l, acc)
     delta = cuda.device_array(m.shape, dtype)
     K("dot_attention.output_delta", "cuda")(dev(grad_out), acc, delta)
     gq = cuda.to_device(np.zeros_like(q))
-    gk, gv, gb = np.zeros_like(k), np.zeros_like(v), np.zeros_like(bias)
+    gk, gv = np.zeros_like(k), np.zeros_like(v)
+    gb = np.zeros_like(bias) if with_bias else None
     for blk, lo, hi, mask in blocks:
-        b = bias[mask.numpy()] if with_bias else bias
-        args = (d_q, dev(k[lo:hi]), dev(v[lo:hi]), dev(b), scale, m, l, dev(grad_out), delta)
-        bb = cuda.to_device(np.zeros_like(b))
+        b = bias[mask.numpy()] if with_bias else None
+        args = (d_q, dev(k[lo:hi]), dev(v[lo:hi]), None if b is None else dev(b), scale, m, l, dev(grad_out), delta)
+        bb = None if b is None else cuda.to_device(np.zeros_like(b))
         K("dot_attention.backward_dst", "cuda")(dev(blk.indptr.numpy()), dev(blk.indices.numpy()), *args, gq, bb)
         indptr_t, indices_t, perm = blk.csc()
         bk, bv = cuda.to_device(np.zeros_like(k[lo:hi])), cuda.to_device(np.zeros_like(v[lo:hi]))
@@ -102,8 +103,9 @@ def check_dot(dtype, with_bias, num_blocks):
         if with_bias:
             gb[mask.numpy()] = bb.copy_to_host()
 
-    tq, tk, tv, tb = (torch.tensor(a, dtype=torch.float64, requires_grad=True) for a in (q, k, v, bias))
-    ref = dot_reference(g, tq, tk, tv, tb if with_bias else None, scale)
+    tq, tk, tv = (torch.tensor(a, dtype=torch.float64, requires_grad=True) for a in (q, k, v))
+    tb = torch.tensor(bias, dtype=torch.float64, requires_grad=True) if with_bias else None
+    ref = dot_reference(g, tq, tk, tv, tb, scale)
     ref.backward(torch.from_numpy(grad_out).double())
     np.testing.assert_allclose(acc.copy_to_host(), ref.detach().numpy(), **TOL[dtype])
     pairs = [(gq.copy_to_host(), tq), (gk, tk), (gv, tv)] + ([(gb, tb)] if with_bias else [])

@@ -18,7 +18,7 @@ def _inputs(rng, g, heads, dk, dv, dtype, with_bias):
     q = rng.standard_normal((g.num_dst, heads, dk)).astype(dtype)
     k = (rng.standard_normal((g.num_src, heads, dk)) * np.linspace(0.5, 3, g.num_src)[:, None, None]).astype(dtype)
     v = rng.standard_normal((g.num_src, heads, dv)).astype(dtype)
-    bias = rng.standard_normal((g.num_edges, heads)).astype(dtype) if with_bias else np.zeros((0, heads), dtype)
+    bias = rng.standard_normal((g.num_edges, heads)).astype(dtype) if with_bias else None
     return q, k, v, bias
 
 
@@ -31,7 +31,7 @@ def test_forward_matches_reference(dtype, with_bias, num_blocks):
     q, k, v, bias = _inputs(rng, g, 3, 4, 5, dtype, with_bias)
     m, l, acc = K.init_state(g.num_dst, 3, 5, dtype)
     for blk, lo, hi, mask in split_blocks(g, num_blocks):
-        b = bias[mask.numpy()] if with_bias else bias
+        b = bias[mask.numpy()] if with_bias else None
         K.accumulate(blk.indptr.numpy(), blk.indices.numpy(), q, k[lo:hi], v[lo:hi], b, 0.7, m, l, acc)
     K.finalize(m, l, acc)
     t = [torch.from_numpy(a).double() for a in (q, k, v)]
@@ -52,14 +52,16 @@ def test_backward_matches_autograd(dtype, with_bias):
     K.finalize(m, l, out)
     delta = np.empty_like(m)
     K.output_delta(grad_out, out, delta)
-    gq, gk, gv, gb = np.zeros_like(q), np.zeros_like(k), np.zeros_like(v), np.zeros_like(bias)
+    gq, gk, gv = np.zeros_like(q), np.zeros_like(k), np.zeros_like(v)
+    gb = np.zeros_like(bias) if with_bias else None
     args = (q, k, v, bias, scale, m, l, grad_out, delta)
     K.backward_dst(g.indptr.numpy(), g.indices.numpy(), *args, gq, gb)
     indptr_t, indices_t, perm = g.csc()
     K.backward_src(indptr_t.numpy(), indices_t.numpy(), perm.numpy(), *args, gk, gv)
 
-    tq, tk, tv, tb = (torch.tensor(a, dtype=torch.float64, requires_grad=True) for a in (q, k, v, bias))
-    ref = dot_reference(g, tq, tk, tv, tb if with_bias else None, scale)
+    tq, tk, tv = (torch.tensor(a, dtype=torch.float64, requires_grad=True) for a in (q, k, v))
+    tb = torch.tensor(bias, dtype=torch.float64, requires_grad=True) if with_bias else None
+    ref = dot_reference(g, tq, tk, tv, tb, scale)
     ref.backward(torch.from_numpy(grad_out).double())
     pairs = [(gq, tq), (gk, tk), (gv, tv)] + ([(gb, tb)] if with_bias else [])
     for got, want in pairs:
@@ -74,8 +76,7 @@ def test_large_scores_stay_finite():
     q *= 300.0
     m, l, acc = K.init_state(g.num_dst, 2, 3, np.float32)
     for blk, lo, hi, _ in split_blocks(g, 4):
-        K.accumulate(blk.indptr.numpy(), blk.indices.numpy(), q, k[lo:hi], v[lo:hi],
-                     np.zeros((0, 2), np.float32), 1.0, m, l, acc)
+        K.accumulate(blk.indptr.numpy(), blk.indices.numpy(), q, k[lo:hi], v[lo:hi], None, 1.0, m, l, acc)
     K.finalize(m, l, acc)
     ref = dot_reference(g, *(torch.from_numpy(a).double() for a in (q, k, v)), None, 1.0)
     assert np.isfinite(acc).all()

@@ -13,7 +13,6 @@ from numba_kernels.cpu import gat_attention as K  # noqa: E402
 from numba_kernels.cpu._attention_common import _row_chunks  # noqa: E402
 
 TOL = {np.float32: dict(rtol=2e-4, atol=2e-5), np.float64: dict(rtol=1e-10, atol=1e-12)}
-NO_IDS = np.empty(0, dtype=np.int64)
 
 
 def _inputs(rng, g, heads, dim, dtype):
@@ -27,8 +26,8 @@ def _inputs(rng, g, heads, dim, dtype):
 def _forward(blocks, num_dst, z, s_src, s_dst, slope, p, seed):
     m, l, acc = K.init_state(num_dst, z.shape[1], z.shape[2], z.dtype)
     for blk, lo, hi, _ in blocks:
-        ids = np.arange(lo, hi, dtype=np.int64) if p > 0 else NO_IDS
-        dst_ids = np.arange(num_dst, dtype=np.int64) if p > 0 else NO_IDS
+        ids = np.arange(lo, hi, dtype=np.int64) if p > 0 else None
+        dst_ids = np.arange(num_dst, dtype=np.int64) if p > 0 else None
         K.accumulate(blk.indptr.numpy(), blk.indices.numpy(), z[lo:hi], s_src[lo:hi], s_dst, ids, dst_ids,
                      slope, p, seed, m, l, acc)
     K.finalize(m, l, acc)
@@ -59,8 +58,8 @@ def test_backward_matches_autograd(dtype, p):
     m, l, out = _forward(split_blocks(g, 1), g.num_dst, z, s_src, s_dst, slope, p, seed)
     delta = np.empty_like(m)
     K.output_delta(grad_out, out, delta)
-    ids_s = np.arange(g.num_src, dtype=np.int64) if p > 0 else NO_IDS
-    ids_d = np.arange(g.num_dst, dtype=np.int64) if p > 0 else NO_IDS
+    ids_s = np.arange(g.num_src, dtype=np.int64) if p > 0 else None
+    ids_d = np.arange(g.num_dst, dtype=np.int64) if p > 0 else None
     gz, gss, gsd = np.zeros_like(z), np.zeros_like(s_src), np.zeros_like(s_dst)
     args = (z, s_src, s_dst, ids_s, ids_d, slope, p, seed, m, l, grad_out, delta)
     K.backward_dst(g.indptr.numpy(), g.indices.numpy(), *args, gsd)
@@ -113,7 +112,7 @@ def test_row_chunks_balance_and_cover():
 def test_empty_block_is_a_no_op():
     m, l, acc = K.init_state(4, 2, 3, np.float64)
     indptr = np.zeros(5, dtype=np.int64)
-    K.accumulate(indptr, NO_IDS, np.zeros((0, 2, 3)), np.zeros((0, 2)), np.zeros((4, 2)), NO_IDS, NO_IDS,
-                 0.2, 0.0, 0, m, l, acc)
+    K.accumulate(indptr, np.zeros(0, dtype=np.int64), np.zeros((0, 2, 3)), np.zeros((0, 2)), np.zeros((4, 2)),
+                 None, None, 0.2, 0.3, 0, m, l, acc)
     K.finalize(m, l, acc)
     assert np.isneginf(m).all() and not l.any() and not acc.any()

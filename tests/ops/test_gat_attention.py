@@ -120,6 +120,8 @@ def test_bad_inputs_raise_value_error():
         G.gat_attention(g, z, s_src, s_dst, attn_dropout=1.0)
     with pytest.raises(ValueError, match="src_gid"):
         G.gat_attention(g, z, s_src, s_dst, attn_dropout=0.1, src_gid=torch.arange(3))
+    with pytest.raises(ValueError, match="dst_gid"):
+        G.gat_attention(g, z, s_src, s_dst, attn_dropout=0.1, dst_gid=torch.arange(g.num_dst) - 1)
     state = G.init_state(g.num_dst + 1, 2, 3, torch.float64)
     with pytest.raises(ValueError, match="block"):
         G.accumulate(state, g, z, s_src, s_dst)
