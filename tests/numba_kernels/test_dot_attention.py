@@ -9,6 +9,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _attention_ref import awkward_graph, dot_reference, split_blocks  # noqa: E402
 
+import numba_kernels.cpu._attention_common as common  # noqa: E402
 from numba_kernels.cpu import dot_attention as K  # noqa: E402
 
 TOL = {np.float32: dict(rtol=3e-4, atol=3e-5), np.float64: dict(rtol=1e-10, atol=1e-12)}
@@ -22,10 +23,18 @@ def _inputs(rng, g, heads, dk, dv, dtype, with_bias):
     return q, k, v, bias
 
 
+@pytest.fixture(params=["serial", "chunked"])
+def chunking(request, monkeypatch):
+    """Run small inputs both on one thread (default) and split into many parallel chunks."""
+    if request.param == "chunked":
+        monkeypatch.setattr(common, "SMALL_WORK", 0)
+    return request.param
+
+
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 @pytest.mark.parametrize("with_bias", [False, True])
 @pytest.mark.parametrize("num_blocks", [1, 3])
-def test_forward_matches_reference(dtype, with_bias, num_blocks):
+def test_forward_matches_reference(dtype, with_bias, num_blocks, chunking):
     rng = np.random.default_rng(1)
     g = awkward_graph(rng, 40, 33, 300)
     q, k, v, bias = _inputs(rng, g, 3, 4, 5, dtype, with_bias)
@@ -41,7 +50,7 @@ def test_forward_matches_reference(dtype, with_bias, num_blocks):
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 @pytest.mark.parametrize("with_bias", [False, True])
-def test_backward_matches_autograd(dtype, with_bias):
+def test_backward_matches_autograd(dtype, with_bias, chunking):
     rng = np.random.default_rng(2)
     g = awkward_graph(rng, 30, 26, 250)
     heads, dk, dv, scale = 2, 3, 4, 0.6

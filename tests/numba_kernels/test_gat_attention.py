@@ -9,8 +9,8 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _attention_ref import awkward_graph, gat_reference, keep_mask, split_blocks  # noqa: E402
 
+import numba_kernels.cpu._attention_common as common  # noqa: E402
 from numba_kernels.cpu import gat_attention as K  # noqa: E402
-from numba_kernels.cpu._attention_common import _row_chunks  # noqa: E402
 
 TOL = {np.float32: dict(rtol=2e-4, atol=2e-5), np.float64: dict(rtol=1e-10, atol=1e-12)}
 
@@ -34,10 +34,18 @@ def _forward(blocks, num_dst, z, s_src, s_dst, slope, p, seed):
     return m, l, acc
 
 
+@pytest.fixture(params=["serial", "chunked"])
+def chunking(request, monkeypatch):
+    """Run small inputs both on one thread (default) and split into many parallel chunks."""
+    if request.param == "chunked":
+        monkeypatch.setattr(common, "SMALL_WORK", 0)
+    return request.param
+
+
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 @pytest.mark.parametrize("p", [0.0, 0.3])
 @pytest.mark.parametrize("num_blocks", [1, 3])
-def test_forward_matches_reference(dtype, p, num_blocks):
+def test_forward_matches_reference(dtype, p, num_blocks, chunking):
     rng = np.random.default_rng(1)
     g = awkward_graph(rng, 40, 33, 300)
     z, s_src, s_dst = _inputs(rng, g, 3, 5, dtype)
@@ -49,7 +57,7 @@ def test_forward_matches_reference(dtype, p, num_blocks):
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 @pytest.mark.parametrize("p", [0.0, 0.4])
-def test_backward_matches_autograd(dtype, p):
+def test_backward_matches_autograd(dtype, p, chunking):
     rng = np.random.default_rng(2)
     g = awkward_graph(rng, 30, 26, 250)
     heads, dim, slope, seed = 2, 4, 0.2, 5
@@ -103,7 +111,7 @@ def test_row_chunks_balance_and_cover():
     indptr = np.zeros(deg.size + 1, dtype=np.int64)
     np.cumsum(deg, out=indptr[1:])
     for chunks in (1, 3, 16, 64):
-        b = _row_chunks(indptr, chunks)
+        b = common._row_chunks(indptr, chunks)
         assert b[0] == 0 and b[-1] == deg.size and (np.diff(b) >= 0).all()
         cost = (indptr[b[1:]] + b[1:]) - (indptr[b[:-1]] + b[:-1])
         assert cost.max() <= (indptr[-1] + deg.size) / chunks + deg.max() + 1
