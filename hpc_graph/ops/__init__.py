@@ -5,3 +5,9 @@ from hpc_graph.ops.sddmm import sddmm
 from hpc_graph.ops.spmm import spmm
 
 __all__ = ["CSR", "spmm", "sddmm", "edge_softmax"]
+
+# fused attention (block-wise state API in the modules themselves)
+from hpc_graph.ops.dot_attention import dot_attention  # noqa: E402
+from hpc_graph.ops.gat_attention import gat_attention  # noqa: E402
+
+__all__ += ["gat_attention", "dot_attention"]
