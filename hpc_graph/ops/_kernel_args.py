@@ -7,6 +7,7 @@ pay no set-up cost. All checks run before any kernel is launched and raise
 """
 from __future__ import annotations
 
+import numpy as np
 import torch
 
 from hpc_graph.ops._bridge import as_array, kernel_device
@@ -14,6 +15,25 @@ from hpc_graph.ops.csr import CSR
 from numba_kernels import get_kernel
 
 FLOAT_DTYPES = (torch.float32, torch.float64)
+_NUMPY_DTYPES = {torch.float32: np.float32, torch.float64: np.float64, torch.int64: np.int64}
+#: CPU outputs at least this large are allocated by NumPy (transparent huge pages)
+_HUGE_BYTES = 4 << 20
+
+
+def empty(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """An uninitialised output tensor; large CPU ones come from NumPy, zero-copy.
+
+    NumPy asks the kernel for transparent huge pages (``madvise``) on large
+    arrays, torch does not (unless ``THP_MEM_ALLOC_ENABLE=1``): that turns
+    ~260k 4-KiB page faults per GiB written into ~500, and makes later random
+    row reads of the tensor (the next layer's gathers) miss the TLB far less.
+    """
+    np_dtype = _NUMPY_DTYPES.get(dtype)
+    if torch.device(device).type == "cpu" and np_dtype is not None:
+        nbytes = int(np.prod(shape, dtype=np.int64)) * np.dtype(np_dtype).itemsize
+        if nbytes >= _HUGE_BYTES:
+            return torch.from_numpy(np.empty(shape, dtype=np_dtype))
+    return torch.empty(shape, dtype=dtype, device=device)
 
 
 def kernel(name: str, t: torch.Tensor):

@@ -10,7 +10,7 @@ import torch
 from torch.autograd.function import once_differentiable
 
 from hpc_graph.ops._bridge import as_array
-from hpc_graph.ops._kernel_args import check_graph, check_tensor, kernel
+from hpc_graph.ops._kernel_args import check_graph, check_tensor, empty, kernel
 from hpc_graph.ops.csr import CSR
 
 
@@ -37,7 +37,7 @@ def edge_softmax(g: CSR, scores: torch.Tensor) -> torch.Tensor:
 class _EdgeSoftmax(torch.autograd.Function):
     @staticmethod
     def forward(ctx, g: CSR, scores: torch.Tensor) -> torch.Tensor:
-        out = torch.empty(tuple(scores.shape), dtype=scores.dtype, device=scores.device)
+        out = empty(tuple(scores.shape), scores.dtype, scores.device)
         kernel("edge_softmax.edge_softmax", scores)(as_array(g.indptr), as_array(scores), as_array(out))
         ctx.g = g
         ctx.save_for_backward(out)
@@ -47,7 +47,7 @@ class _EdgeSoftmax(torch.autograd.Function):
     @once_differentiable
     def backward(ctx, grad_out: torch.Tensor):
         (out,) = ctx.saved_tensors
-        grad = torch.empty_like(out)
+        grad = empty(tuple(out.shape), out.dtype, out.device)
         kernel("edge_softmax.edge_softmax_backward", out)(as_array(ctx.g.indptr), as_array(out),
                                                           as_array(grad_out.contiguous()), as_array(grad))
         return None, grad

@@ -10,7 +10,7 @@ import torch
 from torch.autograd.function import once_differentiable
 
 from hpc_graph.ops._bridge import as_array
-from hpc_graph.ops._kernel_args import absent, check_graph, check_tensor, csc, kernel, no_eids
+from hpc_graph.ops._kernel_args import absent, check_graph, check_tensor, csc, empty, kernel, no_eids
 from hpc_graph.ops.csr import CSR
 
 
@@ -42,7 +42,7 @@ def sddmm(g: CSR, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
 class _SDDMM(torch.autograd.Function):
     @staticmethod
     def forward(ctx, g: CSR, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-        out = torch.empty((g.num_edges, a.shape[1]), dtype=a.dtype, device=a.device)
+        out = empty((g.num_edges, a.shape[1]), a.dtype, a.device)
         kernel("sddmm.sddmm", a)(as_array(g.indptr), as_array(g.indices), as_array(a), as_array(b),
                                  as_array(out))
         ctx.g = g
@@ -60,12 +60,12 @@ class _SDDMM(torch.autograd.Function):
         grad_a = grad_b = None
         spmm_sum = kernel("spmm.spmm_sum", grad_out)
         if ctx.needs_input_grad[1]:
-            grad_a = torch.empty((g.num_dst,) + tuple(b.shape[1:]), dtype=b.dtype, device=b.device)
+            grad_a = empty((g.num_dst,) + tuple(b.shape[1:]), b.dtype, b.device)
             spmm_sum(as_array(g.indptr), as_array(g.indices), no_eids(b.device), go, scale,
                      as_array(b), as_array(grad_a), False)
         if ctx.needs_input_grad[2]:
             indptr_t, indices_t, perm = csc(g)
-            grad_b = torch.empty((g.num_src,) + tuple(a.shape[1:]), dtype=a.dtype, device=a.device)
+            grad_b = empty((g.num_src,) + tuple(a.shape[1:]), a.dtype, a.device)
             spmm_sum(as_array(indptr_t), as_array(indices_t), as_array(perm), go, scale,
                      as_array(a), as_array(grad_b), False)
         return None, grad_a, grad_b

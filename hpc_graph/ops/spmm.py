@@ -12,8 +12,8 @@ import torch
 from torch.autograd.function import once_differentiable
 
 from hpc_graph.ops._bridge import as_array
-from hpc_graph.ops._kernel_args import (absent, check_graph, check_tensor, csc, inv_degree, kernel,
-                                        no_eids)
+from hpc_graph.ops._kernel_args import (absent, check_graph, check_tensor, csc, empty, inv_degree,
+                                        kernel, no_eids)
 from hpc_graph.ops.csr import CSR
 
 REDUCES = ("sum", "mean", "max")
@@ -68,7 +68,7 @@ class _SpMMSum(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, g: CSR, x: torch.Tensor, w: torch.Tensor | None, mean: bool) -> torch.Tensor:
-        out = torch.empty((g.num_dst,) + tuple(x.shape[1:]), dtype=x.dtype, device=x.device)
+        out = empty((g.num_dst,) + tuple(x.shape[1:]), x.dtype, x.device)
         w_arr = absent(x.dtype, x.device, 2) if w is None else as_array(w)
         kernel("spmm.spmm_sum", x)(as_array(g.indptr), as_array(g.indices), no_eids(x.device), w_arr,
                                    absent(x.dtype, x.device, 1), as_array(x), as_array(out), mean)
@@ -87,7 +87,7 @@ class _SpMMSum(torch.autograd.Function):
         grad_x = grad_w = None
         if ctx.needs_input_grad[1]:
             indptr_t, indices_t, perm = csc(g)
-            grad_x = torch.empty((g.num_src,) + tuple(go.shape[1:]), dtype=go.dtype, device=go.device)
+            grad_x = empty((g.num_src,) + tuple(go.shape[1:]), go.dtype, go.device)
             scale = as_array(inv_degree(g, go.dtype)) if mean else absent(go.dtype, go.device, 1)
             if w is None:
                 eids, w_arr = no_eids(go.device), absent(go.dtype, go.device, 2)
@@ -97,7 +97,7 @@ class _SpMMSum(torch.autograd.Function):
                                         as_array(go), as_array(grad_x), False)
         if ctx.needs_input_grad[2]:
             gs = go * inv_degree(g, go.dtype)[:, None, None] if mean else go
-            dots = torch.empty((g.num_edges, go.shape[1]), dtype=go.dtype, device=go.device)
+            dots = empty((g.num_edges, go.shape[1]), go.dtype, go.device)
             kernel("sddmm.sddmm", go)(as_array(g.indptr), as_array(g.indices), as_array(gs),
                                       as_array(x), as_array(dots))
             grad_w = dots if w.shape[1] == dots.shape[1] else dots.sum(1, keepdim=True)
@@ -110,8 +110,8 @@ class _SpMMMax(torch.autograd.Function):
     @staticmethod
     def forward(ctx, g: CSR, x: torch.Tensor, w: torch.Tensor | None) -> torch.Tensor:
         shape = (g.num_dst,) + tuple(x.shape[1:])
-        out = torch.empty(shape, dtype=x.dtype, device=x.device)
-        argmax = torch.empty(shape, dtype=torch.int64, device=x.device)
+        out = empty(shape, x.dtype, x.device)
+        argmax = empty(shape, torch.int64, x.device)
         w_arr = absent(x.dtype, x.device, 2) if w is None else as_array(w)
         kernel("spmm.spmm_max", x)(as_array(g.indptr), as_array(g.indices), no_eids(x.device), w_arr,
                                    as_array(x), as_array(out), as_array(argmax))
@@ -129,12 +129,12 @@ class _SpMMMax(torch.autograd.Function):
         grad_x = grad_w = None
         if ctx.needs_input_grad[1]:
             indptr_t, indices_t, perm = csc(g)
-            grad_x = torch.empty((g.num_src,) + tuple(go.shape[1:]), dtype=go.dtype, device=go.device)
+            grad_x = empty((g.num_src,) + tuple(go.shape[1:]), go.dtype, go.device)
             w_arr = absent(go.dtype, go.device, 2) if w is None else as_array(w)
             kernel("spmm.spmm_max_backward", go)(as_array(indptr_t), as_array(indices_t), as_array(perm),
                                                  w_arr, as_array(argmax), as_array(go), as_array(grad_x))
         if ctx.needs_input_grad[2]:
-            grad_w = torch.empty(tuple(w.shape), dtype=go.dtype, device=go.device)
+            grad_w = empty(tuple(w.shape), go.dtype, go.device)
             kernel("spmm.spmm_max_weight_grad", go)(as_array(g.indptr), as_array(g.indices),
                                                     as_array(argmax), as_array(x), as_array(go),
                                                     as_array(grad_w))

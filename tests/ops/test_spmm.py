@@ -131,3 +131,22 @@ def test_spmm_empty_graph():
         assert out.shape == (3, 3) and not out.any()
         out.sum().backward()
         assert not x.grad.any()
+
+
+def test_spmm_large_outputs_use_numpy_memory_and_stay_correct():
+    """Outputs >= 4 MiB come from NumPy (huge pages): same values, usable by autograd."""
+    rng = np.random.default_rng(0)
+    n, F = 1 << 14, 64  # 4 MiB of float32 output
+    dst = rng.integers(0, n, 4 * n)
+    g = CSR.from_edges(rng.integers(0, n, 4 * n), dst, n)
+    x = torch.from_numpy(rng.standard_normal((n, F), dtype=np.float32)).requires_grad_()
+    out = spmm(g, x, "mean")
+    assert out.shape == (n, F) and out.dtype == torch.float32
+    ref = _reference(g, x.detach(), "mean")
+    torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-5)
+    out.pow(2).sum().backward()
+    xr = x.detach().clone().requires_grad_()
+    _reference(g, xr, "mean").pow(2).sum().backward()
+    torch.testing.assert_close(x.grad, xr.grad, rtol=1e-4, atol=1e-5)
+    big = kargs.empty((n, F), torch.float32, torch.device("cpu"))
+    assert big.shape == (n, F) and big.dtype == torch.float32 and big.is_contiguous()
