@@ -22,6 +22,8 @@ import warnings
 import torch
 from torch.nn import functional as F
 
+from hpc_graph.nn._linear import share_transpose_plan
+
 _LEVELS = 1 << 16
 
 
@@ -35,8 +37,9 @@ def dropout(x: torch.Tensor, p: float, training: bool) -> torch.Tensor:
         values = dropout(x.values().detach(), p, True)
         with warnings.catch_warnings():  # torch's one-time "sparse CSR support is in beta" notice
             warnings.simplefilter("ignore", UserWarning)
-            return torch.sparse_csr_tensor(x.crow_indices(), x.col_indices(), values, x.shape,
-                                           check_invariants=False)
+            out = torch.sparse_csr_tensor(x.crow_indices(), x.col_indices(), values, x.shape,
+                                          check_invariants=False)
+        return share_transpose_plan(x, out)
     if x.is_cuda:
         return F.dropout(x, p, True)
     cut = int(round(p * _LEVELS))

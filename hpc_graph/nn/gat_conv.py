@@ -6,6 +6,7 @@ from torch import nn
 
 from hpc_graph.graph.base import GraphContext
 from hpc_graph.nn._init import glorot_
+from hpc_graph.nn._linear import linear
 
 _SEED_MOD = 2**31 - 1
 
@@ -73,7 +74,7 @@ class GATConv(nn.Module):
 
     def forward(self, graph: GraphContext, x: torch.Tensor) -> torch.Tensor:
         h, d = self.heads, self.out_channels
-        z = self.lin(x).view(-1, h, d)
+        z = linear(x, self.lin.weight).view(-1, h, d)
         s_src = (z * self.att_src).sum(-1)
         s_dst = (z * self.att_dst).sum(-1)
         p = self.attn_dropout if self.training else 0.0

@@ -6,6 +6,7 @@ from torch import nn
 
 from hpc_graph.graph.base import GraphContext
 from hpc_graph.nn._init import glorot_
+from hpc_graph.nn._linear import linear
 
 
 class GCNConv(nn.Module):
@@ -39,7 +40,7 @@ class GCNConv(nn.Module):
 
     def forward(self, graph: GraphContext, x: torch.Tensor) -> torch.Tensor:
         dinv = (graph.in_degree().to(device=x.device, dtype=x.dtype) + 1.0).rsqrt().unsqueeze(1)
-        h = self.lin(x) * dinv
+        h = linear(x, self.lin.weight) * dinv
         out = (graph.aggregate(h, "sum") + h) * dinv
         if self.bias is not None:
             out = out + self.bias

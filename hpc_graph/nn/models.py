@@ -7,6 +7,7 @@ from torch.nn import functional as F
 
 from hpc_graph.graph.base import GraphContext
 from hpc_graph.nn._dropout import dropout
+from hpc_graph.nn._linear import linear
 from hpc_graph.nn.dist_batch_norm import DistBatchNorm
 from hpc_graph.nn.gat_conv import GATConv
 from hpc_graph.nn.gcn_conv import GCNConv
@@ -79,8 +80,7 @@ class GNN(nn.Module):
             y = conv(graph, h_in)
             if self.residuals is not None:
                 skip = self.residuals[layer]
-                y = y + (skip(h_in.to_dense()) if isinstance(skip, nn.Identity) and h_in.layout != torch.strided
-                         else skip(h_in))
+                y = y + (linear(h_in, skip.weight) if isinstance(skip, nn.Linear) else h_in.to_dense())
             if layer != last:
                 if self.norms is not None:
                     y = self.norms[layer](graph, y)

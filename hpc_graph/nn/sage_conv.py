@@ -5,6 +5,7 @@ import torch
 from torch import nn
 
 from hpc_graph.graph.base import GraphContext
+from hpc_graph.nn._linear import linear
 
 
 class SAGEConv(nn.Module):
@@ -41,13 +42,13 @@ class SAGEConv(nn.Module):
 
     def forward(self, graph: GraphContext, x: torch.Tensor) -> torch.Tensor:
         if self.out_channels < self.in_channels or x.layout != torch.strided:
-            out = graph.aggregate(nn.functional.linear(x, self.lin_l.weight), "mean")
+            out = graph.aggregate(linear(x, self.lin_l.weight), "mean")
             if self.lin_l.bias is not None:
                 out = out + self.lin_l.bias
         else:
             out = self.lin_l(graph.aggregate(x, "mean"))
         if self.lin_r is not None:
-            out = out + self.lin_r(x)
+            out = out + linear(x, self.lin_r.weight)
         return out
 
     def extra_repr(self) -> str:

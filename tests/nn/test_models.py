@@ -140,3 +140,22 @@ def test_dropout_on_sparse_csr_drops_stored_values_only():
     kept = v != 0
     assert abs(kept.double().mean().item() - 0.6) < 0.05
     torch.testing.assert_close(v[kept], v0[kept] / 0.6, rtol=1e-4, atol=0)
+
+
+def test_sparse_transpose_plan_is_built_once_and_shared_by_dropout():
+    from hpc_graph.nn._linear import linear, transpose_plan
+    torch.manual_seed(8)
+    x, xs = _sparse_input(40, 12)
+    plan = transpose_plan(xs)
+    assert transpose_plan(xs) is plan
+    ccol, rows, perm = plan
+    dense_t = torch.zeros(12, 40, dtype=torch.float64)
+    for j in range(12):  # column j of x, as row j of x^T
+        for k in range(int(ccol[j]), int(ccol[j + 1])):
+            dense_t[j, rows[k]] = xs.values()[perm[k]]
+    torch.testing.assert_close(dense_t, x.t())
+    dropped = dropout(xs, 0.5, True)
+    assert transpose_plan(dropped) is plan
+    w = torch.randn(5, 12, dtype=torch.float64, requires_grad=True)
+    linear(dropped, w).sum().backward()
+    torch.testing.assert_close(w.grad, torch.ones(5, 40, dtype=torch.float64) @ dropped.to_dense())

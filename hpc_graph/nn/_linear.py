@@ -1,0 +1,70 @@
+"""``linear``: ``x W^T (+ b)`` for dense or sparse CSR inputs (private to the layers).
+
+torch's own backward of ``F.linear`` on a CSR input transposes the input
+(a sort of all non-zeros) on every call, which costs more than the rest of a
+GCN step on Cora. The input features are constants (no gradient), so only the
+weight gradient ``W_grad^T = x^T g`` is needed; the transpose's structure
+(column pointer, row ids, value permutation) is computed once and kept on the
+tensor (attribute ``_hpc_csr_transpose``); dropout copies it to its output,
+whose sparsity structure is the same.
+"""
+from __future__ import annotations
+
+import warnings
+
+import torch
+from torch.nn import functional as F
+
+_PLAN = "_hpc_csr_transpose"
+
+
+def transpose_plan(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``(ccol int64[F_in+1], rows int64[nnz], perm int64[nnz])`` of a CSR ``x`` [N, F_in], cached on ``x``.
+
+    ``x^T`` as CSR is ``(ccol, rows, x.values()[perm])``.
+    """
+    plan = getattr(x, _PLAN, None)
+    if plan is None:
+        crow, col = x.crow_indices(), x.col_indices()
+        rows = torch.repeat_interleave(torch.arange(x.shape[0], device=crow.device), crow[1:] - crow[:-1])
+        perm = torch.argsort(col, stable=True)
+        ccol = torch.zeros(x.shape[1] + 1, dtype=torch.int64, device=crow.device)
+        torch.cumsum(torch.bincount(col, minlength=x.shape[1]), 0, out=ccol[1:])
+        plan = (ccol, rows[perm], perm)
+        setattr(x, _PLAN, plan)
+    return plan
+
+
+def share_transpose_plan(src: torch.Tensor, dst: torch.Tensor) -> torch.Tensor:
+    """Give CSR ``dst`` (same sparsity structure as ``src``) ``src``'s transpose plan; returns ``dst``."""
+    setattr(dst, _PLAN, transpose_plan(src))
+    return dst
+
+
+class _CSRLinear(torch.autograd.Function):
+    """``y = x @ weight.T`` for a constant sparse CSR ``x`` [N, F_in]; gradient for ``weight`` [F_out, F_in] only."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+        ctx.x = x
+        return torch.sparse.mm(x, weight.t())
+
+    @staticmethod
+    def backward(ctx, grad_out: torch.Tensor):
+        x = ctx.x
+        ccol, rows, perm = transpose_plan(x)
+        values = x.values()[perm].to(grad_out.dtype)
+        with warnings.catch_warnings():  # torch's one-time "sparse CSR support is in beta" notice
+            warnings.simplefilter("ignore", UserWarning)
+            xt = torch.sparse_csr_tensor(ccol, rows, values, (x.shape[1], x.shape[0]), check_invariants=False)
+        return None, torch.sparse.mm(xt, grad_out).t()
+
+
+def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """``x @ weight.T + bias``: x float[N, F_in] dense or sparse CSR (a constant), weight float[F_out, F_in]."""
+    if x.layout == torch.strided:
+        return F.linear(x, weight, bias)
+    if x.layout != torch.sparse_csr:
+        raise ValueError(f"linear: input layout must be dense or sparse CSR, got {x.layout}")
+    out = _CSRLinear.apply(x, weight)
+    return out if bias is None else out + bias
