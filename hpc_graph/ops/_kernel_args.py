@@ -36,6 +36,24 @@ def empty(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> t
     return torch.empty(shape, dtype=dtype, device=device)
 
 
+def gathered(t: torch.Tensor, num_edges: int):
+    """Kernel view of ``t`` for a kernel that reads its rows at random, ``num_edges`` times in all.
+
+    A large CPU tensor that torch allocated (4-KiB pages) is first copied into
+    a huge-page buffer (:func:`empty`) when the rows are read at least twice
+    on average: one sequential copy costs far less than the TLB misses it saves
+    (the backward SpMM at R-MAT scale 20, F=128 runs 1.5x faster). Used for
+    gradients in backward passes, which torch always allocates.
+    """
+    t = t.contiguous()
+    if t.device.type == "cpu" and t.numel() and t.dtype in _NUMPY_DTYPES \
+            and t.numel() * t.element_size() >= _HUGE_BYTES and num_edges >= 2 * t.shape[0]:
+        buf = empty(tuple(t.shape), t.dtype, t.device)
+        buf.copy_(t)
+        t = buf
+    return as_array(t)
+
+
 def kernel(name: str, t: torch.Tensor):
     """The CPU or CUDA twin of kernel ``"<family>.<function>"`` for tensor ``t``'s device."""
     return get_kernel(name, kernel_device(t))

@@ -12,8 +12,8 @@ import torch
 from torch.autograd.function import once_differentiable
 
 from hpc_graph.ops._bridge import as_array
-from hpc_graph.ops._kernel_args import (absent, check_graph, check_tensor, csc, empty, inv_degree,
-                                        kernel, no_eids)
+from hpc_graph.ops._kernel_args import (absent, check_graph, check_tensor, csc, empty, gathered,
+                                        inv_degree, kernel, no_eids)
 from hpc_graph.ops.csr import CSR
 
 REDUCES = ("sum", "mean", "max")
@@ -94,7 +94,7 @@ class _SpMMSum(torch.autograd.Function):
             else:
                 eids, w_arr = as_array(perm), as_array(w)
             kernel("spmm.spmm_sum", go)(as_array(indptr_t), as_array(indices_t), eids, w_arr, scale,
-                                        as_array(go), as_array(grad_x), False)
+                                        gathered(go, g.num_edges), as_array(grad_x), False)
         if ctx.needs_input_grad[2]:
             gs = go * inv_degree(g, go.dtype)[:, None, None] if mean else go
             dots = empty((g.num_edges, go.shape[1]), go.dtype, go.device)
@@ -132,7 +132,8 @@ class _SpMMMax(torch.autograd.Function):
             grad_x = empty((g.num_src,) + tuple(go.shape[1:]), go.dtype, go.device)
             w_arr = absent(go.dtype, go.device, 2) if w is None else as_array(w)
             kernel("spmm.spmm_max_backward", go)(as_array(indptr_t), as_array(indices_t), as_array(perm),
-                                                 w_arr, as_array(argmax), as_array(go), as_array(grad_x))
+                                                 w_arr, as_array(argmax), gathered(go, g.num_edges),
+                                                 as_array(grad_x))
         if ctx.needs_input_grad[2]:
             grad_w = empty(tuple(w.shape), go.dtype, go.device)
             kernel("spmm.spmm_max_weight_grad", go)(as_array(g.indptr), as_array(g.indices),
