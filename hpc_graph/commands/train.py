@@ -1,13 +1,20 @@
-"""``hpc-graph train --config CFG.yaml [--set key=value ...] [--run-dir DIR]``: train a GNN.
+"""``hpc-graph train --config CFG.yaml [--set key=value ...] [--run-dir DIR] [--resume RUN_DIR]``: train a GNN.
 
 Run it under the site's launcher for several ranks (``mpiexec -n 4 hpc-graph
 train ...``). The config is loaded and checked on every rank before anything
 else: a bad field ends the command with one line naming it and exit status 2.
 Rank 0 prints the final summary line.
+
+Exit status: 0 done; 1 failed (non-finite loss with ``train.on_nonfinite: stop``;
+a crash on any rank aborts the job with MPI_Abort); 2 bad config, data or resume;
+75 preempted by SIGTERM/SIGUSR1 after writing a checkpoint (resume with
+``--resume RUN_DIR``). See docs/configuration.md.
 """
 from __future__ import annotations
 
 import argparse
+import os
+import sys
 
 from hpc_graph.cli import CLIError
 
@@ -16,35 +23,69 @@ def add_parser(subparsers) -> None:
     parser = subparsers.add_parser(
         "train", help="train a GNN from a YAML config (single process or under mpiexec/srun)",
         description="Full-batch node-classification training. Writes RUN_DIR/metrics.rank<R>.jsonl "
-                    "(every rank, one line per epoch) and RUN_DIR/summary.json (rank 0).")
-    parser.add_argument("--config", required=True, metavar="CFG.yaml", help="training config (see configs/)")
+                    "(every rank, one line per epoch), RUN_DIR/metrics.jsonl and RUN_DIR/summary.json "
+                    "(rank 0) and RUN_DIR/checkpoints/. Exit status 75: preempted (SIGTERM/SIGUSR1) "
+                    "after a checkpoint; run again with --resume RUN_DIR.",
+        epilog="Every config field is described in docs/configuration.md.")
+    parser.add_argument("--config", default=None, metavar="CFG.yaml",
+                        help="training config (see configs/); required unless --resume is given")
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.KEY=VALUE",
                         help="override one config field, e.g. --set model.hidden=64 (repeatable)")
     parser.add_argument("--run-dir", default=None, metavar="DIR",
                         help="where metrics and summary.json go (overrides train.run_dir)")
+    parser.add_argument("--resume", default=None, metavar="RUN_DIR",
+                        help="continue the run in RUN_DIR from its newest valid checkpoint; the config comes "
+                             "from the checkpoint (a --config given too must match it)")
     parser.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
-    from hpc_graph.train.config import ConfigError, check_paths, load_config
+    from hpc_graph.train.config import ConfigError, load_config
 
     try:
-        config = load_config(args.config, args.overrides)
-        if args.run_dir is not None:
-            if not args.run_dir.strip():
-                raise ConfigError("--run-dir: must be a non-empty path")
-            config.train.run_dir = args.run_dir
-        check_paths(config)
+        if args.resume is not None:
+            if not args.resume.strip():
+                raise ConfigError("--resume: must be a non-empty path")
+            if args.run_dir is not None and os.path.abspath(args.run_dir) != os.path.abspath(args.resume):
+                raise ConfigError(f"--run-dir {args.run_dir} and --resume {args.resume} name different "
+                                  "directories (a resumed run continues in its own directory)")
+            if args.config is not None:
+                config = load_config(args.config, args.overrides)
+            else:
+                from hpc_graph.train.checkpoint import checkpoint_config
+                config = checkpoint_config(args.resume, args.overrides)
+            config.train.run_dir = args.resume
+        else:
+            if args.config is None:
+                raise ConfigError("--config: required (or --resume RUN_DIR to continue a run)")
+            config = load_config(args.config, args.overrides)
+            if args.run_dir is not None:
+                if not args.run_dir.strip():
+                    raise ConfigError("--run-dir: must be a non-empty path")
+                config.train.run_dir = args.run_dir
         from hpc_graph.train.trainer import Trainer
-        trainer = Trainer(config)
+        trainer = Trainer(config, resume=args.resume)
     except ConfigError as exc:
         raise CLIError(str(exc)) from None
-    summary = trainer.fit()
+
+    from hpc_graph.train.signals import EXIT_PREEMPTED, Preempted
+    from hpc_graph.train.trainer import NonFiniteLossError
+    try:
+        summary = trainer.fit()
+    except Preempted as exc:
+        if trainer.rank == 0:
+            print(f"hpc-graph train: {exc}", file=sys.stderr)
+        return EXIT_PREEMPTED
+    except NonFiniteLossError as exc:
+        if trainer.rank == 0:
+            print(f"hpc-graph train: error: {exc}", file=sys.stderr)
+        return 1
     if trainer.rank == 0:
         best, test = summary["best_val_acc"], summary["test_acc"]
         med = summary["median_epoch_seconds"]
+        med_text = "n/a" if med is None else f"{med:.4f} s"
         print(f"best val acc {_pct(best)} (epoch {summary['best_epoch']}), test acc {_pct(test)}, "
-              f"median epoch {med:.4f} s, {summary['engine']} on {summary['world_size']} rank(s), "
+              f"median epoch {med_text}, {summary['engine']} on {summary['world_size']} rank(s), "
               f"summary {trainer.run_dir / 'summary.json'}")
     return 0
 

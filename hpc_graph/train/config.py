@@ -47,66 +47,81 @@ _PATH = {"kind": "path"}
 _OPT_PATH = {"kind": "path", "optional": True}
 
 
+def _field(default: Any, spec: dict, help: str) -> Any:  # noqa: A002 - the metadata key is "help"
+    """A dataclass field whose metadata holds its validation ``spec`` and its ``help`` text (docs)."""
+    return dataclasses.field(default=default, metadata={**spec, "help": help})
+
+
 @dataclasses.dataclass
 class DataConfig:
-    """``path``: a dataset file (single) or partition directory (dp, sar); ``feature_norm``: none|row
-    (divide each node's features by their sum); ``feature_layout``: dense|sparse|auto (auto: sparse CSR
-    when at most 10% of this rank's feature entries are non-zero, e.g. bag-of-words features)."""
-    path: str | None = dataclasses.field(default=None, metadata=_PATH)
-    feature_norm: str = dataclasses.field(default="none", metadata=_choice("none", "row"))
-    feature_layout: str = dataclasses.field(default="auto", metadata=_choice("auto", "dense", "sparse"))
+    """Input data."""
+    path: str | None = _field(None, _PATH, "A dataset file (engine `single`) or a partition directory "
+                                           "(`dp`, `sar`; one part per rank). Required.")
+    feature_norm: str = _field("none", _choice("none", "row"),
+                               "`row` divides each node's features by their sum (rows summing to 0 stay 0).")
+    feature_layout: str = _field("auto", _choice("auto", "dense", "sparse"),
+                                 "Input features as a dense tensor or sparse CSR; `auto` picks CSR when at most "
+                                 "10% of this rank's feature entries are non-zero (e.g. bag-of-words features).")
 
 
 @dataclasses.dataclass
 class EngineConfig:
-    """``name``: auto|single|dp|sar (auto: single on one process, dp under a launcher with several ranks);
-    ``prefetch``: SAR prefetches the next remote block while aggregating the current one."""
-    name: str = dataclasses.field(default="auto", metadata=_choice(*ENGINE_NAMES))
-    prefetch: bool = dataclasses.field(default=True, metadata=_BOOL)
+    """How aggregation over the distributed graph is executed."""
+    name: str = _field("auto", _choice(*ENGINE_NAMES),
+                       "`single`: one process, whole graph; `dp`: halo exchange; `sar`: sequential aggregation "
+                       "and rematerialisation. `auto`: `single` on one process with a dataset file, else `dp`.")
+    prefetch: bool = _field(True, _BOOL, "`sar` only: fetch the next remote block while aggregating the "
+                                         "current one (more memory, less waiting).")
 
 
 @dataclasses.dataclass
 class ModelConfig:
-    """See :func:`hpc_graph.nn.build_model`; ``hidden`` is per head for GAT."""
-    name: str = dataclasses.field(default="gcn", metadata=_choice("gcn", "sage", "gat"))
-    hidden: int = dataclasses.field(default=16, metadata=_int(1))
-    num_layers: int = dataclasses.field(default=2, metadata=_int(1))
-    dropout: float = dataclasses.field(default=0.5, metadata=_float(0.0, 1.0, hi_open=True))
-    heads: int = dataclasses.field(default=8, metadata=_int(1))
-    out_heads: int = dataclasses.field(default=1, metadata=_int(1))
-    attn_dropout: float = dataclasses.field(default=0.0, metadata=_float(0.0, 1.0, hi_open=True))
-    residual: bool = dataclasses.field(default=False, metadata=_BOOL)
-    batchnorm: bool = dataclasses.field(default=False, metadata=_BOOL)
+    """The GNN (see `hpc_graph.nn.build_model`)."""
+    name: str = _field("gcn", _choice("gcn", "sage", "gat"), "Layer type of every layer.")
+    hidden: int = _field(16, _int(1), "Hidden width (per attention head for `gat`).")
+    num_layers: int = _field(2, _int(1), "Number of graph layers (the last one outputs the classes).")
+    dropout: float = _field(0.5, _float(0.0, 1.0, hi_open=True), "Feature dropout probability before every layer.")
+    heads: int = _field(8, _int(1), "`gat`: attention heads of the hidden layers.")
+    out_heads: int = _field(1, _int(1), "`gat`: attention heads of the output layer (averaged).")
+    attn_dropout: float = _field(0.0, _float(0.0, 1.0, hi_open=True), "`gat`: dropout on attention coefficients.")
+    residual: bool = _field(False, _BOOL, "Add a skip connection around every layer (identity, or a bias-free projection "
+                                          "when the widths differ).")
+    batchnorm: bool = _field(False, _BOOL, "Batch normalisation (statistics over all ranks) after hidden layers.")
 
 
 @dataclasses.dataclass
 class OptimConfig:
-    """Optimiser (adam|sgd) and learning-rate schedule (none|step|cosine).
-
-    ``step``: multiply lr by ``gamma`` every ``step_size`` epochs; ``cosine``: anneal to 0 over all epochs.
-    ``momentum`` is used by sgd only."""
-    name: str = dataclasses.field(default="adam", metadata=_choice("adam", "sgd"))
-    lr: float = dataclasses.field(default=0.01, metadata=_float(0.0, lo_open=True))
-    weight_decay: float = dataclasses.field(default=5e-4, metadata=_float(0.0))
-    momentum: float = dataclasses.field(default=0.0, metadata=_float(0.0, 1.0, hi_open=True))
-    schedule: str = dataclasses.field(default="none", metadata=_choice("none", "step", "cosine"))
-    step_size: int = dataclasses.field(default=50, metadata=_int(1))
-    gamma: float = dataclasses.field(default=0.5, metadata=_float(0.0, 1.0, lo_open=True))
+    """Optimiser and learning-rate schedule."""
+    name: str = _field("adam", _choice("adam", "sgd"), "Optimiser.")
+    lr: float = _field(0.01, _float(0.0, lo_open=True), "Learning rate (initial, if a schedule is set).")
+    weight_decay: float = _field(5e-4, _float(0.0), "L2 penalty added to the gradients.")
+    momentum: float = _field(0.0, _float(0.0, 1.0, hi_open=True), "`sgd` only: momentum.")
+    schedule: str = _field("none", _choice("none", "step", "cosine"),
+                           "`step`: multiply the rate by `gamma` every `step_size` epochs; `cosine`: anneal it "
+                           "to 0 over `train.epochs`.")
+    step_size: int = _field(50, _int(1), "`step` schedule: epochs between decays.")
+    gamma: float = _field(0.5, _float(0.0, 1.0, lo_open=True), "`step` schedule: decay factor.")
 
 
 @dataclasses.dataclass
 class TrainConfig:
-    """Loop settings. ``run_dir`` (default ``runs/<date-time>``) receives metrics and summary.json;
-    ``checkpoint_every`` (epochs, 0 = never) is stored for the checkpoint feature."""
-    epochs: int = dataclasses.field(default=200, metadata=_int(1))
-    seed: int = dataclasses.field(default=0, metadata=_int(0))
-    eval_every: int = dataclasses.field(default=1, metadata=_int(1))
-    device: str = dataclasses.field(default="cpu", metadata=_choice("cpu", "cuda"))
-    dtype: str = dataclasses.field(default="float32", metadata=_choice("float32", "float64"))
-    comm_backend: str = dataclasses.field(default="mpi", metadata=_choice("mpi", "torch"))
-    run_dir: str | None = dataclasses.field(default=None, metadata=_OPT_PATH)
-    checkpoint_every: int = dataclasses.field(default=0, metadata=_int(0))
-    progress: bool = dataclasses.field(default=True, metadata=_BOOL)
+    """The training loop, outputs, checkpoints and failure handling."""
+    epochs: int = _field(200, _int(1), "Number of epochs (one full-batch step each).")
+    seed: int = _field(0, _int(0), "Seed of torch, NumPy and `random` (initial weights, dropout).")
+    eval_every: int = _field(1, _int(1), "Evaluate train/val/test accuracy every this many epochs (and at the end).")
+    device: str = _field("cpu", _choice("cpu", "cuda"), "Where the model runs; `cuda` binds local rank r to GPU "
+                                                        "r mod (GPUs per node).")
+    dtype: str = _field("float32", _choice("float32", "float64"), "Floating-point type of features and weights.")
+    comm_backend: str = _field("mpi", _choice("mpi", "torch"), "Communication library: mpi4py or torch.distributed.")
+    run_dir: str | None = _field(None, _OPT_PATH, "Output directory (metrics, summary.json, checkpoints/); "
+                                                  "default `runs/<date>-<time>`.")
+    checkpoint_every: int = _field(0, _int(0), "Write `RUN_DIR/checkpoints/ckpt-<epoch>.pt` every this many "
+                                               "epochs (the last two are kept); 0: only at the end. A checkpoint "
+                                               "is also written when the job is preempted (SIGTERM/SIGUSR1).")
+    on_nonfinite: str = _field("stop", _choice("stop", "skip"),
+                               "A NaN/Inf loss or gradient on any rank: `stop` raises on every rank naming the "
+                               "epoch and ranks; `skip` skips that optimiser step on every rank with a warning.")
+    progress: bool = _field(True, _BOOL, "Show a progress bar on rank 0 (stderr).")
 
 
 @dataclasses.dataclass
@@ -280,3 +295,109 @@ def check_paths(config: Config) -> None:
         raise ConfigError("data.path: required (a dataset file or partition directory), but not given")
     if not os.path.exists(config.data.path):
         raise ConfigError(f"data.path: no such file or directory: {config.data.path}")
+
+
+# -- reference documentation (docs/configuration.md) ---------------------------------------------
+_DOC_HEADER = """\
+<!-- GENERATED by `python scripts/gen_config_doc.py` (writes docs/configuration.md):
+     edit the dataclasses in hpc_graph/train/config.py, not this file
+     (tests/train/test_config_doc.py checks that they agree). -->
+# Training configuration reference
+
+`hpc-graph train --config CFG.yaml` reads a YAML file with up to five sections,
+`data`, `engine`, `model`, `optim` and `train`; every key is optional except
+`data.path`. `--set SECTION.KEY=VALUE` (repeatable) overrides one field, the
+value parsed as YAML (`--set model.hidden=64 --set train.progress=false`).
+Relative paths are relative to the current directory.
+
+Every field is checked before anything is loaded: an unknown section or key, a
+wrong type or an impossible value ends the command with one line naming the
+field (`model.hidden: must be a positive integer, got -3`) and exit status 2.
+So do a rank count that does not match the partition directory, a missing or
+unreadable dataset file or part file (named, with the rank that cannot read it),
+and a `--resume` that does not match its checkpoint.
+
+## Checkpoints, resuming and preemption
+
+* Checkpoints go to `RUN_DIR/checkpoints/ckpt-<epoch>.pt` every
+  `train.checkpoint_every` epochs and at the end (the newest two are kept).
+  They hold the model, optimiser and schedule, the best-validation state, the
+  RNG states (torch, NumPy, `random`) of every rank, the config, the identity of
+  the data (sha256 of the source dataset, partition layout, number of ranks)
+  and a sha256 of their own content.
+* `hpc-graph train --resume RUN_DIR` continues from the newest valid checkpoint
+  (a truncated or corrupt newest file is reported and the previous one used).
+  The config comes from the checkpoint; `--set` may change it, and a `--config`
+  given as well must match it except for `train.epochs`, `train.eval_every`,
+  `train.checkpoint_every`, `train.on_nonfinite`, `train.progress`,
+  `train.comm_backend` and `train.run_dir`. A different dataset or partition
+  directory, model shape or number of ranks is refused before training. With
+  the same `train.epochs`, a resumed run ends with exactly the weights and
+  metrics of an uninterrupted one. Metric files are appended to.
+* On SIGTERM or SIGUSR1 (batch-system preemption; the job scripts ask SLURM for
+  `--signal=USR1@120`) every rank finishes its current epoch, the ranks agree
+  (the signal may reach only some of them), rank 0 writes a checkpoint and
+  every rank exits with status **75** (`EX_TEMPFAIL`): resubmit the same job
+  with `--resume RUN_DIR` (the job scripts do this when `RUN_DIR/checkpoints`
+  exists).
+
+## Exit status of `hpc-graph train`
+
+| status | meaning |
+|---|---|
+| 0 | training finished; `RUN_DIR/summary.json` written |
+| 1 | training failed: non-finite loss with `train.on_nonfinite: stop`, or a crash on some rank (MPI_Abort; the log names the rank and the reason) |
+| 2 | bad config, data, rank count or resume (one line naming the field or file) |
+| 75 | preempted (SIGTERM/SIGUSR1); a checkpoint was written: resume with `--resume RUN_DIR` |
+
+The debugging variable `HPC_GRAPH_DEBUG_FAIL="rank=R,epoch=E,kind=exception|nan|exit"`
+makes rank R fail in epoch E (raise, produce a NaN loss, or exit abruptly), to
+check how a job goes down.
+"""
+
+
+def _type_name(spec: dict) -> str:
+    return {"int": "integer", "float": "number", "bool": "boolean", "choice": "string",
+            "path": "path"}[spec["kind"]] + (" or null" if spec.get("optional") else "")
+
+
+def _allowed(spec: dict) -> str:
+    kind = spec["kind"]
+    if kind == "choice":
+        return ", ".join(f"`{c}`" for c in spec["choices"])
+    if kind == "bool":
+        return "`true`, `false`"
+    if kind == "int":
+        return "any" if spec["lo"] is None else f">= {spec['lo']}"
+    if kind == "float":
+        lo, hi = spec["lo"], spec["hi"]
+        if lo is not None and hi is not None:
+            return f"{'(' if spec['lo_open'] else '['}{_fmt(lo)}, {_fmt(hi)}{')' if spec['hi_open'] else ']'}"
+        if lo is not None:
+            return f"{'>' if spec['lo_open'] else '>='} {_fmt(lo)}"
+        return "any finite number"
+    return "a non-empty path" + (" or null" if spec.get("optional") else "")
+
+
+def _default_text(value: Any) -> str:
+    if value is None:
+        return "`null`"
+    if isinstance(value, bool):
+        return f"`{str(value).lower()}`"
+    if isinstance(value, float):
+        return f"`{_fmt(value)}`"
+    return f"`{value}`"
+
+
+def config_reference_markdown() -> str:
+    """The Markdown reference of every config section and field (type, default, allowed values, help)."""
+    lines = [_DOC_HEADER]
+    for name, cls in SECTIONS.items():
+        lines += [f"## `{name}`", "", (cls.__doc__ or "").strip(), "",
+                  "| field | type | default | allowed | description |", "|---|---|---|---|---|"]
+        for f in dataclasses.fields(cls):
+            help_text = f.metadata.get("help", "").replace("|", "\\|")
+            lines.append(f"| `{name}.{f.name}` | {_type_name(f.metadata)} | {_default_text(f.default)} | "
+                         f"{_allowed(f.metadata)} | {help_text} |")
+        lines.append("")
+    return "\n".join(lines)

@@ -3,7 +3,11 @@
 Every rank writes its own file ``RUN_DIR/metrics.rank<R>.jsonl`` (R = rank, no
 padding), one JSON object per epoch, each carrying a ``rank`` field, so the
 files can be concatenated or read with :func:`read_metrics`. Nothing is shared
-between ranks' files, so no locking is needed on a parallel file system.
+between ranks' files, so no locking is needed on a parallel file system. At the
+end of a run rank 0 merges them into ``RUN_DIR/metrics.jsonl``
+(:func:`merge_metrics`; one line per rank per epoch, sorted by epoch then rank).
+A resumed run appends to the per-rank files after dropping the lines of epochs
+later than its checkpoint (epochs that will be trained again).
 """
 from __future__ import annotations
 
@@ -15,6 +19,10 @@ import time
 from pathlib import Path
 from typing import Any
 
+from data_io.errors import atomic_output
+
+MERGED_METRICS = "metrics.jsonl"
+
 
 def metrics_path(run_dir: str | os.PathLike, rank: int) -> Path:
     """``RUN_DIR/metrics.rank<R>.jsonl``: where rank ``rank`` writes its per-epoch lines."""
@@ -22,7 +30,7 @@ def metrics_path(run_dir: str | os.PathLike, rank: int) -> Path:
 
 
 def read_metrics(run_dir: str | os.PathLike) -> list[dict[str, Any]]:
-    """All ranks' metric lines of a run, sorted by (epoch, rank)."""
+    """All ranks' metric lines of a run (from the per-rank files), sorted by (epoch, rank)."""
     rows = []
     for path in sorted(Path(run_dir).glob("metrics.rank*.jsonl")):
         with open(path, encoding="utf-8") as fh:
@@ -30,17 +38,51 @@ def read_metrics(run_dir: str | os.PathLike) -> list[dict[str, Any]]:
     return sorted(rows, key=lambda r: (r.get("epoch", 0), r.get("rank", 0)))
 
 
+def merge_metrics(run_dir: str | os.PathLike) -> Path:
+    """Write ``RUN_DIR/metrics.jsonl``: every per-rank line, sorted by epoch then rank (atomic); returns it."""
+    path = Path(run_dir) / MERGED_METRICS
+    rows = read_metrics(run_dir)
+    with atomic_output(path, force=True) as tmp:
+        Path(tmp).write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
+    return path
+
+
+def _kept_lines(path: Path, last_epoch: int) -> list[str]:
+    """Lines of ``path`` whose epoch is at most ``last_epoch`` (a torn last line is dropped)."""
+    kept = []
+    if not path.exists():
+        return kept
+    with open(path, encoding="utf-8") as fh:
+        for line in fh:
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError:
+                continue
+            if isinstance(row, dict) and int(row.get("epoch", 0)) <= last_epoch:
+                kept.append(line if line.endswith("\n") else line + "\n")
+    return kept
+
+
 class MetricsWriter:
     """Append one JSON object per line to this rank's metrics file (flushed each line).
 
-    The file is truncated when the writer is created (a new run).
+    A new run (``resume_epoch`` None) truncates the file. A resumed run keeps the
+    lines of epochs ``<= resume_epoch`` (available as ``previous``, parsed) and appends.
     """
 
-    def __init__(self, run_dir: str | os.PathLike, rank: int):
+    def __init__(self, run_dir: str | os.PathLike, rank: int, resume_epoch: int | None = None):
         self.rank = int(rank)
         self.path = metrics_path(run_dir, rank)
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        self._fh = open(self.path, "w", encoding="utf-8")
+        self.previous: list[dict[str, Any]] = []
+        if resume_epoch is None:
+            self._fh = open(self.path, "w", encoding="utf-8")
+            return
+        kept = _kept_lines(self.path, int(resume_epoch))
+        self.previous = [json.loads(line) for line in kept]
+        with atomic_output(self.path, force=True) as tmp:  # drop epochs after the checkpoint
+            Path(tmp).write_text("".join(kept), encoding="utf-8")
+        self._fh = open(self.path, "a", encoding="utf-8")
 
     def write(self, record: dict[str, Any]) -> None:
         """Write ``record`` (plus ``rank``) as one JSON line."""

@@ -24,36 +24,99 @@ Per-epoch metric fields: ``rank, epoch, loss, train_acc, val_acc, test_acc``
 ``bytes_sent`` (this rank's traffic through the communicator during the step:
 halo exchange + gradient all-reduce), ``eval_seconds``, ``eval_bytes_sent``,
 ``peak_rss_mb`` (high-water resident memory so far), ``engine_stats``.
+At the end rank 0 merges the per-rank files into ``metrics.jsonl``.
+
+Lifecycle (see docs/configuration.md):
+
+* checkpoints every ``train.checkpoint_every`` epochs and at the end
+  (:mod:`hpc_graph.train.checkpoint`); ``Trainer(config, resume=RUN_DIR)``
+  continues from the newest valid one, bit for bit as if never stopped;
+* SIGTERM/SIGUSR1 on any rank: every rank finishes the epoch, rank 0 writes a
+  checkpoint and :class:`~hpc_graph.train.signals.Preempted` is raised on every
+  rank (the stop flag travels in the gradient all-reduce);
+* failures: inputs are checked on every rank before anything collective and the
+  ranks agree, so a bad config, data path, part file or resume is one
+  ``ConfigError``/``DataError`` on every rank; any other exception on one rank
+  logs ``rank R: ...`` and aborts the whole job (``MPI_Abort``); a NaN/Inf loss or
+  gradient on any rank is noticed by all (``train.on_nonfinite``). The
+  environment variable ``HPC_GRAPH_DEBUG_FAIL="rank=R,epoch=E,kind=exception|nan|exit"``
+  injects such a failure.
 """
 from __future__ import annotations
 
+import contextlib
 import copy
+import dataclasses
 import json
 import logging
 import math
+import os
 import random
 import statistics
+import sys
 import time
 import warnings
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 import numpy as np
 import torch
 from torch.nn import functional as F
 
-from data_io.errors import atomic_output
+from data_io.errors import DataError, atomic_output
 from hpc_graph.engines import create_engine
 from hpc_graph.engines.base import Engine
 from hpc_graph.nn import build_model
+from hpc_graph.train import checkpoint as ckpt
 from hpc_graph.train.config import Config, ConfigError, check_paths, config_to_dict, validate_config
-from hpc_graph.train.metrics import MetricsWriter, ProgressBar, peak_rss_mb
+from hpc_graph.train.metrics import MERGED_METRICS, MetricsWriter, ProgressBar, merge_metrics, peak_rss_mb
+from hpc_graph.train.signals import Preempted, StopSignal
 
 log = logging.getLogger(__name__)
 
 _DTYPES = {"float32": torch.float32, "float64": torch.float64}
 _SPLITS = ("train", "val", "test")
 SPARSE_MAX_DENSITY = 0.1
+DEBUG_FAIL_ENV = "HPC_GRAPH_DEBUG_FAIL"
+_DEBUG_KINDS = ("exception", "nan", "exit")
+_DEBUG_EXIT_STATUS = 3
+
+
+class NonFiniteLossError(RuntimeError):
+    """A NaN/Inf loss or gradient with ``train.on_nonfinite: stop`` (raised on every rank; names epoch and ranks)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class _DebugFailure:
+    rank: int
+    epoch: int
+    kind: str
+
+
+def _parse_debug_failure(text: str | None) -> _DebugFailure | None:
+    """``"rank=2,epoch=1,kind=nan"`` -> _DebugFailure (ConfigError naming the variable when malformed)."""
+    if text is None or not text.strip():
+        return None
+    fields: dict[str, str] = {}
+    for item in text.split(","):
+        key, sep, value = item.partition("=")
+        if not sep or key.strip() not in ("rank", "epoch", "kind"):
+            raise ConfigError(f"{DEBUG_FAIL_ENV}: expected rank=R,epoch=E,kind=exception|nan|exit, got {text!r}")
+        fields[key.strip()] = value.strip()
+    try:
+        rank, epoch = int(fields.get("rank", "0")), int(fields.get("epoch", "1"))
+    except ValueError:
+        raise ConfigError(f"{DEBUG_FAIL_ENV}: rank and epoch must be integers, got {text!r}") from None
+    kind = fields.get("kind", "exception")
+    if kind not in _DEBUG_KINDS or rank < 0 or epoch < 1:
+        raise ConfigError(f"{DEBUG_FAIL_ENV}: need rank >= 0, epoch >= 1, kind in {_DEBUG_KINDS}, got {text!r}")
+    return _DebugFailure(rank, epoch, kind)
+
+
+def _agreed(exc: BaseException) -> BaseException:
+    """Mark an exception that every rank raises at the same point (no abort needed)."""
+    exc._hpc_graph_agreed = True  # type: ignore[attr-defined]
+    return exc
 
 
 def row_normalize(x: torch.Tensor) -> torch.Tensor:
@@ -102,9 +165,8 @@ class Trainer:
     Raises ConfigError (a ValueError naming the field) for settings that cannot work here.
     """
 
-    def __init__(self, config: Config, comm: Any = None):
+    def __init__(self, config: Config, comm: Any = None, *, resume: str | os.PathLike | None = None):
         self.config = config = validate_config(config)
-        check_paths(config)
         if comm is None:
             from hpc_graph.comm import get_communicator
             comm = get_communicator(config.train.comm_backend)
@@ -114,9 +176,20 @@ class Trainer:
             from hpc_graph.comm import install_abort_handler
             install_abort_handler(comm)
         tc = config.train
+        self.stop = StopSignal()
+        self._stop_agreed = False
+        self._identity: dict[str, Any] | None = None
+        self.resumed_from: Path | None = None
+        state = self._preflight(resume)  # every rank checks its inputs; all agree before anything collective
+        if resume is not None:
+            tc.run_dir = str(resume)
+        with self._fail_fast():
+            self._build(state)
+
+    def _build(self, state: dict[str, Any] | None) -> None:
+        config, comm, tc = self.config, self.comm, self.config.train
         self.device = self._device(tc.device)
         self.dtype = _DTYPES[tc.dtype]
-        self.engine_name = choose_engine(config.engine.name, self.size, config.data.path)
         self.engine: Engine = create_engine(self.engine_name, config.data.path, comm, self.device, self.dtype,
                                             {"prefetch": config.engine.prefetch})
         self.graph = self.engine.graph
@@ -147,13 +220,103 @@ class Trainer:
         comm.allreduce_(counts)
         self.num_train = float(counts.item())
         if self.num_train == 0:
-            raise ConfigError(f"data.path: {config.data.path} has no labelled training nodes (/node/train_mask)")
+            raise _agreed(ConfigError(f"data.path: {config.data.path} has no labelled training nodes "
+                                      "(/node/train_mask)"))
         self.run_dir = Path(tc.run_dir) if tc.run_dir else Path(self._default_run_dir())
         self.best: dict[str, Any] = {"val_acc": -math.inf, "test_acc": None, "epoch": None}
         self.best_state: dict[str, torch.Tensor] | None = None
         self.epoch = 0
-        log.info("trainer: engine %s, %d rank(s), model %s, %d parameters, %d training nodes",
-                 self.engine_name, self.size, mc.name, sum(p.numel() for p in self.params), int(self.num_train))
+        self._last_eval: dict[str, Any] = {}
+        self._last_loss = float("nan")
+        if state is not None:
+            self._restore(state)
+        log.info("trainer: engine %s, %d rank(s), model %s, %d parameters, %d training nodes%s",
+                 self.engine_name, self.size, mc.name, sum(p.numel() for p in self.params), int(self.num_train),
+                 f", resumed from {self.resumed_from} (epoch {self.epoch})" if state is not None else "")
+
+    # -- input checks and failure handling ------------------------------------------------------
+    def _preflight(self, resume: str | os.PathLike | None) -> dict[str, Any] | None:
+        """Check config, data and checkpoint on every rank, then agree: on any rank's problem every rank
+        raises (its own error, or one naming the failing rank). Returns the checkpoint state to resume."""
+        config = self.config
+        problem: BaseException | None = None
+        state = None
+        found = None
+        try:
+            self._debug_failure = _parse_debug_failure(os.environ.get(DEBUG_FAIL_ENV))
+            check_paths(config)
+            self.engine_name = choose_engine(config.engine.name, self.size, config.data.path)
+            if resume is not None:
+                path, state = ckpt.latest_checkpoint(resume)
+                found = (str(path), int(state.get("epoch", -1)))
+                self._check_resume(path, state)
+                self.resumed_from = path
+            self._check_data()
+        except (ConfigError, DataError, OSError) as exc:
+            problem = exc
+        if self.size > 1:
+            reports = self.comm.allgather_object(
+                (None if problem is None else f"{type(problem).__name__}: {problem}", found))
+            failed = [(r, msg) for r, (msg, _) in enumerate(reports) if msg is not None]
+            if problem is None and failed:
+                r, msg = failed[0]
+                more = f" (and {len(failed) - 1} more rank(s))" if len(failed) > 1 else ""
+                raise ConfigError(f"rank {r}: {msg}{more}")
+            if problem is None and len({f for _, f in reports}) > 1:
+                raise ConfigError(f"--resume {resume}: ranks found different checkpoints "
+                                  f"({sorted({f for _, f in reports})}); is the run directory shared?")
+        if problem is not None:
+            raise problem
+        return state
+
+    def _check_data(self) -> None:
+        """The partition directory has one part per rank and this rank's part file opens (DataError otherwise)."""
+        path = Path(self.config.data.path)
+        if self.engine_name == "single":
+            if not path.is_file():
+                raise ConfigError(f"data.path: engine 'single' needs a dataset file, {path} is a directory")
+            return
+        if not path.is_dir():
+            raise ConfigError(f"data.path: engine {self.engine_name!r} needs a partition directory "
+                              f"(hpc-graph partition), {path} is a file")
+        from data_io.partition import part_file_name, read_partition_meta
+        from hpc_graph.graph.dist_graph import check_ranks
+
+        meta = read_partition_meta(path)
+        check_ranks(int(meta["num_parts"]), self.comm, str(path))
+        part = path / part_file_name(self.rank)
+        try:
+            with open(part, "rb") as fh:
+                fh.read(8)
+        except OSError as exc:
+            raise DataError(f"{part}: cannot read part file of rank {self.rank} ({exc.strerror or exc})") from None
+
+    def _check_resume(self, path: Path, state: dict[str, Any]) -> None:
+        """ConfigError listing every difference between the checkpoint and this run (ranks, data, config)."""
+        probs = []
+        if state.get("world_size") != self.size:
+            probs.append(f"number of ranks: the checkpoint was written by {state.get('world_size')} rank(s), "
+                         f"this job has {self.size}")
+        probs += ckpt.config_problems(state.get("config") or {}, config_to_dict(self.config))
+        if not probs:
+            self._identity = ckpt.data_identity(self.config.data.path)
+            probs += ckpt.identity_problems(state.get("data") or {}, self._identity)
+        if probs:
+            raise ConfigError(f"--resume: {path} does not match this run: " + "; ".join(probs))
+
+    @contextlib.contextmanager
+    def _fail_fast(self) -> Iterator[None]:
+        """In a multi-rank job, an exception that the other ranks do not raise too ends the job now
+        (logged as ``rank R: Type: message``, then ``comm.abort(1)``) instead of leaving them waiting."""
+        try:
+            yield
+        except BaseException as exc:
+            if self.size > 1 and not getattr(exc, "_hpc_graph_agreed", False):
+                log.critical("rank %d: %s: %s (aborting all %d ranks)", self.rank, type(exc).__name__, exc,
+                             self.size, exc_info=not isinstance(exc, (DataError, ConfigError)))
+                _flush_logs()
+                self.comm.abort(1)
+            raise
 
     # -- setup helpers ------------------------------------------------------------------------
     def _device(self, name: str) -> torch.device:
@@ -196,24 +359,63 @@ class Trainer:
 
     # -- functional API -----------------------------------------------------------------------
     def step(self) -> float:
-        """One full-batch training step; returns the global training loss (mean CE over all train nodes)."""
+        """One full-batch training step; returns the global training loss (mean CE over all train nodes).
+
+        The gradient all-reduce also carries this rank's stop request (a signal) and whether its loss
+        and gradients are finite, so every rank learns both without another collective.
+        """
         self.model.train()
         self.optimizer.zero_grad(set_to_none=False)
+        epoch = self.epoch + 1
+        fail = self._debug_failure
+        fail = fail if fail is not None and fail.rank == self.rank and fail.epoch == epoch else None
+        if fail is not None and fail.kind != "nan":
+            self._inject(fail)
         logits = self.model(self.graph, self.feat)
         idx = self.train_idx
         loss = F.cross_entropy(logits[idx], self.label[idx], reduction="sum") / self.num_train
+        if fail is not None:  # kind "nan"
+            loss = loss * float("nan")
         loss.backward()
-        total = loss.detach().reshape(1).clone()
+        for p in self.params:
+            if p.grad is None:
+                p.grad = torch.zeros_like(p)
+        finite = bool(torch.isfinite(loss.detach())) and all(bool(torch.isfinite(p.grad).all()) for p in self.params)
+        # [global loss, number of ranks asked to stop, one "non-finite" slot per rank]
+        flags = torch.zeros(2 + self.size, dtype=loss.dtype, device=loss.device)
+        flags[0] = loss.detach()
+        flags[1] = float(self.stop.requested)
+        flags[2 + self.rank] = float(not finite)
         if self.size > 1:
-            for p in self.params:
-                if p.grad is None:
-                    p.grad = torch.zeros_like(p)
-            self.comm.allreduce_bucketed_([p.grad for p in self.params] + [total])
-        self.optimizer.step()
+            self.comm.allreduce_bucketed_([p.grad for p in self.params] + [flags])
+        flags = flags.cpu()
+        self._stop_agreed = bool(flags[1] > 0)
+        bad = [r for r in range(self.size) if flags[2 + r] != 0]
+        if bad:
+            what = (f"non-finite loss or gradient in epoch {epoch} on rank{'s' if len(bad) > 1 else ''} "
+                    f"{', '.join(map(str, bad))}")
+            if self.config.train.on_nonfinite == "stop":
+                raise _agreed(NonFiniteLossError(f"{what} (train.on_nonfinite: stop; try a lower optim.lr)"))
+            log.warning("%s: optimiser step skipped on every rank (train.on_nonfinite: skip)", what)
+        else:
+            self.optimizer.step()
         if self.scheduler is not None:
             self.scheduler.step()
-        self.epoch += 1
-        return float(total.item())
+        self.epoch = epoch
+        return float(flags[0])
+
+    def _inject(self, fail: _DebugFailure) -> None:
+        """Fail as ``HPC_GRAPH_DEBUG_FAIL`` asks (kinds ``exception`` and ``exit``)."""
+        what = f"rank {self.rank}: injected failure in epoch {fail.epoch} ({DEBUG_FAIL_ENV}={fail.kind})"
+        if fail.kind == "exception":
+            raise RuntimeError(what)
+        log.critical("%s: exiting with status %d", what, _DEBUG_EXIT_STATUS)
+        _flush_logs()
+        os._exit(_DEBUG_EXIT_STATUS)
+
+    def request_stop(self) -> None:
+        """Ask the loop to stop as a SIGTERM would: after the current epoch, with a checkpoint (:class:`Preempted`)."""
+        self.stop.request()
 
     @torch.no_grad()
     def evaluate(self) -> dict[str, float | None]:
@@ -234,22 +436,35 @@ class Trainer:
 
     # -- the loop -----------------------------------------------------------------------------
     def fit(self) -> dict[str, Any]:
-        """Train ``train.epochs`` epochs, evaluate every ``train.eval_every``; return (and write) the summary."""
+        """Train up to ``train.epochs`` epochs, evaluate every ``train.eval_every``; return (and write) the summary.
+
+        Continues from ``self.epoch`` (a resumed run's checkpoint epoch). Writes checkpoints as configured.
+        Raises :class:`~hpc_graph.train.signals.Preempted` on every rank after a stop signal (checkpoint
+        written), :class:`NonFiniteLossError` on every rank per ``train.on_nonfinite``.
+        """
         tc = self.config.train
         self.run_dir.mkdir(parents=True, exist_ok=True)
-        bar = ProgressBar(tc.epochs, enabled=tc.progress and self.rank == 0, desc=f"train[{self.engine_name}]")
-        epoch_seconds: list[float] = []
-        step_bytes: list[int] = []
-        last_eval: dict[str, Any] = {}
-        loss = float("nan")
+        with self._fail_fast(), self.stop, self._pid_file():
+            return self._fit(tc)
+
+    def _fit(self, tc) -> dict[str, Any]:
+        start = self.epoch
+        if self.rank == 0:  # rewritten at the end; never leave one that disagrees with the per-rank files
+            (self.run_dir / MERGED_METRICS).unlink(missing_ok=True)
+        bar = ProgressBar(max(tc.epochs - start, 0), enabled=tc.progress and self.rank == 0,
+                          desc=f"train[{self.engine_name}]")
+        every = tc.checkpoint_every
+        last_saved = self.epoch if self.resumed_from is not None else None
         try:
-            with MetricsWriter(self.run_dir, self.rank) as writer:
-                for epoch in range(1, tc.epochs + 1):
+            with MetricsWriter(self.run_dir, self.rank, start if self.resumed_from is not None else None) as writer:
+                epoch_seconds = [float(r.get("epoch_seconds", 0.0)) for r in writer.previous]
+                step_bytes = [int(r.get("bytes_sent", 0)) for r in writer.previous]
+                for epoch in range(start + 1, tc.epochs + 1):
                     lr = self.optimizer.param_groups[0]["lr"]
                     self.engine.reset_stats()
                     b0, c0 = self.comm.bytes_sent, self.comm.comm_seconds
                     t0 = time.perf_counter()
-                    loss = self.step()
+                    loss = self._last_loss = self.step()
                     self._sync()
                     dt = time.perf_counter() - t0
                     step_b, step_c = self.comm.bytes_sent - b0, self.comm.comm_seconds - c0
@@ -258,7 +473,7 @@ class Trainer:
                     eval_s, eval_b = 0.0, 0
                     if epoch % tc.eval_every == 0 or epoch == tc.epochs:
                         b1, t1 = self.comm.bytes_sent, time.perf_counter()
-                        evaluated = last_eval = self.evaluate()
+                        evaluated = self._last_eval = self.evaluate()
                         self._sync()
                         eval_s, eval_b = time.perf_counter() - t1, self.comm.bytes_sent - b1
                         self._track_best(epoch, evaluated)
@@ -272,9 +487,84 @@ class Trainer:
                     if evaluated["val_acc"] is not None:
                         log.debug("epoch %d: loss %.4f, val %.4f, test %.4f", epoch, loss,
                                   evaluated["val_acc"], evaluated["test_acc"] or float("nan"))
+                    if epoch == tc.epochs or (every and epoch % every == 0) or self._stop_agreed:
+                        path = self.save_checkpoint()
+                        last_saved = epoch
+                        if self._stop_agreed and epoch < tc.epochs:
+                            exc = Preempted(epoch, path, self.stop.name)
+                            if self.rank == 0:
+                                log.warning("%s", exc)
+                            raise _agreed(exc)
+                if last_saved != self.epoch:  # nothing left to train (a finished run resumed): still checkpoint
+                    self.save_checkpoint()
         finally:
             bar.close()
-        return self._summary(epoch_seconds, step_bytes, last_eval, loss)
+        summary = self._summary(epoch_seconds, step_bytes, self._last_eval, self._last_loss)
+        if self.rank == 0:
+            merge_metrics(self.run_dir)
+        return summary
+
+    @contextlib.contextmanager
+    def _pid_file(self) -> Iterator[None]:
+        """``RUN_DIR/pids/rank<R>`` holds this rank's process id while :meth:`fit` runs (to signal one rank)."""
+        path = self.run_dir / "pids" / f"rank{self.rank}"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with atomic_output(path, force=True) as tmp:
+            Path(tmp).write_text(f"{os.getpid()}\n", encoding="utf-8")
+        try:
+            yield
+        finally:
+            path.unlink(missing_ok=True)
+
+    # -- checkpoints ----------------------------------------------------------------------------
+    def save_checkpoint(self) -> Path:
+        """Write ``RUN_DIR/checkpoints/ckpt-<epoch>.pt`` (collective: every rank calls it; rank 0 writes).
+
+        Holds model, optimiser, scheduler, epoch, best-validation state, every rank's RNG states
+        (gathered), the config, the data identity, the number of ranks and the parameter shapes.
+        """
+        rng = _rng_state(self.device)
+        states = self.comm.allgather_object(rng) if self.size > 1 else [rng]
+        path = ckpt.checkpoint_path(self.run_dir, self.epoch)
+        if self.rank == 0:
+            if self._identity is None:
+                self._identity = ckpt.data_identity(self.config.data.path)
+            state = {
+                "epoch": self.epoch,
+                "model": _cpu(self.model.state_dict()),
+                "optimizer": self.optimizer.state_dict(),
+                "scheduler": None if self.scheduler is None else self.scheduler.state_dict(),
+                "best": dict(self.best),
+                "best_state": self.best_state,
+                "last_eval": dict(self._last_eval),
+                "loss": self._last_loss,
+                "rng": states,
+                "config": config_to_dict(self.config),
+                "data": self._identity,
+                "world_size": self.size,
+                "engine": self.engine_name,
+                "param_shapes": _shapes(self.model),
+            }
+            path = ckpt.save_checkpoint(self.run_dir, self.epoch, state)
+        if self.size > 1:
+            self.comm.barrier()
+        return path
+
+    def _restore(self, state: dict[str, Any]) -> None:
+        """Load a checkpoint's training state into this (freshly built) trainer; this rank's RNG states too."""
+        probs = ckpt.shape_problems(state.get("param_shapes") or {}, _shapes(self.model))
+        if probs:
+            raise _agreed(ConfigError(f"--resume: {self.resumed_from} does not match this run: " + "; ".join(probs)))
+        self.model.load_state_dict(state["model"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        if self.scheduler is not None and state.get("scheduler") is not None:
+            self.scheduler.load_state_dict(state["scheduler"])
+        self.epoch = int(state["epoch"])
+        self.best = dict(state["best"])
+        self.best_state = state.get("best_state")
+        self._last_eval = dict(state.get("last_eval") or {})
+        self._last_loss = float(state.get("loss", float("nan")))
+        _set_rng_state(state["rng"][self.rank], self.device)
 
     def _track_best(self, epoch: int, evaluated: dict[str, Any]) -> None:
         val = evaluated["val_acc"]
@@ -315,3 +605,41 @@ class Trainer:
         """Load the parameters of the best-validation epoch into ``model`` (no-op before any evaluation)."""
         if self.best_state is not None:
             self.model.load_state_dict(copy.deepcopy(self.best_state))
+
+
+# -- module helpers ------------------------------------------------------------------------------
+def _flush_logs() -> None:
+    for h in logging.getLogger().handlers:
+        with contextlib.suppress(Exception):
+            h.flush()
+    with contextlib.suppress(Exception):
+        sys.stderr.flush()
+
+
+def _cpu(sd: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    return {k: v.detach().to("cpu", copy=True) for k, v in sd.items()}
+
+
+def _shapes(model: torch.nn.Module) -> dict[str, list[int]]:
+    return {k: list(v.shape) for k, v in model.state_dict().items()}
+
+
+def _rng_state(device: torch.device) -> dict[str, Any]:
+    """This process's RNG states: torch (CPU and, on a GPU, the device's), NumPy and ``random``."""
+    name, keys, pos, has_gauss, cached = np.random.get_state()
+    state = {"torch": torch.get_rng_state(),
+             "numpy": (str(name), torch.from_numpy(keys.astype(np.int64)), int(pos), int(has_gauss), float(cached)),
+             "python": random.getstate()}
+    if device.type == "cuda":
+        state["cuda"] = torch.cuda.get_rng_state(device)
+    return state
+
+
+def _set_rng_state(state: dict[str, Any], device: torch.device) -> None:
+    torch.set_rng_state(state["torch"])
+    name, keys, pos, has_gauss, cached = state["numpy"]
+    np.random.set_state((name, keys.numpy().astype(np.uint32), pos, has_gauss, cached))
+    version, internal, gauss = state["python"]
+    random.setstate((version, tuple(internal), gauss))
+    if device.type == "cuda" and state.get("cuda") is not None:
+        torch.cuda.set_rng_state(state["cuda"], device)

@@ -1,0 +1,243 @@
+"""Training checkpoints: ``RUN_DIR/checkpoints/ckpt-<epoch>.pt``, written atomically, verified on load.
+
+A checkpoint file is a ``torch.save`` of a small envelope::
+
+    {"format": "hpc_graph.checkpoint", "version": 1, "epoch": E,
+     "sha256": hex digest of payload, "payload": bytes}
+
+where ``payload`` is itself a ``torch.save`` of the training state (built by the
+:class:`~hpc_graph.train.trainer.Trainer`: model, optimiser, schedule, best
+validation state, every rank's RNG states, config, data identity, parameter
+shapes). A truncated or corrupt file fails either ``torch.load`` or the digest
+check; :func:`latest_checkpoint` then falls back to the previous file with a
+warning. Both levels load with ``weights_only=True`` (no arbitrary pickles):
+the state holds only tensors, numbers, strings, bytes, lists, tuples and dicts.
+
+Files are written to a temporary name, flushed to disk and renamed; only the
+newest :data:`KEEP_LAST` are kept.
+"""
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import logging
+import os
+import re
+from pathlib import Path
+from typing import Any, Iterable
+
+import torch
+
+from data_io.errors import DataError, atomic_output
+
+log = logging.getLogger(__name__)
+
+CHECKPOINT_DIR = "checkpoints"
+KEEP_LAST = 2
+_FORMAT = "hpc_graph.checkpoint"
+_VERSION = 1
+_NAME = re.compile(r"^ckpt-(\d+)\.pt$")
+
+# train.* fields that may differ between a checkpoint's config and the config of the resumed run
+RESUMABLE_FIELDS = ("train.epochs", "train.eval_every", "train.checkpoint_every", "train.on_nonfinite",
+                    "train.progress", "train.comm_backend", "train.run_dir")
+
+
+class CheckpointError(DataError, ValueError):
+    """A checkpoint that cannot be used (missing, corrupt, or not matching the run); names the file."""
+
+
+def checkpoint_dir(run_dir: str | os.PathLike) -> Path:
+    """``RUN_DIR/checkpoints``."""
+    return Path(run_dir) / CHECKPOINT_DIR
+
+
+def checkpoint_path(run_dir: str | os.PathLike, epoch: int) -> Path:
+    """``RUN_DIR/checkpoints/ckpt-<epoch>.pt`` (epoch not padded)."""
+    return checkpoint_dir(run_dir) / f"ckpt-{int(epoch)}.pt"
+
+
+def list_checkpoints(run_dir: str | os.PathLike) -> list[tuple[int, Path]]:
+    """``(epoch, path)`` of every checkpoint file in ``run_dir``, oldest first (temporary files ignored)."""
+    d = checkpoint_dir(run_dir)
+    if not d.is_dir():
+        return []
+    found = [(int(m.group(1)), p) for p in d.iterdir() if (m := _NAME.match(p.name)) and p.is_file()]
+    return sorted(found)
+
+
+def save_checkpoint(run_dir: str | os.PathLike, epoch: int, state: dict[str, Any],
+                    keep: int = KEEP_LAST) -> Path:
+    """Write ``state`` as ``ckpt-<epoch>.pt`` atomically, then delete all but the newest ``keep`` files.
+
+    Returns the path written. Raises DataError naming the file when the write fails (e.g. disk full).
+    """
+    if keep < 1:
+        raise ValueError(f"save_checkpoint: keep must be >= 1, got {keep}")
+    buf = io.BytesIO()
+    torch.save(state, buf)
+    payload = buf.getvalue()
+    envelope = {"format": _FORMAT, "version": _VERSION, "epoch": int(epoch),
+                "sha256": hashlib.sha256(payload).hexdigest(), "payload": payload}
+    path = checkpoint_path(run_dir, epoch)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with atomic_output(path, force=True) as tmp:
+        with open(tmp, "wb") as fh:
+            torch.save(envelope, fh)
+            fh.flush()
+            os.fsync(fh.fileno())
+    for _, old in list_checkpoints(run_dir)[:-keep]:
+        try:
+            old.unlink()
+        except FileNotFoundError:
+            pass
+    log.info("checkpoint: epoch %d written to %s (%.1f MiB)", epoch, path, len(payload) / 2**20)
+    return path
+
+
+def load_checkpoint(path: str | os.PathLike) -> dict[str, Any]:
+    """Read and verify one checkpoint file; returns the state passed to :func:`save_checkpoint`.
+
+    Raises:
+        CheckpointError: naming the file, if it is unreadable, truncated, not a checkpoint, or its
+        payload does not match the stored sha256.
+    """
+    path = Path(path)
+    try:
+        envelope = torch.load(path, map_location="cpu", weights_only=True)
+    except FileNotFoundError:
+        raise CheckpointError(f"{path}: no such checkpoint") from None
+    except Exception as exc:  # truncated zip, bad pickle, I/O error: all mean "unusable"
+        raise CheckpointError(f"{path}: not a readable checkpoint ({type(exc).__name__}: "
+                              f"{str(exc).splitlines()[0] if str(exc) else ''})") from None
+    if not isinstance(envelope, dict) or envelope.get("format") != _FORMAT:
+        raise CheckpointError(f"{path}: not an hpc_graph checkpoint")
+    if envelope.get("version") != _VERSION:
+        raise CheckpointError(f"{path}: checkpoint version {envelope.get('version')!r} is not supported "
+                              f"(expected {_VERSION})")
+    payload = envelope.get("payload")
+    if not isinstance(payload, bytes) or hashlib.sha256(payload).hexdigest() != envelope.get("sha256"):
+        raise CheckpointError(f"{path}: payload does not match its sha256 (corrupt checkpoint)")
+    try:
+        state = torch.load(io.BytesIO(payload), map_location="cpu", weights_only=True)
+    except Exception as exc:
+        raise CheckpointError(f"{path}: payload not loadable ({type(exc).__name__})") from None
+    if not isinstance(state, dict):
+        raise CheckpointError(f"{path}: payload is not a training state")
+    return state
+
+
+def latest_checkpoint(run_dir: str | os.PathLike) -> tuple[Path, dict[str, Any]]:
+    """The newest checkpoint of ``run_dir`` that loads and verifies: ``(path, state)``.
+
+    Every newer file that fails is skipped with a warning naming it and the reason.
+    Raises CheckpointError if ``run_dir`` has no usable checkpoint.
+    """
+    found = list_checkpoints(run_dir)
+    if not found:
+        where = checkpoint_dir(run_dir)
+        raise CheckpointError(f"{run_dir}: no checkpoint to resume from (no ckpt-<epoch>.pt in {where})")
+    reasons = []
+    for _, path in reversed(found):
+        try:
+            state = load_checkpoint(path)
+        except CheckpointError as exc:
+            log.warning("checkpoint: skipping %s", exc)
+            reasons.append(str(exc))
+            continue
+        if reasons:
+            log.warning("checkpoint: resuming from the older %s", path)
+        return path, state
+    raise CheckpointError(f"{run_dir}: no usable checkpoint ({'; '.join(reasons)})")
+
+
+def data_identity(data_path: str | os.PathLike) -> dict[str, Any]:
+    """What a checkpoint records about its input so that a resume can refuse different data.
+
+    A dataset file: ``{"kind": "dataset", "sha256": <of the file>, "num_parts": None, "layout": None}``.
+    A partition directory: ``sha256`` of its source dataset (from ``partition.json``), ``num_parts``,
+    and ``layout``: sha256 of ``partition.json`` without its timings and source path (so two
+    partitionings of the same source differ, a copied directory does not).
+    """
+    from data_io.partition import read_partition_meta
+    from data_io.partitioner import file_sha256
+
+    path = Path(data_path)
+    if path.is_dir():
+        meta = read_partition_meta(path)
+        source = dict(meta.get("source") or {})
+        stable = {k: v for k, v in meta.items() if k not in ("timings_s", "source")}
+        stable["source_sha256"] = source.get("sha256")
+        layout = hashlib.sha256(json.dumps(stable, sort_keys=True).encode()).hexdigest()
+        return {"kind": "partition", "sha256": source.get("sha256"), "num_parts": int(meta["num_parts"]),
+                "layout": layout}
+    try:
+        digest = file_sha256(path)
+    except OSError as exc:
+        raise DataError(f"{path}: cannot read dataset ({exc.strerror or exc})") from None
+    return {"kind": "dataset", "sha256": digest, "num_parts": None, "layout": None}
+
+
+def identity_problems(saved: dict[str, Any], current: dict[str, Any]) -> list[str]:
+    """Human-readable differences between a checkpoint's data identity and the current one (empty: same)."""
+    probs = []
+    if saved.get("kind") != current.get("kind"):
+        probs.append(f"data.path: the checkpoint was trained on a {saved.get('kind')}, this run has a "
+                     f"{current.get('kind')}")
+        return probs
+    if saved.get("sha256") != current.get("sha256"):
+        what = "source dataset" if current.get("kind") == "partition" else "dataset file"
+        probs.append(f"data.path: different {what} (sha256 {_short(saved.get('sha256'))} in the checkpoint, "
+                     f"{_short(current.get('sha256'))} now)")
+    if saved.get("num_parts") != current.get("num_parts"):
+        probs.append(f"data.path: the checkpoint's partition directory has {saved.get('num_parts')} parts, "
+                     f"this one {current.get('num_parts')}")
+    elif saved.get("layout") != current.get("layout") and not probs:
+        probs.append("data.path: different partition directory (same source, but another partitioning: "
+                     f"checksum {_short(saved.get('layout'))} in the checkpoint, {_short(current.get('layout'))} now)")
+    return probs
+
+
+def config_problems(saved: dict[str, dict[str, Any]], current: dict[str, dict[str, Any]],
+                    allowed: Iterable[str] = RESUMABLE_FIELDS) -> list[str]:
+    """Fields (``section.key``) whose values differ between two config dicts, except ``allowed`` ones."""
+    allowed = set(allowed)
+    probs = []
+    for section in sorted(set(saved) | set(current)):
+        a, b = saved.get(section) or {}, current.get(section) or {}
+        for key in sorted(set(a) | set(b)):
+            name = f"{section}.{key}"
+            if name in allowed or name == "data.path":  # data are compared by content, not by name
+                continue
+            if a.get(key) != b.get(key):
+                probs.append(f"{name}: {a.get(key)!r} in the checkpoint, {b.get(key)!r} now")
+    return probs
+
+
+def shape_problems(saved: dict[str, list[int]], current: dict[str, list[int]]) -> list[str]:
+    """Differences between two ``{parameter name: shape}`` maps (empty when the models match)."""
+    probs = []
+    for name in sorted(set(saved) | set(current)):
+        a, b = saved.get(name), current.get(name)
+        if a is None or b is None:
+            probs.append(f"model: parameter {name} {'missing in the checkpoint' if a is None else 'not in this model'}")
+        elif list(a) != list(b):
+            probs.append(f"model: parameter {name} has shape {tuple(a)} in the checkpoint, {tuple(b)} now")
+    return probs
+
+
+def _short(digest: Any) -> str:
+    return str(digest)[:12] if digest else "unknown"
+
+
+def checkpoint_config(run_dir: str | os.PathLike, overrides: Iterable[str] = ()):
+    """The validated :class:`~hpc_graph.train.config.Config` stored in ``run_dir``'s newest valid
+    checkpoint, with ``"section.key=value"`` ``overrides`` applied (ConfigError naming a bad field)."""
+    from hpc_graph.train.config import apply_overrides, config_from_dict
+
+    path, state = latest_checkpoint(run_dir)
+    raw = state.get("config")
+    if not isinstance(raw, dict):
+        raise CheckpointError(f"{path}: no config stored")
+    return config_from_dict(apply_overrides(raw, overrides))

@@ -1,0 +1,180 @@
+"""Checkpoints, resume, preemption and non-finite losses on one process (single engine).
+
+Multi-rank resume/preemption is in tests/mpi/test_restart.py, failures in tests/mpi/test_failures.py.
+"""
+import json
+import logging
+import os
+import signal
+
+import pytest
+import torch
+
+from data_io.generators.csbm import write_csbm
+from hpc_graph.train import checkpoint as ckpt
+from hpc_graph.train.config import ConfigError, config_from_dict
+from hpc_graph.train.metrics import MERGED_METRICS, metrics_path
+from hpc_graph.train.signals import EXIT_PREEMPTED, Preempted, StopSignal
+from hpc_graph.train.trainer import NonFiniteLossError, Trainer
+
+TIMING = {"epoch_seconds", "compute_seconds", "comm_seconds", "eval_seconds", "peak_rss_mb", "engine_stats"}
+
+
+@pytest.fixture(scope="module")
+def graphs(tmp_path_factory):
+    d = tmp_path_factory.mktemp("data")
+    a, b = d / "a.h5", d / "b.h5"
+    write_csbm(a, num_nodes=200, num_classes=3, avg_degree=5.0, feat_dim=10, seed=4)
+    write_csbm(b, num_nodes=200, num_classes=3, avg_degree=5.0, feat_dim=10, seed=5)
+    return str(a), str(b)
+
+
+def _config(path, run_dir, **train):
+    return config_from_dict({
+        "data": {"path": path},
+        "model": {"name": "gcn", "hidden": 8, "dropout": 0.5},
+        "optim": {"lr": 0.05, "schedule": "step", "step_size": 2, "gamma": 0.9},
+        "train": {"epochs": 7, "seed": 3, "dtype": "float64", "progress": False, "eval_every": 2,
+                  "run_dir": str(run_dir), **train},
+    })
+
+
+def _stop_at(trainer, epoch):
+    """Make ``trainer`` receive a real SIGUSR1 during epoch ``epoch``."""
+    step = trainer.step
+
+    def wrapped():
+        if trainer.epoch + 1 == epoch:
+            os.kill(os.getpid(), signal.SIGUSR1)
+        return step()
+    trainer.step = wrapped
+
+
+def _lines(run_dir):
+    rows = [json.loads(x) for x in metrics_path(run_dir, 0).read_text().splitlines()]
+    return [{k: v for k, v in r.items() if k not in TIMING} for r in rows]
+
+
+def test_save_load_keep_two_and_fall_back_on_corruption(tmp_path, caplog):
+    for epoch in (2, 4, 6):
+        ckpt.save_checkpoint(tmp_path, epoch, {"epoch": epoch, "w": torch.full((3,), float(epoch)),
+                                               "rng": (3, (1, 2), None)})
+    assert [e for e, _ in ckpt.list_checkpoints(tmp_path)] == [4, 6]
+    assert not [p for p in ckpt.checkpoint_dir(tmp_path).iterdir() if "tmp" in p.name]
+    state = ckpt.load_checkpoint(ckpt.checkpoint_path(tmp_path, 6))
+    assert state["epoch"] == 6 and torch.equal(state["w"], torch.full((3,), 6.0))
+
+    newest = ckpt.checkpoint_path(tmp_path, 6)
+    newest.write_bytes(newest.read_bytes()[: newest.stat().st_size // 2])  # truncated by a crash
+    with caplog.at_level(logging.WARNING):
+        path, state = ckpt.latest_checkpoint(tmp_path)
+    assert path == ckpt.checkpoint_path(tmp_path, 4) and state["epoch"] == 4
+    assert "ckpt-6.pt" in caplog.text
+
+    # a readable file whose payload does not match its digest
+    env = torch.load(ckpt.checkpoint_path(tmp_path, 4), weights_only=True)
+    env["payload"] = env["payload"][:-1] + bytes([env["payload"][-1] ^ 1])
+    torch.save(env, ckpt.checkpoint_path(tmp_path, 4))
+    with pytest.raises(ckpt.CheckpointError, match="ckpt-4.pt: payload does not match its sha256"):
+        ckpt.load_checkpoint(ckpt.checkpoint_path(tmp_path, 4))
+    with pytest.raises(ckpt.CheckpointError, match="no usable checkpoint"):
+        ckpt.latest_checkpoint(tmp_path)
+    with pytest.raises(ckpt.CheckpointError, match="no checkpoint to resume from"):
+        ckpt.latest_checkpoint(tmp_path / "elsewhere")
+
+
+def test_preempt_and_resume_equals_uninterrupted_run(graphs, tmp_path):
+    full = Trainer(_config(graphs[0], tmp_path / "full", checkpoint_every=3))
+    summary_full = full.fit()
+    assert [e for e, _ in ckpt.list_checkpoints(tmp_path / "full")] == [6, 7]
+
+    part = Trainer(_config(graphs[0], tmp_path / "part", checkpoint_every=3))
+    _stop_at(part, 4)
+    with pytest.raises(Preempted) as info:
+        part.fit()
+    assert info.value.epoch == 4 and info.value.signal_name == "SIGUSR1" and EXIT_PREEMPTED == 75
+    assert info.value.checkpoint == ckpt.checkpoint_path(tmp_path / "part", 4)
+    assert [e for e, _ in ckpt.list_checkpoints(tmp_path / "part")] == [3, 4]
+    assert signal.getsignal(signal.SIGUSR1) is signal.SIG_DFL  # handlers restored
+    assert not (tmp_path / "part" / MERGED_METRICS).exists()
+    # a later crash would have left lines after the checkpoint: they are dropped on resume
+    with open(metrics_path(tmp_path / "part", 0), "a") as fh:
+        fh.write(json.dumps({"rank": 0, "epoch": 5, "loss": 123.0}) + "\n")
+
+    resumed = Trainer(_config(graphs[0], tmp_path / "ignored"), resume=tmp_path / "part")
+    assert resumed.epoch == 4 and resumed.run_dir == tmp_path / "part"
+    summary = resumed.fit()
+    for (name, p), q in zip(full.model.named_parameters(), resumed.model.parameters()):
+        assert torch.equal(p, q), name
+    assert _lines(tmp_path / "part") == _lines(tmp_path / "full")
+    for key in ("best_val_acc", "test_acc", "best_epoch", "final", "epochs"):
+        assert summary[key] == summary_full[key], key
+    merged = [json.loads(x) for x in (tmp_path / "part" / MERGED_METRICS).read_text().splitlines()]
+    assert [r["epoch"] for r in merged] == list(range(1, 8))
+    assert not (tmp_path / "ignored").exists()
+
+
+def test_resume_refuses_a_different_run(graphs, tmp_path):
+    Trainer(_config(graphs[0], tmp_path / "run", epochs=2)).fit()
+    with pytest.raises(ConfigError, match=r"model.hidden: 8 in the checkpoint, 16 now"):
+        cfg = _config(graphs[0], tmp_path / "run")
+        cfg.model.hidden = 16
+        Trainer(cfg, resume=tmp_path / "run")
+    with pytest.raises(ConfigError, match=r"data.path: different dataset file \(sha256 "):
+        Trainer(_config(graphs[1], tmp_path / "run"), resume=tmp_path / "run")
+    # allowed differences: more epochs, other eval/checkpoint settings
+    t = Trainer(_config(graphs[0], tmp_path / "run", epochs=3, eval_every=1, checkpoint_every=1),
+                resume=tmp_path / "run")
+    assert t.epoch == 2 and t.fit()["epochs"] == 3
+    assert ckpt.checkpoint_config(tmp_path / "run", ["train.epochs=9"]).train.epochs == 9
+
+
+def test_stored_shapes_are_checked(graphs, tmp_path):
+    t = Trainer(_config(graphs[0], tmp_path / "run", epochs=1))
+    t.fit()
+    path, state = ckpt.latest_checkpoint(tmp_path / "run")
+    state["param_shapes"] = {**state["param_shapes"], "convs.0.lin.weight": [99, 10]}
+    path.unlink()
+    ckpt.save_checkpoint(tmp_path / "run", 1, state)
+    with pytest.raises(ConfigError, match=r"shape \(99, 10\) in the checkpoint"):
+        Trainer(_config(graphs[0], tmp_path / "run"), resume=tmp_path / "run")
+
+
+@pytest.mark.parametrize("policy", ["stop", "skip"])
+def test_nonfinite_loss(graphs, tmp_path, monkeypatch, caplog, policy):
+    monkeypatch.setenv("HPC_GRAPH_DEBUG_FAIL", "rank=0,epoch=2,kind=nan")
+    t = Trainer(_config(graphs[0], tmp_path, on_nonfinite=policy))
+    t.step()
+    before = [p.detach().clone() for p in t.model.parameters()]
+    if policy == "stop":
+        with pytest.raises(NonFiniteLossError, match="non-finite loss or gradient in epoch 2 on rank 0"):
+            t.step()
+        return
+    with caplog.at_level(logging.WARNING):
+        loss = t.step()
+    assert loss != loss and "optimiser step skipped" in caplog.text
+    assert all(torch.equal(a, b) for a, b in zip(before, t.model.parameters()))
+    t.step()
+    assert not all(torch.equal(a, b) for a, b in zip(before, t.model.parameters()))
+
+
+def test_debug_failure_variable(graphs, tmp_path, monkeypatch):
+    monkeypatch.setenv("HPC_GRAPH_DEBUG_FAIL", "rank=0,epoch=2,kind=exception")
+    t = Trainer(_config(graphs[0], tmp_path))
+    t.step()
+    with pytest.raises(RuntimeError, match="rank 0: injected failure in epoch 2"):
+        t.step()
+    monkeypatch.setenv("HPC_GRAPH_DEBUG_FAIL", "rank=0,when=2")
+    with pytest.raises(ConfigError, match="HPC_GRAPH_DEBUG_FAIL: expected rank=R"):
+        Trainer(_config(graphs[0], tmp_path))
+
+
+def test_stop_signal_records_and_restores():
+    previous = signal.getsignal(signal.SIGTERM)
+    with StopSignal() as stop:
+        assert not stop.requested and stop.name is None
+        os.kill(os.getpid(), signal.SIGTERM)
+        assert stop.requested and stop.name == "SIGTERM"
+        os.kill(os.getpid(), signal.SIGUSR1)
+        assert stop.name == "SIGTERM"  # the first one is kept
+    assert signal.getsignal(signal.SIGTERM) == previous
