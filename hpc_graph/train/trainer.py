@@ -493,7 +493,7 @@ class Trainer:
                         if self._stop_agreed and epoch < tc.epochs:
                             exc = Preempted(epoch, path, self.stop.name)
                             if self.rank == 0:
-                                log.warning("%s", exc)
+                                log.info("%s", exc)
                             raise _agreed(exc)
                 if last_saved != self.epoch:  # nothing left to train (a finished run resumed): still checkpoint
                     self.save_checkpoint()
