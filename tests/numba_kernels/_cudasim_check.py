@@ -15,8 +15,19 @@ import numpy as np
 
 _TESTS = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(_TESTS.parent))  # the repo root, for numba_kernels
-sys.path.append(str(_TESTS))  # for conftest.awkward_graph (after the root: tests/numba_kernels is no package)
-from conftest import awkward_graph  # noqa: E402
+
+
+def _load_awkward_graph():
+    """``awkward_graph`` from tests/conftest.py, loaded by path (other conftest.py files may be on sys.path)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("_hpc_graph_tests_conftest", _TESTS / "conftest.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.awkward_graph
+
+
+awkward_graph = _load_awkward_graph()
 
 assert os.environ.get("NUMBA_ENABLE_CUDASIM") == "1", "run with NUMBA_ENABLE_CUDASIM=1"
 from numba import cuda  # noqa: E402
@@ -40,7 +51,7 @@ def _graph(seed, nd=8, ns=None, edges=24):
     return indptr, indices, np.repeat(np.arange(nd), np.diff(indptr))
 
 
-def check_spmm(dtype):
+def check_spmm(dtype, full=True):
     from numba_kernels.cpu._transpose import csr_transpose
 
     rng = np.random.default_rng(0)
@@ -49,8 +60,9 @@ def check_spmm(dtype):
     H, D = 2, 3
     x = rng.standard_normal((6, H, D)).astype(dtype)
     no_e = np.empty(0, np.int64)
-    for w in (np.empty((0, 1), dtype), rng.uniform(0.5, 2, (E, H)).astype(dtype),
-              rng.uniform(0.5, 2, (E, 1)).astype(dtype)):
+    weights = [np.empty((0, 1), dtype), rng.uniform(0.5, 2, (E, H)).astype(dtype),
+               rng.uniform(0.5, 2, (E, 1)).astype(dtype)]
+    for w in weights if full else weights[1:2]:
         wf = np.ones((E, 1)) if w.shape[0] == 0 else w.astype(np.float64)
         msg = x[indices] * wf[:, :, None]
         for mean in (False, True):
@@ -102,7 +114,7 @@ def check_spmm(dtype):
     np.testing.assert_allclose(gx, ref, **_tol(dtype), err_msg="spmm_sum transposed")
 
 
-def check_sddmm(dtype):
+def check_sddmm(dtype, full=True):
     rng = np.random.default_rng(1)
     indptr, indices, dst = _graph(2, 8, 7)
     a = rng.standard_normal((8, 3, 5)).astype(dtype)
@@ -113,11 +125,11 @@ def check_sddmm(dtype):
     np.testing.assert_allclose(out, ref, **_tol(dtype), err_msg="sddmm")
 
 
-def check_edge_softmax(dtype):
+def check_edge_softmax(dtype, full=True):
     rng = np.random.default_rng(2)
     indptr, _, _ = _graph(3, 6, None, 30)
     E = int(indptr[-1])
-    for H in (1, 3):
+    for H in (1, 3) if full else (3,):
         s = (rng.standard_normal((E, H)) * 4).astype(dtype)
         s[0] += 300
         out = np.full(s.shape, np.nan, dtype)
@@ -139,8 +151,8 @@ def check_edge_softmax(dtype):
 
 def main(family: str) -> int:
     check = {"spmm": check_spmm, "sddmm": check_sddmm, "edge_softmax": check_edge_softmax}[family]
-    for dtype in (np.float32, np.float64):
-        check(dtype)
+    check(np.float32, full=True)  # every variant in float32; the simulator is slow
+    check(np.float64, full=False)  # one variant in float64
     print(f"OK {family}")
     return 0
 
