@@ -12,7 +12,9 @@ class DistBatchNorm(nn.Module):
 
     Training: each rank sums ``x - K`` and ``(x - K)^2`` over its rows, with the
     shift ``K = running_mean`` (identical on all ranks; it keeps the one-pass
-    variance accurate), and ONE differentiable all-reduce
+    variance accurate once the running mean has settled), sums accumulated in
+    float64 for float32/16 inputs (so ``E[x^2] - mean^2`` does not cancel
+    catastrophically before that), and ONE differentiable all-reduce
     (``graph.all_reduce_sum``) of ``[sum, sum of squares, row count]`` gives the
     global mean and biased variance. The backward pass of that all-reduce sums
     the gradients of the statistics over ranks, so each rank's rows receive
@@ -55,14 +57,15 @@ class DistBatchNorm(nn.Module):
         if self.training:
             shift = self.running_mean.detach().to(x.dtype).clone()
             xc = x - shift
-            count = x.new_full((1,), float(x.shape[0]))
-            stats = graph.all_reduce_sum(torch.cat([xc.sum(0), (xc * xc).sum(0), count]))
+            acc = torch.float64 if x.dtype in (torch.float16, torch.bfloat16, torch.float32) else x.dtype
+            count = torch.full((1,), float(x.shape[0]), dtype=acc, device=x.device)
+            stats = graph.all_reduce_sum(torch.cat([xc.sum(0, dtype=acc), (xc * xc).sum(0, dtype=acc), count]))
             n = float(stats[2 * f].detach())
             if n <= 1:
                 raise ValueError(f"DistBatchNorm: need more than 1 row over all ranks when training, got {n:g}")
             m = stats[:f] / n
-            var = (stats[f:2 * f] / n - m * m).clamp_min(0.0)
-            mean = shift + m
+            var = (stats[f:2 * f] / n - m * m).clamp_min(0.0).to(x.dtype)
+            mean = shift + m.to(x.dtype)
             with torch.no_grad():
                 self.num_batches_tracked += 1
                 factor = (1.0 / float(self.num_batches_tracked) if self.momentum is None

@@ -49,6 +49,20 @@ def test_matches_batchnorm1d(momentum):
     assert g.calls == 4  # eval uses running statistics, no communication
 
 
+def test_float32_with_large_mean_stays_accurate():
+    """Mean 300, std 0.5: a float32 one-pass variance would cancel catastrophically on the first step."""
+    torch.manual_seed(3)
+    x = torch.randn(1000, 16, dtype=torch.float64) * 0.5 + 300
+    ref = torch.nn.BatchNorm1d(16).double()
+    ours = DistBatchNorm(16)
+    g = _SplitSumGraph()
+    for _ in range(2):
+        out = ours(g, x.float())
+        assert out.dtype == torch.float32
+        torch.testing.assert_close(out.double(), ref(x), rtol=0, atol=2e-3)
+    torch.testing.assert_close(ours.running_var.double(), ref.running_var, rtol=1e-3, atol=0)
+
+
 def test_single_row_rejected_when_training():
     with pytest.raises(ValueError, match="more than 1 row"):
         DistBatchNorm(3)(_SplitSumGraph(), torch.randn(1, 3))
