@@ -380,20 +380,26 @@ class Trainer:
         for p in self.params:
             if p.grad is None:
                 p.grad = torch.zeros_like(p)
-        finite = bool(torch.isfinite(loss.detach())) and all(bool(torch.isfinite(p.grad).all()) for p in self.params)
-        # [global loss, number of ranks asked to stop, one "non-finite" slot per rank]
-        flags = torch.zeros(2 + self.size, dtype=loss.dtype, device=loss.device)
+        loss_ok = bool(torch.isfinite(loss.detach()))
+        grads_ok = all(bool(torch.isfinite(p.grad).all()) for p in self.params)
+        # [global loss, ranks asked to stop, per rank: loss non-finite, per rank: gradient non-finite]
+        n = self.size
+        flags = torch.zeros(2 + 2 * n, dtype=loss.dtype, device=loss.device)
         flags[0] = loss.detach()
         flags[1] = float(self.stop.requested)
-        flags[2 + self.rank] = float(not finite)
-        if self.size > 1:
+        flags[2 + self.rank] = float(not loss_ok)
+        flags[2 + n + self.rank] = float(not grads_ok)
+        if n > 1:
             self.comm.allreduce_bucketed_([p.grad for p in self.params] + [flags])
         flags = flags.cpu()
         self._stop_agreed = bool(flags[1] > 0)
-        bad = [r for r in range(self.size) if flags[2 + r] != 0]
-        if bad:
-            what = (f"non-finite loss or gradient in epoch {epoch} on rank{'s' if len(bad) > 1 else ''} "
-                    f"{', '.join(map(str, bad))}")
+        bad_loss = [r for r in range(n) if flags[2 + r] != 0]
+        bad_grad = [r for r in range(n) if flags[2 + n + r] != 0]
+        if bad_loss or bad_grad:
+            # a NaN born on one rank reaches the others' gradients through the halo exchange: name its source
+            what, ranks = ("loss", bad_loss) if bad_loss else ("gradient", bad_grad)
+            what = (f"non-finite {what} in epoch {epoch} on rank{'s' if len(ranks) > 1 else ''} "
+                    f"{', '.join(map(str, ranks))}")
             if self.config.train.on_nonfinite == "stop":
                 raise _agreed(NonFiniteLossError(f"{what} (train.on_nonfinite: stop; try a lower optim.lr)"))
             log.warning("%s: optimiser step skipped on every rank (train.on_nonfinite: skip)", what)
