@@ -7,8 +7,8 @@ Rank 0 prints the final summary line.
 
 Exit status: 0 done; 1 failed (non-finite loss with ``train.on_nonfinite: stop``;
 a crash on any rank aborts the job with MPI_Abort); 2 bad config, data or resume;
-75 preempted by SIGTERM/SIGUSR1 after writing a checkpoint (resume with
-``--resume RUN_DIR``). See docs/configuration.md.
+75 preempted by SIGTERM/SIGUSR1 (or a first Ctrl-C) after writing a checkpoint
+(resume with ``--resume RUN_DIR``). See docs/configuration.md.
 """
 from __future__ import annotations
 
@@ -68,8 +68,11 @@ def run(args: argparse.Namespace) -> int:
     except ConfigError as exc:
         raise CLIError(str(exc)) from None
 
-    from hpc_graph.train.signals import EXIT_PREEMPTED, Preempted
+    import signal
+
+    from hpc_graph.train.signals import EXIT_PREEMPTED, STOP_SIGNALS, Preempted, StopSignal
     from hpc_graph.train.trainer import NonFiniteLossError
+    trainer.stop = StopSignal(STOP_SIGNALS + (signal.SIGINT,))  # Ctrl-C: checkpoint and exit 75 too
     try:
         summary = trainer.fit()
     except Preempted as exc:

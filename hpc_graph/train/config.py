@@ -335,7 +335,7 @@ and a `--resume` that does not match its checkpoint.
   the same `train.epochs`, a resumed run ends with exactly the weights and
   metrics of an uninterrupted one. Metric files are appended to.
 * On SIGTERM or SIGUSR1 (batch-system preemption; the job scripts ask SLURM for
-  `--signal=USR1@120`) every rank finishes its current epoch, the ranks agree
+  `--signal=USR1@120`), or a first Ctrl-C (a second one interrupts at once), every rank finishes its current epoch, the ranks agree
   (the signal may reach only some of them), rank 0 writes a checkpoint and
   every rank exits with status **75** (`EX_TEMPFAIL`): resubmit the same job
   with `--resume RUN_DIR` (the job scripts do this when `RUN_DIR/checkpoints`

@@ -37,7 +37,9 @@ class Preempted(Exception):
 class StopSignal:
     """Record SIGTERM/SIGUSR1 (``signals``) while active: ``with StopSignal() as stop: ... stop.requested``.
 
-    The previous handlers are restored on exit. Outside the main thread (where
+    With ``signal.SIGINT`` among ``signals`` (``hpc-graph train`` adds it), the
+    first Ctrl-C stops cleanly like SIGTERM and a second one raises
+    ``KeyboardInterrupt``. The previous handlers are restored on exit. Outside the main thread (where
     Python cannot install handlers) it only supports :meth:`request`.
     """
 
@@ -67,6 +69,8 @@ class StopSignal:
             self.signum = int(signum)
 
     def _handle(self, signum: int, frame: FrameType | None) -> None:
+        if signum == signal.SIGINT and self.signum is not None:
+            raise KeyboardInterrupt  # a second Ctrl-C: do not wait for the epoch to end
         self.request(signum)  # only a flag: the loop notices it at the next step
 
     def __enter__(self) -> "StopSignal":

@@ -188,7 +188,6 @@ class Trainer:
 
     def _build(self, state: dict[str, Any] | None) -> None:
         config, comm, tc = self.config, self.comm, self.config.train
-        self.device = self._device(tc.device)
         self.dtype = _DTYPES[tc.dtype]
         self.engine: Engine = create_engine(self.engine_name, config.data.path, comm, self.device, self.dtype,
                                             {"prefetch": config.engine.prefetch})
@@ -245,6 +244,7 @@ class Trainer:
         try:
             self._debug_failure = _parse_debug_failure(os.environ.get(DEBUG_FAIL_ENV))
             check_paths(config)
+            self.device = self._device(config.train.device)
             self.engine_name = choose_engine(config.engine.name, self.size, config.data.path)
             if resume is not None:
                 path, state = ckpt.latest_checkpoint(resume)

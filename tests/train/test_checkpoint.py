@@ -178,3 +178,12 @@ def test_stop_signal_records_and_restores():
         os.kill(os.getpid(), signal.SIGUSR1)
         assert stop.name == "SIGTERM"  # the first one is kept
     assert signal.getsignal(signal.SIGTERM) == previous
+
+
+def test_second_ctrl_c_interrupts():
+    with StopSignal((signal.SIGINT,)) as stop:
+        os.kill(os.getpid(), signal.SIGINT)
+        assert stop.name == "SIGINT"
+        with pytest.raises(KeyboardInterrupt):
+            os.kill(os.getpid(), signal.SIGINT)
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
