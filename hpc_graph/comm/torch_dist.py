@@ -16,6 +16,7 @@ come from an MPI shared-memory split. Point-to-point traffic is posted with
 """
 from __future__ import annotations
 
+import atexit
 import datetime
 import logging
 import os
@@ -96,6 +97,15 @@ def _default_backend_spec() -> str:
     return ",".join(parts)
 
 
+
+def _destroy_group(dist) -> None:
+    """atexit hook: destroy the default process group if it is still there."""
+    try:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+    except Exception as exc:  # at exit, a failing teardown must not mask the real status
+        log.debug("destroy_process_group at exit failed: %s", exc)
+
 class TorchDistCommunicator(Communicator):
     """Communicator over an initialised (or, here, initialised on demand) default process group.
 
@@ -126,6 +136,9 @@ class TorchDistCommunicator(Communicator):
                 torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")) % torch.cuda.device_count())
             dist.init_process_group(backend=spec, init_method="env://",
                                     timeout=datetime.timedelta(seconds=timeout_s))
+            # Tear the group down before interpreter exit: gloo's worker threads still
+            # running at exit abort the process ("terminate called without an active exception").
+            atexit.register(_destroy_group, dist)
             log.debug("torch.distributed initialised: backend %s, rank %d of %d via %s:%s",
                       spec, dist.get_rank(), dist.get_world_size(),
                       os.environ["MASTER_ADDR"], os.environ["MASTER_PORT"])
