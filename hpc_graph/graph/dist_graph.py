@@ -44,9 +44,21 @@ class RankMismatchError(DataError, ValueError):
 
 
 def transpose_csr(g: CSR) -> CSR:
-    """The transpose of ``g`` as a CSR (``num_dst`` and ``num_src`` swapped, weights permuted)."""
-    indptr_t, indices_t, perm = g.csc()
+    """The transpose of ``g`` as a CSR (``num_dst`` and ``num_src`` swapped, weights permuted).
+
+    On the CPU a counting sort builds it in O(E) and nothing is cached on ``g``
+    (the edge permutation is dropped unless there are weights to permute: the
+    transpose of an unweighted block costs 8 bytes per edge, not 16).
+    """
+    if g.device.type != "cpu":
+        indptr_t, indices_t, perm = g.csc()
+    else:
+        from numba_kernels.cpu._transpose import csr_transpose
+
+        arrays = csr_transpose(g.indptr.numpy(), g.indices.numpy(), g.num_src)
+        indptr_t, indices_t, perm = (torch.from_numpy(a) for a in arrays)
     w = None if g.edge_weight is None else g.edge_weight[perm]
+    del perm
     return CSR(indptr_t, indices_t, g.num_dst, w, validate=False)
 
 
@@ -176,26 +188,30 @@ class DistGraph:
         return self._blocks
 
     def _split_blocks(self) -> dict[int, CSR]:
+        # One pass per block over the edges with a boolean mask: a block's row pointer is the
+        # running count of its edges sampled at the row boundaries, so edges keep their order
+        # in ``local`` and no E-sized sort or destination array is needed (transient ~10 B/edge).
         p, n = self.part_id, self.num_owned
         indptr, indices = self.local.indptr.cpu().numpy(), self.local.indices.cpu().numpy()
         w = self.local.edge_weight
         counts = np.diff(self.halo_offsets)
-        owner = np.full(len(indices), p, dtype=np.int64)
-        is_halo = indices >= n
-        owner[is_halo] = np.searchsorted(self.halo_offsets, indices[is_halo] - n, side="right") - 1
-        dst = np.repeat(np.arange(n, dtype=np.int64), np.diff(indptr))
-        order = np.argsort(owner, kind="stable")  # stays destination-major within a block
-        bounds = np.searchsorted(owner[order], np.arange(self.num_parts + 1))
+        running = np.zeros(len(indices) + 1, dtype=np.int64)
         blocks: dict[int, CSR] = {}
         for q in range(self.num_parts):
             if q != p and counts[q] == 0:
                 continue
-            sel = order[bounds[q]:bounds[q + 1]]
-            cols = indices[sel] - (0 if q == p else n + self.halo_offsets[q])
-            bptr = np.zeros(n + 1, dtype=np.int64)
-            np.cumsum(np.bincount(dst[sel], minlength=n), out=bptr[1:])
-            bw = None if w is None else w[torch.from_numpy(sel).to(w.device)]
-            blocks[q] = CSR(bptr, cols, n if q == p else int(counts[q]), bw).to(self.device)
+            lo, hi = (0, n) if q == p else (n + int(self.halo_offsets[q]), n + int(self.halo_offsets[q + 1]))
+            mask = indices < hi
+            if lo > 0:
+                mask &= indices >= lo
+            np.cumsum(mask, out=running[1:])
+            bptr = running[indptr]
+            cols = indices[mask]
+            if lo:
+                cols -= lo
+            bw = None if w is None else w[torch.from_numpy(mask).to(w.device)]
+            del mask
+            blocks[q] = CSR(bptr, cols, n if q == p else int(counts[q]), bw, validate=False).to(self.device)
         return blocks
 
     def halo_range(self, q: int) -> tuple[int, int]:
@@ -238,7 +254,9 @@ class DistGraph:
     def local_self_loops(self) -> CSR:
         """``local`` with a self-loop edge ``i -> i`` appended to every owned row, built once.
 
-        ``[n x (n+h)]``: the one-block form of attention with self loops (GAT in ``dp``).
+        ``[n x (n+h)]``: the one-block form of attention with self loops (GAT in ``dp``). On the
+        CPU its transpose (``csc()``) is built at once by counting sort, before any activation
+        is alive, instead of by an E-sized argsort inside the first backward pass.
         """
         if "self_loops" not in self.local._cache:
             g, n = self.local, self.num_owned
@@ -248,7 +266,13 @@ class DistGraph:
             rows = torch.repeat_interleave(ar[:-1], g.in_degree())
             indices[torch.arange(g.num_edges, device=self.device) + rows] = g.indices
             indices[indptr[1:] - 1] = ar[:-1]
-            self.local._cache["self_loops"] = CSR(indptr, indices, g.num_src, validate=False)
+            loops = CSR(indptr, indices, g.num_src, validate=False)
+            if loops.device.type == "cpu":  # the transpose GAT's backward walks, by counting sort (O(E))
+                from numba_kernels.cpu._transpose import csr_transpose
+
+                loops._csc = tuple(torch.from_numpy(a) for a in csr_transpose(
+                    indptr.numpy(), indices.numpy(), g.num_src))
+            self.local._cache["self_loops"] = loops
         return self.local._cache["self_loops"]
 
     def send_count(self, q: int) -> int:

@@ -25,6 +25,7 @@ from typing import Any, Iterator
 
 import torch
 
+from hpc_graph.ops._kernel_args import csc
 from hpc_graph.ops.attention_state import AttentionState
 from hpc_graph.ops.gat_attention import accumulate, backward_block, finalize, init_state, output_delta
 from hpc_graph.ops.spmm import spmm
@@ -87,21 +88,27 @@ class _Returns:
 
     Step ``(send_to, recv_from)`` of the fetch rotation becomes: send the gradient of
     ``recv_from``'s rows to ``recv_from``; receive from ``send_to`` the gradient of the
-    rows we sent it, summed into ``grad`` at ``send_lid[send_to]``. With ``prefetch``
-    one return is left in flight while the next block is computed.
+    rows we sent it, float[send_count(send_to), *feat], handed to ``add(send_to, rows)``
+    (default: summed into ``grad`` at ``send_lid[send_to]``). With ``prefetch`` one
+    return is left in flight while the next block is computed.
     """
 
-    def __init__(self, dg: Any, comm: Any, grad: torch.Tensor, prefetch: bool):
+    def __init__(self, dg: Any, comm: Any, grad: torch.Tensor | None, prefetch: bool, *,
+                 feat: tuple[int, ...] | None = None, dtype: torch.dtype | None = None,
+                 device: torch.device | None = None, add=None):
         self.dg, self.comm, self.grad, self.prefetch = dg, comm, grad, prefetch
-        self.feat = tuple(grad.shape[1:])
+        self.feat = tuple(grad.shape[1:]) if feat is None else tuple(feat)
+        self.dtype = grad.dtype if dtype is None else dtype
+        self.device = grad.device if device is None else device
+        self.add = add if add is not None else (lambda q, g: self.grad.index_add_(0, self.dg.send_lid[q], g))
         self._pending = None
 
     def push(self, send_to: int, recv_from: int, grad_rows: torch.Tensor | None) -> None:
         sends = {} if grad_rows is None else {recv_from: grad_rows.contiguous()}
-        specs = ({send_to: ((self.dg.send_count(send_to), *self.feat), self.grad.dtype)}
+        specs = ({send_to: ((self.dg.send_count(send_to), *self.feat), self.dtype)}
                  if self.dg.send_count(send_to) else {})
         self._drain()
-        self._pending = (_start(self.comm, sends, specs, self.prefetch, self.grad.device), sends)
+        self._pending = (_start(self.comm, sends, specs, self.prefetch, self.device), sends)
         if not self.prefetch:
             self._drain()
 
@@ -110,9 +117,10 @@ class _Returns:
             got = _finish(self._pending[0])
             self._pending = None
             for q, g in got.items():
-                self.grad.index_add_(0, self.dg.send_lid[q], g)
+                self.add(q, g)
+            del got
 
-    def close(self) -> torch.Tensor:
+    def close(self) -> torch.Tensor | None:
         self._drain()
         return self.grad
 
@@ -169,15 +177,31 @@ def sar_aggregate(x: torch.Tensor, dg: Any, comm: Any, reduce: str = "sum",
 
 
 def _pack(z: torch.Tensor, s: torch.Tensor, rows: torch.Tensor | None = None) -> torch.Tensor:
-    """float[k, H*D + H]: rows of ``z`` float[n, H, D] and ``s`` float[n, H] side by side (one message)."""
-    if rows is not None:
-        z, s = z.index_select(0, rows), s.index_select(0, rows)
-    return torch.cat([z.reshape(z.shape[0], -1), s], 1)
+    """float[k, H*D + H]: rows of ``z`` float[n, H, D] and ``s`` float[n, H] in one message.
+
+    Layout: the k rows of ``z`` (k*H*D values) followed by the k rows of ``s`` (k*H values),
+    so that :func:`_unpack` returns contiguous views instead of copies. Gathered straight
+    into the message buffer (no intermediate copies).
+    """
+    k = z.shape[0] if rows is None else int(rows.shape[0])
+    heads, dim = int(z.shape[1]), int(z.shape[2])
+    buf = z.new_empty((k, heads * dim + heads))
+    flat = buf.view(-1)
+    zv, sv = flat[:k * heads * dim].view(k, heads, dim), flat[k * heads * dim:].view(k, heads)
+    if rows is None:
+        zv.copy_(z)
+        sv.copy_(s)
+    else:
+        torch.index_select(z, 0, rows, out=zv)
+        torch.index_select(s, 0, rows, out=sv)
+    return buf
 
 
 def _unpack(packed: torch.Tensor, heads: int, dim: int) -> tuple[torch.Tensor, torch.Tensor]:
-    return (packed[:, :heads * dim].reshape(-1, heads, dim).contiguous(),
-            packed[:, heads * dim:].contiguous())
+    """Views ``(z float[k, H, D], s float[k, H])`` of a message written by :func:`_pack`."""
+    k = int(packed.shape[0])
+    flat = packed.reshape(-1)
+    return flat[:k * heads * dim].view(k, heads, dim), flat[k * heads * dim:].view(k, heads)
 
 
 class SARGat(torch.autograd.Function):
@@ -227,6 +251,8 @@ class SARGat(torch.autograd.Function):
         state = AttentionState(m, l, out, finalized=True)
         g = grad_out.contiguous()
         delta = output_delta(state, g)
+        for blk in dg.blocks.values():
+            csc(blk)  # the cached transposes backward_block walks, by counting sort (O(E), no sort temporaries)
         grad_z, grad_s_src, grad_s_dst = backward_block(state, g, delta, dg.blocks[dg.part_id], z, s_src,
                                                         s_dst, src_gid=dg.orig_id, **kw)
         if ctx.add_self_loops:
@@ -237,7 +263,14 @@ class SARGat(torch.autograd.Function):
             grad_s_dst += gd
             del gz, gs, gd
         # case 2: re-fetch each remote block, recompute its attention, return its gradients
-        returns = _Returns(dg, comm, z.new_zeros((n, heads * dim + heads)), ctx.prefetch)
+
+        def add(q: int, packed: torch.Tensor) -> None:  # gradients of the rows we sent to q
+            gz_q, gs_q = _unpack(packed, heads, dim)
+            grad_z.index_add_(0, dg.send_lid[q], gz_q)
+            grad_s_src.index_add_(0, dg.send_lid[q], gs_q)
+
+        returns = _Returns(dg, comm, None, ctx.prefetch, feat=(heads * dim + heads,), dtype=z.dtype,
+                           device=z.device, add=add)
         for send_to, src, rows in _fetch_rotation(dg, comm, lambda q: _pack(z, s_src, dg.send_lid[q]),
                                                   (heads * dim + heads,), z.dtype, ctx.prefetch):
             grad_rows = None
@@ -251,9 +284,7 @@ class SARGat(torch.autograd.Function):
                 del z_q, s_q, gz, gs, gd
             returns.push(send_to, src, grad_rows)
             del grad_rows
-        back = returns.close()
-        grad_z += back[:, :heads * dim].view(n, heads, dim)
-        grad_s_src += back[:, heads * dim:]
+        returns.close()
         return grad_z, grad_s_src, grad_s_dst, None, None, None, None, None, None, None
 
 
