@@ -84,8 +84,8 @@ class ModelConfig:
     heads: int = _field(8, _int(1), "`gat`: attention heads of the hidden layers.")
     out_heads: int = _field(1, _int(1), "`gat`: attention heads of the output layer (averaged).")
     attn_dropout: float = _field(0.0, _float(0.0, 1.0, hi_open=True), "`gat`: dropout on attention coefficients.")
-    residual: bool = _field(False, _BOOL, "Add a skip connection around every layer (identity, or a bias-free projection "
-                                          "when the widths differ).")
+    residual: bool = _field(False, _BOOL, "Add a skip connection around every layer (identity, or a bias-free "
+                                          "projection when the widths differ).")
     batchnorm: bool = _field(False, _BOOL, "Batch normalisation (statistics over all ranks) after hidden layers.")
 
 

@@ -381,7 +381,8 @@ class Trainer:
             if p.grad is None:
                 p.grad = torch.zeros_like(p)
         loss_ok = bool(torch.isfinite(loss.detach()))
-        grads_ok = all(bool(torch.isfinite(p.grad).all()) for p in self.params)
+        # one fused max-abs over all gradients: NaN and Inf both make it non-finite
+        grads_ok = bool(torch.isfinite(torch.nn.utils.get_total_norm([p.grad for p in self.params], float("inf"))))
         # [global loss, ranks asked to stop, per rank: loss non-finite, per rank: gradient non-finite]
         n = self.size
         flags = torch.zeros(2 + 2 * n, dtype=loss.dtype, device=loss.device)
