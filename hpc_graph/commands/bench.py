@@ -29,7 +29,7 @@ def _add_kernels(p: argparse.ArgumentParser) -> None:
     p.add_argument("--grad", choices=["both", "off", "on"], default="both",
                    help="input features requiring grad: off (first layer), on (hidden layer), both (default)")
     p.add_argument("--threads", type=int, default=None,
-                   help="torch and numba threads (default: NUMBA_NUM_THREADS)")
+                   help="torch and numba threads (default: NUMBA_NUM_THREADS, else OMP_NUM_THREADS, else all cores)")
     p.add_argument("--repeat", type=int, default=3, help="timed calls per measurement, median reported "
                                                          "(default: %(default)s)")
     p.add_argument("--memory-fraction", type=float, default=0.6,
