@@ -50,13 +50,14 @@ import numpy as np
 import psutil
 import torch
 
+from hpc_graph.bench import KERNEL_OPS
 from hpc_graph.bench.memory import PeakRSS
 from hpc_graph.ops.csr import CSR
 from hpc_graph.ops.spmm import spmm
 
 log = logging.getLogger(__name__)
 
-OPS = ("memcpy", "spmm", "sage", "gat", "locality", "compile")
+OPS = KERNEL_OPS
 RECORD_FIELDS = ("op", "impl", "scale", "feat", "heads", "seconds", "peak_mb", "threads", "requires_grad")
 HPC = "hpc_graph"
 

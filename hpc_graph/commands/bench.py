@@ -16,7 +16,7 @@ import time
 
 
 def _add_kernels(p: argparse.ArgumentParser) -> None:
-    from hpc_graph.bench.kernels import OPS
+    from hpc_graph.bench import KERNEL_OPS as OPS
 
     p.add_argument("--scale", type=int, default=20, help="R-MAT scale: 2**scale nodes (default: %(default)s)")
     p.add_argument("--feat", type=int, default=128, help="feature width F (default: %(default)s)")

@@ -87,12 +87,7 @@ def check_tensor(op: str, name: str, t, g: CSR, rows: int, ndims: tuple[int, ...
 
 
 def csc(g: CSR) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """``g.csc()``, built on the CPU by the numba counting-sort kernel (same result, much faster)."""
-    if g._csc is None and g.device.type == "cpu":
-        from numba_kernels.cpu._transpose import csr_transpose
-
-        indptr_t, indices_t, perm = csr_transpose(as_array(g.indptr), as_array(g.indices), g.num_src)
-        g._csc = (torch.from_numpy(indptr_t), torch.from_numpy(indices_t), torch.from_numpy(perm))
+    """``g.csc()`` (kept for callers of this module; the CSR builds it with the numba kernel on the CPU)."""
     return g.csc()
 
 

@@ -74,6 +74,12 @@ class CSR:
         order and ``perm[k]`` its position in this CSR's edge order (to gather
         per-edge values such as weights).
         """
+        if self._csc is None and self.device.type == "cpu":
+            # numba counting sort: several times faster than a torch sort on large graphs
+            from numba_kernels.cpu._transpose import csr_transpose
+
+            t = csr_transpose(self.indptr.contiguous().numpy(), self.indices.contiguous().numpy(), self.num_src)
+            self._csc = tuple(torch.from_numpy(a) for a in t)
         if self._csc is None:
             dst = torch.repeat_interleave(torch.arange(self.num_dst, device=self.device),
                                           self.indptr[1:] - self.indptr[:-1])
