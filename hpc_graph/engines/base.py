@@ -7,7 +7,7 @@ The trainer (``hpc_graph.train``) builds an engine, then runs the model on
 """
 from __future__ import annotations
 
-from abc import ABC, abstractmethod
+from abc import ABC
 from typing import Any, ClassVar
 
 import torch
@@ -38,6 +38,9 @@ class Engine(ABC):
     num_classes: int
     num_features: int
 
+    # options every engine accepts, so that one config serves them all
+    OPTIONS: ClassVar[frozenset[str]] = frozenset({"prefetch"})
+
     def __init__(self, source: str, comm: Any, device: torch.device, dtype: torch.dtype,
                  options: dict[str, Any] | None = None):
         self.source = str(source)
@@ -45,11 +48,23 @@ class Engine(ABC):
         self.device = torch.device(device)
         self.dtype = dtype
         self.options = dict(options or {})
+        unknown = sorted(set(self.options) - self.OPTIONS)
+        if unknown:
+            raise ValueError(f"engine options: unknown option(s) {unknown} for engine {self.name!r}")
+        self._base = (0, 0.0)
+        self.reset_stats()
 
-    @abstractmethod
+    def _counters(self) -> tuple[int, float]:
+        return (int(getattr(self.comm, "bytes_sent", 0)), float(getattr(self.comm, "comm_seconds", 0.0)))
+
     def stats(self) -> dict[str, float]:
-        """Counters since the last :meth:`reset_stats`: ``bytes_sent``, ``comm_seconds``."""
+        """Counters since the last :meth:`reset_stats`: ``bytes_sent``, ``comm_seconds``.
 
-    @abstractmethod
+        Everything the rank's communicator sent, the trainer's gradient all-reduce included.
+        """
+        now = self._counters()
+        return {"bytes_sent": float(now[0] - self._base[0]), "comm_seconds": now[1] - self._base[1]}
+
     def reset_stats(self) -> None:
         """Zero the counters returned by :meth:`stats`."""
+        self._base = self._counters()

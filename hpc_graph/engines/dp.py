@@ -78,21 +78,10 @@ class DPEngine(Engine):
     def __init__(self, source: str, comm: Any, device: torch.device, dtype: torch.dtype,
                  options: dict[str, Any] | None = None):
         super().__init__(source, comm, device, dtype, options)
-        unknown = sorted(set(self.options) - {"prefetch"})
-        if unknown:
-            raise ValueError(f"engine options: unknown option(s) {unknown} for engine 'dp'")
         dg, part = load_dist_graph(self.source, comm, self.device, dtype)
         data = partition_tensors(part, self.device, dtype, self.source)
         del part
         self.graph = _DPGraph(dg, comm)
         self.feat, self.label, self.masks = data["feat"], data["label"], data["masks"]
         self.num_classes, self.num_features = data["num_classes"], data["num_features"]
-        self._base = (0, 0.0)
-        self.reset_stats()
-
-    def stats(self) -> dict[str, float]:
-        return {"bytes_sent": float(self.comm.bytes_sent - self._base[0]),
-                "comm_seconds": float(self.comm.comm_seconds - self._base[1])}
-
-    def reset_stats(self) -> None:
-        self._base = (self.comm.bytes_sent, self.comm.comm_seconds)
+        self.reset_stats()  # loading exchanged halo ids: count training traffic only

@@ -23,9 +23,6 @@ from hpc_graph.ops.spmm import spmm
 
 log = logging.getLogger(__name__)
 
-_OPTIONS = {"prefetch"}  # accepted (so one config serves every engine) and ignored
-
-
 class _SingleGraph(GraphContext):
     """The whole graph: global ids are local ids, all-reduce is the identity."""
 
@@ -87,9 +84,6 @@ class SingleEngine(Engine):
         if size > 1:
             raise ValueError(f"engine: 'single' runs on one process but this job has {size} ranks; "
                              "use engine 'dp' or 'sar' with a partitioned dataset")
-        unknown = sorted(set(self.options) - _OPTIONS)
-        if unknown:
-            raise ValueError(f"engine options: unknown option(s) {unknown} for engine 'single'")
         with open_dataset(self.source) as ds:
             if not ds.has("feat"):
                 raise FormatError(self.source, "/node/feat", "missing (training needs node features)")
@@ -108,8 +102,3 @@ class SingleEngine(Engine):
         log.info("single engine: %s, %d nodes, %d edges, %d features, %d classes", self.source, n,
                  csr.num_edges, self.num_features, self.num_classes)
 
-    def stats(self) -> dict[str, float]:
-        return {"bytes_sent": 0.0, "comm_seconds": 0.0}
-
-    def reset_stats(self) -> None:
-        pass
