@@ -100,8 +100,14 @@ class _Returns:
         self.feat = tuple(grad.shape[1:]) if feat is None else tuple(feat)
         self.dtype = grad.dtype if dtype is None else dtype
         self.device = grad.device if device is None else device
-        self.add = add if add is not None else (lambda q, g: self.grad.index_add_(0, self.dg.send_lid[q], g))
+        self._add = add  # a closure over self here would be a reference cycle keeping grad alive until gc runs
         self._pending = None
+
+    def _accumulate(self, q: int, rows: torch.Tensor) -> None:
+        if self._add is not None:
+            self._add(q, rows)
+        else:
+            self.grad.index_add_(0, self.dg.send_lid[q], rows)
 
     def push(self, send_to: int, recv_from: int, grad_rows: torch.Tensor | None) -> None:
         sends = {} if grad_rows is None else {recv_from: grad_rows.contiguous()}
@@ -117,12 +123,13 @@ class _Returns:
             got = _finish(self._pending[0])
             self._pending = None
             for q, g in got.items():
-                self.add(q, g)
+                self._accumulate(q, g)
             del got
 
     def close(self) -> torch.Tensor | None:
         self._drain()
-        return self.grad
+        grad, self.grad = self.grad, None
+        return grad
 
 
 class SARAggregate(torch.autograd.Function):
