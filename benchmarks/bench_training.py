@@ -42,8 +42,9 @@ its peak RSS is the per-process floor (Python, torch, numba kernels, MPI,
 about 0.45-0.6 GiB), and the memory targets are reported both raw and above
 that floor.
 
-A run whose epochs 2..E differ by more than ``--noise-limit`` (1.5x) was
-disturbed by other load: it is repeated up to ``--repeat-noisy`` times and
+A run whose epochs 2..E differ by more than ``--noise-limit`` (1.5x), or
+that got less than half of the cores it could use (CPU over wall seconds),
+was disturbed by other load: it is repeated up to ``--repeat-noisy`` times and
 the fastest attempt kept (the others are listed in its record).
 
 Results are merged into ``--out`` (one JSON record per run, keyed by scale,
@@ -332,10 +333,16 @@ def _prediction(cfg: dict[str, Any], done: dict[tuple, dict[str, Any]]) -> dict[
     return {"from_scale": best["scale"], "wall_s": best["wall_s"] * f, "tree_rss_mb": base + max(rss - base, 0) * f}
 
 
-def _noisy(rec: dict[str, Any], limit: float) -> bool:
-    """True when the slowest and fastest of epochs 2..E differ by more than ``limit`` x (outside load)."""
+def _noisy(rec: dict[str, Any], limit: float, cores: int | None = None) -> bool:
+    """True when other load disturbed the run: the slowest and fastest of epochs 2..E differ by
+    more than ``limit`` x, or the job got less than half of the cores it could use (CPU seconds
+    over wall seconds x min(cores, ranks x threads))."""
     steady = rec.get("epoch_seconds", [])[1:]
-    return len(steady) > 1 and min(steady) > 0 and max(steady) / min(steady) > limit
+    if len(steady) > 1 and min(steady) > 0 and max(steady) / min(steady) > limit:
+        return True
+    cpu, wall = rec.get("cpu_s"), rec.get("wall_s")
+    usable = min(cores or os.cpu_count() or 1, rec["ranks"] * rec.get("threads_per_rank", 1))
+    return bool(cpu and wall and cpu / (wall * usable) < 0.5)
 
 
 def _median_steady(seconds: list[float]) -> float | None:
@@ -604,11 +611,13 @@ def main(argv: list[str] | None = None) -> int:
     for cfg in todo:
         key = _key(cfg)
         old = done.get(key, {})
-        if args.skip_done and old.get("status") == "ok" and not (args.redo_noisy and _noisy(old, args.noise_limit)):
+        redo = args.redo_noisy and _noisy(old, args.noise_limit, args.cores)
+        if args.skip_done and old.get("status") == "ok" and not redo:
             continue
         rec = run_one(cfg, args, configs, done)
         attempts = []
-        while rec["status"] == "ok" and _noisy(rec, args.noise_limit) and len(attempts) < args.repeat_noisy:
+        while (rec["status"] == "ok" and _noisy(rec, args.noise_limit, args.cores)
+               and len(attempts) < args.repeat_noisy):
             attempts.append({k: rec.get(k) for k in ("median_epoch_s", "epoch_seconds", "max_peak_rss_mb",
                                                      "load_avg_before", "cpu_s")})
             print(f"  noisy epochs {rec['epoch_seconds']}: repeating", flush=True)
