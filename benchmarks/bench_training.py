@@ -387,6 +387,9 @@ def run_one(cfg: dict[str, Any], args: argparse.Namespace, configs: dict[str, Pa
            "epochs": args.epochs, "run_dir": str(run_dir),
            "command": env_text + " " + " ".join(shlex.quote(c) for c in cmd)}
     mem_limit_mb = args.mem_limit_gb * 1024
+    for key, old in done.items():  # too big at a smaller scale: too big here
+        if key[1:] == _key(cfg)[1:] and key[0] < cfg["scale"] and old.get("status") == "skipped":
+            return {**rec, "status": "skipped", "reason": f"skipped at scale {key[0]}: {old.get('reason')}"}
     pred = _prediction(cfg, done)
     if pred is not None:
         rec["predicted"] = {k: round(v, 1) for k, v in pred.items()}
@@ -404,7 +407,8 @@ def run_one(cfg: dict[str, Any], args: argparse.Namespace, configs: dict[str, Pa
             if f.is_file():
                 f.unlink()
     print(f"[{time.strftime('%H:%M:%S')}] {name}: {rec['command']}", flush=True)
-    res = _run_job(cmd, _env(threads, args.omp_wait_policy, args.malloc_mmap_threshold), args.workdir / "logs" / f"{name}.log", args.timeout, limit)
+    env = _env(threads, args.omp_wait_policy, args.malloc_mmap_threshold)
+    res = _run_job(cmd, env, args.workdir / "logs" / f"{name}.log", args.timeout, limit)
     rec["load_avg_after"] = _load()
     for k in ("wall_s", "cpu_s", "job_maxrss_mb", "tree_peak_rss_mb"):
         rec[k] = res[k]
