@@ -55,7 +55,7 @@ def transpose_csr(g: CSR) -> CSR:
     else:
         from numba_kernels.cpu._transpose import csr_transpose
 
-        arrays = csr_transpose(g.indptr.numpy(), g.indices.numpy(), g.num_src)
+        arrays = csr_transpose(g.indptr.numpy(), g.indices.numpy(), g.num_src, g.edge_weight is not None)
         indptr_t, indices_t, perm = (torch.from_numpy(a) for a in arrays)
     w = None if g.edge_weight is None else g.edge_weight[perm]
     del perm
@@ -270,8 +270,8 @@ class DistGraph:
             if loops.device.type == "cpu":  # the transpose GAT's backward walks, by counting sort (O(E))
                 from numba_kernels.cpu._transpose import csr_transpose
 
-                loops._csc = tuple(torch.from_numpy(a) for a in csr_transpose(
-                    indptr.numpy(), indices.numpy(), g.num_src))
+                indptr_t, indices_t, _ = csr_transpose(indptr.numpy(), indices.numpy(), g.num_src, False)
+                loops._csc = (torch.from_numpy(indptr_t), torch.from_numpy(indices_t), None)
             self.local._cache["self_loops"] = loops
         return self.local._cache["self_loops"]
 

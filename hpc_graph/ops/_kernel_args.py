@@ -86,9 +86,9 @@ def check_tensor(op: str, name: str, t, g: CSR, rows: int, ndims: tuple[int, ...
         raise ValueError(f"{op}: {name} is on {t.device} but the graph is on {g.device}")
 
 
-def csc(g: CSR) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """``g.csc()`` (kept for callers of this module; the CSR builds it with the numba kernel on the CPU)."""
-    return g.csc()
+def csc(g: CSR, perm: bool = True) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """``g.csc(perm)`` (kept for callers of this module; the CSR builds it with the numba kernel on the CPU)."""
+    return g.csc(perm)
 
 
 def inv_degree(g: CSR, dtype: torch.dtype) -> torch.Tensor:

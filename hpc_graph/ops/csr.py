@@ -6,8 +6,8 @@ destinations may be different sets (a SAR block G_{p,q} has ``num_dst`` owned
 rows and ``num_src`` columns of partition q), so both counts are stored.
 
 The transposed copy (CSC: for each source, its destinations, plus the edge
-permutation) is built once, on first use, and cached: backward passes walk it
-instead of using atomics.
+permutation when a caller needs per-edge values) is built once, on first use,
+and cached: backward passes walk it instead of using atomics.
 """
 from __future__ import annotations
 
@@ -35,7 +35,8 @@ class CSR:
         self.num_dst = int(self.indptr.shape[0] - 1)
         self.num_src = int(self.num_dst if num_src is None else num_src)
         self.edge_weight = None if edge_weight is None else torch.as_tensor(edge_weight)
-        self._csc: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None
+        # (indptr_t, indices_t, perm or None): perm (8 bytes per edge) only once someone asked for it
+        self._csc: tuple[torch.Tensor, torch.Tensor, torch.Tensor | None] | None = None
         self._cache: dict = {}
         if validate:
             self.validate()
@@ -67,27 +68,33 @@ class CSR:
             raise ValueError(f"CSR.edge_weight: expected shape ({self.num_edges},), "
                              f"got {tuple(self.edge_weight.shape)}")
 
-    def csc(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    def csc(self, perm: bool = True) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
         """The transpose, built once: ``(indptr_t int64[num_src+1], indices_t int64[E], perm int64[E])``.
 
         ``indices_t[k]`` is the destination row of the k-th edge in source-major
         order and ``perm[k]`` its position in this CSR's edge order (to gather
-        per-edge values such as weights).
+        per-edge values such as weights). With ``perm=False`` the permutation is
+        neither built nor kept (the third item may be None): callers that only
+        walk the structure (unweighted sums, fused attention) save 8 bytes per
+        edge for as long as the graph lives. A later ``csc()`` builds it then.
         """
-        if self._csc is None and self.device.type == "cpu":
+        if self._csc is not None and (not perm or self._csc[2] is not None):
+            return self._csc
+        if self.device.type == "cpu":
             # numba counting sort: several times faster than a torch sort on large graphs
             from numba_kernels.cpu._transpose import csr_transpose
 
-            t = csr_transpose(self.indptr.contiguous().numpy(), self.indices.contiguous().numpy(), self.num_src)
-            self._csc = tuple(torch.from_numpy(a) for a in t)
-        if self._csc is None:
+            t = csr_transpose(self.indptr.contiguous().numpy(), self.indices.contiguous().numpy(),
+                              self.num_src, perm)
+            self._csc = (torch.from_numpy(t[0]), torch.from_numpy(t[1]), torch.from_numpy(t[2]) if perm else None)
+        else:
             dst = torch.repeat_interleave(torch.arange(self.num_dst, device=self.device),
                                           self.indptr[1:] - self.indptr[:-1])
-            perm = torch.argsort(self.indices, stable=True)
+            order = torch.argsort(self.indices, stable=True)
             counts = torch.bincount(self.indices, minlength=self.num_src)
             indptr_t = torch.zeros(self.num_src + 1, dtype=torch.int64, device=self.device)
             torch.cumsum(counts, 0, out=indptr_t[1:])
-            self._csc = (indptr_t, dst[perm].contiguous(), perm)
+            self._csc = (indptr_t, dst[order].contiguous(), order if perm else None)
         return self._csc
 
     def in_degree(self) -> torch.Tensor:
@@ -98,7 +105,7 @@ class CSR:
         out = CSR(self.indptr.to(device), self.indices.to(device), self.num_src,
                   None if self.edge_weight is None else self.edge_weight.to(device), validate=False)
         if self._csc is not None:
-            out._csc = tuple(t.to(device) for t in self._csc)
+            out._csc = tuple(None if t is None else t.to(device) for t in self._csc)
         return out
 
     @classmethod

@@ -132,7 +132,7 @@ def backward_block(state: AttentionState, grad_out: torch.Tensor, delta: torch.T
               as_array(grad_out), as_array(delta))
     get_kernel("gat_attention.backward_dst", device)(
         as_array(block.indptr), as_array(block.indices), *common, as_array(grad_s_dst))
-    indptr_t, indices_t, _ = block.csc()
+    indptr_t, indices_t, _ = block.csc(perm=False)
     get_kernel("gat_attention.backward_src", device)(
         as_array(indptr_t), as_array(indices_t), *common, as_array(grad_z), as_array(grad_s_src))
     return grad_z, grad_s_src, grad_s_dst

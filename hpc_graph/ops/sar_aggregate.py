@@ -259,7 +259,7 @@ class SARGat(torch.autograd.Function):
         g = grad_out.contiguous()
         delta = output_delta(state, g)
         for blk in dg.blocks.values():
-            csc(blk)  # the cached transposes backward_block walks, by counting sort (O(E), no sort temporaries)
+            csc(blk, perm=False)  # the transposes backward_block walks, by counting sort (O(E), no sort temporaries)
         grad_z, grad_s_src, grad_s_dst = backward_block(state, g, delta, dg.blocks[dg.part_id], z, s_src,
                                                         s_dst, src_gid=dg.orig_id, **kw)
         if ctx.add_self_loops:

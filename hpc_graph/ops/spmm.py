@@ -86,7 +86,7 @@ class _SpMMSum(torch.autograd.Function):
         go = grad_out.contiguous()
         grad_x = grad_w = None
         if ctx.needs_input_grad[1]:
-            indptr_t, indices_t, perm = csc(g)
+            indptr_t, indices_t, perm = csc(g, perm=w is not None)
             grad_x = empty((g.num_src,) + tuple(go.shape[1:]), go.dtype, go.device)
             scale = as_array(inv_degree(g, go.dtype)) if mean else absent(go.dtype, go.device, 1)
             if w is None:

@@ -12,13 +12,14 @@ from numba import njit
 
 
 @njit(cache=True, nogil=True)
-def csr_transpose(indptr, indices, num_src):
+def csr_transpose(indptr, indices, num_src, with_perm=True):
     """Transpose a CSR with ``num_src`` columns.
 
     Args:
         indptr: int64[Nd+1]; indices: int64[E] in ``[0, num_src)``.
+        with_perm: also return the edge permutation (else an empty int64[0]).
     Returns:
-        ``(indptr_t int64[num_src+1], indices_t int64[E], perm int64[E])``:
+        ``(indptr_t int64[num_src+1], indices_t int64[E], perm int64[E] or int64[0])``:
         source ``j`` lists destination rows ``indices_t[indptr_t[j]:indptr_t[j+1]]``
         (ascending), and ``perm[p]`` is the CSR position of CSC edge ``p``.
     """
@@ -31,12 +32,13 @@ def csr_transpose(indptr, indices, num_src):
         indptr_t[j + 1] += indptr_t[j]
     cursor = indptr_t[:-1].copy()
     indices_t = np.empty(E, np.int64)
-    perm = np.empty(E, np.int64)
+    perm = np.empty(E if with_perm else 0, np.int64)
     for i in range(n):
         for k in range(indptr[i], indptr[i + 1]):
             j = indices[k]
             p = cursor[j]
             cursor[j] = p + 1
             indices_t[p] = i
-            perm[p] = k
+            if with_perm:
+                perm[p] = k
     return indptr_t, indices_t, perm

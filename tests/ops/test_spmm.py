@@ -117,10 +117,19 @@ def test_spmm_caches_transpose_once(awkward_graph):
     spmm(g, x, "mean").sum().backward()
     first = g._csc
     assert first is not None
+    assert first[2] is None  # unweighted backward: no 8-byte-per-edge permutation kept
     ref = torch.argsort(g.indices, stable=True)
-    torch.testing.assert_close(first[2], ref)
+    dst = torch.repeat_interleave(torch.arange(g.num_dst), g.indptr[1:] - g.indptr[:-1])
+    torch.testing.assert_close(first[1], dst[ref])
     spmm(g, x, "sum").sum().backward()
     assert g._csc is first
+    # a weighted backward needs the permutation: built then, and kept
+    w = torch.rand(g.num_edges, requires_grad=True)
+    spmm(g, x, "sum", w).sum().backward()
+    torch.testing.assert_close(g._csc[2], ref)
+    with_perm = g._csc
+    spmm(g, x, "sum").sum().backward()
+    assert g._csc is with_perm
 
 
 def test_spmm_empty_graph():
