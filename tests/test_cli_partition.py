@@ -95,3 +95,14 @@ def test_missing_input(tmp_path, capsys):
     assert "no such file" in capsys.readouterr().err
     assert main(["info", str(tmp_path / "none.h5")]) == 2
     assert main(["check", str(tmp_path / "none.h5")]) == 1
+
+
+def test_partition_balance_edges_flag(tmp_path, src, capsys):
+    out = tmp_path / "b"
+    assert main(["partition", str(src), "-o", str(out), "-n", "2", "--balance-edges"]) == 0
+    assert "edges balanced" in capsys.readouterr().out
+    assert json.loads((out / "partition.json").read_text())["balance_edges"] is True
+    assert main(["partition", str(src), "-o", str(tmp_path / "r"), "-n", "2", "--method", "random",
+                 "--balance-edges"]) == 2
+    assert "--balance-edges" in capsys.readouterr().err
+    assert not (tmp_path / "r").exists()

@@ -26,6 +26,9 @@ def add_parser(subparsers) -> None:
     p.add_argument("--method", choices=("metis", "random"), default="metis",
                    help="partitioner (default: %(default)s)")
     p.add_argument("--seed", type=int, default=0, help="METIS / random seed (default: %(default)s)")
+    p.add_argument("--balance-edges", action="store_true",
+                   help="METIS: also balance in-edges per part (even work and graph memory per rank on "
+                        "power-law graphs, at the cost of a larger edge cut)")
     p.add_argument("--force", action="store_true", help="replace DIR if it exists")
     p.add_argument("--json", action="store_true", help="print the statistics as JSON")
     p.set_defaults(func=run)
@@ -36,7 +39,8 @@ def format_partition_stats(meta: dict) -> str:
     b = meta["balance"]
     lines = [
         f"{meta['name']}: {meta['global_num_nodes']} nodes, {meta['global_num_edges']} edges -> "
-        f"{meta['num_parts']} parts ({meta['method']}, seed {meta['seed']})",
+        f"{meta['num_parts']} parts ({meta['method']}{', edges balanced' if meta.get('balance_edges') else ''}, "
+        f"seed {meta['seed']})",
         f"edge cut {meta['edge_cut']} ({100 * meta['edge_cut_fraction']:.2f}% of edges), "
         f"replication factor {meta['replication_factor']:.4f} (halo / owned)",
         f"balance (max/mean): nodes {b['nodes']:.4f}, edges {b['edges']:.4f}, train nodes {b['train']:.4f}",
@@ -58,8 +62,10 @@ def run(args: argparse.Namespace) -> int:
 
     if args.num_parts < 1:
         raise CLIError(f"--num-parts: must be >= 1, got {args.num_parts}")
+    if args.balance_edges and args.method != "metis":
+        raise CLIError(f"--balance-edges: only with --method metis, not {args.method}")
     meta = partition_dataset(args.src, args.output, args.num_parts, method=args.method, seed=args.seed,
-                             force=args.force)
+                             force=args.force, balance_edges=args.balance_edges)
     if args.json:
         print(json.dumps(meta, indent=1))
     else:

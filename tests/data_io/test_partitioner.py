@@ -182,3 +182,33 @@ def test_graph_level_dataset_refused(tmp_path):
     with pytest.raises(DataError, match="task='graph'"):
         partition_dataset(src, tmp_path / "p", 2)
     assert not (tmp_path / "p").exists()
+
+
+def test_metis_balance_edges_on_power_law_graph(tmp_path):
+    from data_io.generators.rmat import generate_rmat
+
+    g = generate_rmat(11, 16, feat_dim=4, num_classes=3, seed=2)
+    src = write(tmp_path, g)
+    plain = partition_dataset(src, tmp_path / "plain", 4, method="metis")
+    bal = partition_dataset(src, tmp_path / "bal", 4, method="metis", balance_edges=True)
+    indeg = np.diff(g.indptr)
+    for meta, d in ((plain, tmp_path / "plain"), (bal, tmp_path / "bal")):
+        # per-part in-edges counted from what each part file holds, against the source degrees
+        edges = np.array([read_partition(d, p).num_edges for p in range(4)])
+        assert edges.sum() == len(g.indices)
+        owned = [np.asarray(read_partition(d, p).orig_id) for p in range(4)]
+        assert [int(indeg[o].sum()) for o in owned] == edges.tolist()
+        assert meta["balance"]["edges"] == pytest.approx(edges.max() / edges.mean(), abs=1e-5)
+    assert bal["balance_edges"] is True and plain["balance_edges"] is False
+    assert plain["balance"]["edges"] > 1.5  # hubs cluster: the reason for the option
+    assert bal["balance"]["edges"] <= 1.1
+    assert bal["balance"]["nodes"] <= 1.1 and bal["balance"]["train"] <= 1.1
+    r = reassemble(tmp_path / "bal")
+    assert np.array_equal(r.indptr, g.indptr) and np.array_equal(r.indices, g.indices)
+
+
+def test_balance_edges_needs_metis(tmp_path):
+    src = write(tmp_path, random_graph(100, 300, seed=1))
+    with pytest.raises(DataError, match="balance_edges"):
+        partition_dataset(src, tmp_path / "r", 2, method="random", balance_edges=True)
+    assert not (tmp_path / "r").exists()
