@@ -5,7 +5,8 @@ blocks G_{p,q} one at a time (a rotation over peers) with autograd off, so a
 rank never holds all halo rows of a layer: ~2/N of the graph per rank, 3/N with
 ``prefetch``. Sum/mean aggregations (GCN, SAGE) send the remote rows'
 gradients straight back in the backward pass; GAT re-fetches each block and
-recomputes its attention (see :mod:`hpc_graph.ops.sar_aggregate`).
+recomputes its attention (see :mod:`hpc_graph.ops.sar_aggregate`); a GAT layer's
+projection ``z = x W`` is recomputed too instead of kept (``gat_projected``).
 
 Options: ``prefetch`` (bool, default False): overlap the next block's exchange
 with the current block's compute.
@@ -46,6 +47,14 @@ class _SARGraph(GraphContext):
         return sar_gat(z, s_src, s_dst, self.dg, self.comm, negative_slope=negative_slope,
                        attn_dropout=attn_dropout, seed=seed, add_self_loops=add_self_loops,
                        prefetch=self.prefetch)
+
+    def gat_projected(self, x: torch.Tensor, weight: torch.Tensor, att_src: torch.Tensor,
+                      att_dst: torch.Tensor, *, negative_slope: float = 0.2, attn_dropout: float = 0.0,
+                      seed: int = 0, add_self_loops: bool = True) -> torch.Tensor:
+        from hpc_graph.ops.sar_aggregate import sar_gat_projected
+        return sar_gat_projected(x, weight, att_src, att_dst, self.dg, self.comm, negative_slope=negative_slope,
+                                 attn_dropout=attn_dropout, seed=seed, add_self_loops=add_self_loops,
+                                 prefetch=self.prefetch)
 
     def in_degree(self) -> torch.Tensor:
         return self.dg.in_degree

@@ -11,6 +11,7 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 
 import torch
+from torch.nn import functional as F
 
 
 class GraphContext(ABC):
@@ -54,6 +55,28 @@ class GraphContext(ABC):
         Returns:
             float[num_nodes, H, D]; differentiable in ``z``, ``s_src``, ``s_dst``.
         """
+
+    def gat_projected(self, x: torch.Tensor, weight: torch.Tensor, att_src: torch.Tensor,
+                      att_dst: torch.Tensor, *, negative_slope: float = 0.2, attn_dropout: float = 0.0,
+                      seed: int = 0, add_self_loops: bool = True) -> torch.Tensor:
+        """Project, score and attend in one call: a GAT layer without its bias.
+
+        ``z = (x W^T).view(N, H, D)``, ``s_src = (z * att_src).sum(-1)``,
+        ``s_dst = (z * att_dst).sum(-1)``, then :meth:`gat`. This default runs
+        those steps with autograd; an engine may fuse them to keep less for the
+        backward pass (``sar`` keeps ``x`` only and recomputes ``z``).
+
+        Args:
+            x: float[num_nodes, F_in] dense rows of owned nodes.
+            weight: float[H*D, F_in]; att_src, att_dst: float[1, H, D].
+            negative_slope, attn_dropout, seed, add_self_loops: as for :meth:`gat`.
+        Returns:
+            float[num_nodes, H, D]; differentiable in ``x``, ``weight``, ``att_src``, ``att_dst``.
+        """
+        heads, dim = int(att_src.shape[1]), int(att_src.shape[2])
+        z = F.linear(x, weight).view(-1, heads, dim)
+        return self.gat(z, (z * att_src).sum(-1), (z * att_dst).sum(-1), negative_slope=negative_slope,
+                        attn_dropout=attn_dropout, seed=seed, add_self_loops=add_self_loops)
 
     @abstractmethod
     def in_degree(self) -> torch.Tensor:

@@ -74,13 +74,14 @@ class GATConv(nn.Module):
 
     def forward(self, graph: GraphContext, x: torch.Tensor) -> torch.Tensor:
         h, d = self.heads, self.out_channels
-        z = linear(x, self.lin.weight).view(-1, h, d)
-        s_src = (z * self.att_src).sum(-1)
-        s_dst = (z * self.att_dst).sum(-1)
         p = self.attn_dropout if self.training else 0.0
         seed = self._next_seed() if p > 0 else 0
-        out = graph.gat(z, s_src, s_dst, negative_slope=self.negative_slope, attn_dropout=p,
-                        seed=seed, add_self_loops=self.add_self_loops)
+        kw = dict(negative_slope=self.negative_slope, attn_dropout=p, seed=seed, add_self_loops=self.add_self_loops)
+        if x.layout == torch.strided:  # the graph may fuse projection and attention (less kept for backward)
+            out = graph.gat_projected(x, self.lin.weight, self.att_src, self.att_dst, **kw)
+        else:  # sparse CSR input features
+            z = linear(x, self.lin.weight).view(-1, h, d)
+            out = graph.gat(z, (z * self.att_src).sum(-1), (z * self.att_dst).sum(-1), **kw)
         out = out.reshape(-1, h * d) if self.concat else out.mean(dim=1)
         if self.bias is not None:
             out = out + self.bias

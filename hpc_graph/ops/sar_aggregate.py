@@ -211,6 +211,79 @@ def _unpack(packed: torch.Tensor, heads: int, dim: int) -> tuple[torch.Tensor, t
     return flat[:k * heads * dim].view(k, heads, dim), flat[k * heads * dim:].view(k, heads)
 
 
+def _gat_forward(z: torch.Tensor, s_src: torch.Tensor, s_dst: torch.Tensor, dg: Any, comm: Any, kw: dict,
+                 add_self_loops: bool, prefetch: bool) -> AttentionState:
+    """Forward attention over the local block (+ self loops), then the remote blocks in rotation.
+
+    Returns the finalized state (``out`` float[n, H, D], ``m``, ``l`` float[n, H]).
+    """
+    n, heads, dim = z.shape
+    state = init_state(n, heads, dim, z.dtype, z.device)
+    accumulate(state, dg.blocks[dg.part_id], z, s_src, s_dst, src_gid=dg.orig_id, **kw)
+    if add_self_loops:
+        accumulate(state, dg.identity(), z, s_src, s_dst, src_gid=dg.orig_id, **kw)
+    for _, src, rows in _fetch_rotation(dg, comm, lambda q: _pack(z, s_src, dg.send_lid[q]),
+                                         (heads * dim + heads,), z.dtype, prefetch):
+        if rows is not None:
+            z_q, s_q = _unpack(rows, heads, dim)
+            del rows
+            accumulate(state, dg.blocks[src], z_q, s_q, s_dst, src_gid=dg.block_orig_id(src), **kw)
+            del z_q, s_q
+    finalize(state)
+    return state
+
+
+def _gat_backward(state: AttentionState, grad_out: torch.Tensor, z: torch.Tensor, s_src: torch.Tensor,
+                  s_dst: torch.Tensor, dg: Any, comm: Any, kw: dict, add_self_loops: bool,
+                  prefetch: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Case-2 backward: local blocks, then re-fetch each remote block, recompute, return its gradients.
+
+    Returns ``(grad_z float[n, H, D], grad_s_src float[n, H], grad_s_dst float[n, H])``, the owned
+    rows' gradients including those returned by the ranks that used them as halo.
+    """
+    n, heads, dim = z.shape
+    g = grad_out.contiguous()
+    delta = output_delta(state, g)
+    for blk in dg.blocks.values():
+        csc(blk, perm=False)  # the transposes backward_block walks, by counting sort (O(E), no sort temporaries)
+    grad_z, grad_s_src, grad_s_dst = backward_block(state, g, delta, dg.blocks[dg.part_id], z, s_src,
+                                                    s_dst, src_gid=dg.orig_id, **kw)
+    if add_self_loops:
+        gz, gs, gd = backward_block(state, g, delta, dg.identity(), z, s_src, s_dst, src_gid=dg.orig_id, **kw)
+        grad_z += gz
+        grad_s_src += gs
+        grad_s_dst += gd
+        del gz, gs, gd
+
+    def add(q: int, packed: torch.Tensor) -> None:  # gradients of the rows we sent to q
+        gz_q, gs_q = _unpack(packed, heads, dim)
+        grad_z.index_add_(0, dg.send_lid[q], gz_q)
+        grad_s_src.index_add_(0, dg.send_lid[q], gs_q)
+
+    returns = _Returns(dg, comm, None, prefetch, feat=(heads * dim + heads,), dtype=z.dtype,
+                       device=z.device, add=add)
+    for send_to, src, rows in _fetch_rotation(dg, comm, lambda q: _pack(z, s_src, dg.send_lid[q]),
+                                              (heads * dim + heads,), z.dtype, prefetch):
+        grad_rows = None
+        if rows is not None:
+            z_q, s_q = _unpack(rows, heads, dim)
+            del rows
+            gz, gs, gd = backward_block(state, g, delta, dg.blocks[src], z_q, s_q, s_dst,
+                                        src_gid=dg.block_orig_id(src), **kw)
+            grad_s_dst += gd
+            grad_rows = _pack(gz, gs)
+            del z_q, s_q, gz, gs, gd
+        returns.push(send_to, src, grad_rows)
+        del grad_rows
+    returns.close()
+    return grad_z, grad_s_src, grad_s_dst
+
+
+def _gat_kw(dg: Any, negative_slope: float, attn_dropout: float, seed: int) -> dict:
+    return dict(negative_slope=float(negative_slope), attn_dropout=float(attn_dropout), seed=int(seed),
+                dst_gid=dg.orig_id)
+
+
 class SARGat(torch.autograd.Function):
     """``out = SARGat.apply(z, s_src, s_dst, dg, comm, negative_slope, attn_dropout, seed,
     add_self_loops, prefetch)``: GATv1 attention over in-edges, block by block.
@@ -230,69 +303,88 @@ class SARGat(torch.autograd.Function):
     def forward(ctx, z, s_src, s_dst, dg, comm, negative_slope, attn_dropout, seed,
                 add_self_loops, prefetch):
         z, s_src, s_dst = z.detach().contiguous(), s_src.detach().contiguous(), s_dst.detach().contiguous()
-        n, heads, dim = z.shape
-        kw = dict(negative_slope=float(negative_slope), attn_dropout=float(attn_dropout),
-                  seed=int(seed), dst_gid=dg.orig_id)
-        state = init_state(n, heads, dim, z.dtype, z.device)
-        accumulate(state, dg.blocks[dg.part_id], z, s_src, s_dst, src_gid=dg.orig_id, **kw)
-        if add_self_loops:
-            accumulate(state, dg.identity(), z, s_src, s_dst, src_gid=dg.orig_id, **kw)
-        for _, src, rows in _fetch_rotation(dg, comm, lambda q: _pack(z, s_src, dg.send_lid[q]),
-                                             (heads * dim + heads,), z.dtype, prefetch):
-            if rows is not None:
-                z_q, s_q = _unpack(rows, heads, dim)
-                del rows
-                accumulate(state, dg.blocks[src], z_q, s_q, s_dst, src_gid=dg.block_orig_id(src), **kw)
-                del z_q, s_q
-        out = finalize(state)
-        ctx.save_for_backward(z, s_src, s_dst, state.m, state.l, out)
+        kw = _gat_kw(dg, negative_slope, attn_dropout, seed)
+        state = _gat_forward(z, s_src, s_dst, dg, comm, kw, add_self_loops, prefetch)
+        ctx.save_for_backward(z, s_src, s_dst, state.m, state.l, state.acc)
         ctx.dg, ctx.comm, ctx.kw = dg, comm, kw
         ctx.add_self_loops, ctx.prefetch = add_self_loops, prefetch
-        return out
+        return state.acc
 
     @staticmethod
     def backward(ctx, grad_out):
         z, s_src, s_dst, m, l, out = ctx.saved_tensors
-        dg, comm, kw = ctx.dg, ctx.comm, ctx.kw
-        n, heads, dim = z.shape
         state = AttentionState(m, l, out, finalized=True)
-        g = grad_out.contiguous()
-        delta = output_delta(state, g)
-        for blk in dg.blocks.values():
-            csc(blk, perm=False)  # the transposes backward_block walks, by counting sort (O(E), no sort temporaries)
-        grad_z, grad_s_src, grad_s_dst = backward_block(state, g, delta, dg.blocks[dg.part_id], z, s_src,
-                                                        s_dst, src_gid=dg.orig_id, **kw)
-        if ctx.add_self_loops:
-            gz, gs, gd = backward_block(state, g, delta, dg.identity(), z, s_src, s_dst,
-                                        src_gid=dg.orig_id, **kw)
-            grad_z += gz
-            grad_s_src += gs
-            grad_s_dst += gd
-            del gz, gs, gd
-        # case 2: re-fetch each remote block, recompute its attention, return its gradients
+        grads = _gat_backward(state, grad_out, z, s_src, s_dst, ctx.dg, ctx.comm, ctx.kw, ctx.add_self_loops,
+                              ctx.prefetch)
+        return (*grads, None, None, None, None, None, None, None)
 
-        def add(q: int, packed: torch.Tensor) -> None:  # gradients of the rows we sent to q
-            gz_q, gs_q = _unpack(packed, heads, dim)
-            grad_z.index_add_(0, dg.send_lid[q], gz_q)
-            grad_s_src.index_add_(0, dg.send_lid[q], gs_q)
 
-        returns = _Returns(dg, comm, None, ctx.prefetch, feat=(heads * dim + heads,), dtype=z.dtype,
-                           device=z.device, add=add)
-        for send_to, src, rows in _fetch_rotation(dg, comm, lambda q: _pack(z, s_src, dg.send_lid[q]),
-                                                  (heads * dim + heads,), z.dtype, ctx.prefetch):
-            grad_rows = None
-            if rows is not None:
-                z_q, s_q = _unpack(rows, heads, dim)
-                del rows
-                gz, gs, gd = backward_block(state, g, delta, dg.blocks[src], z_q, s_q, s_dst,
-                                            src_gid=dg.block_orig_id(src), **kw)
-                grad_s_dst += gd
-                grad_rows = _pack(gz, gs)
-                del z_q, s_q, gz, gs, gd
-            returns.push(send_to, src, grad_rows)
-            del grad_rows
-        returns.close()
-        return grad_z, grad_s_src, grad_s_dst, None, None, None, None, None, None, None
+def _project(x: torch.Tensor, weight: torch.Tensor, att_src: torch.Tensor, att_dst: torch.Tensor):
+    """``(z float[n, H, D], s_src float[n, H], s_dst float[n, H])`` of a GAT layer's input ``x``."""
+    heads, dim = int(att_src.shape[1]), int(att_src.shape[2])
+    z = torch.nn.functional.linear(x, weight).view(-1, heads, dim)
+    return z, (z * att_src).sum(-1), (z * att_dst).sum(-1)
+
+
+class SARGatProjected(torch.autograd.Function):
+    """``out = SARGatProjected.apply(x, weight, att_src, att_dst, dg, comm, negative_slope, attn_dropout,
+    seed, add_self_loops, prefetch)``: projection, scores and :class:`SARGat` in one op.
+
+    Rematerialisation one step further than SAR's attention: the projected rows
+    ``z = x W^T`` (float[n, H, D], as large as the layer's output) are not kept for
+    the backward pass but recomputed from ``x``, which the weight gradient needs
+    anyway. Saves ``x``, the parameters, the output and ``m``, ``l``.
+
+    Args:
+        x: float[n, F_in] dense rows of owned nodes; weight: float[H*D, F_in];
+        att_src, att_dst: float[1, H, D]; the rest as for :class:`SARGat`.
+    Returns:
+        float[n, H, D].
+    """
+
+    @staticmethod
+    def forward(ctx, x, weight, att_src, att_dst, dg, comm, negative_slope, attn_dropout, seed,
+                add_self_loops, prefetch):
+        kw = _gat_kw(dg, negative_slope, attn_dropout, seed)
+        with torch.no_grad():
+            z, s_src, s_dst = _project(x, weight, att_src, att_dst)
+            state = _gat_forward(z.contiguous(), s_src.contiguous(), s_dst.contiguous(), dg, comm, kw,
+                                 add_self_loops, prefetch)
+        del z, s_src, s_dst
+        ctx.save_for_backward(x, weight, att_src, att_dst, state.m, state.l, state.acc)
+        ctx.dg, ctx.comm, ctx.kw = dg, comm, kw
+        ctx.add_self_loops, ctx.prefetch = add_self_loops, prefetch
+        return state.acc
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        x, weight, att_src, att_dst, m, l, out = ctx.saved_tensors
+        with torch.no_grad():
+            z, s_src, s_dst = _project(x, weight, att_src, att_dst)
+            state = AttentionState(m, l, out, finalized=True)
+            grad_z, grad_s_src, grad_s_dst = _gat_backward(
+                state, grad_out, z.contiguous(), s_src.contiguous(), s_dst.contiguous(), ctx.dg, ctx.comm,
+                ctx.kw, ctx.add_self_loops, ctx.prefetch)
+            del state
+            gs, gd = grad_s_src.unsqueeze(-1), grad_s_dst.unsqueeze(-1)
+            grad_att_src = (gs * z).sum(0, keepdim=True) if ctx.needs_input_grad[2] else None
+            grad_att_dst = (gd * z).sum(0, keepdim=True) if ctx.needs_input_grad[3] else None
+            del z
+            grad_z += gs * att_src
+            grad_z += gd * att_dst
+            del gs, gd, grad_s_src, grad_s_dst
+            gz = grad_z.view(grad_z.shape[0], -1)
+            grad_w = gz.t() @ x if ctx.needs_input_grad[1] else None
+            grad_x = gz @ weight if ctx.needs_input_grad[0] else None
+        return grad_x, grad_w, grad_att_src, grad_att_dst, None, None, None, None, None, None, None
+
+
+def sar_gat_projected(x: torch.Tensor, weight: torch.Tensor, att_src: torch.Tensor, att_dst: torch.Tensor,
+                      dg: Any, comm: Any, *, negative_slope: float = 0.2, attn_dropout: float = 0.0,
+                      seed: int = 0, add_self_loops: bool = True, prefetch: bool = False) -> torch.Tensor:
+    """float[n, H, D]: a GAT layer (without bias) whose backward recomputes ``z`` (see :class:`SARGatProjected`)."""
+    return SARGatProjected.apply(x, weight, att_src, att_dst, dg, comm, negative_slope, attn_dropout, seed,
+                                 add_self_loops, prefetch)
 
 
 def sar_gat(z: torch.Tensor, s_src: torch.Tensor, s_dst: torch.Tensor, dg: Any, comm: Any, *,

@@ -102,20 +102,34 @@ def _sgd_step(model, lr: float = 0.5, weight_decay: float = 5e-4) -> None:
 
 
 def _record_calls(graph) -> list:
-    """Wrap ``graph.aggregate``/``graph.gat`` to log (kind, row width, requires_grad)."""
+    """Wrap ``graph.aggregate``/``graph.gat``/``graph.gat_projected`` to log (kind, row width, requires_grad).
+
+    A ``gat_projected`` call is logged once, whether the engine fuses it or its default calls ``gat``.
+    """
     calls = []
-    agg, gat = graph.aggregate, graph.gat
+    agg, gat, gat_projected = graph.aggregate, graph.gat, graph.gat_projected
+    inside = []
 
     def aggregate(x, reduce="sum"):
         calls.append(("aggregate", int(np.prod(x.shape[1:])), x.requires_grad))
         return agg(x, reduce)
 
     def attention(z, s_src, s_dst, **kw):
-        calls.append(("gat", int(np.prod(z.shape[1:])) + int(s_src.shape[1]),
-                      z.requires_grad or s_src.requires_grad))
+        if not inside:
+            calls.append(("gat", int(np.prod(z.shape[1:])) + int(s_src.shape[1]),
+                          z.requires_grad or s_src.requires_grad))
         return gat(z, s_src, s_dst, **kw)
 
-    graph.aggregate, graph.gat = aggregate, attention
+    def projected(x, weight, att_src, att_dst, **kw):
+        calls.append(("gat", int(weight.shape[0]) + int(att_src.shape[1]),
+                      x.requires_grad or weight.requires_grad or att_src.requires_grad))
+        inside.append(True)
+        try:
+            return gat_projected(x, weight, att_src, att_dst, **kw)
+        finally:
+            inside.pop()
+
+    graph.aggregate, graph.gat, graph.gat_projected = aggregate, attention, projected
     return calls
 
 
