@@ -78,11 +78,18 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return int(args.func(args) or 0)
     except (CLIError, DataError) as exc:
-        print(f"hpc-graph {args.command}: error: {exc}", file=sys.stderr)
+        _error_line(f"hpc-graph {args.command}: error: {exc}")
         return 2
     except KeyboardInterrupt:
-        print(f"hpc-graph {args.command}: interrupted", file=sys.stderr)
+        _error_line(f"hpc-graph {args.command}: interrupted")
         return 130
+
+
+def _error_line(text: str) -> None:
+    """One ``write`` per line: under mpiexec every rank's stderr shares one stream, and print()'s
+    separate write of the newline let two ranks' lines run together."""
+    sys.stderr.write(text + "\n")
+    sys.stderr.flush()
 
 
 if __name__ == "__main__":
