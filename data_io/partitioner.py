@@ -137,8 +137,8 @@ def assign_parts(indptr: np.ndarray, indices: np.ndarray, num_parts: int, method
         cut, parts = _metis(xadj, adjncy, vw, num_parts, seed)
     except _NoMetisABI as exc:  # pymetis without the C entry points: one constraint only
         if balance_edges:
-            raise ValueError(f"balance_edges: needs METIS' multi-constraint entry point, which this "
-                             f"pymetis does not expose ({exc})") from None
+            raise DataError(f"balance_edges: needs METIS' multi-constraint entry point, which this "
+                            f"pymetis does not expose ({exc})") from None
         log.warning("METIS multi-constraint call unavailable (%s): balancing nodes only", exc)
         res = pymetis.part_graph(num_parts, pymetis.CSRAdjacency(xadj, adjncy), options=pymetis.Options(seed=int(seed)))
         cut, parts = res.edge_cuts, np.asarray(res.vertex_part, dtype=np.int64)

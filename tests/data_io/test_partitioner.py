@@ -212,3 +212,15 @@ def test_balance_edges_needs_metis(tmp_path):
     with pytest.raises(DataError, match="balance_edges"):
         partition_dataset(src, tmp_path / "r", 2, method="random", balance_edges=True)
     assert not (tmp_path / "r").exists()
+
+
+def test_balance_edges_without_multi_constraint_metis_is_an_error(monkeypatch):
+    def no_abi(*args, **kwargs):
+        raise partitioner._NoMetisABI("test: no entry point")
+
+    monkeypatch.setattr(partitioner, "_metis", no_abi)
+    g = random_graph(80, 400, seed=4)
+    with pytest.raises(DataError, match="balance_edges: needs METIS' multi-constraint"):
+        assign_parts(g.indptr, g.indices, 2, "metis", balance_edges=True)
+    parts = assign_parts(g.indptr, g.indices, 2, "metis")  # without it: pymetis' one-constraint fallback
+    assert sorted(np.unique(parts).tolist()) == [0, 1]
