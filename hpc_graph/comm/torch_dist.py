@@ -97,7 +97,6 @@ def _default_backend_spec() -> str:
     return ",".join(parts)
 
 
-
 def _destroy_group(dist) -> None:
     """atexit hook: destroy the default process group if it is still there."""
     try:
@@ -105,6 +104,7 @@ def _destroy_group(dist) -> None:
             dist.destroy_process_group()
     except Exception as exc:  # at exit, a failing teardown must not mask the real status
         log.debug("destroy_process_group at exit failed: %s", exc)
+
 
 class TorchDistCommunicator(Communicator):
     """Communicator over an initialised (or, here, initialised on demand) default process group.

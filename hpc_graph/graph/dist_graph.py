@@ -268,10 +268,7 @@ class DistGraph:
             indices[indptr[1:] - 1] = ar[:-1]
             loops = CSR(indptr, indices, g.num_src, validate=False)
             if loops.device.type == "cpu":  # the transpose GAT's backward walks, by counting sort (O(E))
-                from numba_kernels.cpu._transpose import csr_transpose
-
-                indptr_t, indices_t, _ = csr_transpose(indptr.numpy(), indices.numpy(), g.num_src, False)
-                loops._csc = (torch.from_numpy(indptr_t), torch.from_numpy(indices_t), None)
+                loops.csc(perm=False)
             self.local._cache["self_loops"] = loops
         return self.local._cache["self_loops"]
 

@@ -241,7 +241,7 @@ def _gat_backward(state: AttentionState, grad_out: torch.Tensor, z: torch.Tensor
     Returns ``(grad_z float[n, H, D], grad_s_src float[n, H], grad_s_dst float[n, H])``, the owned
     rows' gradients including those returned by the ranks that used them as halo.
     """
-    n, heads, dim = z.shape
+    _, heads, dim = z.shape
     g = grad_out.contiguous()
     delta = output_delta(state, g)
     for blk in dg.blocks.values():
