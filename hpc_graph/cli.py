@@ -30,6 +30,13 @@ class CLIError(Exception):
     """An expected user-facing error: printed as one line, exit status 2."""
 
 
+def add_threads_option(parser: argparse.ArgumentParser) -> None:
+    """``--threads N``: CPU threads per rank (see :mod:`hpc_graph.comm.threads`)."""
+    parser.add_argument("--threads", type=str, default=None, metavar="N",
+                        help="CPU threads per rank for numba, torch and BLAS (default: NUMBA_NUM_THREADS, "
+                             "else OMP_NUM_THREADS, else this rank's share of the CPUs in its affinity mask)")
+
+
 def _build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="hpc-graph",
@@ -55,6 +62,20 @@ def _build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _configure_threads(args: argparse.Namespace) -> None:
+    """Decide and apply the threads of this rank before the command imports numba or torch.
+
+    Commands whose module sets ``CONFIGURES_THREADS = True`` (``train``: the config's
+    ``train.threads`` takes part) do it themselves.
+    """
+    module = importlib.import_module(f"hpc_graph.commands.{COMMANDS[args.command]}")
+    if getattr(module, "CONFIGURES_THREADS", False):
+        return
+    from hpc_graph.comm.threads import configure_threads
+
+    configure_threads(getattr(args, "threads", None), explicit_name="--threads", world=True)
+
+
 def _setup_logging(verbose: int, quiet: bool) -> None:
     level = logging.WARNING if quiet else (logging.DEBUG if verbose >= 2 else logging.INFO)
     rank = ""
@@ -74,10 +95,12 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     _setup_logging(args.verbose, args.quiet)
     from data_io.errors import DataError  # local import keeps `--help` fast
+    from hpc_graph.comm.threads import ThreadSettingError
 
     try:
+        _configure_threads(args)
         return int(args.func(args) or 0)
-    except (CLIError, DataError) as exc:
+    except (CLIError, DataError, ThreadSettingError) as exc:
         _error_line(f"hpc-graph {args.command}: error: {exc}")
         return 2
     except KeyboardInterrupt:

@@ -5,6 +5,5 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/_install.sh
 install_hpc_graph dev
-# one thread per process: MPI tests oversubscribe the cores
-export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}
+# no thread variables: every process decides its threads as a user's would (hpc_graph.comm.threads)
 python3 -m pytest -q tests "$@"

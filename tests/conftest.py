@@ -60,6 +60,13 @@ def awkward_graph(seed: int = 0, num_dst: int = 23, num_src: int | None = None,
     return indptr, src[order]
 
 
+def pytest_configure(config):
+    """Decide this process's threads the way every hpc_graph entry point does."""
+    from hpc_graph.comm.threads import configure_threads
+
+    configure_threads()
+
+
 @pytest.fixture(name="awkward_graph")
 def _awkward_graph_fixture():
     """The :func:`awkward_graph` builder: ``awkward_graph(seed, num_dst, num_src, num_edges)``."""

@@ -73,8 +73,8 @@ class KernelBenchConfig:
         edge_factor: generated edges per node (before duplicate removal).
         symmetrize: add reverse edges (default: directed graph).
         repeat: timed calls per measurement (the median is reported).
-        threads: torch and numba threads (default: ``NUMBA_NUM_THREADS``, else ``OMP_NUM_THREADS``,
-            else all cores).
+        threads: torch and numba threads (default: as :mod:`hpc_graph.comm.threads` decides:
+            ``NUMBA_NUM_THREADS``, else ``OMP_NUM_THREADS``, else the CPUs of the affinity mask).
         ops: which measurements to run, a subset of :data:`OPS`.
         grad: the ``requires_grad`` settings of the input features to run.
         memory_fraction: skip a baseline whose estimate exceeds this share of available RAM.
@@ -107,11 +107,9 @@ class KernelBenchConfig:
             bad("edge_factor", f"must be >= 1, got {self.edge_factor}")
         if self.repeat < 1:
             bad("repeat", f"must be >= 1, got {self.repeat}")
-        from numba_kernels.cpu._partition import max_threads
-
-        if self.threads is not None and not 1 <= self.threads <= max_threads():
-            bad("threads", f"must be in 1..{max_threads()} (NUMBA_NUM_THREADS, else OMP_NUM_THREADS), "
-                           f"got {self.threads}")
+        if self.threads is not None and (isinstance(self.threads, bool) or not isinstance(self.threads, int)
+                                         or self.threads < 1):
+            bad("threads", f"must be a positive integer, got {self.threads!r}")
         unknown = [o for o in self.ops if o not in OPS]
         if unknown or not self.ops:
             bad("ops", f"unknown {unknown}; choose from {', '.join(OPS)}")
@@ -430,12 +428,10 @@ def _bench_compile(ctx: _Ctx) -> list[dict]:
 def _set_threads(threads: int | None) -> int:
     import numba
 
-    from numba_kernels.cpu._partition import max_threads
+    from hpc_graph.comm.threads import configure_threads
 
-    t = max_threads() if threads is None else threads
-    numba.set_num_threads(t)
-    torch.set_num_threads(t)
-    return t
+    configure_threads(threads, explicit_name="threads")
+    return numba.get_num_threads()
 
 
 def run_kernel_bench(cfg: KernelBenchConfig) -> list[dict]:

@@ -5,9 +5,9 @@
 
 Kinds are registered in :data:`KINDS` (name -> (add_arguments, run)); later
 benchmark kinds add an entry. Prints a summary (speed-ups, memory ratios);
-progress goes to the log. Set ``NUMBA_NUM_THREADS`` and ``OMP_NUM_THREADS``
-to the cores you want to use (``--threads`` applies the same count to torch
-and numba).
+progress goes to the log. ``--threads`` sets the torch and numba threads
+(default: ``NUMBA_NUM_THREADS``, else ``OMP_NUM_THREADS``, else all CPUs of
+the process's affinity mask).
 """
 from __future__ import annotations
 
@@ -28,8 +28,6 @@ def _add_kernels(p: argparse.ArgumentParser) -> None:
                    help=f"measurements to run, from: {' '.join(OPS)} (default: all)")
     p.add_argument("--grad", choices=["both", "off", "on"], default="both",
                    help="input features requiring grad: off (first layer), on (hidden layer), both (default)")
-    p.add_argument("--threads", type=int, default=None,
-                   help="torch and numba threads (default: NUMBA_NUM_THREADS, else OMP_NUM_THREADS, else all cores)")
     p.add_argument("--repeat", type=int, default=3, help="timed calls per measurement, median reported "
                                                          "(default: %(default)s)")
     p.add_argument("--memory-fraction", type=float, default=0.6,
@@ -38,15 +36,20 @@ def _add_kernels(p: argparse.ArgumentParser) -> None:
     p.add_argument("--json", metavar="OUT", help="write one JSON record per measurement (JSON Lines)")
     p.add_argument("--plot", metavar="OUT.png", help="write a bar plot of times and peak memory")
     p.add_argument("--force", action="store_true", help="overwrite existing --json/--plot outputs")
+    from hpc_graph.cli import add_threads_option
+
+    add_threads_option(p)
 
 
 def _run_kernels(args: argparse.Namespace) -> int:
     from data_io.errors import DataError, check_output
     from hpc_graph.bench.kernels import KernelBenchConfig, run_kernel_bench, summarize, write_json, write_plot
 
+    from hpc_graph.comm.threads import current_plan
+
     grad = {"both": (False, True), "off": (False,), "on": (True,)}[args.grad]
     cfg = KernelBenchConfig(scale=args.scale, feat=args.feat, heads=args.heads, edge_factor=args.edge_factor,
-                            symmetrize=args.symmetrize, repeat=args.repeat, threads=args.threads,
+                            symmetrize=args.symmetrize, repeat=args.repeat, threads=current_plan().threads,
                             ops=tuple(args.ops), grad=grad, memory_fraction=args.memory_fraction, seed=args.seed)
     try:
         cfg.validate()

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import argparse
 
-from hpc_graph.cli import CLIError
+from hpc_graph.cli import CLIError, add_threads_option
 
 
 def _fractions(text: str) -> tuple[float, float, float]:
@@ -39,9 +39,11 @@ def add_parser(subparsers) -> None:
 
     p = sub.add_parser("npz", help="NumPy .npz archive (edge_index, x, y, train/val/test_mask)")
     _common(p, "the .npz archive")
+    add_threads_option(p)
 
     p = sub.add_parser("edgelist", help="SNAP-style edge list: 'src dst [weight]' per line, # or % comments")
     _common(p, "the edge-list text file (.gz allowed)")
+    add_threads_option(p)
     _graph_options(p)
     rel = p.add_mutually_exclusive_group()
     rel.add_argument("--relabel", dest="relabel", action="store_true", default=None,
@@ -58,6 +60,7 @@ def add_parser(subparsers) -> None:
 
     p = sub.add_parser("ogb", help="OGB node-property folder (raw/edge.csv.gz, raw/node-feat.csv.gz, ...)")
     _common(p, "the dataset folder holding raw/ and split/")
+    add_threads_option(p)
     _graph_options(p)
     p.add_argument("--split", default=None, metavar="NAME", help="which split/<NAME> (default: the only one)")
 

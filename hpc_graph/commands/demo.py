@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import shlex
 import shutil
 import subprocess
@@ -103,12 +102,9 @@ def run(args: argparse.Namespace) -> int:
         if mpiexec is None:
             raise CLIError("mpiexec not found on PATH: install an MPI (e.g. pip install 'hpc_graph[mpich]')")
         cmd = [mpiexec, "-n", str(args.ranks), *cmd]
-    env = dict(os.environ)
-    env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // args.ranks)))
-    env.setdefault("NUMBA_NUM_THREADS", env["OMP_NUM_THREADS"])
     print(f"== train: {shlex.join(cmd)}", flush=True)
     t0 = time.perf_counter()
-    status = subprocess.run(cmd, env=env).returncode
+    status = subprocess.run(cmd).returncode  # every rank decides its own threads (hpc_graph.comm.threads)
     if status:
         raise CLIError(f"training failed with status {status} (see the messages above)")
     summary = json.loads((run_dir / "summary.json").read_text())

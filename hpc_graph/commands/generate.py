@@ -10,6 +10,8 @@ from __future__ import annotations
 import argparse
 import time
 
+from hpc_graph.cli import add_threads_option
+
 
 
 def _add_common(p: argparse.ArgumentParser, feat_dim: int, num_classes: int) -> None:
@@ -45,6 +47,7 @@ def add_parser(subparsers) -> None:
     r.add_argument("--remove-duplicates", action=argparse.BooleanOptionalAction, default=True,
                    help="drop duplicate edges (default: on)")
     _add_common(r, feat_dim=128, num_classes=16)
+    add_threads_option(r)
     r.set_defaults(func=run)
 
     c = kinds.add_parser("csbm", help="contextual stochastic block model (node classification)",
@@ -59,6 +62,7 @@ def add_parser(subparsers) -> None:
     c.add_argument("--power-law", type=float, default=None, metavar="EXPONENT",
                    help="degree-corrected: propensities from a power law with this exponent (> 2)")
     _add_common(c, feat_dim=128, num_classes=5)
+    add_threads_option(c)
     c.set_defaults(func=run)
     parser.set_defaults(func=run)
 

@@ -9,6 +9,8 @@ import argparse
 import json
 import sys
 
+from hpc_graph.cli import add_threads_option
+
 
 def add_parser(subparsers) -> None:
     p = subparsers.add_parser(
@@ -19,11 +21,12 @@ def add_parser(subparsers) -> None:
     p.add_argument("--json", action="store_true", help="print JSON")
     p.add_argument("--env", action="store_true",
                    help="instead of PATH: print what every rank detected (launcher, rank, size, local "
-                        "rank, threads, CUDA devices); run it under your launcher, e.g. "
-                        "srun hpc-graph info --env")
+                        "rank, the CPU threads it will use and why, CUDA devices); run it under your "
+                        "launcher, e.g. srun hpc-graph info --env")
     p.add_argument("--backend", default="mpi", choices=["mpi", "torch"],
                    help="with --env: communicator to gather with (torch also shows the derived "
                         "MASTER_ADDR/MASTER_PORT/RANK/WORLD_SIZE/LOCAL_RANK)")
+    add_threads_option(p)
     p.set_defaults(func=run_info)
 
     c = subparsers.add_parser(
@@ -33,6 +36,7 @@ def add_parser(subparsers) -> None:
                     "Exit status 0 when valid, 1 otherwise.")
     c.add_argument("path", metavar="PATH", help="dataset file (.h5) or partition directory")
     c.add_argument("--json", action="store_true", help="print the result as JSON")
+    add_threads_option(c)
     c.set_defaults(func=run_check)
 
 
@@ -75,10 +79,13 @@ def run_env(args: argparse.Namespace) -> int:
     import os
 
     from hpc_graph.comm import describe_environment, get_communicator, install_abort_handler
+    from hpc_graph.comm.threads import configure_threads
 
+    plan = configure_threads(args.threads, explicit_name="--threads", world=True)  # decided by the CLI already
     comm = get_communicator(args.backend)
     install_abort_handler(comm)
     mine = describe_environment()
+    mine["threads"]["decided"] = plan.as_dict()
     mine["backend"] = comm.backend
     mine["torch_distributed_env"] = {k: os.environ.get(k) for k in
                                      ("MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE", "LOCAL_RANK")}
@@ -91,14 +98,20 @@ def run_env(args: argparse.Namespace) -> int:
     first = everyone[0]
     print(f"launcher {first['launcher']}, {first['size']} rank(s), backend {first['backend']}, "
           f"python {first['python']}, " + ", ".join(f"{k} {v}" for k, v in first["packages"].items()))
-    print(f"{'rank':>4} {'local':>5} {'host':<20} {'pid':>8} {'cpus':>5} {'omp':>4} {'numba':>5} "
-          f"{'torch':>5} {'cuda':>5}  torch.distributed")
+    print(f"{'rank':>4} {'local':>5} {'host':<20} {'pid':>8} {'cpus':>5} {'threads':>7} {'torch':>5} "
+          f"{'cuda':>5}  why")
     for e in everyone:
         t, c, d = e["threads"], e["cuda"], e["torch_distributed_env"]
-        tdist = " ".join(f"{k}={v}" for k, v in d.items() if v is not None) or "-"
+        p = t["decided"]
+        why = p["reason"] + (f"; node oversubscribed: {p['node_threads']} threads on {p['node_cpus']} CPU(s)"
+                             if p["oversubscribed"] else "")
         print(f"{e['rank']:>4} {e['local_rank']:>5} {e['hostname'][:20]:<20} {e['pid']:>8} "
-              f"{t['cpu_affinity']!s:>5} {t['OMP_NUM_THREADS'] or '-':>4} {t['NUMBA_NUM_THREADS'] or '-':>5} "
-              f"{t['torch_num_threads']!s:>5} {c['device_count']!s:>5}  {tdist}")
+              f"{t['cpu_affinity']!s:>5} {p['threads']:>7} {t['torch_num_threads']!s:>5} "
+              f"{c['device_count']!s:>5}  {why}")
+    if args.backend == "torch":
+        print("torch.distributed: " + "; ".join(
+            f"rank {e['rank']}: " + (" ".join(f"{k}={v}" for k, v in e["torch_distributed_env"].items()
+                                              if v is not None) or "-") for e in everyone))
     return 0
 
 

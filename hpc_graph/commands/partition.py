@@ -10,7 +10,7 @@ from __future__ import annotations
 import argparse
 import json
 
-from hpc_graph.cli import CLIError
+from hpc_graph.cli import CLIError, add_threads_option
 
 
 def add_parser(subparsers) -> None:
@@ -31,6 +31,7 @@ def add_parser(subparsers) -> None:
                         "power-law graphs, at the cost of a larger edge cut)")
     p.add_argument("--force", action="store_true", help="replace DIR if it exists")
     p.add_argument("--json", action="store_true", help="print the statistics as JSON")
+    add_threads_option(p)
     p.set_defaults(func=run)
 
 

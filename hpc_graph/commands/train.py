@@ -16,7 +16,10 @@ import argparse
 import os
 import sys
 
-from hpc_graph.cli import CLIError
+from hpc_graph.cli import CLIError, add_threads_option
+
+#: the CLI leaves the thread decision to this command: ``train.threads`` takes part in it
+CONFIGURES_THREADS = True
 
 
 def add_parser(subparsers) -> None:
@@ -36,6 +39,7 @@ def add_parser(subparsers) -> None:
     parser.add_argument("--resume", default=None, metavar="RUN_DIR",
                         help="continue the run in RUN_DIR from its newest valid checkpoint; the config comes "
                              "from the checkpoint (a --config given too must match it)")
+    add_threads_option(parser)
     parser.set_defaults(func=run)
 
 
@@ -63,6 +67,14 @@ def run(args: argparse.Namespace) -> int:
                 if not args.run_dir.strip():
                     raise ConfigError("--run-dir: must be a non-empty path")
                 config.train.run_dir = args.run_dir
+        from hpc_graph.comm.threads import configure_threads
+        if args.threads is not None:
+            from hpc_graph.comm.threads import parse_threads
+            config.train.threads = parse_threads(args.threads, "--threads")
+            configure_threads(config.train.threads, explicit_name="--threads", world=True)
+        else:
+            configure_threads(config.train.threads, explicit_name="train.threads", world=True)
+        # decided before torch and numba are imported: their pools start with the right size
         from hpc_graph.train.trainer import Trainer
         trainer = Trainer(config, resume=args.resume)
     except ConfigError as exc:

@@ -41,7 +41,7 @@ _NAME = re.compile(r"^ckpt-(\d+)\.pt$")
 
 # train.* fields that may differ between a checkpoint's config and the config of the resumed run
 RESUMABLE_FIELDS = ("train.epochs", "train.eval_every", "train.checkpoint_every", "train.on_nonfinite",
-                    "train.progress", "train.comm_backend", "train.run_dir")
+                    "train.progress", "train.comm_backend", "train.run_dir", "train.threads")
 
 
 class CheckpointError(DataError, ValueError):

@@ -30,8 +30,8 @@ class ConfigError(ValueError):
     """An invalid configuration; the message names the field (``section.key: problem``)."""
 
 
-def _int(lo: int | None = None):
-    return {"kind": "int", "lo": lo}
+def _int(lo: int | None = None, optional: bool = False):
+    return {"kind": "int", "lo": lo, "optional": optional}
 
 
 def _float(lo: float | None = None, hi: float | None = None, lo_open: bool = False, hi_open: bool = False):
@@ -122,6 +122,10 @@ class TrainConfig:
                                "A NaN/Inf loss or gradient on any rank: `stop` raises on every rank naming the "
                                "epoch and ranks; `skip` skips that optimiser step on every rank with a warning.")
     progress: bool = _field(True, _BOOL, "Show a progress bar on rank 0 (stderr).")
+    threads: int | None = _field(None, _int(1, optional=True),
+                                 "CPU threads per rank for numba, torch and BLAS (`--threads` overrides it). "
+                                 "`null`: `NUMBA_NUM_THREADS`, else `OMP_NUM_THREADS`, else this rank's share "
+                                 "of the CPUs in its affinity mask (CPUs / ranks sharing them on the node).")
 
 
 @dataclasses.dataclass
@@ -151,6 +155,8 @@ def _check_value(where: str, value: Any, spec: dict) -> Any:
             raise ConfigError(f"{where}: must be true or false, got {value!r}")
         return value
     if kind == "int":
+        if value is None and spec.get("optional"):
+            return None
         if isinstance(value, bool) or not isinstance(value, int):
             what = {1: "a positive integer", 0: "a non-negative integer"}.get(spec["lo"], "an integer")
             raise ConfigError(f"{where}: must be {what}, got {value!r}")
@@ -330,7 +336,7 @@ and a `--resume` that does not match its checkpoint.
   The config comes from the checkpoint; `--set` may change it, and a `--config`
   given as well must match it except for `train.epochs`, `train.eval_every`,
   `train.checkpoint_every`, `train.on_nonfinite`, `train.progress`,
-  `train.comm_backend` and `train.run_dir`. A different dataset or partition
+  `train.comm_backend`, `train.run_dir` and `train.threads`. A different dataset or partition
   directory, model shape or number of ranks is refused before training. With
   the same `train.epochs`, a resumed run ends with exactly the weights and
   metrics of an uninterrupted one. Metric files are appended to.
@@ -368,7 +374,8 @@ def _allowed(spec: dict) -> str:
     if kind == "bool":
         return "`true`, `false`"
     if kind == "int":
-        return "any" if spec["lo"] is None else f">= {spec['lo']}"
+        text = "any" if spec["lo"] is None else f">= {spec['lo']}"
+        return text + (" or null" if spec.get("optional") else "")
     if kind == "float":
         lo, hi = spec["lo"], spec["hi"]
         if lo is not None and hi is not None:

@@ -171,6 +171,9 @@ class Trainer:
             from hpc_graph.comm import get_communicator
             comm = get_communicator(config.train.comm_backend)
         self.comm = comm
+        from hpc_graph.comm.threads import configure_threads
+        # before any kernel runs; collective over comm (the ranks sharing a host compare CPU masks)
+        self.threads = configure_threads(config.train.threads, explicit_name="train.threads", comm=comm)
         self.rank, self.size = int(comm.rank), int(comm.size)
         if self.size > 1:  # one process (tests, notebooks) keeps Python's own exception handling
             from hpc_graph.comm import install_abort_handler
@@ -582,7 +585,8 @@ class Trainer:
     def _summary(self, epoch_seconds: list[float], step_bytes: list[int], last_eval: dict[str, Any],
                  loss: float) -> dict[str, Any]:
         mine = {"rank": self.rank, "peak_rss_mb": peak_rss_mb(), "epoch_seconds": epoch_seconds,
-                "bytes_per_epoch": float(np.mean(step_bytes)) if step_bytes else 0.0}
+                "bytes_per_epoch": float(np.mean(step_bytes)) if step_bytes else 0.0,
+                "threads": _threads_in_use(self.threads)}
         ranks = self.comm.allgather_object(mine) if self.size > 1 else [mine]
         # an epoch lasts as long as its slowest rank
         slowest = [max(r["epoch_seconds"][e] for r in ranks) for e in range(len(epoch_seconds))]
@@ -598,6 +602,7 @@ class Trainer:
             "bytes_per_epoch": sum(r["bytes_per_epoch"] for r in ranks),
             "bytes_per_epoch_per_rank": [r["bytes_per_epoch"] for r in ranks],
             "world_size": self.size,
+            "threads_per_rank": [r["threads"] for r in ranks],
             "engine": self.engine_name,
             "num_parameters": sum(p.numel() for p in self.params),
             "run_dir": str(self.run_dir),
@@ -621,6 +626,15 @@ def _flush_logs() -> None:
             h.flush()
     with contextlib.suppress(Exception):
         sys.stderr.flush()
+
+
+def _threads_in_use(plan) -> dict[str, Any]:
+    """The decided threads (and why) next to what numba and torch use now."""
+    import numba
+    from numba.np.ufunc import parallel
+
+    return {**plan.as_dict(), "numba": numba.get_num_threads(), "numba_pool": int(parallel.NUM_THREADS),
+            "torch": torch.get_num_threads()}
 
 
 def _cpu(sd: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:

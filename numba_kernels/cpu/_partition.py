@@ -10,18 +10,12 @@ split the rows into ``CHUNKS_PER_THREAD * threads`` contiguous chunks of equal
 A single row is never split: a row that alone holds more than one chunk's share
 of edges gets a chunk of its own (its cost bounds the parallel time).
 
-Thread count: ``NUMBA_NUM_THREADS`` when set; otherwise ``OMP_NUM_THREADS``
-(capped at the cores) when set, so that one variable sized for torch also
-bounds the numba kernels (MPI jobs set it to cores per rank); otherwise all
-cores. :func:`default_chunks` lowers the calling thread's numba thread count to
-that limit (numba's setting is per calling thread). torch and numba run one
-after the other, never at the same time, so the same count for both does not
-oversubscribe; set ``OMP_WAIT_POLICY=PASSIVE`` if the two OpenMP runtimes'
-idle spinning shows up in profiles.
+Thread count: whatever ``numba.get_num_threads()`` says on the calling
+thread. The kernels never change it; ``hpc_graph.comm.threads`` decides the
+threads of a rank once at start-up (explicit setting, ``NUMBA_NUM_THREADS`` /
+``OMP_NUM_THREADS``, else the rank's share of its CPUs).
 """
 from __future__ import annotations
-
-import os
 
 import numba
 import numpy as np
@@ -67,30 +61,10 @@ def row_chunks(indptr: np.ndarray, num_chunks: int) -> np.ndarray:
     return bounds[:m + 1]
 
 
-def max_threads() -> int:
-    """Threads the CPU kernels may use: ``NUMBA_NUM_THREADS``, else ``OMP_NUM_THREADS``, else all cores."""
-    limit = numba.config.NUMBA_NUM_THREADS
-    if "NUMBA_NUM_THREADS" in os.environ:
-        return limit
-    try:
-        omp = int(os.environ.get("OMP_NUM_THREADS", "").split(",")[0])
-    except ValueError:
-        return limit
-    return max(1, min(omp, limit))
-
-
-_MAX_THREADS = max_threads()
-
-
 def default_chunks(indptr: np.ndarray) -> np.ndarray:
     """:func:`row_chunks` with ``CHUNKS_PER_THREAD * numba.get_num_threads()`` chunks.
 
-    Lowers the calling thread's numba thread count to :func:`max_threads` first.
     Called from Python (not from jitted code): reading the thread count inside
     a kernel would stop numba from caching it on disk.
     """
-    threads = numba.get_num_threads()
-    if threads > _MAX_THREADS:
-        numba.set_num_threads(_MAX_THREADS)
-        threads = _MAX_THREADS
-    return row_chunks(indptr, CHUNKS_PER_THREAD * threads)
+    return row_chunks(indptr, CHUNKS_PER_THREAD * numba.get_num_threads())

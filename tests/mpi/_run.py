@@ -9,8 +9,9 @@ Shared by every multi-rank test in ``tests/mpi/``::
 
 A hang is a failure: on timeout the whole process group (launcher and ranks)
 is killed and an ``AssertionError`` carrying stdout/stderr is raised. Ranks run
-with ``OMP_NUM_THREADS=1`` (the test machine oversubscribes its cores) and
-unbuffered output. ``HPC_GRAPH_MPIEXEC`` overrides the launcher command
+with unbuffered output and decide their threads as a user's ranks would
+(``hpc_graph.comm.threads``: one per rank when they share the 2 test cores);
+an ``env`` value of ``None`` removes that variable. ``HPC_GRAPH_MPIEXEC`` overrides the launcher command
 (e.g. ``"srun --mpi=pmix"``); Open MPI gets ``--oversubscribe`` automatically.
 """
 from __future__ import annotations
@@ -72,27 +73,32 @@ def _as_text(data) -> str:
 
 
 def run_mpi(script_or_args: str | os.PathLike | Sequence[str | os.PathLike], nprocs: int,
-            timeout: float = 120, env: Mapping[str, str] | None = None, *,
+            timeout: float = 120, env: Mapping[str, str | None] | None = None, *,
             check: bool = True, cwd: str | os.PathLike | None = None
             ) -> subprocess.CompletedProcess:
     """Run ``mpiexec -n nprocs`` on a Python script (or a full argument list).
 
     ``script_or_args``: a ``.py`` path, or a list whose first item is a ``.py``
     path (run with this interpreter) or a program. ``env`` entries are added to
-    a copy of the current environment. ``timeout`` is in seconds. Returns the
+    (``None``: removed from) a copy of the current environment. ``timeout`` is in seconds. Returns the
     ``CompletedProcess`` (text stdout/stderr, plus ``.elapsed`` seconds); raises
     ``AssertionError`` with both streams on timeout, or on a non-zero exit
     status when ``check`` is true.
     """
     cmd = _command(script_or_args, nprocs)
     full_env = dict(os.environ)
-    full_env.setdefault("OMP_NUM_THREADS", "1")
-    full_env.setdefault("NUMBA_NUM_THREADS", "1")
     full_env["PYTHONUNBUFFERED"] = "1"
     path = full_env.get("PYTHONPATH", "")
     full_env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), path) if p)
     if env:
-        full_env.update({k: str(v) for k, v in env.items()})
+        if any(k in env for k in ("NUMBA_NUM_THREADS", "OMP_NUM_THREADS")):
+            # a thread variable the test sets must count as the user's, not as one this process exported
+            full_env.pop("HPC_GRAPH_EXPORTED_THREADS", None)
+        for k, v in env.items():
+            if v is None:
+                full_env.pop(k, None)
+            else:
+                full_env[k] = str(v)
 
     start = time.monotonic()
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,

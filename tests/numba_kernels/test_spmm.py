@@ -7,7 +7,7 @@ import pytest
 
 from numba_kernels import get_kernel
 from numba_kernels.cpu import spmm as K
-from numba_kernels.cpu._partition import max_threads, row_chunks
+from numba_kernels.cpu._partition import row_chunks
 from numba_kernels.cpu._transpose import csr_transpose
 
 DTYPES = [np.float32, np.float64]
@@ -184,15 +184,19 @@ def test_get_kernel_dispatches_to_cpu_twin():
         get_kernel("spmm.no_such_kernel", "cpu")
 
 
-def test_thread_limit_follows_numba_then_omp_env(monkeypatch):
-    cores = numba.config.NUMBA_NUM_THREADS
-    monkeypatch.delenv("NUMBA_NUM_THREADS", raising=False)
-    monkeypatch.setenv("OMP_NUM_THREADS", "1")
-    assert max_threads() == 1
-    monkeypatch.setenv("OMP_NUM_THREADS", str(cores + 5))
-    assert max_threads() == cores
-    monkeypatch.setenv("OMP_NUM_THREADS", "junk")
-    assert max_threads() == cores
-    monkeypatch.setenv("NUMBA_NUM_THREADS", str(cores))
-    monkeypatch.setenv("OMP_NUM_THREADS", "1")
-    assert max_threads() == cores
+def test_kernels_leave_the_callers_thread_count_alone(awkward_graph):
+    """Kernels never change numba's thread count behind the caller's back (issue: threads per rank)."""
+    pool = numba.config.NUMBA_NUM_THREADS
+    before = numba.get_num_threads()
+    rng = np.random.default_rng(3)
+    indptr, indices = awkward_graph(4, num_dst=400, num_edges=20000)
+    x = rng.standard_normal((400, 1, 64)).astype(np.float32)  # large enough for the parallel path
+    no_e, no_s = _empty(np.float32)
+    try:
+        for threads in sorted({1, pool}):
+            numba.set_num_threads(threads)
+            out = np.zeros_like(x)
+            K.spmm_sum(indptr, indices, no_e, np.empty((0, 1), np.float32), no_s, x, out, False)
+            assert numba.get_num_threads() == threads
+    finally:
+        numba.set_num_threads(before)

@@ -17,7 +17,8 @@ METRIC_FIELDS = {"rank", "epoch", "loss", "train_acc", "val_acc", "test_acc", "l
                  "compute_seconds", "comm_seconds", "bytes_sent", "eval_seconds", "eval_bytes_sent",
                  "peak_rss_mb", "engine_stats"}
 SUMMARY_FIELDS = {"best_val_acc", "test_acc", "best_epoch", "final", "epochs", "median_epoch_seconds",
-                  "peak_rss_mb", "bytes_per_epoch", "bytes_per_epoch_per_rank", "world_size", "engine",
+                  "peak_rss_mb", "bytes_per_epoch", "bytes_per_epoch_per_rank", "world_size", "threads_per_rank",
+                  "engine",
                   "num_parameters", "run_dir", "config"}
 
 
