@@ -28,6 +28,7 @@ setup(
         "pyyaml>=6.0",
         "psutil>=5.9",
         "tqdm>=4.60",
+        "threadpoolctl>=3.1",  # BLAS threads per rank (hpc_graph.comm.threads)
         "matplotlib>=3.7",  # hpc-graph report and benchmark plots
         "torch>=2.1",
     ],

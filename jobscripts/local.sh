@@ -2,7 +2,8 @@
 # hpc_graph on one machine: N MPI ranks with mpiexec (MPICH from `pip install hpc_graph[mpich]` works).
 #
 # Usage:    jobscripts/local.sh NRANKS CONFIG.yaml [RUN_DIR] [extra hpc-graph train arguments...]
-# Threads per rank default to cores / NRANKS (at least 1); override with OMP_NUM_THREADS.
+# Threads per rank: each rank takes its share of the cores (cores / NRANKS, at least 1) by itself;
+# override with OMP_NUM_THREADS / NUMBA_NUM_THREADS or --threads N among the extra arguments.
 # Ctrl-C (SIGINT) or SIGTERM is forwarded to the ranks: they checkpoint and exit with status 75.
 set -euo pipefail
 
@@ -10,11 +11,6 @@ NRANKS=${1:?usage: local.sh NRANKS CONFIG.yaml [RUN_DIR] [args...]}
 CONFIG=${2:?usage: local.sh NRANKS CONFIG.yaml [RUN_DIR] [args...]}
 RUN_DIR=${3:-runs/local}
 shift $(($# < 3 ? $# : 3))
-
-CORES=$(nproc)
-THREADS=${OMP_NUM_THREADS:-$((CORES / NRANKS > 0 ? CORES / NRANKS : 1))}
-export OMP_NUM_THREADS=$THREADS
-export NUMBA_NUM_THREADS=$THREADS
 
 RESUME=()
 if [ -d "$RUN_DIR/checkpoints" ]; then RESUME=(--resume "$RUN_DIR"); fi
