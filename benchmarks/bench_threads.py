@@ -85,7 +85,8 @@ def run_one(code: Path, work: Path, data: str, engine: str, model: str, ranks: i
     if engine != "single":
         cmd = [shutil.which("mpiexec") or "mpiexec", "-n", str(ranks), *cmd]
     t0 = time.perf_counter()
-    proc = subprocess.run(cmd, capture_output=True, text=True, env=_env(code, extra_env), timeout=1800)
+    # cwd: ``python -m`` puts it first on sys.path, so it picks the code that runs
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=_env(code, extra_env), timeout=1800, cwd=code)
     wall = time.perf_counter() - t0
     rec = {"data": data, "engine": engine, "model": model, "ranks": ranks, "epochs": epochs,
            "env": extra_env or {}, "args": list(extra_args), "wall_seconds": wall, "returncode": proc.returncode}

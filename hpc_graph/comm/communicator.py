@@ -31,6 +31,13 @@ Counting (``bytes_sent``, per operation in ``bytes_by_op``):
 ``comm_seconds`` is the wall time spent inside these calls (for
 ``exchange_start`` the time in the call plus the time in ``Request.wait``).
 Counters are per communicator and not thread-safe.
+
+**Modelled link** (:meth:`Communicator.set_link`, :mod:`hpc_graph.comm.link`):
+with a :class:`~hpc_graph.comm.link.LinkModel` set, ``exchange``/
+``exchange_start``, ``allreduce_`` and ``alltoallv`` last at least as long as
+the model says (the rest is slept; for ``exchange_start`` in ``wait()``, so
+overlapped work hides it). ``modeled_seconds`` adds up the modelled time of
+every such operation, ``modeled_wait_seconds`` the part that was slept.
 """
 from __future__ import annotations
 
@@ -90,8 +97,10 @@ class Request:
     """
 
     def __init__(self, comm: "Communicator", handles: list[Any], results: dict[int, torch.Tensor],
-                 staged: list[tuple[torch.Tensor, torch.Tensor]], keep_alive: list[torch.Tensor]):
+                 staged: list[tuple[torch.Tensor, torch.Tensor]], keep_alive: list[torch.Tensor],
+                 deadline: float = 0.0):
         self._comm = comm
+        self._deadline = deadline  # perf_counter time before which a modelled link is still busy
         self._handles = handles
         self._results = results
         self._staged = staged
@@ -111,6 +120,7 @@ class Request:
             self._comm._waitall(self._handles)
             for out, host in self._staged:
                 out.copy_(host, non_blocking=False)
+            self._comm._sleep_until(self._deadline)
         self._handles, self._staged, self._keep_alive = [], [], []
         self._done = True
         return self._results
@@ -141,6 +151,7 @@ class Communicator(ABC):
         self.local_size = int(local_size)
         self.max_message_bytes = int(max_message_bytes)
         self._timer_depth = 0
+        self.link: Any = None  # a hpc_graph.comm.link.LinkModel, or None (no modelled link)
         self.reset_counters()
 
     def __repr__(self) -> str:
@@ -148,17 +159,37 @@ class Communicator(ABC):
                 f"size={self.size}, local_rank={self.local_rank}, local_size={self.local_size})")
 
     # ------------------------------------------------------------------ counters
+    def set_link(self, link: Any) -> None:
+        """Model every later exchange, all-reduce and all-to-all-v on ``link`` (a LinkModel; None: off)."""
+        self.link = link
+
+    def _sleep_until(self, deadline: float) -> None:
+        """Sleep until ``deadline`` (perf_counter seconds) if it has not passed; count the sleep."""
+        left = deadline - time.perf_counter()
+        if left > 0:
+            time.sleep(left)
+            self.modeled_wait_seconds += left
+
+    def _modeled(self, seconds: float) -> float:
+        """Count ``seconds`` of modelled link time; the perf_counter deadline they end at."""
+        self.modeled_seconds += seconds
+        return time.perf_counter() + seconds
+
     def reset_counters(self) -> None:
-        """Zero ``bytes_sent``, ``bytes_by_op``, ``calls`` and ``comm_seconds``."""
+        """Zero ``bytes_sent``, ``bytes_by_op``, ``calls``, ``comm_seconds`` and the modelled-link times."""
         self.bytes_sent = 0
         self.comm_seconds = 0.0
+        self.modeled_seconds = 0.0
+        self.modeled_wait_seconds = 0.0
         self.bytes_by_op: dict[str, int] = defaultdict(int)
         self.calls: dict[str, int] = defaultdict(int)
 
     def counters(self) -> dict[str, Any]:
-        """Snapshot: ``bytes_sent``, ``comm_seconds``, ``bytes_by_op``, ``calls``."""
+        """Snapshot: ``bytes_sent``, ``comm_seconds``, ``bytes_by_op``, ``calls``, ``modeled_seconds``,
+        ``modeled_wait_seconds``."""
         return {"bytes_sent": self.bytes_sent, "comm_seconds": self.comm_seconds,
-                "bytes_by_op": dict(self.bytes_by_op), "calls": dict(self.calls)}
+                "bytes_by_op": dict(self.bytes_by_op), "calls": dict(self.calls),
+                "modeled_seconds": self.modeled_seconds, "modeled_wait_seconds": self.modeled_wait_seconds}
 
     def _count(self, op: str, nbytes: int) -> None:
         if self.size > 1 and nbytes:
@@ -266,6 +297,8 @@ class Communicator(ABC):
         if self.size == 1:
             return t
         with self._timed("allreduce"), torch.no_grad():
+            deadline = (0.0 if self.link is None else
+                        self._modeled(self.link.allreduce_cost(t.numel() * t.element_size(), self.size)))
             comm_dev = self._comm_device(t.device)
             work = t if (t.is_contiguous() and t.device == comm_dev) else t.detach().contiguous().to(comm_dev)
             self._sync(t.device)
@@ -279,6 +312,7 @@ class Communicator(ABC):
             if work is not t:
                 t.copy_(work)
             self._count("allreduce", t.numel() * t.element_size())
+            self._sleep_until(deadline)
         return t
 
     def allreduce_bucketed_(self, tensors: Sequence[torch.Tensor], bucket_bytes: int = 25 << 20,
@@ -390,6 +424,7 @@ class Communicator(ABC):
             raise ValueError(f"alltoallv: sum(send_counts)={int(counts.sum())} does not match "
                              f"send.shape[0]={send.shape[0] if send.dim() else 'scalar'}")
         with self._timed("alltoallv"), torch.no_grad():
+            t_start = time.perf_counter()
             recv_counts = self._alltoall_int64(counts) if self.size > 1 else counts.copy()
             row_shape = tuple(send.shape[1:])
             device = send.device
@@ -429,6 +464,12 @@ class Communicator(ABC):
             if rbuf_t is not recv:
                 recv.copy_(rbuf_t)
             self._count("alltoallv", int(sbytes.sum() - sbytes[self.rank]))
+            if self.link is not None:
+                me = self.rank
+                peers = int(sum(1 for p in range(self.size) if p != me and (sbytes[p] or rbytes[p])))
+                cost = self.link.cost(int(sbytes.sum() - sbytes[me]), int(rbytes.sum() - rbytes[me]), peers)
+                self.modeled_seconds += cost
+                self._sleep_until(t_start + cost)
         return recv, recv_counts
 
     # ----------------------------------------------------------- point to point
@@ -499,7 +540,13 @@ class Communicator(ABC):
                 buf = _byte_view(src)
                 handles += self._post_chunks(self._isend, buf, p, _TAG_EXCHANGE)
                 self._count("exchange", buf.numel())
-            return Request(self, self._launch(handles), results, staged, keep)
+            deadline = 0.0
+            if self.link is not None:
+                out = {p: sends[p].numel() * sends[p].element_size() for p in sends if p != self.rank}
+                into = {p: results[p].numel() * results[p].element_size() for p in specs if p != self.rank}
+                peers = sum(1 for p in set(out) | set(into) if out.get(p, 0) or into.get(p, 0))
+                deadline = self._modeled(self.link.cost(sum(out.values()), sum(into.values()), peers))
+            return Request(self, self._launch(handles), results, staged, keep, deadline)
 
     @staticmethod
     def _check_spec(peer: int, spec: Any) -> tuple[tuple[int, ...], torch.dtype]:

@@ -3,6 +3,7 @@
 The scripts compare every operation with a NumPy reference built from
 per-rank data seeded by rank; see tests/mpi/scripts/comm_ops.py.
 """
+import pytest
 from _run import SCRIPTS, run_mpi
 
 
@@ -37,3 +38,9 @@ def test_exception_in_a_thread_aborts_the_job():
     assert proc.elapsed < 30, f"abort took {proc.elapsed:.1f} s"
     assert "rank 1 (thread 'worker'): ValueError: deliberate failure on rank 1" in proc.stderr, proc.stderr
     assert "was not aborted" not in proc.stdout
+
+
+@pytest.mark.parametrize("backend", ["mpi", "torch"])
+def test_modelled_link_charges_exchanges_and_allreduce(backend):
+    proc = run_mpi([SCRIPTS / "link_model.py", backend], 2, timeout=120)
+    assert proc.stdout.count("OK rank") == 2
