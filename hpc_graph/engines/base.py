@@ -7,8 +7,9 @@ The trainer (``hpc_graph.train``) builds an engine, then runs the model on
 """
 from __future__ import annotations
 
+import contextlib
 from abc import ABC
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Iterator
 
 import torch
 
@@ -23,11 +24,20 @@ class Engine(ABC):
         comm: a :class:`hpc_graph.comm.Communicator` (size 1 for ``single``).
         device: torch device for tensors and kernels.
         dtype: floating dtype of features and parameters.
-        options: engine-specific settings (e.g. ``prefetch`` for ``sar``).
+        options: engine-specific settings (e.g. ``prefetch`` for ``sar``); the
+            names an engine accepts are its ``OPTIONS``. Every engine accepts
+            ``seed`` (the training seed, for engines that draw random numbers).
 
     After construction: ``graph`` (GraphContext), ``feat`` float[num_nodes, F],
     ``label`` int64[num_nodes], ``masks`` {"train"|"val"|"test": bool[num_nodes]},
     ``num_classes`` (int), ``num_features`` (int).
+
+    The trainer tells an engine where training stands (every method has a
+    no-op default): :meth:`begin_epoch` before an epoch's forward pass,
+    :meth:`end_epoch` after its optimiser step (with the global loss), and
+    :meth:`evaluation` around forward passes that only evaluate. An engine
+    whose decisions depend on the history (``sylvie``'s bit policy) saves it
+    through :meth:`state_dict` / :meth:`load_state_dict` in checkpoints.
     """
 
     name: ClassVar[str] = ""
@@ -39,7 +49,7 @@ class Engine(ABC):
     num_features: int
 
     # options every engine accepts, so that one config serves them all
-    OPTIONS: ClassVar[frozenset[str]] = frozenset({"prefetch"})
+    OPTIONS: ClassVar[frozenset[str]] = frozenset({"prefetch", "seed"})
 
     def __init__(self, source: str, comm: Any, device: torch.device, dtype: torch.dtype,
                  options: dict[str, Any] | None = None):
@@ -68,3 +78,23 @@ class Engine(ABC):
     def reset_stats(self) -> None:
         """Zero the counters returned by :meth:`stats`."""
         self._base = self._counters()
+
+    # -- training-progress hooks (called by the trainer on every rank) -------------------------------
+    def begin_epoch(self, epoch: int) -> None:
+        """Epoch ``epoch`` (1-based) starts its training forward pass."""
+
+    def end_epoch(self, epoch: int, loss: float, seconds: float) -> None:
+        """Epoch ``epoch`` ended: ``loss`` is the global training loss (the same on every rank; NaN
+        when non-finite), ``seconds`` this rank's time for the step."""
+
+    @contextlib.contextmanager
+    def evaluation(self) -> Iterator[None]:
+        """Forward passes inside this block only evaluate (no backward pass follows)."""
+        yield
+
+    def state_dict(self) -> dict[str, Any]:
+        """Engine state to keep in a checkpoint (picklable; the same on every rank)."""
+        return {}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore what :meth:`state_dict` returned."""

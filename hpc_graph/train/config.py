@@ -1,12 +1,13 @@
 """Training configuration: dataclasses, YAML loading, ``key=value`` overrides and validation.
 
-A config file has up to five sections, each optional except ``data.path``::
+A config file has up to six sections, each optional except ``data.path``::
 
     data:   {path: data/cora.h5, feature_norm: row, feature_layout: auto}
     engine: {name: single, prefetch: true}
     model:  {name: gcn, hidden: 16, num_layers: 2, dropout: 0.5}
     optim:  {name: adam, lr: 0.01, weight_decay: 5.0e-4}
     train:  {epochs: 200, seed: 0, eval_every: 1, run_dir: runs/cora-gcn}
+    comm:   {link_bandwidth: 1Gb/s, link_latency: 50us}
 
 Every field is checked (type, range, choice) and every error is one
 :class:`ConfigError` line naming the field, e.g.
@@ -23,7 +24,8 @@ from typing import Any, Iterable
 
 import yaml
 
-ENGINE_NAMES = ("auto", "single", "dp", "sar")
+ENGINE_NAMES = ("auto", "single", "dp", "sar", "sylvie")
+BIT_WIDTHS = (1, 2, 4, 8, 32)
 
 
 class ConfigError(ValueError):
@@ -42,7 +44,15 @@ def _choice(*choices: str):
     return {"kind": "choice", "choices": choices}
 
 
+def _only(spec: dict, *engines: str) -> dict:
+    """``spec`` of a field that only the named engines use (setting it for another engine is an error)."""
+    return {**spec, "engines": engines}
+
+
 _BOOL = {"kind": "bool"}
+_BITS = {"kind": "bits"}
+_BANDWIDTH = {"kind": "bandwidth"}
+_LATENCY = {"kind": "latency"}
 _PATH = {"kind": "path"}
 _OPT_PATH = {"kind": "path", "optional": True}
 
@@ -69,9 +79,28 @@ class EngineConfig:
     """How aggregation over the distributed graph is executed."""
     name: str = _field("auto", _choice(*ENGINE_NAMES),
                        "`single`: one process, whole graph; `dp`: halo exchange; `sar`: sequential aggregation "
-                       "and rematerialisation. `auto`: `single` on one process with a dataset file, else `dp`.")
+                       "and rematerialisation; `sylvie`: halo exchange with low-bit quantised messages and an "
+                       "optional stale pipeline. `auto`: `single` on one process with a dataset file, else `dp`.")
     prefetch: bool = _field(True, _BOOL, "`sar` only: fetch the next remote block while aggregating the "
                                          "current one (more memory, less waiting).")
+    bits: Any = _field("auto", _only(_BITS, "sylvie"),
+                       "`sylvie`: bit width of the halo rows and halo gradients sent between ranks: 1, 2, 4 or 8 "
+                       "(stochastic rounding, per-row scale and zero point), 32 (plain float32, as `dp`), or "
+                       "`auto`: per node and per epoch, from the node's in-degree rank and the loss descent "
+                       "rate (docs/sylvie.md).")
+    pipeline: str = _field("off", _only(_choice("off", "on", "adaptive"), "sylvie"),
+                           "`sylvie`: `on`: every layer aggregates the halo rows (and returns the halo gradients) "
+                           "of the previous epoch while this epoch's exchange runs in the background (staleness "
+                           "1 epoch); `adaptive`: like `on`, but an epoch runs synchronously whenever the loss "
+                           "descent rate asks for more bits; `off`: synchronous.")
+    scale_dtype: str = _field("float32", _only(_choice("float32", "float16"), "sylvie"),
+                              "`sylvie`: type of the per-row scale and zero point sent with quantised rows.")
+    ldr_smoothing: float = _field(0.9, _only(_float(0.0, 1.0, hi_open=True), "sylvie"),
+                                  "`sylvie`, `bits: auto`: lambda of the smoothed loss F_t = lambda F_(t-1) + "
+                                  "(1 - lambda) L_t.")
+    ldr_window: int = _field(5, _only(_int(1), "sylvie"),
+                             "`sylvie`, `bits: auto`: delta, the epochs between the loss descent rates compared, "
+                             "and the epochs the bit width is held after each change.")
 
 
 @dataclasses.dataclass
@@ -129,6 +158,19 @@ class TrainConfig:
 
 
 @dataclasses.dataclass
+class CommConfig:
+    """Communication: a modelled network link (every engine; see `hpc_graph.comm.link`)."""
+    link_bandwidth: Any = _field(None, _BANDWIDTH,
+                                 "Model a network of this bandwidth: every halo exchange, all-reduce and "
+                                 "all-to-all lasts at least latency x peers + bytes / bandwidth (the rest is "
+                                 "slept; overlapped work hides it). Bits per second, or a string with a unit "
+                                 "(`1Gb/s`, `100Gbit/s`, `12.5GB/s`). `null` or 0: off (the real transport only).")
+    link_latency: Any = _field(0.0, _LATENCY,
+                               "Latency per message of the modelled link: seconds, or a string with a unit "
+                               "(`50us`, `1ms`). Only used with `link_bandwidth`.")
+
+
+@dataclasses.dataclass
 class Config:
     """The whole training configuration."""
     data: DataConfig = dataclasses.field(default_factory=DataConfig)
@@ -136,10 +178,11 @@ class Config:
     model: ModelConfig = dataclasses.field(default_factory=ModelConfig)
     optim: OptimConfig = dataclasses.field(default_factory=OptimConfig)
     train: TrainConfig = dataclasses.field(default_factory=TrainConfig)
+    comm: CommConfig = dataclasses.field(default_factory=CommConfig)
 
 
 SECTIONS: dict[str, type] = {"data": DataConfig, "engine": EngineConfig, "model": ModelConfig,
-                             "optim": OptimConfig, "train": TrainConfig}
+                             "optim": OptimConfig, "train": TrainConfig, "comm": CommConfig}
 
 
 # -- validation ----------------------------------------------------------------------------------
@@ -192,6 +235,21 @@ def _check_value(where: str, value: Any, spec: dict) -> Any:
             choices = ", ".join(repr(c) for c in spec["choices"])
             raise ConfigError(f"{where}: must be one of {choices}, got {value!r}")
         return value
+    if kind == "bits":
+        text = str(value).strip() if isinstance(value, (str, int)) and not isinstance(value, bool) else None
+        if text == "auto":
+            return "auto"
+        if text is not None and text.isdigit() and int(text) in BIT_WIDTHS:
+            return int(text)
+        raise ConfigError(f"{where}: must be one of 'auto', {', '.join(map(str, BIT_WIDTHS))}, got {value!r}")
+    if kind in ("bandwidth", "latency"):
+        from hpc_graph.comm.link import parse_bandwidth, parse_latency
+
+        try:
+            (parse_bandwidth if kind == "bandwidth" else parse_latency)(value, where)
+        except ValueError as exc:
+            raise ConfigError(str(exc)) from None
+        return value
     if kind == "path":
         if value is None:
             if spec.get("optional"):
@@ -231,7 +289,19 @@ def config_from_dict(raw: Any) -> Config:
     for key in raw:
         if key not in SECTIONS:
             raise ConfigError(f"{key}: unknown section (known: {', '.join(SECTIONS)})")
-    return Config(**{name: _section_from_dict(name, raw.get(name)) for name in SECTIONS})
+    config = Config(**{name: _section_from_dict(name, raw.get(name)) for name in SECTIONS})
+    _check_engine_fields(config)
+    return config
+
+
+def _check_engine_fields(config: Config) -> None:
+    """A field that only some engines use must keep its default under any other engine."""
+    name = config.engine.name
+    for f in dataclasses.fields(EngineConfig):
+        engines = f.metadata.get("engines")
+        if engines and name not in engines and getattr(config.engine, f.name) != f.default:
+            raise ConfigError(f"engine.{f.name}: only used by engine {' or '.join(map(repr, engines))}, "
+                              f"but engine.name is {name!r}")
 
 
 def validate_config(config: Config) -> Config:
@@ -310,8 +380,8 @@ _DOC_HEADER = """\
      (tests/train/test_config_doc.py checks that they agree). -->
 # Training configuration reference
 
-`hpc-graph train --config CFG.yaml` reads a YAML file with up to five sections,
-`data`, `engine`, `model`, `optim` and `train`; every key is optional except
+`hpc-graph train --config CFG.yaml` reads a YAML file with up to six sections,
+`data`, `engine`, `model`, `optim`, `train` and `comm`; every key is optional except
 `data.path`. `--set SECTION.KEY=VALUE` (repeatable) overrides one field, the
 value parsed as YAML (`--set model.hidden=64 --set train.progress=false`).
 Relative paths are relative to the current directory.
@@ -364,13 +434,20 @@ check how a job goes down.
 
 def _type_name(spec: dict) -> str:
     return {"int": "integer", "float": "number", "bool": "boolean", "choice": "string",
-            "path": "path"}[spec["kind"]] + (" or null" if spec.get("optional") else "")
+            "path": "path", "bits": "integer or string", "bandwidth": "number, string or null",
+            "latency": "number or string"}[spec["kind"]] + (" or null" if spec.get("optional") else "")
 
 
 def _allowed(spec: dict) -> str:
     kind = spec["kind"]
     if kind == "choice":
         return ", ".join(f"`{c}`" for c in spec["choices"])
+    if kind == "bits":
+        return "`auto`, " + ", ".join(f"`{b}`" for b in BIT_WIDTHS)
+    if kind == "bandwidth":
+        return ">= 0 bits/s, or with a unit"
+    if kind == "latency":
+        return ">= 0 s, or with a unit"
     if kind == "bool":
         return "`true`, `false`"
     if kind == "int":

@@ -22,7 +22,10 @@ Per-epoch metric fields: ``rank, epoch, loss, train_acc, val_acc, test_acc``
 (the training step: forward, backward, gradient all-reduce, optimizer),
 ``compute_seconds`` (= epoch_seconds - comm_seconds), ``comm_seconds`` and
 ``bytes_sent`` (this rank's traffic through the communicator during the step:
-halo exchange + gradient all-reduce), ``eval_seconds``, ``eval_bytes_sent``,
+halo exchange + gradient all-reduce), ``modeled_comm_seconds`` and
+``modeled_wait_seconds`` (with a modelled link, ``comm.link_bandwidth``: the
+link time of the step's communication, and the part of it that was not hidden
+behind computation; 0 without one), ``eval_seconds``, ``eval_bytes_sent``,
 ``peak_rss_mb`` (high-water resident memory so far), ``engine_stats``.
 At the end rank 0 merges the per-rank files into ``metrics.jsonl``.
 
@@ -192,8 +195,18 @@ class Trainer:
     def _build(self, state: dict[str, Any] | None) -> None:
         config, comm, tc = self.config, self.comm, self.config.train
         self.dtype = _DTYPES[tc.dtype]
+        if config.comm.link_bandwidth:
+            from hpc_graph.comm.link import LinkModel, parse_bandwidth, parse_latency
+            link = LinkModel(parse_bandwidth(config.comm.link_bandwidth), parse_latency(config.comm.link_latency))
+            comm.set_link(link)
+            if self.rank == 0:
+                log.info("trainer: modelled network link %s", link.describe())
+        from hpc_graph.engines import engine_class
+        engine_options = {k: getattr(config.engine, k) for k in engine_class(self.engine_name).OPTIONS
+                          if hasattr(config.engine, k)}
+        engine_options["seed"] = tc.seed
         self.engine: Engine = create_engine(self.engine_name, config.data.path, comm, self.device, self.dtype,
-                                            {"prefetch": config.engine.prefetch})
+                                            engine_options)
         self.graph = self.engine.graph
         feat = self.engine.feat
         if config.data.feature_norm == "row":
@@ -370,6 +383,8 @@ class Trainer:
         self.model.train()
         self.optimizer.zero_grad(set_to_none=False)
         epoch = self.epoch + 1
+        t_start = time.perf_counter()
+        self.engine.begin_epoch(epoch)
         fail = self._debug_failure
         fail = fail if fail is not None and fail.rank == self.rank and fail.epoch == epoch else None
         if fail is not None and fail.kind != "nan":
@@ -412,6 +427,8 @@ class Trainer:
         if self.scheduler is not None:
             self.scheduler.step()
         self.epoch = epoch
+        global_loss = float(flags[0]) if not (bad_loss or bad_grad) else float("nan")
+        self.engine.end_epoch(epoch, global_loss, time.perf_counter() - t_start)
         return float(flags[0])
 
     def _inject(self, fail: _DebugFailure) -> None:
@@ -431,7 +448,8 @@ class Trainer:
     def evaluate(self) -> dict[str, float | None]:
         """Accuracy on each split over all ranks: ``{"train_acc", "val_acc", "test_acc"}`` (None if a split is empty)."""
         self.model.eval()
-        pred = self.model(self.graph, self.feat).argmax(1)
+        with self.engine.evaluation():
+            pred = self.model(self.graph, self.feat).argmax(1)
         counts = []
         for split in _SPLITS:
             m = self.masks[split]
@@ -473,11 +491,14 @@ class Trainer:
                     lr = self.optimizer.param_groups[0]["lr"]
                     self.engine.reset_stats()
                     b0, c0 = self.comm.bytes_sent, self.comm.comm_seconds
+                    m0, w0 = _modeled(self.comm)
                     t0 = time.perf_counter()
                     loss = self._last_loss = self.step()
                     self._sync()
                     dt = time.perf_counter() - t0
                     step_b, step_c = self.comm.bytes_sent - b0, self.comm.comm_seconds - c0
+                    m1, w1 = _modeled(self.comm)
+                    modeled, modeled_wait = m1 - m0, w1 - w0
                     engine_stats = self.engine.stats()
                     evaluated = {"train_acc": None, "val_acc": None, "test_acc": None}
                     eval_s, eval_b = 0.0, 0
@@ -491,7 +512,9 @@ class Trainer:
                     step_bytes.append(int(step_b))
                     writer.write({"epoch": epoch, "loss": loss, **evaluated, "lr": lr, "epoch_seconds": dt,
                                   "compute_seconds": max(dt - step_c, 0.0), "comm_seconds": step_c,
-                                  "bytes_sent": int(step_b), "eval_seconds": eval_s, "eval_bytes_sent": int(eval_b),
+                                  "bytes_sent": int(step_b), "modeled_comm_seconds": modeled,
+                                  "modeled_wait_seconds": modeled_wait,
+                                  "eval_seconds": eval_s, "eval_bytes_sent": int(eval_b),
                                   "peak_rss_mb": peak_rss_mb(), "engine_stats": engine_stats})
                     bar.update(loss=loss, val=evaluated["val_acc"], test=evaluated["test_acc"])
                     if evaluated["val_acc"] is not None:
@@ -553,6 +576,7 @@ class Trainer:
                 "data": self._identity,
                 "world_size": self.size,
                 "engine": self.engine_name,
+                "engine_state": self.engine.state_dict(),
                 "param_shapes": _shapes(self.model),
             }
             path = ckpt.save_checkpoint(self.run_dir, self.epoch, state)
@@ -574,6 +598,7 @@ class Trainer:
         self.best_state = state.get("best_state")
         self._last_eval = dict(state.get("last_eval") or {})
         self._last_loss = float(state.get("loss", float("nan")))
+        self.engine.load_state_dict(state.get("engine_state") or {})
         _set_rng_state(state["rng"][self.rank], self.device)
 
     def _track_best(self, epoch: int, evaluated: dict[str, Any]) -> None:
@@ -626,6 +651,11 @@ def _flush_logs() -> None:
             h.flush()
     with contextlib.suppress(Exception):
         sys.stderr.flush()
+
+
+def _modeled(comm: Any) -> tuple[float, float]:
+    """The communicator's modelled-link seconds so far: (total modelled, slept)."""
+    return float(getattr(comm, "modeled_seconds", 0.0)), float(getattr(comm, "modeled_wait_seconds", 0.0))
 
 
 def _threads_in_use(plan) -> dict[str, Any]:

@@ -22,7 +22,8 @@ def test_defaults_and_round_trip(tmp_path):
     assert (cfg.model.name, cfg.model.hidden, cfg.model.num_layers) == ("gcn", 16, 2)
     assert cfg.optim.name == "adam" and cfg.train.epochs == 200 and cfg.train.run_dir is None
     d = config_to_dict(cfg)
-    assert set(d) == {"data", "engine", "model", "optim", "train"}
+    assert set(d) == {"data", "engine", "model", "optim", "train", "comm"}
+    assert cfg.comm.link_bandwidth is None and cfg.engine.bits == "auto" and cfg.engine.pipeline == "off"
     assert config_from_dict(d) == cfg
     assert validate_config(cfg) == cfg
 
@@ -60,7 +61,22 @@ BAD = [
     ({"data": {"path": ""}}, "data.path: must be a non-empty path string"),
     ({"data": {"path": 3}}, "data.path: must be a non-empty path string, got 3"),
     ({"data": {"feature_norm": "row"}, "drop_data_path": True}, "data.path: required"),
-    ({"engine": {"name": "ddp"}}, "engine.name: must be one of 'auto', 'single', 'dp', 'sar', got 'ddp'"),
+    ({"engine": {"name": "ddp"}}, "engine.name: must be one of 'auto', 'single', 'dp', 'sar', 'sylvie', got 'ddp'"),
+    ({"engine": {"name": "sylvie", "bits": 3}}, "engine.bits: must be one of 'auto', 1, 2, 4, 8, 32, got 3"),
+    ({"engine": {"name": "sylvie", "bits": "16"}}, "engine.bits: must be one of 'auto', 1, 2, 4, 8, 32, got '16'"),
+    ({"engine": {"name": "sylvie", "bits": True}}, "engine.bits: must be one of 'auto', 1, 2, 4, 8, 32, got True"),
+    ({"engine": {"name": "sylvie", "pipeline": "always"}},
+     "engine.pipeline: must be one of 'off', 'on', 'adaptive', got 'always'"),
+    ({"engine": {"name": "sylvie", "scale_dtype": "int8"}},
+     "engine.scale_dtype: must be one of 'float32', 'float16', got 'int8'"),
+    ({"engine": {"name": "sylvie", "ldr_smoothing": 1.0}}, "engine.ldr_smoothing: must be a number in [0, 1)"),
+    ({"engine": {"name": "sylvie", "ldr_window": 0}}, "engine.ldr_window: must be a positive integer, got 0"),
+    ({"engine": {"name": "dp", "bits": 4}}, "engine.bits: only used by engine 'sylvie', but engine.name is 'dp'"),
+    ({"engine": {"pipeline": "on"}}, "engine.pipeline: only used by engine 'sylvie', but engine.name is 'auto'"),
+    ({"comm": {"link_bandwidth": -1}}, "comm.link_bandwidth: must be a non-negative finite bandwidth, got -1"),
+    ({"comm": {"link_bandwidth": "fast"}}, "comm.link_bandwidth: cannot read 'fast'"),
+    ({"comm": {"link_latency": "-5us"}}, "comm.link_latency: must be a non-negative finite latency"),
+    ({"comm": {"speed": 1}}, "comm.speed: unknown key"),
     ({"engine": {"prefetch": "no"}}, "engine.prefetch: must be true or false"),
     ({"optim": {"name": "rmsprop"}}, "optim.name: must be one of 'adam', 'sgd'"),
     ({"optim": {"lr": 0}}, "optim.lr: must be a positive number, got 0"),

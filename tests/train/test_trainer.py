@@ -14,7 +14,8 @@ from hpc_graph.train.metrics import metrics_path, read_metrics
 from hpc_graph.train.trainer import Trainer, choose_engine, row_normalize, to_layout
 
 METRIC_FIELDS = {"rank", "epoch", "loss", "train_acc", "val_acc", "test_acc", "lr", "epoch_seconds",
-                 "compute_seconds", "comm_seconds", "bytes_sent", "eval_seconds", "eval_bytes_sent",
+                 "compute_seconds", "comm_seconds", "bytes_sent", "modeled_comm_seconds", "modeled_wait_seconds",
+                 "eval_seconds", "eval_bytes_sent",
                  "peak_rss_mb", "engine_stats"}
 SUMMARY_FIELDS = {"best_val_acc", "test_acc", "best_epoch", "final", "epochs", "median_epoch_seconds",
                   "peak_rss_mb", "bytes_per_epoch", "bytes_per_epoch_per_rank", "world_size", "threads_per_rank",
