@@ -36,9 +36,10 @@ counter-based uniform (stochastic rounding, unbiased inside the range)::
 with ``id = ids[r]`` (global node id, >= 0) and ``j`` the feature index, the
 attention-dropout hash of :mod:`numba_kernels.cpu._attention_common`. The
 argument ``(h - z) / s + u`` is evaluated in float64 for float32 and float64
-inputs alike (``h``, ``z``, ``s`` widened exactly): a subtraction, a division
-and an addition, no multiplication, so no FMA contraction can change a code
-and the CUDA twin produces the same bytes. ``s == 0`` (constant row) or ``s``
+inputs alike (``h``, ``z``, ``s`` widened exactly): a subtraction, an IEEE
+division and an addition. The only product, ``bits * 2**-53`` in ``u``, is
+exact, so the CUDA twin (which fuses it into an FMA with the addition) rounds
+identically and produces the same bytes. ``s == 0`` (constant row) or ``s``
 NaN (the caller's mark for a non-finite row) or ``s < 0`` give all-zero
 codes without hashing. A non-finite ``h`` in a row with a finite scale gives
 code 0 (NaN, -Inf) or ``2**b - 1`` (+Inf).

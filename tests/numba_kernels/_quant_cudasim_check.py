@@ -1,0 +1,158 @@
+"""CUDA quant twin vs the CPU twin and the NumPy reference, under ``NUMBA_ENABLE_CUDASIM=1``.
+
+Started by test_quant_cuda.py in a subprocess so the simulator setting never
+reaches the CPU tests. Tiny inputs (the simulator runs every GPU thread as a
+Python thread). Exits non-zero on a mismatch; prints ``OK quant`` at the end.
+
+``python _quant_cudasim_check.py ptx`` (without the simulator) instead compiles
+every kernel to PTX for both dtypes with libNVVM, which needs no GPU: the
+simulator runs the kernels as Python and would miss a numba-cuda typing error.
+Prints ``SKIP ptx`` when libNVVM is missing, ``OK ptx`` on success.
+"""
+from __future__ import annotations
+
+import os
+import sys
+import warnings
+from pathlib import Path
+
+import numpy as np
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parents[1]))  # the repo root, for numba_kernels
+sys.path.insert(0, str(HERE))
+
+PTX = sys.argv[1:] == ["ptx"]
+assert PTX or os.environ.get("NUMBA_ENABLE_CUDASIM") == "1", "run with NUMBA_ENABLE_CUDASIM=1"
+assert not PTX or os.environ.get("NUMBA_ENABLE_CUDASIM", "0") == "0", "ptx mode runs without the simulator"
+from numba import cuda  # noqa: E402
+
+import _quant_ref as R  # noqa: E402
+from numba_kernels import get_kernel  # noqa: E402
+from numba_kernels.cpu import quant as C  # noqa: E402
+from numba_kernels.cuda import quant as G  # noqa: E402
+
+warnings.simplefilter("ignore", RuntimeWarning)  # uint64 hash arithmetic wraps on purpose
+
+
+def dev(a):
+    return cuda.to_device(np.ascontiguousarray(a))
+
+
+def check_message(counts, D, dtype, key, grid=None):
+    """Pack/unpack one message on both twins; ``grid=(blocks, threads)`` forces grid-stride loops."""
+    rng = np.random.default_rng(sum(counts) * 100 + D)
+    m = sum(counts)
+    msg = R.make_message(rng, counts, D, dtype, constant_rows=[m // 2] if m > 2 else [],
+                         nan_rows=[m - 1] if m > 2 else [])
+    x, rows, ids, gs = msg["x"], msg["rows"], msg["ids"], msg["group_start"]
+    cs = G.group_layout(gs, D)
+    tag = f"counts={counts} D={D} {np.dtype(dtype).name}"
+
+    # row ranges (the message's own zero/scale come from the reference)
+    lo_c, hi_c = np.empty(m, np.float32), np.empty(m, np.float32)
+    C.row_range(x, rows, lo_c, hi_c)
+    lo_g, hi_g = dev(np.full(m, 7, np.float32)), dev(np.full(m, 7, np.float32))
+    G.row_range(dev(x), dev(rows), lo_g, hi_g)
+    np.testing.assert_array_equal(lo_g.copy_to_host(), lo_c, err_msg=f"row_range lo {tag}")
+    np.testing.assert_array_equal(hi_g.copy_to_host(), hi_c, err_msg=f"row_range hi {tag}")
+
+    # pack
+    codes_c = np.full(int(cs[4]), 0xA5, np.uint8)
+    C.quantize_pack(x, rows, msg["zero"], msg["scale"], ids, key, gs, cs, codes_c)
+    codes_g = dev(np.full(int(cs[4]), 0xA5, np.uint8))
+    args = (dev(x), dev(rows), dev(msg["zero"]), dev(msg["scale"]), dev(ids))
+    if grid is None:
+        get_kernel("quant.quantize_pack", "cuda")(*args, key, dev(gs), dev(cs), codes_g)
+    else:
+        G._pack_kernel[grid](*args, G.key_hash(key), dev(gs), dev(cs), codes_g)
+    codes_g = codes_g.copy_to_host()
+    q_ref = R.quantize(x, rows, msg["zero"], msg["scale"], ids, key, gs)
+    np.testing.assert_array_equal(codes_c, R.pack(q_ref, gs), err_msg=f"CPU codes {tag}")
+    np.testing.assert_array_equal(codes_g, codes_c, err_msg=f"CUDA codes {tag}")
+
+    # unpack into scattered output rows; other rows stay untouched
+    out_rows = rng.permutation(m + 4)[:m].astype(np.int64)
+    out_c = np.full((m + 4, D), -123.0, dtype)
+    C.unpack_dequantize(codes_c, msg["zero"], msg["scale"], gs, cs, out_rows, out_c)
+    out_g = dev(np.full((m + 4, D), -123.0, dtype))
+    uargs = (dev(codes_g), dev(msg["zero"]), dev(msg["scale"]), dev(gs), dev(cs), dev(out_rows), out_g)
+    if grid is None:
+        G.unpack_dequantize(*uargs)
+    else:
+        G._unpack_kernel(dtype)[grid](*uargs)
+    out_g = out_g.copy_to_host()
+    np.testing.assert_array_equal(np.isnan(out_g), np.isnan(out_c), err_msg=f"NaN rows {tag}")
+    np.testing.assert_allclose(out_g, out_c, rtol=1e-6, atol=1e-6, err_msg=f"dequantised {tag}")
+    np.testing.assert_array_equal(out_c[out_rows], R.dequantize(q_ref, msg["zero"], msg["scale"], dtype))
+    return codes_g
+
+
+def check_row_range_nonfinite():
+    for dtype in (np.float32, np.float64):
+        for D in (0, 1, 5, 40):
+            rng = np.random.default_rng(D)
+            x = rng.standard_normal((6, D)).astype(dtype)
+            if D:
+                x[1, D - 1] = np.nan
+                x[3, 0] = np.inf
+                x[4, D // 2] = -np.inf
+            rows = np.array([0, 1, 3, 4, 5, 1], np.int64)
+            lo, hi = dev(np.full(6, 7, np.float32)), dev(np.full(6, 7, np.float32))
+            G.row_range(dev(x), dev(rows), lo, hi)
+            want_lo, want_hi = R.row_range(x, rows)
+            np.testing.assert_array_equal(lo.copy_to_host(), want_lo, err_msg=f"row_range D={D}")
+            np.testing.assert_array_equal(hi.copy_to_host(), want_hi, err_msg=f"row_range D={D}")
+    # several rows per block (grid-stride over rows)
+    x = np.arange(60, dtype=np.float32).reshape(12, 5)
+    rows = np.arange(12, dtype=np.int64)[::-1].copy()
+    lo, hi = dev(np.zeros(12, np.float32)), dev(np.zeros(12, np.float32))
+    G._row_range_kernel[2, 32](dev(x), dev(rows), lo, hi)
+    np.testing.assert_array_equal(lo.copy_to_host(), x[rows].min(1))
+    np.testing.assert_array_equal(hi.copy_to_host(), x[rows].max(1))
+
+
+def compile_ptx() -> int:
+    """Compile the three kernels for float32 and float64 inputs (compute capability 9.0)."""
+    from numba import types as T
+    from numba.cuda.cudadrv import nvvm
+
+    if not nvvm.is_available():
+        print("SKIP ptx: libNVVM not available")
+        return 0
+    if not cuda.is_available():  # device functions ask the current device for its compute capability
+        import types
+
+        import numba.cuda.dispatcher as dispatcher
+
+        dispatcher.get_current_device = lambda: types.SimpleNamespace(compute_capability=(9, 0))
+    i64, f32, u8 = T.int64[::1], T.float32[::1], T.uint8[::1]
+    for ft in (T.float32, T.float64):
+        x = ft[:, ::1]
+        sigs = [(G._row_range_kernel, (x, i64, f32, f32)),
+                (G._pack_kernel, (x, i64, f32, f32, i64, T.uint64, i64, i64, u8)),
+                (G._unpack_kernel(np.dtype(str(ft))), (u8, f32, f32, i64, i64, i64, x))]
+        for kernel, sig in sigs:
+            ptx, _ = cuda.compile_ptx(kernel.py_func, sig, cc=(9, 0))
+            assert ".entry" in ptx
+    print("OK ptx")
+    return 0
+
+
+def main() -> int:
+    if PTX:
+        return compile_ptx()
+    check_row_range_nonfinite()
+    a = check_message((2, 1, 3, 2), 13, np.float32, key=2024)
+    b = check_message((2, 1, 3, 2), 13, np.float32, key=2025)
+    assert (a != b).any(), "different keys must give different codes"
+    check_message((0, 3, 0, 1), 3, np.float64, key=np.uint64(2**63 + 5))
+    check_message((1, 0, 0, 0), 7, np.float64, key=1)
+    check_message((3, 2, 2, 3), 5, np.float32, key=7, grid=(2, 8))  # grid-stride loops
+    check_message((1, 1, 0, 2), 0, np.float32, key=3)  # D == 0: no codes
+    print("OK quant")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
