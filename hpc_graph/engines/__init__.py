@@ -12,6 +12,7 @@ ENGINES = {
     "single": "hpc_graph.engines.single:SingleEngine",
     "dp": "hpc_graph.engines.dp:DPEngine",
     "sar": "hpc_graph.engines.sar:SAREngine",
+    "sylvie": "hpc_graph.engines.sylvie:SylvieEngine",
 }
 
 

@@ -92,6 +92,9 @@ class Engine(ABC):
         """Forward passes inside this block only evaluate (no backward pass follows)."""
         yield
 
+    def close(self) -> None:
+        """Training is over: complete anything still in flight (called on every rank)."""
+
     def state_dict(self) -> dict[str, Any]:
         """Engine state to keep in a checkpoint (picklable; the same on every rank)."""
         return {}

@@ -231,6 +231,8 @@ def _check_value(where: str, value: Any, spec: dict) -> Any:
             raise ConfigError(f"{where}: must be {what}, got {value!r}")
         return num
     if kind == "choice":
+        if isinstance(value, bool) and {"on", "off"} <= set(spec["choices"]):
+            value = "on" if value else "off"  # YAML 1.1 reads a bare on/off as a boolean
         if not isinstance(value, str) or value not in spec["choices"]:
             choices = ", ".join(repr(c) for c in spec["choices"])
             raise ConfigError(f"{where}: must be one of {choices}, got {value!r}")

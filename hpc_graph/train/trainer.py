@@ -530,6 +530,7 @@ class Trainer:
                             raise _agreed(exc)
                 if last_saved != self.epoch:  # nothing left to train (a finished run resumed): still checkpoint
                     self.save_checkpoint()
+                self.engine.close()
         finally:
             bar.close()
         summary = self._summary(epoch_seconds, step_bytes, self._last_eval, self._last_loss)

@@ -1,9 +1,10 @@
-"""``dp`` and ``sar`` engines reproduce the ``single`` engine on 2, 3 and 4 ranks (real MPI).
+"""``dp``, ``sar`` and ``sylvie`` (32 bits) reproduce the ``single`` engine on 2, 3 and 4 ranks (real MPI).
 
 One ``mpiexec`` launch per rank count runs every check (see
 ``scripts/engine_equivalence.py``): GCN, SAGE and GAT; random and METIS
 partitions of a random graph with isolated nodes, and a dataset with one
-training node (so some parts have none); dp, sar and sar with prefetch.
+training node (so some parts have none); dp, sar, sar with prefetch and sylvie
+with ``bits: 32`` (whose loss and gradients must also equal dp's within 1e-6).
 Forward rows, loss, all parameter gradients and the weights after 5 steps
 must match within 1e-5 relative in float64; the bytes each engine sends per
 forward + backward must equal the count derived from the halo sizes; a wrong
@@ -18,6 +19,6 @@ from _run import SCRIPTS, run_mpi
 
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize("nprocs", [2, 3, 4])
-def test_dp_and_sar_match_single(tmp_path, nprocs):
+def test_dp_sar_and_sylvie_match_single(tmp_path, nprocs):
     proc = run_mpi([SCRIPTS / "engine_equivalence.py", tmp_path / "work"], nprocs, timeout=240)
-    assert f"engine_equivalence: {nprocs} ranks, 27 cases per rank OK" in proc.stdout, proc.stdout
+    assert f"engine_equivalence: {nprocs} ranks, 36 cases per rank OK" in proc.stdout, proc.stdout

@@ -17,4 +17,4 @@ from _run import SCRIPTS, run_mpi
 @pytest.mark.parametrize("nprocs", [2, 3])
 def test_trainer_on_dp_and_sar_matches_single(tmp_path, nprocs):
     proc = run_mpi([SCRIPTS / "trainer_equivalence.py", tmp_path / "work"], nprocs, timeout=280)
-    assert f"trainer_equivalence: {nprocs} ranks, 6 model/engine cases OK" in proc.stdout, proc.stdout
+    assert f"trainer_equivalence: {nprocs} ranks, 9 model/engine cases OK" in proc.stdout, proc.stdout

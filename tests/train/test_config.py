@@ -28,6 +28,15 @@ def test_defaults_and_round_trip(tmp_path):
     assert validate_config(cfg) == cfg
 
 
+def test_on_and_off_survive_yaml(tmp_path):
+    """YAML 1.1 reads a bare on/off as true/false; the pipeline field takes them as the words."""
+    cfg = load_config(_write(tmp_path, {"data": {"path": "g.h5"}}), ["engine.name=sylvie", "engine.pipeline=on"])
+    assert cfg.engine.pipeline == "on"
+    path = tmp_path / "c.yaml"
+    path.write_text("data: {path: g.h5}\nengine: {name: sylvie, pipeline: off}\n")
+    assert load_config(path).engine.pipeline == "off"
+
+
 def test_full_file_and_overrides(tmp_path):
     raw = {"data": {"path": "x.h5", "feature_norm": "row"}, "engine": {"name": "sar", "prefetch": False},
            "model": {"name": "gat", "hidden": 8, "heads": 4, "attn_dropout": 0.6, "dropout": 0.6},

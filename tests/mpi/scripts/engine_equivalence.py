@@ -1,4 +1,4 @@
-"""Run under ``mpiexec -n N``: the ``dp`` and ``sar`` engines must reproduce the ``single`` engine.
+"""Run under ``mpiexec -n N``: the ``dp``, ``sar`` and ``sylvie`` (32 bits) engines must reproduce ``single``.
 
 Rank 0 writes random datasets (float features, isolated nodes, a variant with a
 single training node so that some parts have none) and partitions them into N
@@ -10,7 +10,9 @@ parts (random and METIS); then every rank compares, for GCN, SAGE and GAT
 * every parameter gradient (all-reduced),
 * weights after 5 SGD steps,
 * the bytes each engine sent in one forward + backward against the count
-  derived from the halo sizes and the widths of the aggregations the model made.
+  derived from the halo sizes and the widths of the aggregations the model made;
+* ``sylvie`` with ``bits: 32`` (full precision, synchronous) against ``dp``:
+  loss and gradients within 1e-6.
 
 Usage: engine_equivalence.py WORKDIR
 """
@@ -81,6 +83,13 @@ def _close(what: str, got: torch.Tensor, want: torch.Tensor) -> None:
     if got.shape != want.shape or not err <= RTOL * max(scale, 1e-8):
         raise AssertionError(f"{what}: max abs error {err:.3e} vs scale {scale:.3e} "
                              f"(shapes {tuple(got.shape)} / {tuple(want.shape)})")
+
+
+def _close_to(what: str, got: torch.Tensor, want: torch.Tensor, rtol: float) -> None:
+    scale = float(want.abs().max()) if want.numel() else 0.0
+    err = float((got - want).abs().max()) if want.numel() else 0.0
+    if not err <= rtol * max(scale, 1e-8):
+        raise AssertionError(f"{what}: max abs error {err:.3e} vs scale {scale:.3e}")
 
 
 def _model(name: str, in_dim: int, classes: int, attn_dropout: float) -> torch.nn.Module:
@@ -193,7 +202,7 @@ def _reference(ds_path: Path, model_name: str, attn_dropout: float, local_comm) 
     return ref
 
 
-def _check_engine(tag: str, engine_name: str, options: dict, pdir: Path, ref: dict, comm) -> int:
+def _check_engine(tag: str, engine_name: str, options: dict, pdir: Path, ref: dict, comm) -> tuple:
     eng = create_engine(engine_name, str(pdir), comm, "cpu", torch.float64, options)
     dg = eng.graph.dg
     rows = dg.orig_id
@@ -230,6 +239,7 @@ def _check_engine(tag: str, engine_name: str, options: dict, pdir: Path, ref: di
     comm.allreduce_bucketed_(grads)
     for k, p in model.named_parameters():
         _close(f"{tag} grad {k}", p.grad, ref["grads"][k])
+    first = (total, {k: p.grad.detach().clone() for k, p in model.named_parameters()})
     for _ in range(5):
         model.zero_grad()
         _loss(model(eng.graph, eng.feat), eng, train_count).backward()
@@ -241,7 +251,7 @@ def _check_engine(tag: str, engine_name: str, options: dict, pdir: Path, ref: di
     model.eval()
     with torch.no_grad():
         model(eng.graph, eng.feat)
-    return int(sent)
+    return int(sent), first
 
 
 def main() -> int:
@@ -263,7 +273,7 @@ def main() -> int:
 
     # wrong rank count: a clear error naming the directory and both numbers
     wrong = work / f"graph-random-{n + 1}"
-    for name in ("dp", "sar"):
+    for name in ("dp", "sar", "sylvie"):
         try:
             create_engine(name, str(wrong), comm, "cpu", torch.float64)
         except ValueError as exc:
@@ -280,10 +290,21 @@ def main() -> int:
         for model_name in ("gcn", "sage", "gat"):
             attn = 0.3 if model_name == "gat" else 0.0
             ref = _reference(work / f"{ds}.h5", model_name, attn, local)
-            for engine_name, options in (("dp", {}), ("sar", {"prefetch": False}), ("sar", {"prefetch": True})):
+            first_dp = None
+            for engine_name, options in (("dp", {}), ("sar", {"prefetch": False}), ("sar", {"prefetch": True}),
+                                         ("sylvie", {"bits": 32, "pipeline": "off"})):
                 tag = f"rank {comm.rank}/{n} {ds}/{method} {model_name} {engine_name}{options}"
-                sent = _check_engine(tag, engine_name, options, pdir, ref, comm)
+                sent, first = _check_engine(tag, engine_name, options, pdir, ref, comm)
                 bytes_by[(ds, method, model_name, engine_name, bool(options.get("prefetch")))] = sent
+                if engine_name == "dp":
+                    first_dp = first
+                elif engine_name == "sylvie":  # full precision, synchronous: dp's numbers
+                    _close_to(f"{tag} loss vs dp", first[0], first_dp[0], 1e-6)
+                    for k, g in first[1].items():
+                        _close_to(f"{tag} grad {k} vs dp", g, first_dp[1][k], 1e-6)
+                    if sent != bytes_by[(ds, method, model_name, "dp", False)]:
+                        raise AssertionError(f"{tag}: 32-bit sylvie sent {sent} bytes, dp sent "
+                                             f"{bytes_by[(ds, method, model_name, 'dp', False)]}")
                 checked += 1
     # sar sends as much as dp for sum/mean (case 1) and 1.5x for GAT (case 2)
     for (ds, method, model_name, engine_name, prefetch), sent in bytes_by.items():

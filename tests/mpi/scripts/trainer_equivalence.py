@@ -62,7 +62,7 @@ def _config(path: Path, engine: str, model: dict, run_dir: Path, epochs: int = S
     from hpc_graph.train.config import config_from_dict
     return config_from_dict({
         "data": {"path": str(path), "feature_layout": "auto"},
-        "engine": {"name": engine, "prefetch": True},
+        "engine": {"name": engine, **({"bits": 32} if engine == "sylvie" else {"prefetch": True})},
         "model": {"dropout": 0.0, **model},
         "optim": {"name": "adam", "lr": 0.02, "weight_decay": 5e-4, "schedule": "step", "step_size": 2,
                   "gamma": 0.5},
@@ -103,7 +103,7 @@ def main() -> int:
         ref = Trainer(_config(data, "single", model, work / f"ref-{comm.rank}"), local)
         assert ref.feat.layout == torch.sparse_csr, ref.feat.layout
         want_loss, want_acc, want_state = _trajectory(ref)
-        for engine in ("dp", "sar"):
+        for engine in ("dp", "sar", "sylvie"):
             trainer = Trainer(_config(pdir, engine, model, work / f"run-{name}-{engine}"), comm)
             assert trainer.engine_name == engine and trainer.size == comm.size
             got_loss, got_acc, got_state = _trajectory(trainer)

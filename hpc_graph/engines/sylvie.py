@@ -1,0 +1,335 @@
+"""``sylvie`` engine: full-batch domain parallelism with low-bit, adaptive, optionally stale halo messages.
+
+Sylvie (thesis ch. 3) attacks the halo exchange of ``dp``: the rows each rank
+sends forward and the halo gradients it returns backward travel as 1-, 2-,
+4- or 8-bit integers with stochastic rounding (:mod:`hpc_graph.ops.quant`),
+and an epoch may run on halo rows one epoch old while the current ones travel
+in the background (:mod:`hpc_graph.ops.quant_exchange`). Partitions, models,
+trainer and results are those of ``dp``; only :meth:`HaloGraph.halo` differs.
+
+Bit widths (``engine.bits``):
+
+* ``1 | 2 | 4 | 8``: every row; ``32``: full precision (then equal to ``dp``);
+* ``auto``: per node and per epoch. A rank's boundary node v (an owned node
+  another rank holds as a halo row) has importance ``p_v`` in [0, 1]: the rank
+  of its global in-degree among the rank's boundary nodes (the highest degree
+  gets 1; equal degrees share a value), §3.4.1. The epoch's base width ``b_t``
+  comes from the loss descent rate (below). Node v then gets
+  ``C_t[min(|C_t| - 1, floor(p_v |C_t|))]`` from the candidates
+  ``C_t = {b in (1, 2, 4, 8): b >= b_t}`` (Fig. 3.6): low-degree nodes the
+  base width, hubs up to 8 bits. The halo side receives ``p_v`` once at start-up,
+  so both ends compute the same table and no message carries a header.
+
+Loss descent rate (§3.5.1, Eq. 3.4): ``F_t = lambda F_(t-1) + (1 - lambda) L_t``
+(``L_t`` the global training loss, ``lambda = engine.ldr_smoothing``) and
+``LDR_t = (F_(t-1) - F_t) / (epoch seconds)``. The thesis prints
+``(F_t - F_(t-1))/et_t``, which is negative while the loss falls; we use the
+positive rate, so "the loss falls more slowly than delta epochs ago"
+(``LDR_t < LDR_(t-delta)``, ``delta = engine.ldr_window``) asks for more bits
+(``b <- 2b``) and otherwise the width is halved, starting from 1 bit. After a
+change the width is held for ``delta`` epochs (a cooldown the thesis does not
+have: without it the width flips every epoch on noisy losses). Every rank
+takes the all-reduced maximum of (loss, epoch seconds), so all ranks run the
+same policy on the same numbers and reach the same ``b_t``.
+
+Pipeline (``engine.pipeline``, §3.5.2): ``off`` synchronous; ``on`` every
+epoch after the first uses the previous epoch's halo rows and halo gradients
+while this epoch's exchange runs behind the computation (staleness 1);
+``adaptive`` like ``on``, but the epoch after one whose loss descent rate
+asks for more bits runs synchronously. Evaluation always runs exactly
+(full precision, synchronous). A resumed run starts with a synchronous epoch.
+"""
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import logging
+import math
+from typing import Any, Iterator
+
+import numpy as np
+import torch
+
+from hpc_graph.engines.base import Engine
+from hpc_graph.graph.dist_graph import load_dist_graph, partition_tensors
+from hpc_graph.graph.halo_graph import HaloGraph
+from hpc_graph.ops.quant import PARAM_DTYPES, QUANT_BITS
+from hpc_graph.ops.quant_exchange import (BitTable, ExchangeCall, ExchangeStats, HaloPlan, HaloSlot,
+                                          noise_key, quant_halo)
+
+log = logging.getLogger(__name__)
+
+PIPELINES = ("off", "on", "adaptive")
+BITS = ("auto", 1, 2, 4, 8, 32)
+
+
+# -- bit policy ----------------------------------------------------------------------------------
+@dataclasses.dataclass
+class Decision:
+    """The policy's answer after one epoch: the next base width, whether the next epoch must be
+    synchronous, and which branch was taken (``up``, ``down``, ``hold``, ``cooldown``, ``warmup``)."""
+
+    bits: int
+    sync: bool
+    branch: str
+    ldr: float | None
+
+
+class BitPolicy:
+    """Time-adaptive base bit width from the loss descent rate (Eq. 3.4 with a cooldown).
+
+    Args:
+        smoothing: lambda of ``F_t``; window: delta (compared epochs, and cooldown length);
+        widths: the candidate widths, smallest first (the start width is the smallest).
+    """
+
+    def __init__(self, smoothing: float = 0.9, window: int = 5, widths: tuple[int, ...] = QUANT_BITS):
+        self.smoothing, self.window, self.widths = float(smoothing), int(window), tuple(widths)
+        self.bits = self.widths[0]
+        self.t = 0
+        self.smoothed: float | None = None
+        self.ldr: list[float | None] = []
+        self.last_change = 0
+
+    def update(self, loss: float, seconds: float) -> Decision:
+        """Feed epoch t's global loss and epoch time; returns the decision for epoch t+1."""
+        self.t += 1
+        t, delta = self.t, self.window
+        if not math.isfinite(loss) or not seconds > 0:
+            self.ldr.append(None)
+            return Decision(self.bits, False, "hold", None)
+        prev = self.smoothed
+        self.smoothed = loss if prev is None else self.smoothing * prev + (1.0 - self.smoothing) * loss
+        ldr = None if prev is None else (prev - self.smoothed) / seconds
+        self.ldr.append(ldr)
+        past = self.ldr[t - 1 - delta] if t > delta else None
+        if ldr is None or past is None:
+            return Decision(self.bits, False, "warmup", ldr)
+        more = ldr < past
+        if t - self.last_change < delta and self.last_change > 0:
+            return Decision(self.bits, more, "cooldown", ldr)
+        i = self.widths.index(self.bits)
+        if more and i + 1 < len(self.widths):
+            self.bits, self.last_change, branch = self.widths[i + 1], t, "up"
+        elif not more and i > 0:
+            self.bits, self.last_change, branch = self.widths[i - 1], t, "down"
+        else:
+            branch = "hold"
+        return Decision(self.bits, more, branch, ldr)
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"bits": self.bits, "t": self.t, "smoothed": self.smoothed, "ldr": list(self.ldr),
+                "last_change": self.last_change}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.bits = int(state["bits"])
+        self.t = int(state["t"])
+        self.smoothed = state["smoothed"]
+        self.ldr = list(state["ldr"])
+        self.last_change = int(state["last_change"])
+
+
+def node_importance(in_degree: np.ndarray, boundary: np.ndarray) -> np.ndarray:
+    """``p`` float64[len(boundary)]: rank of each boundary node's in-degree among the boundary nodes.
+
+    ``p = (#{u: deg(u) <= deg(v)} - 1) / (#boundary - 1)``: the highest degree gets 1, nodes with
+    equal degrees get the same value, a single boundary node gets 1.
+    """
+    d = np.asarray(in_degree)[boundary]
+    if d.shape[0] <= 1:
+        return np.ones(d.shape[0])
+    at_most = np.searchsorted(np.sort(d), d, side="right")
+    return (at_most - 1) / (d.shape[0] - 1)
+
+
+def assign_bits(p: np.ndarray, base: int) -> np.ndarray:
+    """int8 bit widths from importances ``p`` and the base width: ``C[min(|C|-1, floor(p |C|))]``,
+    ``C = {b in (1, 2, 4, 8): b >= base}``."""
+    cand = np.array([b for b in QUANT_BITS if b >= base], dtype=np.int8)
+    idx = np.minimum(len(cand) - 1, np.floor(np.asarray(p) * len(cand)).astype(np.int64))
+    return cand[idx]
+
+
+# -- the graph context ---------------------------------------------------------------------------
+class _SylvieGraph(HaloGraph):
+    """``HaloGraph`` whose halo rows arrive through the engine's quantised (possibly stale) exchange."""
+
+    def __init__(self, dg: Any, comm: Any, engine: "SylvieEngine"):
+        super().__init__(dg, comm)
+        self.engine = engine
+
+    def halo(self, x: torch.Tensor, extra: torch.Tensor | None = None):
+        eng = self.engine
+        if eng.evaluating:
+            return super().halo(x, extra)  # evaluation is exact: full precision, synchronous
+        return quant_halo(x, extra, eng.next_call(), stale=eng.stale)
+
+
+class SylvieEngine(Engine):
+    """Quantised, optionally pipelined domain-parallel engine (module docstring). ``source``: a
+    partition directory.
+
+    Options: ``bits`` (``auto``, 1, 2, 4, 8, 32), ``pipeline`` (``off``, ``on``, ``adaptive``),
+    ``scale_dtype`` (``float32``, ``float16``), ``ldr_smoothing`` (lambda), ``ldr_window``
+    (delta), ``seed`` (rounding noise).
+    """
+
+    name = "sylvie"
+    OPTIONS = Engine.OPTIONS | frozenset({"bits", "pipeline", "scale_dtype", "ldr_smoothing", "ldr_window"})
+
+    def __init__(self, source: str, comm: Any, device: torch.device, dtype: torch.dtype,
+                 options: dict[str, Any] | None = None):
+        super().__init__(source, comm, device, dtype, options)
+        opts = self.options
+        bits = opts.get("bits", "auto")
+        bits = int(bits) if isinstance(bits, str) and bits.isdigit() else bits
+        if bits not in BITS or isinstance(bits, bool):
+            raise ValueError(f"engine.bits: must be one of {', '.join(map(str, BITS))}, got {bits!r}")
+        pipeline = opts.get("pipeline", "off")
+        if pipeline not in PIPELINES:
+            raise ValueError(f"engine.pipeline: must be one of {', '.join(PIPELINES)}, got {pipeline!r}")
+        scale = opts.get("scale_dtype", "float32")
+        if scale not in PARAM_DTYPES:
+            raise ValueError(f"engine.scale_dtype: must be one of {', '.join(PARAM_DTYPES)}, got {scale!r}")
+        smoothing, window = opts.get("ldr_smoothing", 0.9), opts.get("ldr_window", 5)
+        if not 0.0 <= float(smoothing) < 1.0:
+            raise ValueError(f"engine.ldr_smoothing: must be in [0, 1), got {smoothing!r}")
+        if isinstance(window, bool) or not isinstance(window, int) or window < 1:
+            raise ValueError(f"engine.ldr_window: must be a positive integer, got {window!r}")
+        self.bits, self.pipeline = bits, pipeline
+        self.param_dtype = PARAM_DTYPES[scale]
+        self.seed = int(opts.get("seed", 0))
+
+        dg, part = load_dist_graph(self.source, comm, self.device, dtype)
+        data = partition_tensors(part, self.device, dtype, self.source)
+        del part
+        self.plan = HaloPlan.from_dist_graph(dg)
+        self.send_p, self.recv_p = self._importance(dg)
+        self.graph = _SylvieGraph(dg, comm, self)
+        self.feat, self.label, self.masks = data["feat"], data["label"], data["masks"]
+        self.num_classes, self.num_features = data["num_classes"], data["num_features"]
+
+        self.policy = BitPolicy(float(smoothing), int(window))
+        self.epoch = 0
+        self.evaluating = False
+        self.stale = False
+        self._force_sync = True  # the first epoch has no previous halo rows
+        self._calls = 0
+        self._slots: dict[int, HaloSlot] = {}
+        self._tables: dict[int, BitTable] = {}
+        self._xstats = ExchangeStats()
+        self._last: Decision | None = None
+        self._epoch_bits = self.policy.bits if bits == "auto" else int(bits)
+        self.history: list[dict[str, Any]] = []  # per epoch: base bits, mode, decision (same on every rank)
+        self.reset_stats()  # loading exchanged halo ids and importances: count training traffic only
+
+    # -- set-up ------------------------------------------------------------------------------------
+    def _importance(self, dg: Any) -> tuple[dict[int, np.ndarray], dict[int, np.ndarray]]:
+        """Importance of every row this rank sends (per peer) and receives (fetched from the owners)."""
+        plan = self.plan
+        deg = dg.in_degree.cpu().numpy()
+        boundary = np.unique(plan.send_all.cpu().numpy())
+        p_full = np.zeros(plan.num_owned)
+        p_full[boundary] = node_importance(deg, boundary)
+        send_p = {q: p_full[lid.cpu().numpy()] for q, lid in plan.send_lid.items()}
+        got = self.comm.exchange({q: torch.from_numpy(v) for q, v in send_p.items()},
+                                 {q: ((c,), torch.float64) for q, c in plan.recv_count.items()})
+        return send_p, {q: got[q].cpu().numpy() for q in plan.recv_count}
+
+    def table(self, base: int) -> BitTable:
+        """The bit table for base width ``base`` (``auto``) or the static width; cached."""
+        if self.bits != "auto":
+            base = int(self.bits)
+        if base not in self._tables:
+            if self.bits == "auto":
+                self._tables[base] = BitTable({q: assign_bits(p, base) for q, p in self.send_p.items()},
+                                              {q: assign_bits(p, base) for q, p in self.recv_p.items()},
+                                              f"auto:{base}")
+            else:
+                self._tables[base] = BitTable.uniform(self.plan, base)
+        return self._tables[base]
+
+    # -- per call ----------------------------------------------------------------------------------
+    def next_call(self) -> ExchangeCall:
+        """The exchange of the next halo fetch of this epoch's forward pass (layer ``k``)."""
+        k = self._calls
+        self._calls += 1
+        rank = int(self.comm.rank)
+        slot = None
+        if self.pipeline != "off":
+            slot = self._slots.setdefault(k, HaloSlot())
+        keys = {d: noise_key(self.seed, self.epoch, k, rank, d) for d in ("fwd", "bwd")}
+        return ExchangeCall(self.plan, self.comm, self.table(self.policy.bits), keys, self.param_dtype,
+                            self._xstats, slot, k)
+
+    # -- trainer hooks -----------------------------------------------------------------------------
+    def begin_epoch(self, epoch: int) -> None:
+        self.epoch = int(epoch)
+        self._calls = 0
+        self._epoch_bits = self.policy.bits if self.bits == "auto" else int(self.bits)
+        sync = self.pipeline == "off" or self._force_sync
+        self.stale = not sync
+        if sync:
+            for slot in self._slots.values():
+                slot.drain()
+
+    def end_epoch(self, epoch: int, loss: float, seconds: float) -> None:
+        both = torch.tensor([loss if math.isfinite(loss) else math.inf, float(seconds)], dtype=torch.float64)
+        if self.comm.size > 1:
+            self.comm.allreduce_(both, "max")  # exact: every rank gets the same two numbers
+        g_loss, g_seconds = float(both[0]), float(both[1])
+        used = self._epoch_bits
+        decision = self.policy.update(g_loss, g_seconds)
+        self._last = decision
+        self._force_sync = self.pipeline == "adaptive" and decision.sync
+        self.history.append({"epoch": epoch, "bits": used, "mode": "async" if self.stale else "sync",
+                             "branch": decision.branch, "next_bits": decision.bits,
+                             "next_sync": self.pipeline == "off" or self._force_sync})
+        if decision.branch in ("up", "down") and self.bits == "auto":
+            log.info("sylvie: epoch %d: loss descent rate %.3g -> base width %d bit(s) (%s)", epoch,
+                     decision.ldr if decision.ldr is not None else float("nan"), decision.bits, decision.branch)
+
+    @contextlib.contextmanager
+    def evaluation(self) -> Iterator[None]:
+        previous, self.evaluating = self.evaluating, True
+        try:
+            yield
+        finally:
+            self.evaluating = previous
+
+    def close(self) -> None:
+        for slot in self._slots.values():
+            slot.drain()
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"policy": self.policy.state_dict(), "force_sync": self._force_sync}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        if state.get("policy"):
+            self.policy.load_state_dict(state["policy"])
+        self._force_sync = True  # nothing from the previous epoch survived the restart
+
+    # -- statistics --------------------------------------------------------------------------------
+    def reset_stats(self) -> None:
+        super().reset_stats()
+        if hasattr(self, "_xstats"):
+            self._xstats = ExchangeStats()
+
+    def stats(self) -> dict[str, Any]:
+        """Base counters plus: ``halo_bytes_fwd``/``_bwd`` (quantised messages sent),
+        ``halo_full_bytes`` (what full-precision messages would have been), ``bits_rows``
+        ({width: rows sent}), ``base_bits``, ``mode`` (sync/async), ``staleness`` (epochs),
+        ``codec_seconds`` (encoding + decoding), ``in_flight`` (exchanges still travelling)."""
+        out: dict[str, Any] = dict(super().stats())
+        x = self._xstats
+        out.update({"halo_bytes_fwd": x.bytes["fwd"], "halo_bytes_bwd": x.bytes["bwd"],
+                    "halo_full_bytes": x.full_bytes["fwd"] + x.full_bytes["bwd"],
+                    "bits_rows": {str(b): c for b, c in sorted(x.rows.items())},
+                    "base_bits": self._epoch_bits,
+                    "mode": "async" if self.stale else "sync", "staleness": int(self.stale),
+                    "codec_seconds": x.codec_seconds, "nonfinite_rows": x.nonfinite,
+                    "in_flight": sum(s.in_flight for s in self._slots.values())})
+        if self.history:
+            h = self.history[-1]
+            out.update({"next_bits": h["next_bits"], "policy_branch": h["branch"]})
+        return out

@@ -1,0 +1,84 @@
+"""``HaloGraph``: the ``GraphContext`` of engines that fetch halo rows, then run one kernel.
+
+Full-batch domain parallelism (``dp``) and its variants (``sylvie``, which
+sends the halo rows quantised or one epoch stale) share everything but *how*
+the halo rows arrive. A ``HaloGraph`` does the aggregation and the attention
+over ``[owned | halo]`` columns; :meth:`HaloGraph.halo` fetches the halo rows
+and is the one method such an engine overrides.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from hpc_graph.graph.base import GraphContext
+from hpc_graph.graph.dist_graph import DistGraph
+from hpc_graph.ops.all_reduce import all_reduce_sum
+from hpc_graph.ops.halo_exchange import halo_exchange
+
+
+class HaloGraph(GraphContext):
+    """GraphContext of one rank: halo exchange, then one kernel call over ``[owned | halo]``.
+
+    Args:
+        dg: the rank's :class:`DistGraph` (its ``local`` CSR is used).
+        comm: the job's communicator.
+    """
+
+    def __init__(self, dg: DistGraph, comm: Any):
+        self.dg, self.comm = dg, comm
+        self.num_nodes = dg.num_owned
+        self.global_num_nodes = dg.global_num_nodes
+
+    def halo(self, x: torch.Tensor, extra: torch.Tensor | None = None
+             ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """The halo rows of ``x`` (and of ``extra``), differentiable.
+
+        Args:
+            x: float[n, F] rows of owned nodes (the features a layer aggregates).
+            extra: optional float[n, E] rows that travel with ``x`` (GAT's source scores).
+        Returns:
+            ``(float[h, F], float[h, E] or None)`` in halo order. This default sends
+            both at full precision in one message per peer.
+        """
+        if extra is None:
+            return halo_exchange(x, self.dg.send_lid, self.dg.recv_count, self.comm), None
+        width = x.shape[1]
+        packed = halo_exchange(torch.cat([x, extra], 1), self.dg.send_lid, self.dg.recv_count, self.comm)
+        return packed[:, :width], packed[:, width:]
+
+    def aggregate(self, x: torch.Tensor, reduce: str = "sum") -> torch.Tensor:
+        if reduce not in ("sum", "mean"):
+            raise ValueError(f"aggregate: reduce must be 'sum' or 'mean', got {reduce!r}")
+        from hpc_graph.ops.spmm import spmm
+
+        shape = x.shape
+        flat = x.reshape(shape[0], -1)
+        halo, _ = self.halo(flat)
+        out = spmm(self.dg.local, torch.cat([flat, halo], 0), reduce)
+        return out.reshape(out.shape[0], *shape[1:])
+
+    def gat(self, z: torch.Tensor, s_src: torch.Tensor, s_dst: torch.Tensor, *,
+            negative_slope: float = 0.2, attn_dropout: float = 0.0, seed: int = 0,
+            add_self_loops: bool = True) -> torch.Tensor:
+        from hpc_graph.ops.gat_attention import gat_attention
+
+        n, heads, dim = z.shape
+        halo_z, halo_s = self.halo(z.reshape(n, heads * dim), s_src)
+        z_all = torch.cat([z, halo_z.reshape(-1, heads, dim)], 0)
+        s_all = torch.cat([s_src, halo_s], 0)
+        dg = self.dg
+        g = dg.local_self_loops() if add_self_loops else dg.local
+        return gat_attention(g, z_all, s_all, s_dst, negative_slope=negative_slope,
+                             attn_dropout=attn_dropout, seed=seed,
+                             src_gid=dg.local_orig_id, dst_gid=dg.orig_id)
+
+    def in_degree(self) -> torch.Tensor:
+        return self.dg.in_degree
+
+    def global_ids(self) -> torch.Tensor:
+        return self.dg.gid
+
+    def all_reduce_sum(self, t: torch.Tensor) -> torch.Tensor:
+        return all_reduce_sum(t, self.comm)
