@@ -106,7 +106,7 @@ class BitPolicy:
         if ldr is None or past is None:
             return Decision(self.bits, False, "warmup", ldr)
         more = ldr < past
-        if t - self.last_change < delta and self.last_change > 0:
+        if self.last_change > 0 and t - self.last_change <= delta:  # held for delta epochs after a change
             return Decision(self.bits, more, "cooldown", ldr)
         i = self.widths.index(self.bits)
         if more and i + 1 < len(self.widths):
