@@ -37,7 +37,9 @@ with a :class:`~hpc_graph.comm.link.LinkModel` set, ``exchange``/
 ``exchange_start``, ``allreduce_`` and ``alltoallv`` last at least as long as
 the model says (the rest is slept; for ``exchange_start`` in ``wait()``, so
 overlapped work hides it). ``modeled_seconds`` adds up the modelled time of
-every such operation, ``modeled_wait_seconds`` the part that was slept.
+every such operation, ``modeled_wait_seconds`` the part that was slept;
+``modeled_by_op`` and ``modeled_wait_by_op`` split both by operation
+(``exchange``, ``allreduce``, ``alltoallv``).
 """
 from __future__ import annotations
 
@@ -120,7 +122,7 @@ class Request:
             self._comm._waitall(self._handles)
             for out, host in self._staged:
                 out.copy_(host, non_blocking=False)
-            self._comm._sleep_until(self._deadline)
+            self._comm._sleep_until(self._deadline, "exchange")
         self._handles, self._staged, self._keep_alive = [], [], []
         self._done = True
         return self._results
@@ -163,16 +165,18 @@ class Communicator(ABC):
         """Model every later exchange, all-reduce and all-to-all-v on ``link`` (a LinkModel; None: off)."""
         self.link = link
 
-    def _sleep_until(self, deadline: float) -> None:
+    def _sleep_until(self, deadline: float, op: str) -> None:
         """Sleep until ``deadline`` (perf_counter seconds) if it has not passed; count the sleep."""
         left = deadline - time.perf_counter()
         if left > 0:
             time.sleep(left)
             self.modeled_wait_seconds += left
+            self.modeled_wait_by_op[op] += left
 
-    def _modeled(self, seconds: float) -> float:
+    def _modeled(self, seconds: float, op: str) -> float:
         """Count ``seconds`` of modelled link time; the perf_counter deadline they end at."""
         self.modeled_seconds += seconds
+        self.modeled_by_op[op] += seconds
         return time.perf_counter() + seconds
 
     def reset_counters(self) -> None:
@@ -181,6 +185,8 @@ class Communicator(ABC):
         self.comm_seconds = 0.0
         self.modeled_seconds = 0.0
         self.modeled_wait_seconds = 0.0
+        self.modeled_by_op: dict[str, float] = defaultdict(float)
+        self.modeled_wait_by_op: dict[str, float] = defaultdict(float)
         self.bytes_by_op: dict[str, int] = defaultdict(int)
         self.calls: dict[str, int] = defaultdict(int)
 
@@ -189,7 +195,8 @@ class Communicator(ABC):
         ``modeled_wait_seconds``."""
         return {"bytes_sent": self.bytes_sent, "comm_seconds": self.comm_seconds,
                 "bytes_by_op": dict(self.bytes_by_op), "calls": dict(self.calls),
-                "modeled_seconds": self.modeled_seconds, "modeled_wait_seconds": self.modeled_wait_seconds}
+                "modeled_seconds": self.modeled_seconds, "modeled_wait_seconds": self.modeled_wait_seconds,
+                "modeled_by_op": dict(self.modeled_by_op), "modeled_wait_by_op": dict(self.modeled_wait_by_op)}
 
     def _count(self, op: str, nbytes: int) -> None:
         if self.size > 1 and nbytes:
@@ -298,7 +305,7 @@ class Communicator(ABC):
             return t
         with self._timed("allreduce"), torch.no_grad():
             deadline = (0.0 if self.link is None else
-                        self._modeled(self.link.allreduce_cost(t.numel() * t.element_size(), self.size)))
+                        self._modeled(self.link.allreduce_cost(t.numel() * t.element_size(), self.size), "allreduce"))
             comm_dev = self._comm_device(t.device)
             work = t if (t.is_contiguous() and t.device == comm_dev) else t.detach().contiguous().to(comm_dev)
             self._sync(t.device)
@@ -312,7 +319,7 @@ class Communicator(ABC):
             if work is not t:
                 t.copy_(work)
             self._count("allreduce", t.numel() * t.element_size())
-            self._sleep_until(deadline)
+            self._sleep_until(deadline, "allreduce")
         return t
 
     def allreduce_bucketed_(self, tensors: Sequence[torch.Tensor], bucket_bytes: int = 25 << 20,
@@ -468,8 +475,8 @@ class Communicator(ABC):
                 me = self.rank
                 peers = int(sum(1 for p in range(self.size) if p != me and (sbytes[p] or rbytes[p])))
                 cost = self.link.cost(int(sbytes.sum() - sbytes[me]), int(rbytes.sum() - rbytes[me]), peers)
-                self.modeled_seconds += cost
-                self._sleep_until(t_start + cost)
+                self._modeled(cost, "alltoallv")
+                self._sleep_until(t_start + cost, "alltoallv")
         return recv, recv_counts
 
     # ----------------------------------------------------------- point to point
@@ -545,7 +552,7 @@ class Communicator(ABC):
                 out = {p: sends[p].numel() * sends[p].element_size() for p in sends if p != self.rank}
                 into = {p: results[p].numel() * results[p].element_size() for p in specs if p != self.rank}
                 peers = sum(1 for p in set(out) | set(into) if out.get(p, 0) or into.get(p, 0))
-                deadline = self._modeled(self.link.cost(sum(out.values()), sum(into.values()), peers))
+                deadline = self._modeled(self.link.cost(sum(out.values()), sum(into.values()), peers), "exchange")
             return Request(self, self._launch(handles), results, staged, keep, deadline)
 
     @staticmethod

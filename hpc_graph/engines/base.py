@@ -61,19 +61,26 @@ class Engine(ABC):
         unknown = sorted(set(self.options) - self.OPTIONS)
         if unknown:
             raise ValueError(f"engine options: unknown option(s) {unknown} for engine {self.name!r}")
-        self._base = (0, 0.0)
+        self._base = (0, 0.0, 0.0, 0.0)
         self.reset_stats()
 
-    def _counters(self) -> tuple[int, float]:
-        return (int(getattr(self.comm, "bytes_sent", 0)), float(getattr(self.comm, "comm_seconds", 0.0)))
+    def _counters(self) -> tuple[float, ...]:
+        c = self.comm
+        by_op, wait_by_op = getattr(c, "modeled_by_op", {}), getattr(c, "modeled_wait_by_op", {})
+        return (int(getattr(c, "bytes_sent", 0)), float(getattr(c, "comm_seconds", 0.0)),
+                float(by_op.get("exchange", 0.0)), float(wait_by_op.get("exchange", 0.0)))
 
     def stats(self) -> dict[str, float]:
-        """Counters since the last :meth:`reset_stats`: ``bytes_sent``, ``comm_seconds``.
-
-        Everything the rank's communicator sent, the trainer's gradient all-reduce included.
-        """
+        """Counters since the last :meth:`reset_stats`: ``bytes_sent``, ``comm_seconds`` (everything the
+        rank's communicator sent, the trainer's gradient all-reduce included), and with a modelled link
+        ``modeled_exchange_seconds`` / ``modeled_exchange_wait_seconds``: the link time of the point-to-point
+        exchanges and the part of it not hidden behind computation."""
         now = self._counters()
-        return {"bytes_sent": float(now[0] - self._base[0]), "comm_seconds": now[1] - self._base[1]}
+        out = {"bytes_sent": float(now[0] - self._base[0]), "comm_seconds": now[1] - self._base[1]}
+        if getattr(self.comm, "link", None) is not None:
+            out["modeled_exchange_seconds"] = now[2] - self._base[2]
+            out["modeled_exchange_wait_seconds"] = now[3] - self._base[3]
+        return out
 
     def reset_stats(self) -> None:
         """Zero the counters returned by :meth:`stats`."""

@@ -109,7 +109,8 @@ def test_objects_barrier_and_counters(comm):
     comm.barrier()
     snap = comm.counters()
     assert snap["bytes_sent"] == 0 and set(snap) == {"bytes_sent", "comm_seconds", "bytes_by_op", "calls",
-                                                     "modeled_seconds", "modeled_wait_seconds"}
+                                                     "modeled_seconds", "modeled_wait_seconds", "modeled_by_op",
+                                                     "modeled_wait_by_op"}
     comm.comm_seconds, comm.bytes_sent = 1.0, 5
     comm.reset_counters()
     assert (comm.bytes_sent, comm.comm_seconds) == (0, 0.0)

@@ -28,6 +28,7 @@ blocking = time.perf_counter() - t0
 assert torch.equal(got[peer], torch.full((n,), float(peer)))
 assert blocking >= cost * 0.999, (blocking, cost)
 assert abs(comm.modeled_seconds - cost) < 1e-9, (comm.modeled_seconds, cost)
+assert abs(comm.modeled_by_op["exchange"] - cost) < 1e-9 and not comm.modeled_by_op.get("allreduce")
 
 comm.barrier()
 slept0 = comm.modeled_wait_seconds
@@ -47,6 +48,8 @@ comm.allreduce_(torch.ones(n))
 reduce_time = time.perf_counter() - t2
 ring = link.allreduce_cost(4 * n, 2)
 assert reduce_time >= ring * 0.999 and abs(comm.modeled_seconds - before - ring) < 1e-9
+assert abs(comm.modeled_by_op["allreduce"] - ring) < 1e-9
+assert abs(sum(comm.modeled_wait_by_op.values()) - comm.modeled_wait_seconds) < 1e-9
 
 comm.set_link(None)
 t3 = time.perf_counter()
