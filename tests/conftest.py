@@ -75,6 +75,6 @@ def _awkward_graph_fixture():
 
 @pytest.fixture
 def datasets_dir() -> Path:
-    """Folder of the shared real datasets (``HPC_GRAPH_DATASETS``, default ``<repo>/../shared/datasets``)."""
-    default = Path(__file__).resolve().parents[1].parent / "shared" / "datasets"
+    """Folder of the real datasets (``HPC_GRAPH_DATASETS``, default ``<repo>/tests/data``, shipped with the tests)."""
+    default = Path(__file__).resolve().parent / "data"
     return Path(os.environ.get("HPC_GRAPH_DATASETS", default))

@@ -11,7 +11,7 @@ from hpc_graph.train.trainer import Trainer
 
 REPO = Path(__file__).resolve().parents[2]
 CONFIGS = sorted((REPO / "configs").glob("*.yaml"))
-DATASETS = Path(os.environ.get("HPC_GRAPH_DATASETS", REPO.parent / "shared" / "datasets"))
+DATASETS = Path(os.environ.get("HPC_GRAPH_DATASETS", REPO / "tests" / "data"))
 
 
 def test_one_config_per_engine_and_model():

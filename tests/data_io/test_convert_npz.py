@@ -13,7 +13,7 @@ from data_io.errors import DataError, FormatError
 from hpc_graph.cli import main
 
 REPO = Path(__file__).resolve().parents[2]
-DATASETS = Path(os.environ.get("HPC_GRAPH_DATASETS", REPO.parent / "shared" / "datasets"))
+DATASETS = Path(os.environ.get("HPC_GRAPH_DATASETS", REPO / "tests" / "data"))
 
 
 def _edges_in_csr_order(edge_index, weight=None):
@@ -50,7 +50,7 @@ def _check_round_trip(npz_path: Path, out: Path):
 
 def test_cora_round_trip(tmp_path):
     cora = DATASETS / "cora.npz"
-    assert cora.is_file(), f"{cora} missing: set HPC_GRAPH_DATASETS to the shared datasets folder"
+    assert cora.is_file(), f"{cora} missing: set HPC_GRAPH_DATASETS to a folder holding cora.npz"
     g = _check_round_trip(cora, tmp_path / "cora.h5")
     assert g.name == "cora" and not g.directed
 

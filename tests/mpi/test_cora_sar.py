@@ -4,10 +4,10 @@ Standard Planetoid split and settings (GCN: 2 layers, hidden 16, dropout 0.5,
 lr 0.01; GAT: 8 heads x 8, 1 output head, dropout and attention dropout 0.6,
 lr 0.005; weight decay 5e-4, 200 epochs, row-normalised features), test
 accuracy at the best validation epoch, mean of 3 seeds: GCN >= 0.80, GAT >= 0.81
-(PyG reference on this split: 0.822 and 0.826, see ../shared/datasets/README.md).
+(PyG reference on this split: 0.822 and 0.826, see tests/data/README.md).
 
 The dataset is reached through ``HPC_GRAPH_DATASETS`` (default
-``<repo>/../shared/datasets``) and converted into a temporary directory.
+``<repo>/tests/data``) and converted into a temporary directory.
 This is the slowest test of the suite (1200 full-batch epochs on 2 ranks).
 """
 from __future__ import annotations
@@ -22,7 +22,7 @@ from _run import REPO, SCRIPTS, run_mpi
 
 
 def _cora() -> Path:
-    root = Path(os.environ.get("HPC_GRAPH_DATASETS", REPO.parent / "shared" / "datasets"))
+    root = Path(os.environ.get("HPC_GRAPH_DATASETS", REPO / "tests" / "data"))
     path = root / "cora.npz"
     assert path.is_file(), f"{path}: Cora not found (set HPC_GRAPH_DATASETS to the datasets directory)"
     return path

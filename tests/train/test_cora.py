@@ -2,8 +2,8 @@
 
 Mean test accuracy at the best-validation epoch over 3 seeds, 200 epochs,
 row-normalised features: GCN >= 0.80, GAT >= 0.81 (PyG 2.8.1 on this split:
-0.822 and 0.826, see ../shared/datasets/README.md). The dataset is found
-through ``HPC_GRAPH_DATASETS`` (default ``<repo>/../shared/datasets``).
+0.822 and 0.826, see tests/data/README.md). The dataset is found
+through ``HPC_GRAPH_DATASETS`` (default ``<repo>/tests/data``, a copy shipped with the tests).
 
 On an idle 2-core machine the file takes well under a minute (sparse input
 features, fast dropout); the timeout is generous because the shared CI
@@ -19,7 +19,7 @@ from hpc_graph.train.config import config_from_dict
 from hpc_graph.train.trainer import Trainer
 
 REPO = Path(__file__).resolve().parents[2]
-DATASETS = Path(os.environ.get("HPC_GRAPH_DATASETS", REPO.parent / "shared" / "datasets"))
+DATASETS = Path(os.environ.get("HPC_GRAPH_DATASETS", REPO / "tests" / "data"))
 
 SETTINGS = {
     "gcn": ({"name": "gcn", "hidden": 16, "num_layers": 2, "dropout": 0.5},
