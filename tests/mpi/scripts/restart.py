@@ -1,6 +1,7 @@
 """Run under ``mpiexec -n 2``: a run stopped at epoch k and resumed equals an uninterrupted run.
 
-For ``dp`` and ``sar`` (float64, dropout on, Adam + step schedule): an
+For ``dp``, ``sar`` and ``sylvie`` (``bits: auto``, synchronous, a one-epoch LDR window so that
+the bit policy's state matters; float64, dropout on, Adam + step schedule): an
 uninterrupted 6-epoch run; a run where only rank 1 asks to stop during epoch 3
 (both ranks must stop after epoch 3 with a checkpoint); that run resumed to the
 end. Final parameters must be bitwise equal on every rank, and the metric lines
@@ -31,7 +32,9 @@ EPOCHS, STOP = 6, 3
 
 def config(part_dir, engine, run_dir, **model):
     return config_from_dict({
-        "data": {"path": str(part_dir)}, "engine": {"name": engine},
+        "data": {"path": str(part_dir)},
+        "engine": {"name": engine, **({"bits": "auto", "ldr_window": 1, "ldr_smoothing": 0.3}
+                                      if engine == "sylvie" else {})},
         "model": {"name": "sage", "hidden": 8, "dropout": 0.5, **model},
         "optim": {"lr": 0.05, "schedule": "step", "step_size": 2, "gamma": 0.8},
         "train": {"epochs": EPOCHS, "seed": 1, "dtype": "float64", "progress": False, "eval_every": 2,
@@ -56,7 +59,7 @@ def main() -> int:
     part, other, work = map(Path, sys.argv[1:4])
     comm = get_communicator()
     rank = comm.rank
-    for engine in ("dp", "sar"):
+    for engine in ("dp", "sar", "sylvie"):
         full = Trainer(config(part, engine, work / engine / "full"), comm)
         full.fit()
 
