@@ -2,9 +2,23 @@
 
 Layers in :mod:`hpc_graph.nn` receive a ``GraphContext`` and call its methods;
 they never know which engine implements it (``single`` holds the whole graph,
-``dp`` exchanges halo rows, ``sar`` aggregates one remote partition at a time).
-All row-indexed tensors hold the rows of the nodes this process *owns*,
-in local id order: shape ``[num_nodes, ...]``.
+``dp`` exchanges halo rows, ``sar`` aggregates one remote partition at a time,
+``minibatch`` runs on sampled blocks). On a full graph, all row-indexed
+tensors hold the rows of the nodes this process *owns*, in local id order:
+shape ``[num_nodes, ...]``.
+
+Sampled training runs each layer on its own bipartite *block*: the layer
+reads the rows of the block's source nodes and writes the rows of its
+destination nodes, which are the first ``num_nodes`` sources. A model with
+several message-passing layers therefore, for layer ``l``:
+
+1. takes ``g = graph.layer(l)`` (a full graph returns itself);
+2. lets ``h = g.layer_input(h)`` complete its input rows (a block may append
+   rows that did not come from the previous layer, e.g. cached embeddings of
+   remote nodes; a full graph returns ``h``);
+3. uses ``g.dst(t)`` wherever it needs the rows of the output nodes of a
+   tensor over the input rows (self terms, residuals; identity on a full graph),
+   and ``g.in_degree()`` for the degrees of the input rows.
 """
 from __future__ import annotations
 
@@ -75,12 +89,24 @@ class GraphContext(ABC):
         """
         heads, dim = int(att_src.shape[1]), int(att_src.shape[2])
         z = F.linear(x, weight).view(-1, heads, dim)
-        return self.gat(z, (z * att_src).sum(-1), (z * att_dst).sum(-1), negative_slope=negative_slope,
+        return self.gat(z, (z * att_src).sum(-1), (self.dst(z) * att_dst).sum(-1), negative_slope=negative_slope,
                         attn_dropout=attn_dropout, seed=seed, add_self_loops=add_self_loops)
+
+    def layer(self, index: int) -> "GraphContext":
+        """The context of message-passing layer ``index`` (0 = the input layer); a full graph is every layer's."""
+        return self
+
+    def layer_input(self, h: torch.Tensor) -> torch.Tensor:
+        """The input rows of this layer given the previous layer's output rows ``h`` (identity here)."""
+        return h
+
+    def dst(self, t: torch.Tensor) -> torch.Tensor:
+        """The rows of the output (destination) nodes of a tensor over the input rows (identity here)."""
+        return t
 
     @abstractmethod
     def in_degree(self) -> torch.Tensor:
-        """int64[num_nodes]: in-degree of each owned node in the whole graph."""
+        """int64[input rows]: in-degree of each input node in the whole graph (owned nodes on a full graph)."""
 
     @abstractmethod
     def global_ids(self) -> torch.Tensor:

@@ -81,7 +81,7 @@ class GATConv(nn.Module):
             out = graph.gat_projected(x, self.lin.weight, self.att_src, self.att_dst, **kw)
         else:  # sparse CSR input features
             z = linear(x, self.lin.weight).view(-1, h, d)
-            out = graph.gat(z, (z * self.att_src).sum(-1), (z * self.att_dst).sum(-1), **kw)
+            out = graph.gat(z, (z * self.att_src).sum(-1), (graph.dst(z) * self.att_dst).sum(-1), **kw)
         out = out.reshape(-1, h * d) if self.concat else out.mean(dim=1)
         if self.bias is not None:
             out = out + self.bias

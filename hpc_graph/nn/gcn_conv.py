@@ -41,7 +41,7 @@ class GCNConv(nn.Module):
     def forward(self, graph: GraphContext, x: torch.Tensor) -> torch.Tensor:
         dinv = (graph.in_degree().to(device=x.device, dtype=x.dtype) + 1.0).rsqrt().unsqueeze(1)
         h = linear(x, self.lin.weight) * dinv
-        out = (graph.aggregate(h, "sum") + h) * dinv
+        out = (graph.aggregate(h, "sum") + graph.dst(h)) * graph.dst(dinv)
         if self.bias is not None:
             out = out + self.bias
         return out

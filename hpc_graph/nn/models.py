@@ -76,14 +76,15 @@ class GNN(nn.Module):
         h = x
         last = len(self.convs) - 1
         for layer, conv in enumerate(self.convs):
-            h_in = dropout(h, self.dropout, self.training)
-            y = conv(graph, h_in)
+            g = graph.layer(layer)
+            h_in = dropout(g.layer_input(h), self.dropout, self.training)
+            y = conv(g, h_in)
             if self.residuals is not None:
-                skip = self.residuals[layer]
-                y = y + (linear(h_in, skip.weight) if isinstance(skip, nn.Linear) else h_in.to_dense())
+                skip, own = self.residuals[layer], g.dst(h_in)
+                y = y + (linear(own, skip.weight) if isinstance(skip, nn.Linear) else own.to_dense())
             if layer != last:
                 if self.norms is not None:
-                    y = self.norms[layer](graph, y)
+                    y = self.norms[layer](g, y)
                 y = self.activation(y)
             h = y
         return h

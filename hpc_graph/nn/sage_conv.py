@@ -48,7 +48,7 @@ class SAGEConv(nn.Module):
         else:
             out = self.lin_l(graph.aggregate(x, "mean"))
         if self.lin_r is not None:
-            out = out + linear(x, self.lin_r.weight)
+            out = out + linear(graph.dst(x), self.lin_r.weight)
         return out
 
     def extra_repr(self) -> str:
