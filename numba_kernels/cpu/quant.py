@@ -22,27 +22,50 @@ Message layout
   (:func:`group_layout`) holds each group's byte offset into ``codes`` and
   ``code_start[4]`` = total code bytes.
 
-Quantisation (row ``r``, zero point ``z = zero[r]``, scale ``s = scale[r]``)
------------------------------------------------------------------------------
-``q = clamp(floor((h - z) / s + u), 0, 2**b - 1)`` with ``u`` in ``[0, 1)`` a
-counter-based uniform (stochastic rounding, unbiased inside the range)::
+Quantisation (row ``r``, zero point ``z = zero[r]``, scale ``s = scale[r]``, width ``b``)
+------------------------------------------------------------------------------------------
+Stochastic rounding of ``t = (h - z) / s`` to ``floor(t) + 1`` with
+probability ``t - floor(t)``, else ``floor(t)`` (unbiased inside the range),
+clamped to ``[0, 2**b - 1]``. Exactly, in IEEE float32 with
+round-to-nearest-even, step by step (no step is fused with another)::
 
-    splitmix64(x) = standard splitmix64 finaliser of x + 0x9E3779B97F4A7C15
+    d   = float32(h - z)    the subtraction in float64 (h, z widened exactly), rounded once
+                            to float32; for float32 h this equals the float32 subtraction
+                            (double rounding is innocuous: 53 >= 2 * 24 + 2 bits), which
+                            is what this twin computes for float32 inputs
+    inv = 1 / s             float32 division, once per row
+    t   = d * inv           float32 product
+    c   = min(max(t, 0), 2**b - 1)          t NaN -> 0, +Inf -> 2**b - 1
+    f   = floor(c)          (c >= 0: truncation); c - f is exact
+    q   = f + 1 if u < c - f else f         the code, in [0, 2**b - 1]
+
+which equals ``clamp(floor(t) + [u < t - floor(t)], 0, 2**b - 1)`` (NaN -> 0).
+``u`` is a counter-based uniform on the 24-bit grid (integer arithmetic
+modulo 2**32 unless noted)::
+
+    splitmix64(x) = standard splitmix64 finaliser of x + 0x9E3779B97F4A7C15 (mod 2**64)
                     (multipliers 0xBF58476D1CE4E5B9, 0x94D049BB133111EB; shifts 30, 27, 31)
-    mix(state, v) = splitmix64(state ^ uint64(v))
-    key_hash      = mix(0, key)                  (:func:`key_hash`)
-    u(key, id, j) = (mix(mix(key_hash, id), j) >> 11) * 2**-53      (53-bit fraction)
+    key_hash      = splitmix64(key)                                (:func:`key_hash`)
+    rh(id)        = splitmix64(key_hash ^ uint64(id)) mod 2**32    (once per row)
+    lowbias32(v)  : v ^= v >> 16; v *= 0x7FEB352D; v ^= v >> 15; v *= 0x846CA68B; v ^= v >> 16
+    u(key, id, j) = (lowbias32(rh(id) ^ (j * 0x9E3779B9)) >> 8) * 2**-24     (exact in float32)
 
-with ``id = ids[r]`` (global node id, >= 0) and ``j`` the feature index, the
-attention-dropout hash of :mod:`numba_kernels.cpu._attention_common`. The
-argument ``(h - z) / s + u`` is evaluated in float64 for float32 and float64
-inputs alike (``h``, ``z``, ``s`` widened exactly): a subtraction, an IEEE
-division and an addition. The only product, ``bits * 2**-53`` in ``u``, is
-exact, so the CUDA twin (which fuses it into an FMA with the addition) rounds
-identically and produces the same bytes. ``s == 0`` (constant row) or ``s``
-NaN (the caller's mark for a non-finite row) or ``s < 0`` give all-zero
-codes without hashing. A non-finite ``h`` in a row with a finite scale gives
-code 0 (NaN, -Inf) or ``2**b - 1`` (+Inf).
+with ``id = ids[r]`` (global node id, >= 0) and ``j`` the feature index. The
+code of ``(key, id, j)`` therefore depends on nothing else (not on the
+thread count, the chunking, the message position or the device).
+
+Accuracy: ``P(q = f + 1) = ceil((c - f) * 2**24) / 2**24``, so the rounding
+itself is biased by less than ``2**-24`` steps; ``t`` carries float32
+rounding errors (``d``, ``inv``, the product: relative error below
+``3 * 2**-24``, under ``2**-14`` steps for ``t <= 255``). An integer ``t``
+(the row's minimum and maximum included) is never moved: comparing ``u``
+with the exact fraction (instead of rounding ``t + u`` in float32) cannot
+round it up. ``s == 0`` (constant row) or ``s`` NaN (the caller's mark for a
+non-finite row) or ``s < 0`` give all-zero codes without hashing. A
+non-finite ``h`` in a row with a finite scale gives code 0 (NaN, -Inf) or
+``2**b - 1`` (+Inf); so does a finite float64 ``h`` whose ``d`` overflows
+float32. A subnormal ``s <= 2**-128`` makes ``inv`` +Inf: codes
+are then 0 where ``h <= z`` and ``2**b - 1`` where ``h > z``.
 
 Dequantisation: ``h~ = z + s * q`` evaluated in the output dtype (float32
 arithmetic for float32 output: ``float32(z) + float32(s) * float32(q)``, two
@@ -51,17 +74,27 @@ NaN gives NaN. The CUDA twin may fuse the float32 multiply-add into one FMA
 (one rounding), so float32 outputs of the twins can differ in the last bit;
 float64 outputs are identical (``s * q`` is exact there).
 
-Threads: ``quantize_pack`` is parallel over output bytes (each byte assembled
-by one thread from its ``8 / b`` codes; rows straddle bytes), the others over
-rows. Calls with fewer than :data:`SMALL_WORK` codes run a serial copy of the
-kernel (no thread pool wake-up); the thread count is never changed. Results
-do not depend on the thread count.
+Threads: ``quantize_pack`` is parallel over chunks of whole rows of one group,
+each starting at a multiple of 8 rows within its group (8 rows of ``D``
+``b``-bit codes fill whole bytes, so a chunk starts on a byte boundary and
+rows straddle bytes only inside a chunk). A chunk works in blocks of 8 rows:
+each row's codes are computed one byte per code into a scratch buffer by a
+loop that numba vectorises (32-bit integer lanes for the hash, float32
+lanes for the rounding), then the scratch is gathered into packed bytes
+(shifts on 16/32/64-bit words, also vectorised); 8-bit codes are written in
+place. The source row a few message rows ahead is prefetched. The other
+kernels are parallel over rows. Calls with fewer than :data:`SMALL_WORK`
+codes run a serial copy of the kernel (no thread pool wake-up); the thread
+count is never changed. Results do not depend on the thread count.
 """
 from __future__ import annotations
 
 import numba
 import numpy as np
-from numba import njit, prange
+from llvmlite import ir
+from numba import njit, prange, types
+from numba.core import cgutils
+from numba.core.extending import intrinsic
 
 from numba_kernels.cpu._attention_common import SMALL_WORK, _mix
 
@@ -72,7 +105,6 @@ BITS = (1, 2, 4, 8)
 
 _PAR = dict(parallel=True, cache=True, nogil=True)
 _SER = dict(cache=True, nogil=True)
-_INV_2_53 = 1.0 / 9007199254740992.0
 _MASK64 = (1 << 64) - 1
 #: parallel chunks per thread (static scheduling still balances)
 _CHUNKS_PER_THREAD = 8
@@ -182,79 +214,163 @@ def row_range(x, rows, lo, hi) -> None:
 # ---------------------------------------------------------------------------
 # quantize_pack
 
+_MASK32 = np.uint64(0xFFFFFFFF)
+_GOLD32 = np.uint32(0x9E3779B9)
+_LB1 = np.uint32(0x7FEB352D)
+_LB2 = np.uint32(0x846CA68B)
+_S8 = np.uint32(8)
+_S15 = np.uint32(15)
+_S16 = np.uint32(16)
+_F0 = np.float32(0.0)
+_F1 = np.float32(1.0)
+_INV_2_24 = np.float32(1.0 / 16777216.0)
+_U4 = np.uint16(4)
+_U6 = np.uint32(6)
+_U12 = np.uint32(12)
+_U7 = np.uint64(7)
+_U14 = np.uint64(14)
+_U28 = np.uint64(28)
+#: message rows per block: 8 rows of ``D`` codes fill whole bytes at every width
+_BLOCK = 8
+#: prefetch distance in message rows
+_AHEAD = 4
+
+
+@intrinsic
+def _prefetch(typingctx, arr, i, j):
+    """Hint the cache line holding ``arr[i, j]`` into the caches (``llvm.prefetch``: read, high locality)."""
+    sig = types.void(arr, i, j)
+
+    def codegen(context, builder, signature, args):
+        aryty = signature.args[0]
+        ary = context.make_array(aryty)(context, builder, args[0])
+        idx = [context.cast(builder, v, t, types.intp) for v, t in zip(args[1:], signature.args[1:])]
+        ptr = cgutils.get_item_pointer(context, builder, aryty, ary, idx)
+        i8p = ir.IntType(8).as_pointer()
+        i32 = ir.IntType(32)
+        fnty = ir.FunctionType(ir.VoidType(), [i8p, i32, i32, i32])
+        fn = builder.module.declare_intrinsic("llvm.prefetch", fnty=fnty)
+        rw, locality, cache = (ir.Constant(i32, v) for v in (0, 3, 1))  # read, keep, data cache
+        builder.call(fn, [builder.bitcast(ptr, i8p), rw, locality, cache])
+        return context.get_dummy_value()
+
+    return sig, codegen
+
+
+@njit(cache=True, inline="always")
+def _hash32(v):
+    """'lowbias32' integer finaliser (bijective on uint32), all arithmetic mod 2**32."""
+    v = np.uint32(v ^ (v >> _S16))
+    v = np.uint32(v * _LB1)
+    v = np.uint32(v ^ (v >> _S15))
+    v = np.uint32(v * _LB2)
+    return np.uint32(v ^ (v >> _S16))
+
 
 @njit(**_SER)
-def _pack_bytes(x, rows, zero, scale, ids, khash, group_start, code_start, codes, g, t0, t1):
-    """Write bytes ``[t0, t1)`` (offsets inside group ``g``'s section) of ``codes``."""
+def _row_codes(x, src, z, inv, rh, maxq, out):
+    """Codes of one active row (scale > 0) into ``out[:D]`` (one uint8 per code); a vectorised loop."""
+    D = x.shape[1]
+    jg = np.uint32(0)  # j * 0x9E3779B9 mod 2**32, as an induction variable (no multiply)
+    for j in range(D):
+        d = np.float32(x[src, j] - z)  # float32 - float32, or float64 - float64 (z widened) rounded once
+        t = d * inv
+        c = t if t > _F0 else _F0  # NaN -> 0
+        c = c if c < maxq else maxq  # +Inf -> maxq
+        fi = np.int32(c)  # floor (c >= 0)
+        frac = c - np.float32(fi)  # exact
+        v = _hash32(np.uint32(rh ^ jg))
+        jg = np.uint32(jg + _GOLD32)
+        u = np.float32(np.int32(v >> _S8)) * _INV_2_24  # 24-bit uniform in [0, 1), exact
+        out[j] = np.uint8(fi + np.int32(u < frac))
+
+
+@njit(**_SER)
+def _pack_rows(x, rows, zero, scale, ids, khash, group_start, code_start, codes, g, i0, i1, buf64):
+    """Rows ``[i0, i1)`` of group ``g`` (``i0`` a multiple of 8): their codes start on a byte boundary.
+
+    Blocks of up to 8 rows: codes into ``buf64`` (uint64[D + 1] scratch seen as bytes),
+    then gathered into bytes. 8-bit codes are written straight into ``codes``.
+    """
     D = x.shape[1]
     b = 1 << g
-    per_byte = 8 >> g
-    mask = (1 << b) - 1
-    maxq = float(mask)
+    maxq = np.float32((1 << b) - 1)
     row0 = group_start[g]
-    n_codes = (group_start[g + 1] - row0) * D
-    base = code_start[g]
-    k = t0 * per_byte
-    i = k // D
-    j = k - i * D
-    cur = -1
-    src = 0
-    z = 0.0
-    s = 0.0
-    active = False
-    rhash = np.uint64(0)
-    for t in range(t0, t1):
-        acc = 0
-        for c in range(per_byte):
-            if k >= n_codes:
-                break
-            if i != cur:  # entering a new message row
-                cur = i
-                r = row0 + i
-                src = rows[r]
-                z = np.float64(zero[r])
-                s = np.float64(scale[r])
-                active = s > 0.0  # False for 0, negative and NaN scales: all codes 0
-                if active:
-                    rhash = _mix(khash, ids[r])
-            if active:
-                u = np.float64(_mix(rhash, j) >> np.uint64(11)) * _INV_2_53
-                y = (np.float64(x[src, j]) - z) / s + u
-                if y >= maxq:
-                    q = mask
-                elif y >= 1.0:
-                    q = int(y)  # truncation == floor for y >= 1
-                else:
-                    q = 0  # also NaN
-                acc |= q << (c * b)
-            k += 1
-            j += 1
-            if j == D:
-                j = 0
-                i += 1
-        codes[base + t] = acc
+    out = code_start[g] + (i0 * D * b) // 8  # exact: i0 % 8 == 0
+    buf = buf64.view(np.uint8)
+    buf32 = buf64.view(np.uint32)
+    buf16 = buf64.view(np.uint16)
+    m = rows.shape[0]
+    step = max(1, 64 // x.itemsize)  # elements per cache line
+    for blk in range(i0, i1, _BLOCK):
+        nr = min(_BLOCK, i1 - blk)
+        n = nr * D
+        nbytes = (n * b + 7) >> 3
+        for k in range(nr):
+            r = row0 + blk + k
+            if r + _AHEAD < m:  # source row _AHEAD message rows ahead (random rows miss the caches)
+                nxt = rows[r + _AHEAD]
+                for j in range(0, D, step):
+                    _prefetch(x, nxt, j)
+            s = scale[r]
+            if g == 3:
+                dst = codes[out + k * D:out + (k + 1) * D]
+            else:
+                dst = buf[k * D:(k + 1) * D]
+            if s > _F0:
+                inv = _F1 / s
+                rh = np.uint32(_mix(khash, ids[r]) & _MASK32)
+                _row_codes(x, rows[r], zero[r], inv, rh, maxq, dst)
+            else:  # scale 0, negative or NaN: all codes 0
+                dst[:] = 0
+        if g == 3:
+            out += n
+            continue
+        buf[n:nbytes << (3 - g)] = 0  # zero codes padding the group's last byte
+        # gather the codes of a little-endian word (one code per byte) into its low byte
+        dst = codes[out:out + nbytes]  # a slice indexed from 0 keeps the loops vectorised
+        if g == 0:  # 8 one-bit codes per uint64
+            for t in range(nbytes):
+                w = buf64[t]
+                w |= w >> _U7
+                w |= w >> _U14
+                w |= w >> _U28
+                dst[t] = np.uint8(w)
+        elif g == 1:  # 4 two-bit codes per uint32
+            for t in range(nbytes):
+                w = buf32[t]
+                w = np.uint32(w | (w >> _U6))
+                w = np.uint32(w | (w >> _U12))
+                dst[t] = np.uint8(w)
+        else:  # 2 four-bit codes per uint16
+            for t in range(nbytes):
+                w = buf16[t]
+                dst[t] = np.uint8(w | (w >> _U4))
+        out += nbytes
 
 
 @njit(**_SER)
 def _pack_ser(x, rows, zero, scale, ids, khash, group_start, code_start, codes):
+    buf64 = np.empty(x.shape[1] + 1, np.uint64)
     for g in range(4):
-        _pack_bytes(x, rows, zero, scale, ids, khash, group_start, code_start, codes,
-                    g, 0, code_start[g + 1] - code_start[g])
+        _pack_rows(x, rows, zero, scale, ids, khash, group_start, code_start, codes,
+                   g, 0, group_start[g + 1] - group_start[g], buf64)
 
 
 @njit(**_PAR)
-def _pack_par(x, rows, zero, scale, ids, khash, group_start, code_start, codes, chunk):
+def _pack_par(x, rows, zero, scale, ids, khash, group_start, code_start, codes, chunk_rows):
     first = np.zeros(5, np.int64)  # first chunk of each group
     for g in range(4):
-        nb = code_start[g + 1] - code_start[g]
-        first[g + 1] = first[g] + (nb + chunk - 1) // chunk
+        n = group_start[g + 1] - group_start[g]
+        first[g + 1] = first[g] + (n + chunk_rows - 1) // chunk_rows
     for c in prange(first[4]):
         g = 0
         while c >= first[g + 1]:
             g += 1
-        t0 = (c - first[g]) * chunk
-        t1 = min(t0 + chunk, code_start[g + 1] - code_start[g])
-        _pack_bytes(x, rows, zero, scale, ids, khash, group_start, code_start, codes, g, t0, t1)
+        i0 = (c - first[g]) * chunk_rows
+        i1 = min(i0 + chunk_rows, group_start[g + 1] - group_start[g])
+        buf64 = np.empty(x.shape[1] + 1, np.uint64)
+        _pack_rows(x, rows, zero, scale, ids, khash, group_start, code_start, codes, g, i0, i1, buf64)
 
 
 def quantize_pack(x, rows, zero, scale, ids, key, group_start, code_start, codes) -> None:
@@ -271,21 +387,23 @@ def quantize_pack(x, rows, zero, scale, ids, key, group_start, code_start, codes
         code_start: int64[5] from :func:`group_layout` ``(group_start, D)``.
         codes: uint8[code_start[4]] output, every byte written (padding bits 0).
 
-    Code of feature ``j`` of message row ``r`` (width ``b``):
-    ``clamp(floor((x[rows[r], j] - zero[r]) / scale[r] + u(key, ids[r], j)), 0, 2**b - 1)``,
-    0 for a row with scale 0 or NaN. Parallel over output bytes.
+    Code of feature ``j`` of message row ``r`` (width ``b``): ``t = (x[rows[r], j] - zero[r]) * (1 / scale[r])``
+    in float32, ``q = clamp(floor(t) + [u(key, ids[r], j) < t - floor(t)], 0, 2**b - 1)``
+    (exact rounding steps in the module docstring), 0 for a row with scale 0, < 0 or NaN.
+    Parallel over chunks of whole rows (a multiple of 8 rows of one group each).
     """
     if codes.shape[0] != code_start[4]:
         raise ValueError(f"codes has {codes.shape[0]} bytes, layout needs {int(code_start[4])}")
-    n = codes.shape[0]
-    if n == 0:
+    if codes.shape[0] == 0:
         return
     kh = key_hash(key)
-    if rows.shape[0] * x.shape[1] < SMALL_WORK:
+    m = rows.shape[0]
+    if m * x.shape[1] < SMALL_WORK:
         _pack_ser(x, rows, zero, scale, ids, kh, group_start, code_start, codes)
     else:
-        chunk = max(64, -(-n // (_CHUNKS_PER_THREAD * numba.get_num_threads())))
-        _pack_par(x, rows, zero, scale, ids, kh, group_start, code_start, codes, chunk)
+        per = -(-m // (_CHUNKS_PER_THREAD * numba.get_num_threads()))
+        chunk_rows = max(_BLOCK, -(-per // _BLOCK) * _BLOCK)
+        _pack_par(x, rows, zero, scale, ids, kh, group_start, code_start, codes, chunk_rows)
 
 
 # ---------------------------------------------------------------------------

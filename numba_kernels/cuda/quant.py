@@ -11,11 +11,19 @@ default stream.
 * ``row_range``: one thread block per message row (grid-stride), the block's
   threads stride over the features (coalesced) and reduce min/max/non-finite
   in shared memory.
-* ``quantize_pack``: one thread per output byte (grid-stride); consecutive
-  threads read consecutive features. Codes are bit-identical to the CPU twin:
-  ``(h - z) / s + u`` is a float64 subtraction, IEEE division (``div.rn``) and
-  addition; the only fusable product, ``bits * 2**-53`` in ``u``, is exact, so
-  an FMA there rounds exactly like the CPU's separate add.
+* ``quantize_pack``: one thread per output byte (grid-stride), assembling its
+  ``8 / b`` codes; consecutive threads read consecutive features. Codes are
+  byte-identical to the CPU twin: the same 32-bit hash, and every
+  floating-point step of the CPU docstring's formula is an explicitly rounded
+  libdevice operation (``dadd_rn(h, -z)`` for ``h - z`` in float64, then ``cvt.rn``
+  to float32; ``fdiv_rn`` for ``1 / s``; ``fmul_rn`` for ``d * inv`` and
+  ``u``; ``fsub_rn`` for ``c - floor(c)``), which compile to ``.rn`` PTX
+  instructions that are never contracted into an FMA. (For float32 ``x``,
+  the float64 subtraction rounded to float32 equals the CPU's float32
+  subtraction: double rounding is innocuous for 53 >= 2 * 24 + 2 bits.)
+  The PTX check in the tests asserts that the pack kernel holds no FMA and
+  no float32 arithmetic without ``.rn``. Under the CUDA simulator (where
+  libdevice is not available) the same steps run as NumPy scalar operations.
 * ``unpack_dequantize``: one thread per (message row, feature). The float32
   ``z + s * q`` may be fused into one FMA here (one rounding instead of two),
   so float32 outputs can differ from the CPU twin in the last bit; float64
@@ -28,7 +36,7 @@ from __future__ import annotations
 import math
 
 import numpy as np
-from numba import cuda, float32, float64, int32
+from numba import config, cuda, float32, float64, int32, uint32
 
 from numba_kernels.cpu.quant import BITS, group_layout, key_hash  # noqa: F401  (same helpers in both twins)
 from numba_kernels.cuda._attention_common import _mix
@@ -37,7 +45,34 @@ __all__ = ["group_layout", "key_hash", "row_range", "quantize_pack", "unpack_deq
 
 _THREADS = 128  # threads per block (also the shared-memory reduction width)
 _MAX_BLOCKS = 65535 * 4
-_INV_2_53 = 1.0 / 9007199254740992.0
+_MASK32 = np.uint64(0xFFFFFFFF)
+_GOLD32 = np.uint32(0x9E3779B9)
+_LB1 = np.uint32(0x7FEB352D)
+_LB2 = np.uint32(0x846CA68B)
+_S8 = np.uint32(8)
+_S15 = np.uint32(15)
+_S16 = np.uint32(16)
+_F0 = np.float32(0.0)
+_F1 = np.float32(1.0)
+_INV_2_24 = np.float32(1.0 / 16777216.0)
+
+if config.ENABLE_CUDASIM:  # libdevice has no simulator implementation: NumPy scalars round the same way
+    def _dadd_rn(a, b):
+        return np.float64(a) + np.float64(b)
+
+    def _fdiv_rn(a, b):
+        return np.float32(a) / np.float32(b)
+
+    def _fmul_rn(a, b):
+        return np.float32(a) * np.float32(b)
+
+    def _fsub_rn(a, b):
+        return np.float32(a) - np.float32(b)
+else:
+    from numba.cuda.libdevice import dadd_rn as _dadd_rn  # libdevice has no dsub_rn: a + (-b)
+    from numba.cuda.libdevice import fdiv_rn as _fdiv_rn
+    from numba.cuda.libdevice import fmul_rn as _fmul_rn
+    from numba.cuda.libdevice import fsub_rn as _fsub_rn
 
 
 def _blocks(n: int, threads: int = _THREADS) -> int:
@@ -94,6 +129,16 @@ def _row_range_kernel(x, rows, lo, hi):
         cuda.syncthreads()  # shared memory is reused by the next row
 
 
+@cuda.jit(device=True, inline=True)
+def _hash32(v):
+    """'lowbias32' (the CPU twin's ``_hash32``), arithmetic mod 2**32."""
+    v = uint32(v ^ (v >> _S16))
+    v = uint32(v * _LB1)
+    v = uint32(v ^ (v >> _S15))
+    v = uint32(v * _LB2)
+    return uint32(v ^ (v >> _S16))
+
+
 @cuda.jit
 def _pack_kernel(x, rows, zero, scale, ids, khash, group_start, code_start, codes):
     D = x.shape[1]
@@ -103,17 +148,16 @@ def _pack_kernel(x, rows, zero, scale, ids, khash, group_start, code_start, code
             g += 1
         b = 1 << g
         per_byte = 8 >> g
-        mask = (1 << b) - 1
-        maxq = float64(mask)
+        maxq = float32((1 << b) - 1)
         row0 = group_start[g]
         n_codes = (group_start[g + 1] - row0) * D
         k = (t - code_start[g]) * per_byte
         cur = -1
         active = False
         src = 0
-        z = 0.0
-        s = 0.0
-        rhash = np.uint64(0)
+        z = float64(0.0)
+        inv = _F1
+        rh = uint32(0)
         acc = 0
         i = k // D  # one division per byte; then step (i, j) along the row
         j = k - i * D
@@ -125,18 +169,21 @@ def _pack_kernel(x, rows, zero, scale, ids, khash, group_start, code_start, code
                 r = row0 + i
                 src = rows[r]
                 z = float64(zero[r])
-                s = float64(scale[r])
-                active = s > 0.0
+                s = scale[r]
+                active = s > _F0  # False for 0, negative and NaN scales: all codes 0
                 if active:
-                    rhash = _mix(khash, ids[r])
+                    inv = _fdiv_rn(_F1, s)
+                    rh = uint32(_mix(khash, ids[r]) & _MASK32)
             if active:
-                u = float64(_mix(rhash, j) >> np.uint64(11)) * _INV_2_53
-                y = (float64(x[src, j]) - z) / s + u
-                q = 0
-                if y >= maxq:
-                    q = mask
-                elif y >= 1.0:
-                    q = int(y)
+                d = float32(_dadd_rn(float64(x[src, j]), -z))  # h - z in float64, one rounding
+                tq = _fmul_rn(d, inv)
+                cq = tq if tq > _F0 else _F0  # NaN -> 0
+                cq = cq if cq < maxq else maxq  # +Inf -> maxq
+                fi = int32(cq)
+                frac = _fsub_rn(cq, float32(fi))
+                v = _hash32(uint32(rh ^ uint32(uint32(j) * _GOLD32)))
+                u = _fmul_rn(float32(int32(v >> _S8)), _INV_2_24)
+                q = fi + 1 if u < frac else fi
                 acc |= q << (c * b)
             k += 1
             j += 1

@@ -7,11 +7,16 @@ Python thread). Exits non-zero on a mismatch; prints ``OK quant`` at the end.
 ``python _quant_cudasim_check.py ptx`` (without the simulator) instead compiles
 every kernel to PTX for both dtypes with libNVVM, which needs no GPU: the
 simulator runs the kernels as Python and would miss a numba-cuda typing error.
-Prints ``SKIP ptx`` when libNVVM is missing, ``OK ptx`` on success.
+It also checks that the pack kernel's floating-point arithmetic cannot be
+contracted (no ``fma``/``mad``, every float ``add``/``sub``/``mul``/``div``
+with an explicit ``.rn``), which byte identity with the CPU twin on a real GPU
+relies on and the simulator cannot see. Prints ``SKIP ptx`` when libNVVM is
+missing, ``OK ptx`` on success.
 """
 from __future__ import annotations
 
 import os
+import re
 import sys
 import warnings
 from pathlib import Path
@@ -112,6 +117,41 @@ def check_row_range_nonfinite():
     np.testing.assert_array_equal(hi.copy_to_host(), x[rows].max(1))
 
 
+def check_no_contraction(ptx: str, tag: str) -> None:
+    """Float arithmetic in ``ptx`` is explicitly rounded (``.rn``) and never fused."""
+    ops = re.findall(r"^\s*((?:add|sub|mul|div|fma|mad|rcp)(?:\.[a-z0-9]+)*\.f(?:32|64))\b", ptx, re.M)
+    assert ops, f"no float arithmetic found in the pack kernel ({tag})"
+    fused = [op for op in ops if op.startswith(("fma", "mad"))]
+    loose = [op for op in ops if ".rn" not in op]
+    assert not fused and not loose, f"pack kernel ({tag}): fused {fused}, without .rn {loose}"
+    for need in ("div.rn.f32", "mul.rn.f32", "sub.rn.f32", "add.rn.f64"):
+        assert need in ops, f"pack kernel ({tag}) lacks {need}: {sorted(set(ops))}"
+
+
+def check_special_values():
+    """Rows with a finite scale holding NaN/+-Inf/out-of-range values, negative scales, exact grid values."""
+    for dtype in (np.float32, np.float64):
+        D = 11
+        x = np.linspace(-1.0, 1.0, 4 * D).reshape(4, D).astype(dtype)
+        x[0, 1], x[0, 4], x[0, 7] = np.nan, np.inf, -np.inf
+        x[1] = (np.arange(D) % 4 * 0.25 - 0.5)  # exact multiples of s = 0.25 from z = -0.5
+        rows = np.array([0, 1, 2, 3, 0, 1, 2, 3], np.int64)
+        gs = np.array([0, 2, 4, 6, 8], np.int64)
+        zero = np.array([-0.5, -0.5, -0.2, 0, -0.5, -0.5, -1.0, 0], np.float32)
+        scale = np.array([0.5, 0.25, 0.1, -1.0, 0.05, 0.25, 1 / 255, 0.001], np.float32)
+        ids = np.arange(8, dtype=np.int64) * 1000
+        cs = G.group_layout(gs, D)
+        codes_c = np.zeros(int(cs[4]), np.uint8)
+        C.quantize_pack(x, rows, zero, scale, ids, 77, gs, cs, codes_c)
+        codes_g = dev(np.full(int(cs[4]), 0xA5, np.uint8))
+        G.quantize_pack(dev(x), dev(rows), dev(zero), dev(scale), dev(ids), 77, dev(gs), dev(cs), codes_g)
+        np.testing.assert_array_equal(codes_g.copy_to_host(), codes_c, err_msg=f"special values {dtype}")
+        q = R.unpack(codes_c, gs, D)
+        np.testing.assert_array_equal(q, R.quantize(x, rows, zero, scale, ids, 77, gs))
+        assert (q[3] == 0).all() and q[0, 4] == 1 and q[0, 1] == 0 and q[0, 7] == 0
+        np.testing.assert_array_equal(q[5], np.arange(D) % 4)  # grid values never move
+
+
 def compile_ptx() -> int:
     """Compile the three kernels for float32 and float64 inputs (compute capability 9.0)."""
     from numba import types as T
@@ -135,6 +175,8 @@ def compile_ptx() -> int:
         for kernel, sig in sigs:
             ptx, _ = cuda.compile_ptx(kernel.py_func, sig, cc=(9, 0))
             assert ".entry" in ptx
+            if kernel is G._pack_kernel:
+                check_no_contraction(ptx, str(ft))
     print("OK ptx")
     return 0
 
@@ -143,6 +185,7 @@ def main() -> int:
     if PTX:
         return compile_ptx()
     check_row_range_nonfinite()
+    check_special_values()
     a = check_message((2, 1, 3, 2), 13, np.float32, key=2024)
     b = check_message((2, 1, 3, 2), 13, np.float32, key=2025)
     assert (a != b).any(), "different keys must give different codes"

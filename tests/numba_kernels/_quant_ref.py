@@ -1,8 +1,11 @@
 """Plain NumPy reference for the ``quant`` kernels (numba_kernels/{cpu,cuda}/quant.py).
 
-Written independently of the kernels: vectorised uint64 splitmix64, codes
-placed into bytes with explicit bit arithmetic (no np.packbits), one group
-at a time. Also builds test messages (rows in group order, zero points and
+Written independently of the kernels: vectorised uint64 splitmix64 and
+uint32 'lowbias32' on whole arrays, the rounding written as
+``clamp(floor(t) + [u < t - floor(t)])`` (the kernels clamp first and
+truncate), ``h - z`` always in float64 then rounded to float32 (the CPU kernel
+subtracts float32 inputs in float32), codes placed into bytes with explicit
+bit arithmetic (no np.packbits), one group at a time. Also builds test messages (rows in group order, zero points and
 scales from the row ranges).
 """
 from __future__ import annotations
@@ -10,6 +13,7 @@ from __future__ import annotations
 import numpy as np
 
 U64 = np.uint64
+U32 = np.uint32
 GOLDEN = U64(0x9E3779B97F4A7C15)
 M1 = U64(0xBF58476D1CE4E5B9)
 M2 = U64(0x94D049BB133111EB)
@@ -24,12 +28,29 @@ def splitmix64(x):
     return z ^ (z >> U64(31))
 
 
+def lowbias32(v):
+    """The 'lowbias32' finaliser on a uint32 array (products wrap modulo 2**32)."""
+    v = np.asarray(v, dtype=np.uint32)
+    with np.errstate(over="ignore"):
+        v = v ^ (v >> U32(16))
+        v = v * U32(0x7FEB352D)
+        v = v ^ (v >> U32(15))
+        v = v * U32(0x846CA68B)
+        return v ^ (v >> U32(16))
+
+
 def uniform(key, ids, D):
-    """float64[m, D]: ``u(key, ids[r], j)`` = (mix(mix(mix(0, key), id), j) >> 11) / 2**53."""
+    """float32[m, D]: ``u(key, ids[r], j)`` = lowbias32(rh ^ (j * 0x9E3779B9 mod 2**32)) >> 8, over 2**24.
+
+    ``rh`` = low 32 bits of splitmix64(splitmix64(key) ^ id).
+    """
     kh = splitmix64(U64(int(key) % (1 << 64)))
-    row = splitmix64(kh ^ np.asarray(ids, dtype=np.int64).astype(np.uint64))
-    h = splitmix64(row[:, None] ^ np.arange(D, dtype=np.uint64)[None, :])
-    return (h >> U64(11)).astype(np.float64) / 2.0 ** 53
+    rh = (splitmix64(kh ^ np.asarray(ids, dtype=np.int64).astype(np.uint64)) & U64(0xFFFFFFFF)).astype(np.uint32)
+    jg = ((np.arange(D, dtype=np.uint64) * U64(0x9E3779B9)) % U64(1 << 32)).astype(np.uint32)
+    bits24 = lowbias32(rh[:, None] ^ jg[None, :]) >> U32(8)
+    u = bits24.astype(np.float32) * np.float32(2.0 ** -24)
+    assert u.dtype == np.float32 and (u < 1).all()
+    return u
 
 
 def layout(group_start, D):
@@ -40,17 +61,26 @@ def layout(group_start, D):
 
 
 def quantize(x, rows, zero, scale, ids, key, group_start):
-    """int64[m, D] codes (before packing)."""
+    """int64[m, D] codes (before packing).
+
+    ``t = float32(h - z) * float32(1 / s)`` in float32 (``h - z`` computed in float64),
+    ``q = clip(floor(t) + (u < t - floor(t)), 0, 2**b - 1)``, NaN -> 0;
+    rows with ``s`` 0, negative or NaN -> 0.
+    """
     D = x.shape[1]
     m = rows.shape[0]
     bits = np.repeat([1, 2, 4, 8], np.diff(group_start))
     h = x[rows].astype(np.float64)
     z = zero.astype(np.float64)[:, None]
-    s = scale.astype(np.float64)[:, None]
-    u = uniform(key, ids, D)
-    with np.errstate(invalid="ignore", divide="ignore"):
-        y = np.floor((h - z) / s + u)
-        y = np.where(np.isnan(y), 0.0, y)
+    with np.errstate(invalid="ignore", divide="ignore", over="ignore"):
+        d = (h - z).astype(np.float32)
+        inv = (np.float32(1) / scale.astype(np.float32))[:, None]
+        t = d * inv
+        assert t.dtype == np.float32
+        f = np.floor(t)
+        up = uniform(key, ids, D) < (t - f)  # False for NaN and +-Inf
+        y = f + up.astype(np.float32)
+        y = np.where(np.isnan(y), np.float32(0), y)
         q = np.clip(y, 0, ((1 << bits) - 1)[:, None]).astype(np.int64)
     q[~(scale > 0)] = 0
     assert q.shape == (m, D)

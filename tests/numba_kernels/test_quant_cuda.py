@@ -1,11 +1,14 @@
 """CUDA twin of the quant kernels under the numba CUDA simulator.
 
 Runs ``_quant_cudasim_check.py`` in a subprocess with ``NUMBA_ENABLE_CUDASIM=1``
-(tiny messages, both dtypes, every bit width, forced grid-stride loops): codes
-byte-identical to the CPU twin and the NumPy reference, dequantised values
-equal to the CPU twin to 1e-6, row ranges (NaN/Inf rows included) equal.
+(tiny messages, both dtypes, every bit width, forced grid-stride loops,
+NaN/Inf values in rows with a finite scale, negative scales, grid values):
+codes byte-identical to the CPU twin and the NumPy reference, dequantised
+values equal to the CPU twin to 1e-6, row ranges (NaN/Inf rows included) equal.
 A second test compiles the kernels to PTX with libNVVM (no GPU needed; skipped
-without libNVVM), which catches numba-cuda typing errors the simulator cannot.
+without libNVVM), which catches numba-cuda typing errors the simulator cannot,
+and checks that the pack kernel's float arithmetic is all ``.rn`` (never
+contracted into an FMA), which byte identity on a real GPU relies on.
 """
 from __future__ import annotations
 
