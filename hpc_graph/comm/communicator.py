@@ -66,6 +66,8 @@ _REDUCE_OPS = ("sum", "prod", "max", "min", "mean")
 _TAG_EXCHANGE = 1000
 _TAG_ALLTOALLV = 3000
 _TAG_SPAN = 1000  # chunk c of a message uses tag base + c % _TAG_SPAN
+_TAG_CHANNELS = 10000  # exchange channel k >= 1 uses tag base _TAG_CHANNELS + (k - 1) * _TAG_SPAN
+MAX_CHANNEL = 16
 
 
 def _chunk_ranges(total: int, limit: int) -> list[tuple[int, int]]:
@@ -496,12 +498,20 @@ class Communicator(ABC):
 
     def exchange_start(self, sends: dict[int, torch.Tensor],
                        recv_specs: dict[int, tuple[tuple[int, ...], torch.dtype]], *,
-                       device: torch.device | str | None = None) -> Request:
+                       device: torch.device | str | None = None, channel: int = 0) -> Request:
         """Start :meth:`exchange` and return a :class:`Request`; ``request.wait()`` gives the dict.
+
+        ``channel`` (0..``MAX_CHANNEL``) separates independent streams of messages between the
+        same ranks: within a channel, messages from one peer are received in the order they were
+        sent; a send may be posted long before the matching receive (e.g. sends of one call and
+        receives of a later one), as long as both sides post in the same order per channel.
 
         Sends are posted from copies only where needed (non-contiguous or staged
         tensors); otherwise the caller must not modify ``sends`` before ``wait()``.
         """
+        if isinstance(channel, bool) or not isinstance(channel, int) or not 0 <= channel <= MAX_CHANNEL:
+            raise ValueError(f"exchange: channel must be an integer in [0, {MAX_CHANNEL}], got {channel!r}")
+        tag = _TAG_EXCHANGE if channel == 0 else _TAG_CHANNELS + (channel - 1) * _TAG_SPAN
         with self._timed("exchange"), torch.no_grad():
             sends = {self._check_peer(p, "exchange sends"): t for p, t in sends.items()}
             specs = {self._check_peer(p, "exchange recv_specs"): self._check_spec(p, spec)
@@ -532,7 +542,7 @@ class Communicator(ABC):
                 buf = out if comm_dev == dev else torch.empty(shape, dtype=dtype, device=comm_dev)
                 if buf is not out:
                     staged.append((out, buf))
-                handles += self._post_chunks(self._irecv, _byte_view(buf), p, _TAG_EXCHANGE)
+                handles += self._post_chunks(self._irecv, _byte_view(buf), p, tag)
             for cuda_dev in {t.device for t in sends.values() if t.is_cuda}:
                 self._sync(cuda_dev)
             keep: list[torch.Tensor] = []
@@ -545,7 +555,7 @@ class Communicator(ABC):
                     src = src.contiguous().to(target)
                 keep.append(src)
                 buf = _byte_view(src)
-                handles += self._post_chunks(self._isend, buf, p, _TAG_EXCHANGE)
+                handles += self._post_chunks(self._isend, buf, p, tag)
                 self._count("exchange", buf.numel())
             deadline = 0.0
             if self.link is not None:

@@ -1,6 +1,6 @@
 """Training configuration: dataclasses, YAML loading, ``key=value`` overrides and validation.
 
-A config file has up to six sections, each optional except ``data.path``::
+A config file has up to eight sections, each optional except ``data.path``::
 
     data:   {path: data/cora.h5, feature_norm: row, feature_layout: auto}
     engine: {name: single, prefetch: true}
@@ -8,6 +8,8 @@ A config file has up to six sections, each optional except ``data.path``::
     optim:  {name: adam, lr: 0.01, weight_decay: 5.0e-4}
     train:  {epochs: 200, seed: 0, eval_every: 1, run_dir: runs/cora-gcn}
     comm:   {link_bandwidth: 1Gb/s, link_latency: 50us}
+    sampler: {fanouts: [15, 10, 5], batch_size: 1024}   # engine minibatch
+    hec:    {mode: hec, size: 1000000, lifespan: 2, push_limit: 2000, delay: 1}
 
 Every field is checked (type, range, choice) and every error is one
 :class:`ConfigError` line naming the field, e.g.
@@ -24,7 +26,7 @@ from typing import Any, Iterable
 
 import yaml
 
-ENGINE_NAMES = ("auto", "single", "dp", "sar", "sylvie")
+ENGINE_NAMES = ("auto", "single", "dp", "sar", "sylvie", "minibatch")
 BIT_WIDTHS = (1, 2, 4, 8, 32)
 
 
@@ -53,6 +55,7 @@ _BOOL = {"kind": "bool"}
 _BITS = {"kind": "bits"}
 _BANDWIDTH = {"kind": "bandwidth"}
 _LATENCY = {"kind": "latency"}
+_FANOUTS = {"kind": "fanouts"}
 _PATH = {"kind": "path"}
 _OPT_PATH = {"kind": "path", "optional": True}
 
@@ -80,7 +83,8 @@ class EngineConfig:
     name: str = _field("auto", _choice(*ENGINE_NAMES),
                        "`single`: one process, whole graph; `dp`: halo exchange; `sar`: sequential aggregation "
                        "and rematerialisation; `sylvie`: halo exchange with low-bit quantised messages and an "
-                       "optional stale pipeline. `auto`: `single` on one process with a dataset file, else `dp`.")
+                       "optional stale pipeline; `minibatch`: sampled mini-batches (sections `sampler`, `hec`). "
+                       "`auto`: `single` on one process with a dataset file, else `dp`.")
     prefetch: bool = _field(True, _BOOL, "`sar` only: fetch the next remote block while aggregating the "
                                          "current one (more memory, less waiting).")
     bits: Any = _field("auto", _only(_BITS, "sylvie"),
@@ -171,6 +175,37 @@ class CommConfig:
 
 
 @dataclasses.dataclass
+class SamplerConfig:
+    """Neighbour sampling for engine `minibatch` (docs/minibatch.md)."""
+    fanouts: Any = _field((15, 10, 5), _only(_FANOUTS, "minibatch"),
+                          "Neighbours sampled per node at each hop, seed hop first (PyG's order: `[15, 10, 5]` "
+                          "gives each seed 15 neighbours, and the input layer's nodes 5); -1 takes all. One "
+                          "entry per model layer.")
+    batch_size: int = _field(1024, _only(_int(1), "minibatch"), "Seed (training) nodes per rank per iteration.")
+    feature_cache: int = _field(0, _only(_int(0), "minibatch"),
+                                "Remote nodes whose input features each rank caches at start-up (the "
+                                "highest-degree halo nodes); the rest are fetched when a batch needs them.")
+
+
+@dataclasses.dataclass
+class HecConfig:
+    """Remote neighbours in engine `minibatch`, and DistGNN-MB's historical embedding cache."""
+    mode: str = _field("hec", _only(_choice("exact", "drop", "hec"), "minibatch"),
+                       "`exact`: remote neighbours are sampled by their owners and their features fetched, "
+                       "every layer exact (DistDGL-like); `drop`: remote neighbours are left out; `hec`: "
+                       "their embeddings come from the historical embedding cache filled by asynchronous "
+                       "pushes (a miss leaves the neighbour out; input features are always fetched exactly).")
+    size: int = _field(1_000_000, _only(_int(1), "minibatch"), "`hec`: cache lines per layer.")
+    lifespan: int = _field(2, _only(_int(0), "minibatch"),
+                           "`hec`: iterations an embedding may be served after it arrived.")
+    push_limit: int = _field(2000, _only(_int(0), "minibatch"),
+                             "`hec`: most embeddings pushed to each peer per layer and iteration (chosen at "
+                             "random, weighted by degree).")
+    delay: int = _field(1, _only(_int(1), "minibatch"),
+                        "`hec`: iterations a push travels: pushed at iteration k, stored at k + delay.")
+
+
+@dataclasses.dataclass
 class Config:
     """The whole training configuration."""
     data: DataConfig = dataclasses.field(default_factory=DataConfig)
@@ -179,10 +214,13 @@ class Config:
     optim: OptimConfig = dataclasses.field(default_factory=OptimConfig)
     train: TrainConfig = dataclasses.field(default_factory=TrainConfig)
     comm: CommConfig = dataclasses.field(default_factory=CommConfig)
+    sampler: SamplerConfig = dataclasses.field(default_factory=SamplerConfig)
+    hec: HecConfig = dataclasses.field(default_factory=HecConfig)
 
 
 SECTIONS: dict[str, type] = {"data": DataConfig, "engine": EngineConfig, "model": ModelConfig,
-                             "optim": OptimConfig, "train": TrainConfig, "comm": CommConfig}
+                             "optim": OptimConfig, "train": TrainConfig, "comm": CommConfig,
+                             "sampler": SamplerConfig, "hec": HecConfig}
 
 
 # -- validation ----------------------------------------------------------------------------------
@@ -244,6 +282,12 @@ def _check_value(where: str, value: Any, spec: dict) -> Any:
         if text is not None and text.isdigit() and int(text) in BIT_WIDTHS:
             return int(text)
         raise ConfigError(f"{where}: must be one of 'auto', {', '.join(map(str, BIT_WIDTHS))}, got {value!r}")
+    if kind == "fanouts":
+        items = list(value) if isinstance(value, (list, tuple)) else None
+        if not items or any(isinstance(v, bool) or not isinstance(v, int) or (v < 1 and v != -1) for v in items):
+            raise ConfigError(f"{where}: must be a non-empty list of positive integers (or -1 for all "
+                              f"neighbours), got {value!r}")
+        return tuple(items)
     if kind in ("bandwidth", "latency"):
         from hpc_graph.comm.link import parse_bandwidth, parse_latency
 
@@ -299,11 +343,15 @@ def config_from_dict(raw: Any) -> Config:
 def _check_engine_fields(config: Config) -> None:
     """A field that only some engines use must keep its default under any other engine."""
     name = config.engine.name
-    for f in dataclasses.fields(EngineConfig):
-        engines = f.metadata.get("engines")
-        if engines and name not in engines and getattr(config.engine, f.name) != f.default:
-            raise ConfigError(f"engine.{f.name}: only used by engine {' or '.join(map(repr, engines))}, "
-                              f"but engine.name is {name!r}")
+    for section, cls in SECTIONS.items():
+        for f in dataclasses.fields(cls):
+            engines = f.metadata.get("engines")
+            if engines and name not in engines and getattr(getattr(config, section), f.name) != f.default:
+                raise ConfigError(f"{section}.{f.name}: only used by engine {' or '.join(map(repr, engines))}, "
+                                  f"but engine.name is {name!r}")
+    if name == "minibatch" and len(config.sampler.fanouts) != config.model.num_layers:
+        raise ConfigError(f"sampler.fanouts: one fan-out per model layer is needed ({config.model.num_layers} "
+                          f"for model.num_layers), got {list(config.sampler.fanouts)}")
 
 
 def validate_config(config: Config) -> Config:
@@ -382,8 +430,8 @@ _DOC_HEADER = """\
      (tests/train/test_config_doc.py checks that they agree). -->
 # Training configuration reference
 
-`hpc-graph train --config CFG.yaml` reads a YAML file with up to six sections,
-`data`, `engine`, `model`, `optim`, `train` and `comm`; every key is optional except
+`hpc-graph train --config CFG.yaml` reads a YAML file with up to eight sections,
+`data`, `engine`, `model`, `optim`, `train`, `comm`, `sampler` and `hec`; every key is optional except
 `data.path`. `--set SECTION.KEY=VALUE` (repeatable) overrides one field, the
 value parsed as YAML (`--set model.hidden=64 --set train.progress=false`).
 Relative paths are relative to the current directory.
@@ -437,7 +485,8 @@ check how a job goes down.
 def _type_name(spec: dict) -> str:
     return {"int": "integer", "float": "number", "bool": "boolean", "choice": "string",
             "path": "path", "bits": "integer or string", "bandwidth": "number, string or null",
-            "latency": "number or string"}[spec["kind"]] + (" or null" if spec.get("optional") else "")
+            "latency": "number or string", "fanouts": "list of integers"}[spec["kind"]] + \
+        (" or null" if spec.get("optional") else "")
 
 
 def _allowed(spec: dict) -> str:
@@ -448,6 +497,8 @@ def _allowed(spec: dict) -> str:
         return "`auto`, " + ", ".join(f"`{b}`" for b in BIT_WIDTHS)
     if kind == "bandwidth":
         return ">= 0 bits/s, or with a unit"
+    if kind == "fanouts":
+        return "each >= 1, or -1"
     if kind == "latency":
         return ">= 0 s, or with a unit"
     if kind == "bool":

@@ -202,8 +202,8 @@ class Trainer:
             if self.rank == 0:
                 log.info("trainer: modelled network link %s", link.describe())
         from hpc_graph.engines import engine_class
-        engine_options = {k: getattr(config.engine, k) for k in engine_class(self.engine_name).OPTIONS
-                          if hasattr(config.engine, k)}
+        engine_options = {k: getattr(section, k) for section in (config.engine, config.sampler, config.hec)
+                          for k in engine_class(self.engine_name).OPTIONS if hasattr(section, k)}
         engine_options["seed"] = tc.seed
         self.engine: Engine = create_engine(self.engine_name, config.data.path, comm, self.device, self.dtype,
                                             engine_options)
@@ -375,13 +375,14 @@ class Trainer:
 
     # -- functional API -----------------------------------------------------------------------
     def step(self) -> float:
-        """One full-batch training step; returns the global training loss (mean CE over all train nodes).
+        """One epoch: a full-batch step, or every mini-batch iteration of a sampling engine.
 
-        The gradient all-reduce also carries this rank's stop request (a signal) and whether its loss
-        and gradients are finite, so every rank learns both without another collective.
+        Returns the global training loss (mean CE over all training nodes of the epoch, or the mean
+        over iterations of each iteration's global mean). The gradient all-reduce of every step also
+        carries this rank's stop request (a signal) and whether its loss and gradients are finite, so
+        every rank learns both without another collective.
         """
         self.model.train()
-        self.optimizer.zero_grad(set_to_none=False)
         epoch = self.epoch + 1
         t_start = time.perf_counter()
         self.engine.begin_epoch(epoch)
@@ -389,11 +390,43 @@ class Trainer:
         fail = fail if fail is not None and fail.rank == self.rank and fail.epoch == epoch else None
         if fail is not None and fail.kind != "nan":
             self._inject(fail)
-        logits = self.model(self.graph, self.feat)
-        idx = self.train_idx
-        loss = F.cross_entropy(logits[idx], self.label[idx], reduction="sum") / self.num_train
-        if fail is not None:  # kind "nan"
-            loss = loss * float("nan")
+        if getattr(self.engine, "kind", "full") == "minibatch":
+            loss, ok = self._minibatch_epoch(epoch, fail)
+        else:
+            self.optimizer.zero_grad(set_to_none=False)
+            logits = self.model(self.graph, self.feat)
+            idx = self.train_idx
+            loss_t = F.cross_entropy(logits[idx], self.label[idx], reduction="sum") / self.num_train
+            if fail is not None:  # kind "nan"
+                loss_t = loss_t * float("nan")
+            loss, ok = self._apply_gradients(loss_t, epoch)
+        if self.scheduler is not None:
+            self.scheduler.step()
+        self.epoch = epoch
+        self.engine.end_epoch(epoch, loss if ok else float("nan"), time.perf_counter() - t_start)
+        return loss
+
+    def _minibatch_epoch(self, epoch: int, fail: _DebugFailure | None) -> tuple[float, bool]:
+        """Every iteration of a sampling engine's epoch (the same number on every rank)."""
+        eng = self.engine
+        iters = eng.iterations(epoch)
+        _, global_sizes = eng.batch_sizes(epoch, iters)
+        losses, ok = [], True
+        for it in range(iters):
+            self.optimizer.zero_grad(set_to_none=False)
+            batch = eng.batch(epoch, it)
+            logits = self.model(batch.graph, batch.feat)
+            loss_t = F.cross_entropy(logits, batch.label, reduction="sum") / max(global_sizes[it], 1.0)
+            if fail is not None and it == 0:  # kind "nan"
+                loss_t = loss_t * float("nan")
+            value, step_ok = self._apply_gradients(loss_t, epoch, f"iteration {it + 1} of ")
+            losses.append(value)
+            ok = ok and step_ok
+        return (statistics.fmean(losses) if losses else float("nan")), ok
+
+    def _apply_gradients(self, loss: torch.Tensor, epoch: int, where: str = "") -> tuple[float, bool]:
+        """Backward, one bucketed all-reduce of gradients and flags, optimiser step (or the
+        ``on_nonfinite`` policy); returns the global loss and whether it was finite everywhere."""
         loss.backward()
         for p in self.params:
             if p.grad is None:
@@ -417,19 +450,14 @@ class Trainer:
         if bad_loss or bad_grad:
             # a NaN born on one rank reaches the others' gradients through the halo exchange: name its source
             what, ranks = ("loss", bad_loss) if bad_loss else ("gradient", bad_grad)
-            what = (f"non-finite {what} in epoch {epoch} on rank{'s' if len(ranks) > 1 else ''} "
+            what = (f"non-finite {what} in {where}epoch {epoch} on rank{'s' if len(ranks) > 1 else ''} "
                     f"{', '.join(map(str, ranks))}")
             if self.config.train.on_nonfinite == "stop":
                 raise _agreed(NonFiniteLossError(f"{what} (train.on_nonfinite: stop; try a lower optim.lr)"))
             log.warning("%s: optimiser step skipped on every rank (train.on_nonfinite: skip)", what)
-        else:
-            self.optimizer.step()
-        if self.scheduler is not None:
-            self.scheduler.step()
-        self.epoch = epoch
-        global_loss = float(flags[0]) if not (bad_loss or bad_grad) else float("nan")
-        self.engine.end_epoch(epoch, global_loss, time.perf_counter() - t_start)
-        return float(flags[0])
+            return float(flags[0]), False
+        self.optimizer.step()
+        return float(flags[0]), True
 
     def _inject(self, fail: _DebugFailure) -> None:
         """Fail as ``HPC_GRAPH_DEBUG_FAIL`` asks (kinds ``exception`` and ``exit``)."""

@@ -22,7 +22,7 @@ def test_defaults_and_round_trip(tmp_path):
     assert (cfg.model.name, cfg.model.hidden, cfg.model.num_layers) == ("gcn", 16, 2)
     assert cfg.optim.name == "adam" and cfg.train.epochs == 200 and cfg.train.run_dir is None
     d = config_to_dict(cfg)
-    assert set(d) == {"data", "engine", "model", "optim", "train", "comm"}
+    assert set(d) == {"data", "engine", "model", "optim", "train", "comm", "sampler", "hec"}
     assert cfg.comm.link_bandwidth is None and cfg.engine.bits == "auto" and cfg.engine.pipeline == "off"
     assert config_from_dict(d) == cfg
     assert validate_config(cfg) == cfg
@@ -70,7 +70,7 @@ BAD = [
     ({"data": {"path": ""}}, "data.path: must be a non-empty path string"),
     ({"data": {"path": 3}}, "data.path: must be a non-empty path string, got 3"),
     ({"data": {"feature_norm": "row"}, "drop_data_path": True}, "data.path: required"),
-    ({"engine": {"name": "ddp"}}, "engine.name: must be one of 'auto', 'single', 'dp', 'sar', 'sylvie', got 'ddp'"),
+    ({"engine": {"name": "ddp"}}, "engine.name: must be one of 'auto', 'single', 'dp', 'sar', 'sylvie', 'minibatch', got 'ddp'"),
     ({"engine": {"name": "sylvie", "bits": 3}}, "engine.bits: must be one of 'auto', 1, 2, 4, 8, 32, got 3"),
     ({"engine": {"name": "sylvie", "bits": "16"}}, "engine.bits: must be one of 'auto', 1, 2, 4, 8, 32, got '16'"),
     ({"engine": {"name": "sylvie", "bits": True}}, "engine.bits: must be one of 'auto', 1, 2, 4, 8, 32, got True"),

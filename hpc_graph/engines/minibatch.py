@@ -1,0 +1,584 @@
+"""``minibatch`` engine: sampled mini-batch training on a partitioned graph (DistGNN-MB).
+
+Each rank trains on its own partition's training nodes: per iteration it takes
+``sampler.batch_size`` seeds, samples a block per model layer outwards from
+them (:mod:`numba_kernels.cpu.sample`: uniform without replacement, keyed by
+(seed, epoch, layer, node id), so a node's sample does not depend on the
+rank, the thread count or the partitioning), and runs the model on the
+blocks (:class:`~hpc_graph.graph.block.BlockStack`). Every rank runs the same
+number of iterations per epoch (the smallest, agreed by an all-reduce); the
+trainer normalises each iteration's loss by the global batch and all-reduces
+the gradients. Validation and test accuracy come from exact full-neighbour,
+layer-wise inference over the halo exchange (``engine.graph`` is the ``dp``
+graph of the partition).
+
+Remote neighbours (``hec.mode``), i.e. sampled neighbours owned by another rank:
+
+* ``exact``: their in-edges are sampled by their owners (one ``alltoallv`` per
+  hop; the same key gives the same sample as locally) and every input feature
+  is fetched from its owner (:class:`~hpc_graph.store.FeatureStore`). Each
+  batch is computed exactly as one process holding the whole graph would
+  (DistDGL-like); the reference for accuracy.
+* ``drop``: they are left out of every block (local-only training).
+* ``hec``: DistGNN-MB. Their input features (layer 0) are fetched exactly;
+  their embeddings at inner layer ``l`` come from the rank's historical
+  embedding cache for ``l`` (:class:`~hpc_graph.store.HistoricalEmbeddingCache`),
+  and a miss leaves the neighbour out of that block (mean aggregation is then
+  over the neighbours that remain; sums are rescaled by the node's degree over
+  their number). The caches are filled by asynchronous embedding push: when
+  layer ``l``'s input rows of a rank's own nodes are computed, those nodes
+  that are halo nodes of peer q (the partition's send lists) are pushed to q,
+  at most ``hec.push_limit`` per peer and layer, drawn at random weighted by
+  degree. A push made at iteration k is stored at k + ``hec.delay``; the last
+  ``delay`` iterations of an epoch push nothing, and each epoch starts with
+  empty caches, so an epoch boundary (a checkpoint) has nothing in flight.
+
+Per-epoch ``engine_stats``: iterations, per-layer HEC hit rate and age
+histogram, pushed rows, sampled edges, bytes by operation (feature fetch,
+remote sampling, pushes) and the seconds spent sampling, fetching and pushing.
+"""
+from __future__ import annotations
+
+import dataclasses
+import logging
+import math
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from hpc_graph.engines.base import Engine
+from hpc_graph.graph.block import Block, BlockStack
+from hpc_graph.graph.dist_graph import DistGraph, load_dist_graph, partition_tensors
+from hpc_graph.graph.halo_graph import HaloGraph
+from hpc_graph.ops.csr import CSR
+from hpc_graph.store.feature_store import FeatureStore
+from hpc_graph.store.hec import HistoricalEmbeddingCache
+
+log = logging.getLogger(__name__)
+
+MODES = ("exact", "drop", "hec")
+_MASK64 = (1 << 64) - 1
+# pushes of inner layer l travel on exchange channels 2l - 1 (row counts) and 2l (ids and rows)
+
+
+def _splitmix64(x: int) -> int:
+    x = (x + 0x9E3779B97F4A7C15) & _MASK64
+    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
+    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & _MASK64
+    return x ^ (x >> 31)
+
+
+def _key(*parts: int) -> int:
+    h = 0x5A17_B10C
+    for v in parts:
+        h = _splitmix64(h ^ (int(v) & _MASK64))
+    return h
+
+
+@dataclasses.dataclass
+class Batch:
+    """One iteration's input: ``graph`` (the blocks), ``feat`` float[sources of block 0, F],
+    ``label`` int64[seeds], ``seeds`` int64[seeds] (local ids of the rank's training nodes)."""
+
+    graph: BlockStack
+    feat: torch.Tensor
+    label: torch.Tensor
+    seeds: torch.Tensor
+
+
+class _Push:
+    """One layer's push of one iteration, in flight: counts, then rows."""
+
+    def __init__(self, sends: Any, counts: Any, iteration: int):
+        self.sends, self.counts, self.iteration = sends, counts, iteration
+
+
+class MinibatchEngine(Engine):
+    """Sampled mini-batch engine (module docstring). ``source``: a partition directory, or a dataset file
+    on one process.
+
+    Options: ``fanouts`` (seed hop first), ``batch_size``, ``feature_cache``, ``mode``, ``size``,
+    ``lifespan``, ``push_limit``, ``delay``, ``seed``.
+    """
+
+    name = "minibatch"
+    kind = "minibatch"
+    OPTIONS = Engine.OPTIONS | frozenset({"fanouts", "batch_size", "feature_cache", "mode", "size", "lifespan",
+                                          "push_limit", "delay"})
+
+    def __init__(self, source: str, comm: Any, device: torch.device, dtype: torch.dtype,
+                 options: dict[str, Any] | None = None):
+        super().__init__(source, comm, device, dtype, options)
+        o = self.options
+        fanouts = o.get("fanouts", (15, 10, 5))
+        if (not isinstance(fanouts, (list, tuple)) or not fanouts
+                or any(isinstance(f, bool) or not isinstance(f, int) or (f < 1 and f != -1) for f in fanouts)):
+            raise ValueError(f"sampler.fanouts: must be a non-empty list of positive integers (or -1), got {fanouts!r}")
+        self.fanouts = tuple(int(f) for f in fanouts)
+        for name, lo in (("batch_size", 1), ("feature_cache", 0), ("size", 1), ("lifespan", 0), ("push_limit", 0),
+                         ("delay", 1)):
+            v = o.get(name, {"batch_size": 1024, "feature_cache": 0, "size": 1_000_000, "lifespan": 2,
+                             "push_limit": 2000, "delay": 1}[name])
+            if isinstance(v, bool) or not isinstance(v, int) or v < lo:
+                section = "sampler" if name in ("batch_size", "feature_cache") else "hec"
+                raise ValueError(f"{section}.{name}: must be an integer >= {lo}, got {v!r}")
+            setattr(self, name, int(v))
+        self.mode = o.get("mode", "hec")
+        if self.mode not in MODES:
+            raise ValueError(f"hec.mode: must be one of {', '.join(MODES)}, got {self.mode!r}")
+        self.seed = int(o.get("seed", 0))
+        if device.type != "cpu":
+            raise ValueError("engine 'minibatch': the sampler runs on the CPU; use train.device cpu")
+
+        if Path(self.source).is_file():
+            if int(comm.size) != 1:
+                raise ValueError(f"data.path: engine 'minibatch' on {comm.size} ranks needs a partition "
+                                 f"directory, {self.source} is a dataset file")
+            dg, data = _whole_dataset(self.source, self.device, dtype)
+        else:
+            dg, part = load_dist_graph(self.source, comm, self.device, dtype)
+            data = partition_tensors(part, self.device, dtype, self.source)
+            del part
+        self.dg = dg
+        self.graph = HaloGraph(dg, comm)  # evaluation: exact, full neighbourhoods
+        self.feat, self.label, self.masks = data["feat"], data["label"], data["masks"]
+        self.num_classes, self.num_features = data["num_classes"], data["num_features"]
+        self.first, self.num_owned = dg.first_gid, dg.num_owned
+        self._build_sampling_csr()
+        self.owned_degree = dg.in_degree.to(torch.int64)
+        self.halo_degree = self._halo_degrees()
+        self.store = FeatureStore(self.feat, self.owned_degree, dg.node_ranges, comm)
+        if self.feature_cache and self.mode != "drop":
+            top = torch.argsort(self.halo_degree, descending=True)[:self.feature_cache]
+            self.store.cache(dg.halo_gid[top])
+        self.train_idx = (self.masks["train"] & (self.label >= 0)).nonzero().squeeze(1)
+        self.push_peers = sorted(q for q in dg.send_lid)  # ranks that hold some of my nodes as halo
+        self.pull_peers = sorted(q for q in dg.recv_count)  # ranks whose nodes I hold as halo
+        # send-list membership per peer: owned local id -> bool
+        self._is_halo_on = {q: torch.zeros(self.num_owned, dtype=torch.bool) for q in self.push_peers}
+        for q in self.push_peers:
+            self._is_halo_on[q][dg.send_lid[q]] = True
+        self.caches: dict[int, HistoricalEmbeddingCache] = {}
+        self._pending: dict[int, list[_Push]] = {}
+        self._width: dict[int, int] = {}
+        self._iteration = 0
+        self._stats_reset()
+        self.reset_stats()
+
+    # -- set-up -------------------------------------------------------------------------------------
+    def _build_sampling_csr(self) -> None:
+        """Owned rows' in-neighbours as global ids, each row sorted (the sampler's canonical order)."""
+        g = self.dg.local
+        indptr = g.indptr.cpu().numpy().astype(np.int64)
+        gid = self.dg.local_gid.cpu().numpy()[g.indices.cpu().numpy()]
+        rows = np.repeat(np.arange(self.dg.num_owned, dtype=np.int64), np.diff(indptr))
+        order = np.lexsort((gid, rows))
+        self.s_indptr, self.s_nbrs = indptr, np.ascontiguousarray(gid[order])
+
+    def _halo_degrees(self) -> torch.Tensor:
+        """Global in-degrees of the halo nodes (one exchange with the owners)."""
+        dg = self.dg
+        got = self.comm.exchange({q: self.owned_degree[lid].contiguous() for q, lid in dg.send_lid.items()},
+                                 {q: ((c,), torch.int64) for q, c in dg.recv_count.items()})
+        parts = [got[q] for q in sorted(dg.recv_count)]
+        return torch.cat(parts) if parts else torch.zeros(0, dtype=torch.int64)
+
+    # -- statistics ---------------------------------------------------------------------------------
+    def _stats_reset(self) -> None:
+        L = len(self.fanouts)
+        self._s = {"iterations": 0, "seeds": 0, "sampled_edges": 0, "sample_seconds": 0.0, "fetch_seconds": 0.0,
+                   "push_seconds": 0.0, "bytes": {"fetch": 0, "sample": 0, "push": 0},
+                   "hec_lookups": [0] * L, "hec_hits": [0] * L, "hec_age": {}, "pushed_rows": [0] * L,
+                   "dropped_edges": 0, "hec_evictions": 0}
+
+    def reset_stats(self) -> None:
+        super().reset_stats()
+        if hasattr(self, "fanouts"):
+            self._stats_reset()
+
+    def stats(self) -> dict[str, Any]:
+        out: dict[str, Any] = dict(super().stats())
+        s = self._s
+        out.update({k: s[k] for k in ("iterations", "seeds", "sampled_edges", "sample_seconds", "fetch_seconds",
+                                      "push_seconds", "dropped_edges")})
+        out["bytes_by_op"] = dict(s["bytes"])
+        if self.mode == "hec":
+            out["hec_hit_rate"] = [h / n if n else None for h, n in zip(s["hec_hits"], s["hec_lookups"])]
+            out["hec_lookups"] = list(s["hec_lookups"])
+            out["hec_age"] = {str(a): c for a, c in sorted(s["hec_age"].items())}
+            out["pushed_rows"] = list(s["pushed_rows"])
+            out["hec_evictions"] = sum(c.evictions for c in self.caches.values())
+        return out
+
+    # -- epochs and iterations ----------------------------------------------------------------------
+    def iterations(self, epoch: int) -> int:
+        """Iterations of every rank in ``epoch``: the smallest ``ceil(train nodes / batch_size)`` (collective)."""
+        mine = torch.tensor([math.ceil(self.train_idx.numel() / self.batch_size)], dtype=torch.float64)
+        if self.comm.size > 1:
+            self.comm.allreduce_(mine, "min")
+        return int(mine.item())
+
+    def _order(self, epoch: int) -> torch.Tensor:
+        gen = torch.Generator().manual_seed(_key(self.seed, epoch, self.comm.rank) & (2**63 - 1))
+        return self.train_idx[torch.randperm(self.train_idx.numel(), generator=gen)]
+
+    def batch_sizes(self, epoch: int, iterations: int) -> tuple[list[int], list[float]]:
+        """This rank's seeds per iteration and the global (all-reduced) batch of every iteration."""
+        n = self.train_idx.numel()
+        mine = [max(0, min(self.batch_size, n - it * self.batch_size)) for it in range(iterations)]
+        total = torch.tensor(mine, dtype=torch.float64)
+        if self.comm.size > 1 and iterations:
+            self.comm.allreduce_(total)
+        return mine, total.tolist()
+
+    def begin_epoch(self, epoch: int) -> None:
+        self._epoch = int(epoch)
+        self._seeds = self._order(epoch)
+        self._iters = self.iterations(epoch)
+        self._iteration = 0
+        for cache in self.caches.values():
+            cache.clear()
+
+    def end_epoch(self, epoch: int, loss: float, seconds: float) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Complete every push still in flight (there is none at an epoch's end by construction)."""
+        for layer in list(self._pending):
+            for push in self._pending.pop(layer):
+                self._receive(layer, push, store=False)
+
+    # -- one iteration ------------------------------------------------------------------------------
+    def batch(self, epoch: int, iteration: int) -> Batch:
+        """Sample iteration ``iteration`` of ``epoch`` (collective in modes ``exact`` and ``hec``)."""
+        if getattr(self, "_epoch", None) != epoch:
+            self.begin_epoch(epoch)
+        self._iteration = iteration
+        s = self._s
+        s["iterations"] += 1
+        if self.mode == "hec":
+            self._arrive(iteration)
+        seeds = self._seeds[iteration * self.batch_size:(iteration + 1) * self.batch_size]
+        s["seeds"] += int(seeds.numel())
+        t0 = time.perf_counter()
+        fetch0 = s["fetch_seconds"]
+        blocks, feat = self._sample(seeds + self.first, epoch)
+        s["sample_seconds"] += time.perf_counter() - t0 - (s["fetch_seconds"] - fetch0)
+        return Batch(BlockStack(blocks), feat, self.label[seeds], seeds)
+
+    # -- sampling ----------------------------------------------------------------------------------
+    def _local_sample(self, gids: np.ndarray, fanout: int, key: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """``(counts, nbrs, degree)`` of owned nodes ``gids`` (neighbours as global ids, flat, per node)."""
+        from numba_kernels.cpu.sample import sample_neighbors, sample_width
+
+        if gids.size == 0:
+            return np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros(0, np.int64)
+        rows = gids - self.first
+        width = sample_width(self.s_indptr, rows, fanout)
+        counts = np.empty(rows.shape[0], dtype=np.int64)
+        slots = np.empty(rows.shape[0] * max(width, 1), dtype=np.int64)
+        sample_neighbors(self.s_indptr, self.s_nbrs, rows, gids, fanout, np.uint64(key), counts, slots)
+        keep = (np.arange(max(width, 1))[None, :] < counts[:, None]).reshape(-1)
+        deg = self.s_indptr[rows + 1] - self.s_indptr[rows]
+        return counts, slots[keep], deg
+
+    def _remote_sample(self, gids: np.ndarray, fanout: int, key: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Sample other ranks' nodes at their owners (collective: one alltoallv of ids, one of answers).
+
+        Each answer is ``[degree, count, neighbours...]`` per asked node, in the order asked.
+        """
+        comm, size = self.comm, int(self.comm.size)
+        owner = np.searchsorted(self.dg.node_ranges, gids, side="right") - 1
+        order = np.argsort(owner, kind="stable")
+        b0 = comm.bytes_sent
+        asked, asked_counts = comm.alltoallv(torch.from_numpy(gids[order]),
+                                             np.bincount(owner, minlength=size).astype(np.int64))
+        c, nbrs, deg = self._local_sample(asked.numpy(), fanout, key)
+        answer, sizes = _pack_answers(deg, c, nbrs, asked_counts)
+        got, _ = comm.alltoallv(torch.from_numpy(answer), sizes)
+        self._s["bytes"]["sample"] += int(comm.bytes_sent - b0)
+        d_o, c_o, n_o = _unpack_answers(got.numpy(), gids.size)
+        # back from "by owner" to the caller's order
+        out_c = np.empty(gids.size, np.int64)
+        out_d = np.empty(gids.size, np.int64)
+        out_c[order], out_d[order] = c_o, d_o
+        starts = np.concatenate([[0], np.cumsum(c_o)[:-1]]).astype(np.int64)
+        pieces = np.empty(gids.size, dtype=object)
+        for j, i in enumerate(order):
+            pieces[i] = n_o[starts[j]:starts[j] + c_o[j]]
+        flat = np.concatenate(list(pieces)) if gids.size else np.zeros(0, np.int64)
+        return out_c, flat.astype(np.int64), out_d
+
+    def _hop(self, dst: np.ndarray, fanout: int, key: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Sampled in-neighbours of every node of ``dst`` (``counts``, flat ``nbrs`` in dst order, degrees)."""
+        first, last = self.first, self.first + self.num_owned
+        if self.mode != "exact" or self.comm.size == 1:
+            return self._local_sample(dst, fanout, key)
+        mine = (dst >= first) & (dst < last)
+        lc, ln, ld = self._local_sample(dst[mine], fanout, key)
+        rc, rn, rd = self._remote_sample(dst[~mine], fanout, key)
+        counts = np.empty(dst.size, np.int64)
+        deg = np.empty(dst.size, np.int64)
+        counts[mine], counts[~mine], deg[mine], deg[~mine] = lc, rc, ld, rd
+        # merge the two flat lists back into dst order
+        nbrs = np.empty(int(counts.sum()), np.int64)
+        starts = np.concatenate([[0], np.cumsum(counts)[:-1]]).astype(np.int64)
+        for sel, flat, cnt in ((np.flatnonzero(mine), ln, lc), (np.flatnonzero(~mine), rn, rc)):
+            if sel.size:
+                pos = np.repeat(starts[sel] - np.concatenate([[0], np.cumsum(cnt)[:-1]]), cnt) + np.arange(cnt.sum())
+                nbrs[pos] = flat
+        return counts, nbrs, deg
+
+    def _sample(self, seed_gid: torch.Tensor, epoch: int) -> tuple[list[Block], torch.Tensor]:
+        """Blocks (input layer first) and the global ids of block 0's sources; feature fetch included."""
+        from numba_kernels.cpu.sample import unique_relabel
+
+        L = len(self.fanouts)
+        first, last = self.first, self.first + self.num_owned
+        dst = seed_gid.numpy().astype(np.int64)
+        degree: dict[str, np.ndarray] = {}
+        hops = []
+        for hop, fanout in enumerate(self.fanouts):
+            layer = L - 1 - hop
+            counts, nbrs, dst_deg = self._hop(dst, fanout, _key(self.seed, epoch, layer))
+            self._s["sampled_edges"] += int(nbrs.size)
+            remote = (nbrs < first) | (nbrs >= last)
+            keep = None
+            if self.mode == "drop":
+                keep = ~remote
+            elif self.mode == "hec" and layer > 0 and remote.any():
+                keep = np.ones(nbrs.size, dtype=bool)
+                keep[remote] = self._hec_hits(layer, nbrs[remote])
+            if keep is not None and not keep.all():
+                self._s["dropped_edges"] += int((~keep).sum())
+                counts = np.bincount(np.repeat(np.arange(dst.size), counts)[keep], minlength=dst.size).astype(np.int64)
+                nbrs = nbrs[keep]
+            src = np.empty(dst.size + nbrs.size, dtype=np.int64)
+            col = np.empty(nbrs.size, dtype=np.int64)
+            src = src[:unique_relabel(dst, nbrs, src, col)]
+            n_local = src.size
+            if self.mode != "exact":
+                # sources: destinations, then other owned nodes, then remote ones (served by the cache)
+                extra = src[dst.size:]
+                far = (extra < first) | (extra >= last)
+                perm = np.concatenate([np.arange(dst.size), dst.size + np.flatnonzero(~far),
+                                       dst.size + np.flatnonzero(far)])
+                inv = np.empty_like(perm)
+                inv[perm] = np.arange(perm.size)
+                src, col = src[perm], inv[col]
+                n_local = dst.size + int((~far).sum())
+            hops.append((layer, dst, dst_deg, counts, col, src, n_local))
+            degree[layer] = dst_deg
+            dst = src[:n_local]
+        inputs = dst  # sources of block 0 that the input layer reads (all of them but cached rows)
+        feat, in_deg = self._input_rows(hops[-1][5])
+        blocks_rev: list[Block] = []
+        next_deg = in_deg.numpy()  # degrees of block 0's sources
+        for layer, dst_, dst_deg, counts, col, src, n_local in reversed(hops):
+            if layer == 0:
+                src_deg = next_deg
+            else:
+                src_deg = np.empty(src.size, np.int64)
+                src_deg[:n_local] = prev_dst_deg
+                if src.size > n_local:
+                    src_deg[n_local:] = self._halo_degree_of(src[n_local:])
+            indptr = np.zeros(dst_.size + 1, dtype=np.int64)
+            np.cumsum(counts, out=indptr[1:])
+            csr = CSR(torch.from_numpy(indptr), torch.from_numpy(col), int(src.size), validate=False)
+            src_t = torch.from_numpy(src)
+            complete = self._completer(layer, src[:n_local], src[n_local:]) if self.mode == "hec" and layer > 0 \
+                else None
+            blocks_rev.append(Block(csr, src_t, self._orig_ids(src_t), torch.from_numpy(src_deg), self.comm,
+                                    complete))
+            prev_dst_deg = dst_deg
+        del inputs
+        return blocks_rev, feat
+
+    def _input_rows(self, gids: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
+        """Input features and degrees of block 0's sources (a collective fetch unless ``drop``)."""
+        t0 = time.perf_counter()
+        if self.mode == "drop" or (self.comm.size == 1):
+            lid = torch.from_numpy(gids - self.first)
+            feat, deg = self.feat[lid], self.owned_degree[lid]
+        else:
+            b0 = self.store.stats()["bytes_sent"]
+            feat, deg = self.store.fetch(torch.from_numpy(gids))
+            self._s["bytes"]["fetch"] += self.store.stats()["bytes_sent"] - b0
+        self._s["fetch_seconds"] += time.perf_counter() - t0
+        return feat, deg
+
+    def _halo_degree_of(self, gids: np.ndarray) -> np.ndarray:
+        hg = self.dg.halo_gid.numpy()
+        pos = np.searchsorted(hg, gids)
+        if gids.size and (pos.max() >= hg.size or not np.array_equal(hg[pos], gids)):
+            raise RuntimeError("minibatch: a cached neighbour is not a halo node of this partition")
+        return self.halo_degree.numpy()[pos]
+
+    def _orig_ids(self, gids: torch.Tensor) -> torch.Tensor:
+        """Source-dataset ids (attention dropout hash); relabelled ids stand in beyond the partition."""
+        dg = self.dg
+        if dg.orig_id is dg.gid:
+            return gids
+        out = gids.clone()
+        own = (gids >= self.first) & (gids < self.first + self.num_owned)
+        out[own] = dg.orig_id[gids[own] - self.first]
+        halo = ~own
+        if halo.any() and dg.halo_gid.numel():
+            hg = dg.halo_gid
+            pos = torch.searchsorted(hg, gids[halo]).clamp(max=hg.numel() - 1)
+            found = hg[pos] == gids[halo]
+            idx = halo.nonzero().squeeze(1)
+            out[idx[found]] = dg.halo_orig_id[pos[found]]
+        return out
+
+    # -- historical embedding cache -------------------------------------------------------------
+    def _hec_hits(self, layer: int, gids: np.ndarray) -> np.ndarray:
+        """Which of ``gids`` (remote neighbours, duplicates allowed) layer ``layer``'s cache serves now."""
+        s = self._s
+        s["hec_lookups"][layer] += int(gids.size)
+        cache = self.caches.get(layer)
+        if cache is None:
+            return np.zeros(gids.size, dtype=bool)
+        _, hit, age = cache.lookup(torch.from_numpy(gids), self._iteration)
+        h = hit.numpy()
+        s["hec_hits"][layer] += int(h.sum())
+        for a, c in zip(*np.unique(age.numpy()[h], return_counts=True)):
+            s["hec_age"][int(a)] = s["hec_age"].get(int(a), 0) + int(c)
+        return h
+
+    def _completer(self, layer: int, local_gids: np.ndarray, remote_gids: np.ndarray):
+        """``layer_input`` of block ``layer``: push my rows, append the cached rows of remote sources."""
+        cached = None
+        if remote_gids.size:
+            rows, hit, _ = self.caches[layer].lookup(torch.from_numpy(remote_gids), self._iteration)
+            if not bool(hit.all()):
+                raise RuntimeError("minibatch: a cached row expired between sampling and the forward pass")
+            cached = rows
+
+        def complete(h: torch.Tensor) -> torch.Tensor:
+            if h.shape[0] != local_gids.size:
+                raise RuntimeError(f"minibatch: layer {layer} got {h.shape[0]} rows, its block expects "
+                                   f"{local_gids.size}")
+            self._width[layer] = int(h.shape[1])
+            self._push(layer, h, local_gids)
+            return h if cached is None else torch.cat([h, cached.to(h.dtype)], 0)
+        return complete
+
+    def _push(self, layer: int, h: torch.Tensor, gids: np.ndarray) -> None:
+        """Start sending my rows of ``h`` that peers hold as halo rows (asynchronous embedding push)."""
+        if self.comm.size == 1 or not h.requires_grad and not torch.is_grad_enabled():
+            return
+        if self._iteration >= self._iters - self.delay:
+            return  # nothing may be in flight at the end of the epoch
+        t0 = time.perf_counter()
+        lids = gids - self.first
+        hd = h.detach().contiguous()
+        sends, count_sends = {}, {}
+        rng = np.random.default_rng(_key(self.seed, self._epoch, self._iteration, layer, self.comm.rank))
+        for q in self.push_peers:
+            cand = np.flatnonzero(self._is_halo_on[q].numpy()[lids])
+            if cand.size > self.push_limit:
+                w = self.owned_degree.numpy()[lids[cand]].astype(np.float64) + 1.0
+                keys = np.log(rng.random(cand.size)) / w  # Efraimidis-Spirakis: the largest keys win
+                cand = np.sort(cand[np.argpartition(-keys, self.push_limit - 1)[:self.push_limit]])
+            g = torch.from_numpy(np.ascontiguousarray(gids[cand]))
+            rows = hd[torch.from_numpy(cand)].contiguous()
+            sends[q] = torch.cat([g.view(torch.uint8), rows.view(torch.uint8).reshape(-1)])
+            count_sends[q] = torch.tensor([cand.size], dtype=torch.int64)
+            self._s["pushed_rows"][layer] += int(cand.size)
+        b0 = self.comm.bytes_sent
+        counts = self.comm.exchange_start(count_sends, {q: ((1,), torch.int64) for q in self.pull_peers},
+                                          channel=2 * layer - 1)
+        data = self.comm.exchange_start(sends, {}, channel=2 * layer)
+        self._s["bytes"]["push"] += int(self.comm.bytes_sent - b0)
+        self._pending.setdefault(layer, []).append(_Push(data, counts, self._iteration))
+        self._s["push_seconds"] += time.perf_counter() - t0
+
+    def _receive(self, layer: int, push: _Push, store: bool = True) -> None:
+        got = push.counts.wait()
+        width = self._width[layer]
+        item = torch.empty((), dtype=self.dtype).element_size()
+        specs = {q: ((int(got[q][0]) * (8 + width * item),), torch.uint8) for q in self.pull_peers}
+        arrived = self.comm.exchange_start({}, specs, channel=2 * layer).wait()
+        push.sends.wait()
+        if not store:
+            return
+        cache = self.caches.get(layer)
+        if cache is None:
+            cache = self.caches[layer] = HistoricalEmbeddingCache(self.size, width, self.lifespan, dtype=self.dtype)
+        for q in self.pull_peers:
+            c = int(got[q][0])
+            if c:
+                buf = arrived[q]
+                cache.store(buf[:8 * c].view(torch.int64), buf[8 * c:].view(self.dtype).view(c, width),
+                            self._iteration)
+
+    def _arrive(self, iteration: int) -> None:
+        """Store the pushes that were sent ``delay`` iterations ago."""
+        t0 = time.perf_counter()
+        for layer, queue in self._pending.items():
+            while queue and queue[0].iteration + self.delay <= iteration:
+                self._receive(layer, queue.pop(0))
+        self._s["push_seconds"] += time.perf_counter() - t0
+
+
+def _pack_answers(deg: np.ndarray, counts: np.ndarray, nbrs: np.ndarray, per_rank: np.ndarray
+                  ) -> tuple[np.ndarray, np.ndarray]:
+    """``[deg, count, neighbours...]`` per node, concatenated; int64 sizes per asking rank."""
+    n = counts.size
+    sizes_node = 2 + counts
+    starts = np.concatenate([[0], np.cumsum(sizes_node)[:-1]]).astype(np.int64)
+    out = np.empty(int(sizes_node.sum()), dtype=np.int64)
+    out[starts] = deg
+    out[starts + 1] = counts
+    if nbrs.size:
+        first_nbr = np.concatenate([[0], np.cumsum(counts)[:-1]]).astype(np.int64)
+        out[np.repeat(starts + 2 - first_nbr, counts) + np.arange(nbrs.size)] = nbrs
+    bounds = np.concatenate([[0], np.cumsum(per_rank)]).astype(np.int64)
+    node_end = np.concatenate([[0], np.cumsum(sizes_node)]).astype(np.int64)
+    sizes = np.diff(node_end[bounds]) if n else np.zeros(per_rank.size, np.int64)
+    return out, sizes.astype(np.int64)
+
+
+def _unpack_answers(buf: np.ndarray, n: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Inverse of :func:`_pack_answers` for ``n`` nodes: ``(degrees, counts, flat neighbours)``."""
+    deg = np.empty(n, np.int64)
+    cnt = np.empty(n, np.int64)
+    pos = 0
+    starts = np.empty(n, np.int64)
+    for i in range(n):  # counts vary: one pass to find the records
+        deg[i], cnt[i] = buf[pos], buf[pos + 1]
+        starts[i] = pos + 2
+        pos += 2 + int(buf[pos + 1])
+    if n == 0:
+        return deg, cnt, np.zeros(0, np.int64)
+    idx = np.repeat(starts - np.concatenate([[0], np.cumsum(cnt)[:-1]]), cnt) + np.arange(int(cnt.sum()))
+    return deg, cnt, buf[idx]
+
+
+def _whole_dataset(path: str, device: torch.device, dtype: torch.dtype) -> tuple[DistGraph, dict]:
+    """A dataset file as the single partition of a one-rank job."""
+    from data_io.dataset import open_dataset
+    from data_io.errors import FormatError
+
+    with open_dataset(path) as ds:
+        if not ds.has("feat"):
+            raise FormatError(path, "/node/feat", "missing (training needs node features)")
+        n = ds.num_nodes
+        indptr, indices = ds.indptr(), ds.indices().astype(np.int64, copy=False)
+        feat = ds.feat_rows(0, n)
+        label = ds.label() if ds.has("label") else np.full(n, -1, dtype=np.int64)
+        masks = {k: (ds.mask(f"{k}_mask") if ds.has(f"{k}_mask") else np.zeros(n, dtype=bool))
+                 for k in ("train", "val", "test")}
+        num_classes = int(ds.num_classes) or int(label.max()) + 1
+    dg = DistGraph(part_id=0, num_parts=1, node_ranges=np.array([0, n]), halo_gid=np.zeros(0, np.int64),
+                   halo_offsets=np.zeros(2, np.int64), indptr=indptr, indices=indices,
+                   send_offsets=np.zeros(2, np.int64), send_lid=np.zeros(0, np.int64), device=device, dtype=dtype)
+    data = {"feat": torch.from_numpy(np.asarray(feat)).to(device=device, dtype=dtype),
+            "label": torch.from_numpy(np.asarray(label, dtype=np.int64)).to(device),
+            "masks": {k: torch.from_numpy(np.asarray(v, dtype=bool)).to(device) for k, v in masks.items()},
+            "num_classes": num_classes, "num_features": int(feat.shape[1])}
+    return dg, data
