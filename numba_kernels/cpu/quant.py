@@ -230,6 +230,7 @@ _U12 = np.uint32(12)
 _U7 = np.uint64(7)
 _U14 = np.uint64(14)
 _U28 = np.uint64(28)
+_U3 = np.uint64(3)
 #: message rows per block: 8 rows of ``D`` codes fill whole bytes at every width
 _BLOCK = 8
 #: prefetch distance in message rows
@@ -417,17 +418,17 @@ def _unpack_rows(codes, zt, st, levels, group_start, code_start, out_rows, out, 
     for r in range(r0, r1):
         while r >= group_start[g + 1]:  # rows come in group order
             g += 1
-        b = 1 << g
-        mask = (1 << b) - 1
-        base = code_start[g]
-        k0 = (r - group_start[g]) * D
-        o = out_rows[r]
+        b = np.uint64(1 << g)
+        mask = np.uint32((1 << (1 << g)) - 1)
+        sec = codes[code_start[g]:code_start[g + 1]]
+        k0 = np.uint64((r - group_start[g]) * D)
+        row = out[out_rows[r]]
         z = zt[r]
         s = st[r]
-        for j in range(D):
-            bit = (k0 + j) * b
-            q = (np.int64(codes[base + (bit >> 3)]) >> (bit & 7)) & mask
-            out[o, j] = z + s * levels[q]
+        for j in range(D):  # unsigned indices: no wraparound checks, so the loop vectorises
+            bit = (k0 + np.uint64(j)) * b
+            q = (np.uint32(sec[bit >> _U3]) >> np.uint32(bit & _U7)) & mask
+            row[j] = z + s * levels[q]
 
 
 @njit(**_SER)
