@@ -15,7 +15,8 @@ from hpc_graph.ops.csr import CSR
 from numba_kernels import get_kernel
 
 FLOAT_DTYPES = (torch.float32, torch.float64)
-_NUMPY_DTYPES = {torch.float32: np.float32, torch.float64: np.float64, torch.int64: np.int64}
+_NUMPY_DTYPES = {torch.float32: np.float32, torch.float64: np.float64, torch.int64: np.int64,
+                 torch.uint8: np.uint8}
 #: CPU outputs at least this large are allocated by NumPy (transparent huge pages)
 _HUGE_BYTES = 4 << 20
 

@@ -36,7 +36,7 @@ import numpy as np
 import torch
 
 from hpc_graph.ops._bridge import as_array
-from hpc_graph.ops._kernel_args import kernel
+from hpc_graph.ops._kernel_args import empty, kernel
 from numba_kernels.cpu.quant import group_layout
 
 #: bit widths that are quantised; 32 means full precision
@@ -159,9 +159,21 @@ class EncodeStats:
     nonfinite: int = 0
 
 
+def row_ranges(x: torch.Tensor, rows: torch.Tensor) -> tuple[np.ndarray, np.ndarray]:
+    """``(lo, hi)`` float32[m]: minimum and maximum of each row ``x[rows]`` (NaN for a non-finite row).
+
+    Compute them once for rows that go to several peers and pass them to :func:`encode` (``ranges``).
+    """
+    lo = torch.empty(rows.shape[0], dtype=torch.float32, device=x.device)
+    hi = torch.empty(rows.shape[0], dtype=torch.float32, device=x.device)
+    if rows.shape[0]:
+        kernel("quant.row_range", x)(as_array(x), as_array(rows.contiguous()), as_array(lo), as_array(hi))
+    return lo.cpu().numpy(), hi.cpu().numpy()
+
+
 def encode(x: torch.Tensor, rows: torch.Tensor, layout: MessageLayout, *, extra: torch.Tensor | None = None,
            ids: torch.Tensor, key: int, param_dtype: torch.dtype = torch.float32,
-           stats: EncodeStats | None = None) -> torch.Tensor:
+           stats: EncodeStats | None = None, ranges: tuple[np.ndarray, np.ndarray] | None = None) -> torch.Tensor:
     """One message (uint8[layout.nbytes], on ``x``'s device) holding rows ``x[rows]``.
 
     Args:
@@ -170,12 +182,14 @@ def encode(x: torch.Tensor, rows: torch.Tensor, layout: MessageLayout, *, extra:
         ids: int64[m] counter ids of the rows for the rounding noise (global node ids).
         key: 64-bit key of this message's noise (seed, epoch, layer, rank, direction).
         param_dtype: float32 or float16 zero points and scales.
+        ranges: ``(lo, hi)`` float32[m] of the rows in message order, when already known
+            (:func:`row_ranges`); computed here otherwise.
     """
     m, width = layout.m, layout.width
     if rows.shape[0] != m or x.shape[1] != width:
         raise ValueError(f"encode: {rows.shape[0]} rows of width {x.shape[1]} do not fit a layout of "
                          f"{m} rows of width {width}")
-    buf = torch.empty(layout.nbytes, dtype=torch.uint8, device=x.device)
+    buf = empty((layout.nbytes,), torch.uint8, x.device)  # huge pages when large: fewer page faults
     off = layout.offsets
     dev = x.device
     if len(layout.raw_rows):
@@ -188,11 +202,12 @@ def encode(x: torch.Tensor, rows: torch.Tensor, layout: MessageLayout, *, extra:
         qsel = layout.q_index.to(dev)
         xrows = rows[qsel].contiguous()
         xa = as_array(x)
-        lo32 = torch.empty(n_q, dtype=torch.float32, device=dev)
-        hi32 = torch.empty(n_q, dtype=torch.float32, device=dev)
-        kernel("quant.row_range", x)(xa, as_array(xrows), as_array(lo32), as_array(hi32))
+        if ranges is None:
+            lo, hi = row_ranges(x, xrows)
+        else:
+            lo, hi = ranges[0][layout.q_rows], ranges[1][layout.q_rows]
         bits_q = np.repeat(np.array(QUANT_BITS, np.int8), np.diff(layout.group_start))
-        z, s = _params(lo32.cpu().numpy(), hi32.cpu().numpy(), bits_q, param_dtype)
+        z, s = _params(lo, hi, bits_q, param_dtype)
         bad = ~np.isfinite(z)
         if bad.any():
             s = s.copy()

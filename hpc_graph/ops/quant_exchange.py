@@ -31,8 +31,9 @@ from typing import Any
 import numpy as np
 import torch
 
+from hpc_graph.ops._kernel_args import empty
 from hpc_graph.ops.quant import (FULL_BITS, QUANT_BITS, EncodeStats, MessageLayout, decode, encode,
-                                 message_layout)
+                                 message_layout, row_ranges)
 
 _MASK64 = (1 << 64) - 1
 DIRECTIONS = {"fwd": 1, "bwd": 2}
@@ -64,6 +65,9 @@ class HaloPlan:
         halo_gid: int64[h] global ids of the halo rows.
         send_all: int64[S] ``send_lid`` concatenated in ascending q (rows of returned gradients).
         num_owned, num_halo: n, h.
+        boundary: int64[B] the distinct owned rows sent to any peer (ascending); ``send_pos[q]``:
+            int64[s_q] position of each row of ``send_lid[q]`` in ``boundary`` (a row that goes to
+            several peers is summarised once per exchange).
     """
 
     send_lid: dict[int, torch.Tensor]
@@ -74,6 +78,14 @@ class HaloPlan:
     send_all: torch.Tensor
     num_owned: int
     num_halo: int
+    boundary: torch.Tensor | None = None
+    send_pos: dict | None = None
+
+    def __post_init__(self) -> None:
+        if self.boundary is None:
+            b = np.unique(self.send_all.cpu().numpy())
+            self.boundary = torch.from_numpy(b).to(self.send_all.device)
+            self.send_pos = {q: np.searchsorted(b, lid.cpu().numpy()) for q, lid in self.send_lid.items()}
 
     @classmethod
     def from_dist_graph(cls, dg: Any) -> "HaloPlan":
@@ -175,10 +187,13 @@ def post(call: ExchangeCall, x: torch.Tensor, extra: torch.Tensor | None, direct
     extra = None if extra is None else extra.contiguous()
     full_row = (width + e) * x.element_size()
     if direction == "fwd":
+        lo, hi = row_ranges(x, plan.boundary) if len(plan.send_lid) > 1 else (None, None)
         for q, lid in plan.send_lid.items():
             lay = message_layout(table.send[q], width, e, dtype, call.param_dtype)
+            pos = plan.send_pos[q]
             sends[q] = encode(x, lid, lay, extra=extra, ids=plan.send_gid[q], key=key,
-                              param_dtype=call.param_dtype, stats=es)
+                              param_dtype=call.param_dtype, stats=es,
+                              ranges=None if lo is None else (lo[pos], hi[pos]))
             stats.add_rows(lay)
             stats.full_bytes["fwd"] += int(lid.shape[0]) * full_row
         for q, c in plan.recv_count.items():
@@ -213,8 +228,8 @@ def post(call: ExchangeCall, x: torch.Tensor, extra: torch.Tensor | None, direct
 
 
 def _gradient_buffers(call: ExchangeCall, like: torch.Tensor, width: int, e: int):
-    s = call.plan.send_total
-    return like.new_zeros((s, width)), (None if e == 0 else like.new_zeros((s, e)))
+    s = call.plan.send_total  # every row is written by the decode of its peer's message
+    return empty((s, width), like.dtype, like.device), (None if e == 0 else like.new_empty((s, e)))
 
 
 def _owned_gradient(call: ExchangeCall, like: torch.Tensor, buf: torch.Tensor) -> torch.Tensor:
@@ -281,8 +296,8 @@ class QuantHaloExchange(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, extra, call: ExchangeCall):
         h, width, e = call.plan.num_halo, int(x.shape[1]), int(extra.shape[1])
-        halo = x.new_zeros((h, width))
-        halo_e = x.new_zeros((h, e))
+        halo = empty((h, width), x.dtype, x.device)  # every halo row comes from exactly one peer's message
+        halo_e = x.new_empty((h, e))
         post(call, x.detach(), extra.detach() if e else None, "fwd").finish(halo, halo_e if e else None)
         if call.slot is not None:  # what a following stale epoch uses
             call.slot.halo = (halo.detach(), halo_e.detach() if e else None)
@@ -319,10 +334,11 @@ class StaleHaloExchange(torch.autograd.Function):
         if halo.shape != (h, width):
             raise RuntimeError(f"stale halo exchange, layer {call.layer}: the previous epoch's halo rows are "
                                f"{tuple(halo.shape)}, this layer needs {(h, width)}")
-        bufs = (x.new_zeros((h, width)), x.new_zeros((h, e)) if e else None)
+        bufs = (empty((h, width), x.dtype, x.device), x.new_empty((h, e)) if e else None)
         slot.pending_fwd = (post(call, x.detach(), extra.detach() if e else None, "fwd"), bufs)
         ctx.call, ctx.e = call, e
-        return halo.clone(), (halo_e.clone() if e else x.new_zeros((h, 0)))
+        # fresh tensors that nothing else writes (the slot only replaces its reference): no copy needed
+        return halo.view_as(halo), (halo_e.view_as(halo_e) if e else x.new_zeros((h, 0)))
 
     @staticmethod
     def backward(ctx, g_halo, g_extra):
