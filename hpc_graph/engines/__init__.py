@@ -13,6 +13,7 @@ ENGINES = {
     "dp": "hpc_graph.engines.dp:DPEngine",
     "sar": "hpc_graph.engines.sar:SAREngine",
     "sylvie": "hpc_graph.engines.sylvie:SylvieEngine",
+    "minibatch": "hpc_graph.engines.minibatch:MinibatchEngine",
 }
 
 

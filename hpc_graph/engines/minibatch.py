@@ -101,13 +101,14 @@ class MinibatchEngine(Engine):
     on one process.
 
     Options: ``fanouts`` (seed hop first), ``batch_size``, ``feature_cache``, ``mode``, ``size``,
-    ``lifespan``, ``push_limit``, ``delay``, ``seed``.
+    ``lifespan``, ``push_limit``, ``delay``, ``seed``, ``feature_norm`` (``row``: every rank divides
+    its rows by their sums before serving them, so fetched and cached rows are normalised too).
     """
 
     name = "minibatch"
     kind = "minibatch"
     OPTIONS = Engine.OPTIONS | frozenset({"fanouts", "batch_size", "feature_cache", "mode", "size", "lifespan",
-                                          "push_limit", "delay"})
+                                          "push_limit", "delay", "feature_norm"})
 
     def __init__(self, source: str, comm: Any, device: torch.device, dtype: torch.dtype,
                  options: dict[str, Any] | None = None):
@@ -145,6 +146,9 @@ class MinibatchEngine(Engine):
         self.dg = dg
         self.graph = HaloGraph(dg, comm)  # evaluation: exact, full neighbourhoods
         self.feat, self.label, self.masks = data["feat"], data["label"], data["masks"]
+        if o.get("feature_norm", "none") == "row":
+            sums = self.feat.sum(1, keepdim=True)
+            self.feat = self.feat / torch.where(sums == 0, torch.ones_like(sums), sums)
         self.num_classes, self.num_features = data["num_classes"], data["num_features"]
         self.first, self.num_owned = dg.first_gid, dg.num_owned
         self._build_sampling_csr()
@@ -305,12 +309,13 @@ class MinibatchEngine(Engine):
         out_c = np.empty(gids.size, np.int64)
         out_d = np.empty(gids.size, np.int64)
         out_c[order], out_d[order] = c_o, d_o
-        starts = np.concatenate([[0], np.cumsum(c_o)[:-1]]).astype(np.int64)
-        pieces = np.empty(gids.size, dtype=object)
-        for j, i in enumerate(order):
-            pieces[i] = n_o[starts[j]:starts[j] + c_o[j]]
-        flat = np.concatenate(list(pieces)) if gids.size else np.zeros(0, np.int64)
-        return out_c, flat.astype(np.int64), out_d
+        # neighbours: from "by owner" order (answers) to the caller's order
+        src_start = np.cumsum(c_o) - c_o  # answer j's neighbours in n_o
+        dst_start = np.cumsum(out_c) - out_c  # node i's neighbours in the result
+        flat = np.empty(int(out_c.sum()), np.int64)
+        if flat.size:
+            flat[np.repeat(dst_start[order] - src_start, c_o) + np.arange(flat.size)] = n_o
+        return out_c, flat, out_d
 
     def _hop(self, dst: np.ndarray, fanout: int, key: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Sampled in-neighbours of every node of ``dst`` (``counts``, flat ``nbrs`` in dst order, degrees)."""
@@ -325,11 +330,10 @@ class MinibatchEngine(Engine):
         counts[mine], counts[~mine], deg[mine], deg[~mine] = lc, rc, ld, rd
         # merge the two flat lists back into dst order
         nbrs = np.empty(int(counts.sum()), np.int64)
-        starts = np.concatenate([[0], np.cumsum(counts)[:-1]]).astype(np.int64)
+        starts = np.cumsum(counts) - counts
         for sel, flat, cnt in ((np.flatnonzero(mine), ln, lc), (np.flatnonzero(~mine), rn, rc)):
             if sel.size:
-                pos = np.repeat(starts[sel] - np.concatenate([[0], np.cumsum(cnt)[:-1]]), cnt) + np.arange(cnt.sum())
-                nbrs[pos] = flat
+                nbrs[np.repeat(starts[sel] - (np.cumsum(cnt) - cnt), cnt) + np.arange(int(cnt.sum()))] = flat
         return counts, nbrs, deg
 
     def _sample(self, seed_gid: torch.Tensor, epoch: int) -> tuple[list[Block], torch.Tensor]:
@@ -528,19 +532,17 @@ class MinibatchEngine(Engine):
 def _pack_answers(deg: np.ndarray, counts: np.ndarray, nbrs: np.ndarray, per_rank: np.ndarray
                   ) -> tuple[np.ndarray, np.ndarray]:
     """``[deg, count, neighbours...]`` per node, concatenated; int64 sizes per asking rank."""
-    n = counts.size
-    sizes_node = 2 + counts
-    starts = np.concatenate([[0], np.cumsum(sizes_node)[:-1]]).astype(np.int64)
+    sizes_node = (2 + counts).astype(np.int64)
+    starts = np.cumsum(sizes_node) - sizes_node
     out = np.empty(int(sizes_node.sum()), dtype=np.int64)
     out[starts] = deg
     out[starts + 1] = counts
     if nbrs.size:
-        first_nbr = np.concatenate([[0], np.cumsum(counts)[:-1]]).astype(np.int64)
+        first_nbr = np.cumsum(counts) - counts
         out[np.repeat(starts + 2 - first_nbr, counts) + np.arange(nbrs.size)] = nbrs
     bounds = np.concatenate([[0], np.cumsum(per_rank)]).astype(np.int64)
     node_end = np.concatenate([[0], np.cumsum(sizes_node)]).astype(np.int64)
-    sizes = np.diff(node_end[bounds]) if n else np.zeros(per_rank.size, np.int64)
-    return out, sizes.astype(np.int64)
+    return out, np.diff(node_end[bounds]).astype(np.int64)
 
 
 def _unpack_answers(buf: np.ndarray, n: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -553,9 +555,7 @@ def _unpack_answers(buf: np.ndarray, n: int) -> tuple[np.ndarray, np.ndarray, np
         deg[i], cnt[i] = buf[pos], buf[pos + 1]
         starts[i] = pos + 2
         pos += 2 + int(buf[pos + 1])
-    if n == 0:
-        return deg, cnt, np.zeros(0, np.int64)
-    idx = np.repeat(starts - np.concatenate([[0], np.cumsum(cnt)[:-1]]), cnt) + np.arange(int(cnt.sum()))
+    idx = np.repeat(starts - (np.cumsum(cnt) - cnt), cnt) + np.arange(int(cnt.sum()))
     return deg, cnt, buf[idx]
 
 

@@ -71,7 +71,14 @@ class Block(GraphContext):
         return h if self._complete is None else self._complete(h)
 
     def dst(self, t: torch.Tensor) -> torch.Tensor:
-        return t.narrow(0, 0, self.num_nodes) if t.layout == torch.strided else t[:self.num_nodes]
+        n = self.num_nodes
+        if t.layout == torch.strided:
+            return t.narrow(0, 0, n)
+        if t.layout == torch.sparse_csr:  # the first n rows of a CSR matrix: a prefix of its arrays
+            crow = t.crow_indices()[:n + 1]
+            nnz = int(crow[-1])
+            return torch.sparse_csr_tensor(crow, t.col_indices()[:nnz], t.values()[:nnz], (n, t.shape[1]))
+        return t[:n]
 
     def aggregate(self, x: torch.Tensor, reduce: str = "sum") -> torch.Tensor:
         if reduce not in ("sum", "mean"):

@@ -118,6 +118,7 @@ class FeatureStore:
         self._stats["fetched"] += int(order.size)
         if order.size:
             idx = torch.from_numpy(order)
-            rows = got[:, :fb].contiguous()
+            # copies start at offset 0, as a dtype view needs
+            rows = got[:, :fb].clone(memory_format=torch.contiguous_format)
             out[idx] = rows.view(self.feat.dtype).view(-1, self.width) if fb else out[idx]
-            deg[idx] = got[:, fb:].contiguous().view(torch.int64).view(-1)
+            deg[idx] = got[:, fb:].clone(memory_format=torch.contiguous_format).view(torch.int64).view(-1)

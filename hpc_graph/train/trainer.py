@@ -202,7 +202,8 @@ class Trainer:
             if self.rank == 0:
                 log.info("trainer: modelled network link %s", link.describe())
         from hpc_graph.engines import engine_class
-        engine_options = {k: getattr(section, k) for section in (config.engine, config.sampler, config.hec)
+        engine_options = {k: getattr(section, k)
+                          for section in (config.data, config.engine, config.sampler, config.hec)
                           for k in engine_class(self.engine_name).OPTIONS if hasattr(section, k)}
         engine_options["seed"] = tc.seed
         self.engine: Engine = create_engine(self.engine_name, config.data.path, comm, self.device, self.dtype,
@@ -292,9 +293,12 @@ class Trainer:
             if not path.is_file():
                 raise ConfigError(f"data.path: engine 'single' needs a dataset file, {path} is a directory")
             return
+        if self.engine_name == "minibatch" and path.is_file() and self.size == 1:
+            return  # one process may sample a whole dataset file
         if not path.is_dir():
             raise ConfigError(f"data.path: engine {self.engine_name!r} needs a partition directory "
-                              f"(hpc-graph partition), {path} is a file")
+                              f"(hpc-graph partition), {path} is a file"
+                              + (" (a dataset file works on one process)" if self.engine_name == "minibatch" else ""))
         from data_io.partition import part_file_name, read_partition_meta
         from hpc_graph.graph.dist_graph import check_ranks
 
@@ -415,7 +419,7 @@ class Trainer:
         for it in range(iters):
             self.optimizer.zero_grad(set_to_none=False)
             batch = eng.batch(epoch, it)
-            logits = self.model(batch.graph, batch.feat)
+            logits = self.model(batch.graph, batch.feat)  # gathered rows: dense
             loss_t = F.cross_entropy(logits, batch.label, reduction="sum") / max(global_sizes[it], 1.0)
             if fail is not None and it == 0:  # kind "nan"
                 loss_t = loss_t * float("nan")
