@@ -25,10 +25,12 @@ yet, and ``numba.set_num_threads`` on the calling thread), ``torch``
 (``set_num_threads`` and, where still possible, ``set_num_interop_threads``),
 BLAS libraries already loaded (through ``threadpoolctl``), and the variables
 ``NUMBA_NUM_THREADS``, ``OMP_NUM_THREADS``, ``MKL_NUM_THREADS``,
-``OPENBLAS_NUM_THREADS`` for libraries loaded later in this process. They are
-exported together with ``HPC_GRAPH_EXPORTED_THREADS``; a child process (the
-ranks ``hpc-graph demo`` starts, say) ignores the variables while they still
-equal that marker, and decides its own count.
+``OPENBLAS_NUM_THREADS`` for libraries loaded later in this process
+(``NUMBA_NUM_THREADS`` only while numba is not imported: numba re-reads it at
+every compilation and refuses a value that differs from its pool's). What was
+exported is recorded in ``HPC_GRAPH_EXPORTED_THREADS`` (``VAR=value,...``); a
+child process (the ranks ``hpc-graph demo`` starts, say) ignores a variable
+while it still holds the recorded value, and decides its own count.
 
 When the ranks of a node ask for more threads than it has CPUs (an explicit
 setting, or more ranks than cores), one warning is logged per node and
@@ -166,9 +168,9 @@ def _requested(explicit: Any, explicit_name: str, env: Mapping[str, str]) -> tup
     value = parse_threads(explicit, explicit_name)
     if value is not None:
         return value, explicit_name
-    exported = env.get(EXPORT_MARKER)
+    exported = _exported(env)
     for var in ENV_VARS:
-        if exported is not None and env.get(var) == exported:
+        if var in exported and env.get(var) == exported[var]:
             continue  # hpc_graph set it in a parent process: not the user's setting
         value = parse_threads(env.get(var), var)
         if value is not None:
@@ -332,11 +334,25 @@ def _is_node_leader() -> bool:
         return True
 
 
+def _exported(env: Mapping[str, str]) -> dict[str, str]:
+    """``{variable: value}`` recorded in ``HPC_GRAPH_EXPORTED_THREADS`` (empty when absent or unreadable)."""
+    out = {}
+    for item in env.get(EXPORT_MARKER, "").split(","):
+        var, sep, value = item.partition("=")
+        if sep and var.strip():
+            out[var.strip()] = value.strip()
+    return out
+
+
 def _apply(plan: ThreadPlan) -> None:
     n = plan.threads
+    record = {k: v for k, v in _exported(os.environ).items() if os.environ.get(k) == v}  # still ours
     for var in EXPORTED_VARS:
+        if var == "NUMBA_NUM_THREADS" and "numba" in sys.modules:
+            continue  # numba compares it with its pool at every compilation: leave it as numba read it
         os.environ[var] = str(n)
-    os.environ[EXPORT_MARKER] = str(n)
+        record[var] = str(n)
+    os.environ[EXPORT_MARKER] = ",".join(f"{k}={v}" for k, v in sorted(record.items()))
     if plan.oversubscribed and "torch" not in sys.modules and "OMP_WAIT_POLICY" not in os.environ:
         # read once when libgomp loads (torch loads it): only effective before that
         os.environ["OMP_WAIT_POLICY"] = "PASSIVE"

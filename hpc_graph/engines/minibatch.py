@@ -174,13 +174,18 @@ class MinibatchEngine(Engine):
 
     # -- set-up -------------------------------------------------------------------------------------
     def _build_sampling_csr(self) -> None:
-        """Owned rows' in-neighbours as global ids, each row sorted (the sampler's canonical order)."""
+        """Owned rows' in-neighbours as global ids, each row in the order of the neighbours' source-dataset
+        ids: the sampler picks positions in a row, so this order (and the source-dataset id of the node
+        as the counter id) makes a node's sample independent of how the graph was partitioned."""
         g = self.dg.local
         indptr = g.indptr.cpu().numpy().astype(np.int64)
-        gid = self.dg.local_gid.cpu().numpy()[g.indices.cpu().numpy()]
+        cols = g.indices.cpu().numpy()
+        gid = self.dg.local_gid.cpu().numpy()[cols]
+        orig = self.dg.local_orig_id.cpu().numpy()[cols]
         rows = np.repeat(np.arange(self.dg.num_owned, dtype=np.int64), np.diff(indptr))
-        order = np.lexsort((gid, rows))
+        order = np.lexsort((orig, rows))
         self.s_indptr, self.s_nbrs = indptr, np.ascontiguousarray(gid[order])
+        self.s_orig = self.dg.orig_id.cpu().numpy().astype(np.int64)
 
     def _halo_degrees(self) -> torch.Tensor:
         """Global in-degrees of the halo nodes (one exchange with the owners)."""
@@ -284,7 +289,8 @@ class MinibatchEngine(Engine):
         width = sample_width(self.s_indptr, rows, fanout)
         counts = np.empty(rows.shape[0], dtype=np.int64)
         slots = np.empty(rows.shape[0] * max(width, 1), dtype=np.int64)
-        sample_neighbors(self.s_indptr, self.s_nbrs, rows, gids, fanout, np.uint64(key), counts, slots)
+        sample_neighbors(self.s_indptr, self.s_nbrs, rows, np.ascontiguousarray(self.s_orig[rows]), fanout,
+                         np.uint64(key), counts, slots)
         keep = (np.arange(max(width, 1))[None, :] < counts[:, None]).reshape(-1)
         deg = self.s_indptr[rows + 1] - self.s_indptr[rows]
         return counts, slots[keep], deg

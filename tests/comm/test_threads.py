@@ -57,11 +57,14 @@ def test_without_settings_the_affinity_mask_decides():
 
 
 def test_variables_exported_by_a_parent_process_are_not_a_user_setting():
-    env = {"NUMBA_NUM_THREADS": "2", "OMP_NUM_THREADS": "2", EXPORT_MARKER: "2"}
+    env = {"NUMBA_NUM_THREADS": "2", "OMP_NUM_THREADS": "1", EXPORT_MARKER: "NUMBA_NUM_THREADS=2,OMP_NUM_THREADS=1"}
     plan = decide_threads(None, env=env, node=_node(FOUR, FOUR))
     assert (plan.threads, plan.source) == (2, "affinity")
     env["NUMBA_NUM_THREADS"] = "3"  # changed since: the user's
     assert decide_threads(None, env=env, node=_node(FOUR, FOUR)).source == "NUMBA_NUM_THREADS"
+    env[EXPORT_MARKER] = "NUMBA_NUM_THREADS=3"  # only NUMBA recorded: OMP_NUM_THREADS=1 is the user's
+    plan = decide_threads(None, env=env, node=_node(FOUR, FOUR))
+    assert (plan.threads, plan.source) == (1, "OMP_NUM_THREADS")
 
 
 # -- fair share -----------------------------------------------------------------------------------
@@ -198,3 +201,31 @@ def test_configure_with_an_explicit_count_sizes_the_pool_to_it():
     got = _run_apply("1", env_extra={"OMP_NUM_THREADS": "2"})
     assert got["source"] == "train.threads"
     assert got["numba"] == got["torch"] == got["pool"] == 1
+
+
+def test_numba_keeps_compiling_after_the_threads_change_in_a_process_that_started_its_pool():
+    """numba re-reads NUMBA_NUM_THREADS at every compilation; configure must not change it under it."""
+    script = """
+import os, numba
+from numba import njit, prange
+@njit(parallel=True)
+def f(x):
+    s = 0.0
+    for i in prange(x.shape[0]):
+        s += x[i]
+    return s
+import numpy as np
+f(np.ones(10))                      # the pool starts with the environment's count
+from hpc_graph.comm.threads import configure_threads
+configure_threads(1)
+@njit
+def g(x):
+    return x + 1
+print(g(1), numba.get_num_threads())  # a new compilation after the change
+"""
+    env = {k: v for k, v in os.environ.items() if k not in ("NUMBA_NUM_THREADS", EXPORT_MARKER)}
+    env["NUMBA_NUM_THREADS"] = "2"
+    env["PYTHONPATH"] = os.pathsep.join([str(REPO), env.get("PYTHONPATH", "")])
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=180)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.split() == ["2", "1"]

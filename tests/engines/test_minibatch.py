@@ -1,0 +1,129 @@
+"""``minibatch`` on one process: blocks with all neighbours reproduce the full graph; sampling properties;
+options. Multi-rank behaviour (exact / drop / hec, pushes, bytes) is in tests/mpi/test_minibatch.py."""
+from __future__ import annotations
+
+import copy
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+
+from data_io.dataset import GraphData, write_dataset
+from hpc_graph.comm import get_communicator
+from hpc_graph.engines import create_engine
+from hpc_graph.nn import build_model
+
+
+@pytest.fixture(scope="module")
+def graph_file(tmp_path_factory):
+    rng = np.random.default_rng(0)
+    n, e = 120, 700
+    w = 1.0 / np.arange(1, n + 1) ** 0.7  # skewed degrees, a few hubs
+    src = rng.choice(n, e, p=w / w.sum())
+    dst = rng.integers(0, n, e)
+    pairs = np.unique(np.stack([dst, src], 1), axis=0)  # self loops allowed, no duplicates
+    indptr = np.zeros(n + 1, dtype=np.int64)
+    np.cumsum(np.bincount(pairs[:, 0], minlength=n), out=indptr[1:])
+    split = rng.random(n)
+    path = tmp_path_factory.mktemp("mb") / "g.h5"
+    write_dataset(path, GraphData(indptr=indptr, indices=pairs[:, 1].astype(np.int64),
+                                  feat=rng.standard_normal((n, 6)).astype(np.float32),
+                                  label=rng.integers(0, 3, n).astype(np.int64), train_mask=split < 0.5,
+                                  val_mask=split >= 0.5, test_mask=split >= 0.8, name="mb", num_classes=3,
+                                  directed=True))
+    return str(path), indptr, pairs[:, 1]
+
+
+def _engines(path, fanouts, batch_size=16, **opts):
+    local = get_communicator("local")
+    single = create_engine("single", path, local, torch.device("cpu"), torch.float64)
+    mb = create_engine("minibatch", path, local, torch.device("cpu"), torch.float64,
+                       {"fanouts": tuple(fanouts), "batch_size": batch_size, "mode": "exact", **opts})
+    return single, mb
+
+
+@pytest.mark.parametrize("model_name", ["gcn", "sage", "gat"])
+def test_all_neighbours_give_the_full_graph_rows_loss_and_gradients(graph_file, model_name):
+    path, *_ = graph_file
+    single, mb = _engines(path, [-1, -1, -1])
+    torch.manual_seed(3)
+    model = build_model(model_name, 6, 5, 3, num_layers=3, dropout=0.0, heads=2).double()
+    twin = copy.deepcopy(model)
+    full = model(single.graph, single.feat)
+    mb.begin_epoch(1)
+    for it in range(mb.iterations(1)):
+        batch = mb.batch(1, it)
+        out = twin(batch.graph, batch.feat)
+        seeds = batch.seeds
+        torch.testing.assert_close(out, full[seeds], rtol=1e-10, atol=1e-10)
+        # the batch's loss and gradients are those of full-batch training on these seeds
+        twin.zero_grad()
+        model.zero_grad()
+        F.cross_entropy(out, batch.label, reduction="sum").backward()
+        F.cross_entropy(model(single.graph, single.feat)[seeds], single.label[seeds], reduction="sum").backward()
+        for (name, p), q in zip(twin.named_parameters(), model.parameters()):
+            torch.testing.assert_close(p.grad, q.grad, rtol=1e-9, atol=1e-11, msg=name)
+
+
+def test_blocks_sample_exactly_min_fanout_degree_distinct_real_neighbours(graph_file):
+    path, indptr, indices = graph_file
+    _, mb = _engines(path, [4, 3], batch_size=20)
+    mb.begin_epoch(2)
+    batch = mb.batch(2, 0)
+    for block in batch.graph.blocks:
+        gid = block.src_gid.numpy()
+        bi, bc = block.csr.indptr.numpy(), block.csr.indices.numpy()
+        fanout = 4 if block is batch.graph.blocks[-1] else 3
+        for i in range(block.num_nodes):
+            v = gid[i]
+            nbrs = gid[bc[bi[i]:bi[i + 1]]]
+            true = indices[indptr[v]:indptr[v + 1]]
+            assert len(nbrs) == min(fanout, len(true))
+            assert len(set(nbrs.tolist())) == len(nbrs) and set(nbrs.tolist()) <= set(true.tolist())
+        assert np.array_equal(gid[:block.num_nodes], gid[:block.num_nodes])  # destinations first
+    # the input layer's destinations are the next layer's sources, in order
+    b0, b1 = batch.graph.blocks
+    assert np.array_equal(b0.src_gid[:b0.num_nodes].numpy(), b1.src_gid.numpy())
+
+
+def test_a_node_gets_the_same_sample_in_every_batch_of_an_epoch(graph_file):
+    path, *_ = graph_file
+    _, mb = _engines(path, [3], batch_size=8)
+    samples: dict[int, set] = {}
+    for epoch in (5, 5):  # the same epoch twice: identical
+        mb.begin_epoch(epoch)
+        for it in range(mb.iterations(epoch)):
+            b = mb.batch(epoch, it).graph.blocks[0]
+            gid, bi, bc = b.src_gid.numpy(), b.csr.indptr.numpy(), b.csr.indices.numpy()
+            for i in range(b.num_nodes):
+                got = set(gid[bc[bi[i]:bi[i + 1]]].tolist())
+                assert samples.setdefault(int(gid[i]), got) == got
+    mb.begin_epoch(6)  # another epoch draws again: some node's sample changes
+    changed = False
+    for it in range(mb.iterations(6)):
+        b = mb.batch(6, it).graph.blocks[0]
+        gid, bi, bc = b.src_gid.numpy(), b.csr.indptr.numpy(), b.csr.indices.numpy()
+        changed |= any(set(gid[bc[bi[i]:bi[i + 1]]].tolist()) != samples[int(gid[i])] for i in range(b.num_nodes))
+    assert changed
+
+
+def test_every_training_node_is_a_seed_once_per_epoch(graph_file):
+    path, *_ = graph_file
+    _, mb = _engines(path, [2], batch_size=7)
+    mb.begin_epoch(1)
+    seeds = torch.cat([mb.batch(1, it).seeds for it in range(mb.iterations(1))])
+    assert sorted(seeds.tolist()) == sorted(mb.train_idx.tolist())
+
+
+@pytest.mark.parametrize("options,named", [({"fanouts": (3, 0)}, "sampler.fanouts"),
+                                           ({"fanouts": ()}, "sampler.fanouts"),
+                                           ({"batch_size": 0}, "sampler.batch_size"),
+                                           ({"mode": "sometimes"}, "hec.mode"),
+                                           ({"delay": 0}, "hec.delay"),
+                                           ({"push_limit": -1}, "hec.push_limit")])
+def test_bad_options_are_named(graph_file, options, named):
+    path, *_ = graph_file
+    with pytest.raises(ValueError, match=named):
+        create_engine("minibatch", path, get_communicator("local"), torch.device("cpu"), torch.float32,
+                      {"fanouts": (2,), **options})
