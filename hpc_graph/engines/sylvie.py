@@ -171,11 +171,12 @@ class SylvieEngine(Engine):
 
     Options: ``bits`` (``auto``, 1, 2, 4, 8, 32), ``pipeline`` (``off``, ``on``, ``adaptive``),
     ``scale_dtype`` (``float32``, ``float16``), ``ldr_smoothing`` (lambda), ``ldr_window``
-    (delta), ``seed`` (rounding noise).
+    (delta), ``ldr_time`` (``wall``: per second, ``epochs``: per epoch), ``seed`` (rounding noise).
     """
 
     name = "sylvie"
-    OPTIONS = Engine.OPTIONS | frozenset({"bits", "pipeline", "scale_dtype", "ldr_smoothing", "ldr_window"})
+    OPTIONS = Engine.OPTIONS | frozenset({"bits", "pipeline", "scale_dtype", "ldr_smoothing", "ldr_window",
+                                          "ldr_time"})
 
     def __init__(self, source: str, comm: Any, device: torch.device, dtype: torch.dtype,
                  options: dict[str, Any] | None = None):
@@ -196,6 +197,9 @@ class SylvieEngine(Engine):
             raise ValueError(f"engine.ldr_smoothing: must be in [0, 1), got {smoothing!r}")
         if isinstance(window, bool) or not isinstance(window, int) or window < 1:
             raise ValueError(f"engine.ldr_window: must be a positive integer, got {window!r}")
+        self.ldr_time = opts.get("ldr_time", "wall")
+        if self.ldr_time not in ("wall", "epochs"):
+            raise ValueError(f"engine.ldr_time: must be 'wall' or 'epochs', got {self.ldr_time!r}")
         self.bits, self.pipeline = bits, pipeline
         self.param_dtype = PARAM_DTYPES[scale]
         self.seed = int(opts.get("seed", 0))
@@ -277,7 +281,7 @@ class SylvieEngine(Engine):
         both = torch.tensor([loss if math.isfinite(loss) else math.inf, float(seconds)], dtype=torch.float64)
         if self.comm.size > 1:
             self.comm.allreduce_(both, "max")  # exact: every rank gets the same two numbers
-        g_loss, g_seconds = float(both[0]), float(both[1])
+        g_loss, g_seconds = float(both[0]), (float(both[1]) if self.ldr_time == "wall" else 1.0)
         used = self._epoch_bits
         decision = self.policy.update(g_loss, g_seconds)
         self._last = decision

@@ -102,6 +102,11 @@ class EngineConfig:
     ldr_smoothing: float = _field(0.9, _only(_float(0.0, 1.0, hi_open=True), "sylvie"),
                                   "`sylvie`, `bits: auto`: lambda of the smoothed loss F_t = lambda F_(t-1) + "
                                   "(1 - lambda) L_t.")
+    ldr_time: str = _field("wall", _only(_choice("wall", "epochs"), "sylvie"),
+                           "`sylvie`, `bits: auto`: the loss descent rate is per second of the (all-ranks "
+                           "maximum) epoch time (`wall`, as the thesis: faster low-bit epochs count) or per "
+                           "epoch (`epochs`: decisions do not depend on timings, so a run and its resumption "
+                           "are reproducible bit for bit).")
     ldr_window: int = _field(5, _only(_int(1), "sylvie"),
                              "`sylvie`, `bits: auto`: delta, the epochs between the loss descent rates compared, "
                              "and the epochs the bit width is held after each change.")

@@ -42,7 +42,7 @@ def data(tmp_path_factory):
 def test_resumed_run_equals_uninterrupted_run(data, tmp_path):
     proc = run_mpi([SCRIPTS / "restart.py", data / "metis2", data / "random2", tmp_path], 2, timeout=200)
     assert "restart: OK" in proc.stdout, proc.stdout
-    for engine in ("dp", "sar", "sylvie"):
+    for engine in ("dp", "sar", "sylvie", "minibatch"):
         assert f"restart[{engine}] rank 1: resumed run equals uninterrupted run" in proc.stdout
 
 

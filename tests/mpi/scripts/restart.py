@@ -1,7 +1,7 @@
 """Run under ``mpiexec -n 2``: a run stopped at epoch k and resumed equals an uninterrupted run.
 
-For ``dp``, ``sar`` and ``sylvie`` (``bits: auto``, synchronous, a one-epoch LDR window so that
-the bit policy's state matters; float64, dropout on, Adam + step schedule): an
+For ``dp``, ``sar``, ``sylvie`` (``bits: auto``, synchronous, a one-epoch LDR window so that
+the bit policy's state matters) and ``minibatch`` (``hec``; float64, dropout on, Adam + step schedule): an
 uninterrupted 6-epoch run; a run where only rank 1 asks to stop during epoch 3
 (both ranks must stop after epoch 3 with a checkpoint); that run resumed to the
 end. Final parameters must be bitwise equal on every rank, and the metric lines
@@ -31,9 +31,14 @@ EPOCHS, STOP = 6, 3
 
 
 def config(part_dir, engine, run_dir, **model):
+    extra = {}
+    if engine == "minibatch":  # hec: pushes in flight between iterations, caches emptied per epoch
+        extra = {"sampler": {"fanouts": [4, 3], "batch_size": 16},
+                 "hec": {"mode": "hec", "size": 256, "push_limit": 8}}
     return config_from_dict({
+        **extra,
         "data": {"path": str(part_dir)},
-        "engine": {"name": engine, **({"bits": "auto", "ldr_window": 1, "ldr_smoothing": 0.3}
+        "engine": {"name": engine, **({"bits": "auto", "ldr_window": 1, "ldr_smoothing": 0.3, "ldr_time": "epochs"}
                                       if engine == "sylvie" else {})},
         "model": {"name": "sage", "hidden": 8, "dropout": 0.5, **model},
         "optim": {"lr": 0.05, "schedule": "step", "step_size": 2, "gamma": 0.8},
@@ -59,7 +64,7 @@ def main() -> int:
     part, other, work = map(Path, sys.argv[1:4])
     comm = get_communicator()
     rank = comm.rank
-    for engine in ("dp", "sar", "sylvie"):
+    for engine in ("dp", "sar", "sylvie", "minibatch"):
         full = Trainer(config(part, engine, work / engine / "full"), comm)
         full.fit()
 
