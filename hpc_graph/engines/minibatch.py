@@ -343,13 +343,16 @@ class MinibatchEngine(Engine):
         return counts, nbrs, deg
 
     def _sample(self, seed_gid: torch.Tensor, epoch: int) -> tuple[list[Block], torch.Tensor]:
-        """Blocks (input layer first) and the global ids of block 0's sources; feature fetch included."""
+        """Blocks (input layer first) and the input features of block 0's sources (fetched as needed).
+
+        Hops go outwards from the seeds (``fanouts[0]`` first); the blocks are built afterwards,
+        input layer first, once every source's global in-degree is known (block 0's from the fetch).
+        """
         from numba_kernels.cpu.sample import unique_relabel
 
         L = len(self.fanouts)
         first, last = self.first, self.first + self.num_owned
         dst = seed_gid.numpy().astype(np.int64)
-        degree: dict[str, np.ndarray] = {}
         hops = []
         for hop, fanout in enumerate(self.fanouts):
             layer = L - 1 - hop
@@ -381,9 +384,7 @@ class MinibatchEngine(Engine):
                 src, col = src[perm], inv[col]
                 n_local = dst.size + int((~far).sum())
             hops.append((layer, dst, dst_deg, counts, col, src, n_local))
-            degree[layer] = dst_deg
             dst = src[:n_local]
-        inputs = dst  # sources of block 0 that the input layer reads (all of them but cached rows)
         feat, in_deg = self._input_rows(hops[-1][5])
         blocks_rev: list[Block] = []
         next_deg = in_deg.numpy()  # degrees of block 0's sources
@@ -404,7 +405,6 @@ class MinibatchEngine(Engine):
             blocks_rev.append(Block(csr, src_t, self._orig_ids(src_t), torch.from_numpy(src_deg), self.comm,
                                     complete))
             prev_dst_deg = dst_deg
-        del inputs
         return blocks_rev, feat
 
     def _input_rows(self, gids: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
