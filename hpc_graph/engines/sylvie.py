@@ -81,10 +81,15 @@ class BitPolicy:
     Args:
         smoothing: lambda of ``F_t``; window: delta (compared epochs, and cooldown length);
         widths: the candidate widths, smallest first (the start width is the smallest).
+        cooldown: hold a new width for ``window`` epochs (always on in the engine; off only to
+            replay the thesis' rule, see ``benchmarks/sylvie_policy_replay.py``).
+        thesis_sign: use the LDR as printed in the thesis, ``(F_t - F_(t-1)) / time`` (replays only).
     """
 
-    def __init__(self, smoothing: float = 0.9, window: int = 5, widths: tuple[int, ...] = QUANT_BITS):
+    def __init__(self, smoothing: float = 0.9, window: int = 5, widths: tuple[int, ...] = QUANT_BITS,
+                 cooldown: bool = True, thesis_sign: bool = False):
         self.smoothing, self.window, self.widths = float(smoothing), int(window), tuple(widths)
+        self.cooldown, self.thesis_sign = bool(cooldown), bool(thesis_sign)
         self.bits = self.widths[0]
         self.t = 0
         self.smoothed: float | None = None
@@ -100,13 +105,13 @@ class BitPolicy:
             return Decision(self.bits, False, "hold", None)
         prev = self.smoothed
         self.smoothed = loss if prev is None else self.smoothing * prev + (1.0 - self.smoothing) * loss
-        ldr = None if prev is None else (prev - self.smoothed) / seconds
+        ldr = None if prev is None else (prev - self.smoothed) / seconds * (-1.0 if self.thesis_sign else 1.0)
         self.ldr.append(ldr)
         past = self.ldr[t - 1 - delta] if t > delta else None
         if ldr is None or past is None:
             return Decision(self.bits, False, "warmup", ldr)
         more = ldr < past
-        if self.last_change > 0 and t - self.last_change <= delta:  # held for delta epochs after a change
+        if self.cooldown and self.last_change > 0 and t - self.last_change <= delta:  # held after a change
             return Decision(self.bits, more, "cooldown", ldr)
         i = self.widths.index(self.bits)
         if more and i + 1 < len(self.widths):
