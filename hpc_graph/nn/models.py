@@ -1,4 +1,12 @@
-"""``build_model``: the node-classification GNNs (GCN, GraphSAGE, GAT) as one configurable stack."""
+"""``build_model``: every node classifier by name.
+
+``gcn``, ``sage``, ``gat``: one configurable stack of convolutions (:class:`GNN`);
+``gcn2`` (:class:`~hpc_graph.nn.gcn2.GCNII`), ``jknet`` (:class:`~hpc_graph.nn.jknet.JKNet`),
+``appnp`` (:class:`~hpc_graph.nn.appnp.APPNP`), ``sgc`` (:class:`~hpc_graph.nn.sgc.SGC`) and
+``dagnn`` (:class:`~hpc_graph.nn.dagnn.DAGNN`): deep models, one per file. Every model has a
+``message_passing_layers`` attribute: the blocks a sampled mini-batch needs (one per
+``graph.layer(l)`` it asks for).
+"""
 from __future__ import annotations
 
 import torch
@@ -8,12 +16,34 @@ from torch.nn import functional as F
 from hpc_graph.graph.base import GraphContext
 from hpc_graph.nn._dropout import dropout
 from hpc_graph.nn._linear import linear
+from hpc_graph.nn._options import positive_int
+from hpc_graph.nn.appnp import APPNP
+from hpc_graph.nn.dagnn import DAGNN
 from hpc_graph.nn.dist_batch_norm import DistBatchNorm
 from hpc_graph.nn.gat_conv import GATConv
+from hpc_graph.nn.gcn2 import GCNII
 from hpc_graph.nn.gcn_conv import GCNConv
+from hpc_graph.nn.jknet import JKNet
 from hpc_graph.nn.sage_conv import SAGEConv
+from hpc_graph.nn.sgc import SGC
 
-MODELS = ("gcn", "sage", "gat")
+STACK_MODELS = ("gcn", "sage", "gat")
+MODELS = STACK_MODELS + ("gcn2", "jknet", "appnp", "sgc", "dagnn")
+# keyword options of build_model beyond the stack's, the models that use them, and their defaults
+MODEL_OPTIONS = {"alpha": (("gcn2", "appnp"), 0.1), "theta": (("gcn2",), 0.5),
+                 "hops": (("appnp", "sgc", "dagnn"), None), "jk": (("jknet",), "concat"),
+                 "conv": (("jknet",), "gcn")}
+# build_model's stack options (only gcn/sage/gat use them) and their defaults
+STACK_OPTIONS = {"heads": 8, "out_heads": 1, "attn_dropout": 0.0, "residual": False, "batchnorm": False}
+DEFAULT_HOPS = {"appnp": 10, "sgc": 2, "dagnn": 10}
+
+
+def message_passing_layers(name: str, num_layers: int = 2, hops: int | None = None) -> int:
+    """Message-passing layers (blocks of a mini-batch) of model ``name``: ``num_layers`` for the
+    stacks, ``gcn2`` and ``jknet``; ``hops`` (default per model) for ``appnp``, ``sgc``, ``dagnn``."""
+    if name in DEFAULT_HOPS:
+        return positive_int("hops", DEFAULT_HOPS[name] if hops is None else hops)
+    return positive_int("num_layers", num_layers)
 
 
 class GNN(nn.Module):
@@ -47,6 +77,7 @@ class GNN(nn.Module):
                 raise ValueError(f"model.{field}: must be a positive integer, got {value}")
         self.name = name
         self.dropout = float(dropout)
+        self.message_passing_layers = int(num_layers)
         self.activation = F.elu if name == "gat" else F.relu
         self.convs = nn.ModuleList()
         self.residuals = nn.ModuleList() if residual else None
@@ -92,22 +123,55 @@ class GNN(nn.Module):
 
 def build_model(name: str, in_dim: int, hidden: int, out_dim: int, num_layers: int = 2,
                 dropout: float = 0.5, heads: int = 8, out_heads: int = 1, attn_dropout: float = 0.0,
-                residual: bool = False, batchnorm: bool = False) -> GNN:
-    """Build a ``"gcn"``, ``"sage"`` or ``"gat"`` node classifier; see :class:`GNN` for the layout.
+                residual: bool = False, batchnorm: bool = False, *, alpha: float = 0.1, theta: float = 0.5,
+                hops: int | None = None, jk: str = "concat", conv: str = "gcn") -> nn.Module:
+    """Build a node classifier by name; see :class:`GNN` and the model classes for the layouts.
 
     Args:
-        name: model family.
+        name: one of :data:`MODELS`.
         in_dim: input features per node.
-        hidden: hidden width (features per head for GAT).
+        hidden: hidden width (features per head for GAT; unused by ``sgc``).
         out_dim: classes (logits per node).
-        num_layers: graph convolutions (>= 1).
-        dropout: feature dropout before every layer.
+        num_layers: graph convolutions (>= 1) of ``gcn``/``sage``/``gat``/``jknet``, GCNII layers of
+            ``gcn2``, linear layers of the MLP of ``appnp``/``dagnn`` (unused by ``sgc``).
+        dropout: feature dropout (where each model puts it: see its class).
         heads: GAT heads in hidden layers; out_heads: GAT heads (averaged) in the output layer.
         attn_dropout: GAT attention-coefficient dropout.
-        residual: add (projected) skip connections.
-        batchnorm: DistBatchNorm after every hidden convolution.
+        residual: add (projected) skip connections (``gcn``/``sage``/``gat``).
+        batchnorm: DistBatchNorm after every hidden convolution (``gcn``/``sage``/``gat``).
+        alpha: ``gcn2`` initial-residual weight, ``appnp`` teleport probability.
+        theta: ``gcn2``'s lambda (``beta_l = log(theta / l + 1)``).
+        hops: propagation steps K of ``appnp`` (10), ``sgc`` (2), ``dagnn`` (10); None: that default.
+        jk: ``jknet`` combination: ``concat``, ``max`` or ``attention``.
+        conv: ``jknet`` layers: ``gcn`` or ``sage``.
     Returns:
-        a module with ``forward(graph, x) -> float[num_nodes, out_dim]``.
+        a module with ``forward(graph, x) -> float[num_nodes, out_dim]`` and ``message_passing_layers``.
+    Raises:
+        ValueError naming ``model.<field>``: an unknown model, a bad value, or an option set (to a
+        value other than its default) for a model that does not use it.
     """
-    return GNN(name, in_dim, hidden, out_dim, num_layers=num_layers, dropout=dropout, heads=heads,
-               out_heads=out_heads, attn_dropout=attn_dropout, residual=residual, batchnorm=batchnorm)
+    if name not in MODELS:
+        raise ValueError(f"model.name: unknown model {name!r}; choose one of {list(MODELS)}")
+    given = {"alpha": alpha, "theta": theta, "hops": hops, "jk": jk, "conv": conv}
+    for option, (users, default) in MODEL_OPTIONS.items():
+        if name not in users and given[option] != default:
+            raise ValueError(f"model.{option}: only used by model {' or '.join(map(repr, users))}, "
+                             f"but model.name is {name!r}")
+    stack = {"heads": heads, "out_heads": out_heads, "attn_dropout": attn_dropout, "residual": residual,
+             "batchnorm": batchnorm}
+    if name in STACK_MODELS:
+        return GNN(name, in_dim, hidden, out_dim, num_layers=num_layers, dropout=dropout, **stack)
+    for option, default in STACK_OPTIONS.items():
+        if stack[option] != default:
+            raise ValueError(f"model.{option}: only used by model {' or '.join(map(repr, STACK_MODELS))}, "
+                             f"but model.name is {name!r}")
+    steps = message_passing_layers(name, num_layers, hops)
+    if name == "gcn2":
+        return GCNII(in_dim, hidden, out_dim, num_layers=num_layers, alpha=alpha, theta=theta, dropout=dropout)
+    if name == "jknet":
+        return JKNet(in_dim, hidden, out_dim, num_layers=num_layers, jk=jk, conv=conv, dropout=dropout)
+    if name == "appnp":
+        return APPNP(in_dim, hidden, out_dim, num_layers=num_layers, hops=steps, alpha=alpha, dropout=dropout)
+    if name == "sgc":
+        return SGC(in_dim, out_dim, hops=steps, dropout=dropout)
+    return DAGNN(in_dim, hidden, out_dim, num_layers=num_layers, hops=steps, dropout=dropout)

@@ -51,6 +51,15 @@ def _only(spec: dict, *engines: str) -> dict:
     return {**spec, "engines": engines}
 
 
+def _for_models(spec: dict, *models: str) -> dict:
+    """``spec`` of a model field that only the named models use (setting it for another model is an error)."""
+    return {**spec, "models": models}
+
+
+MODEL_NAMES = ("gcn", "sage", "gat", "gcn2", "jknet", "appnp", "sgc", "dagnn")  # = hpc_graph.nn.MODELS
+_STACKS = ("gcn", "sage", "gat")
+
+
 _BOOL = {"kind": "bool"}
 _BITS = {"kind": "bits"}
 _BANDWIDTH = {"kind": "bandwidth"}
@@ -114,17 +123,41 @@ class EngineConfig:
 
 @dataclasses.dataclass
 class ModelConfig:
-    """The GNN (see `hpc_graph.nn.build_model`)."""
-    name: str = _field("gcn", _choice("gcn", "sage", "gat"), "Layer type of every layer.")
-    hidden: int = _field(16, _int(1), "Hidden width (per attention head for `gat`).")
-    num_layers: int = _field(2, _int(1), "Number of graph layers (the last one outputs the classes).")
+    """The GNN (see `hpc_graph.nn.build_model`). Fields marked with model names may only be set for those models."""
+    name: str = _field("gcn", _choice(*MODEL_NAMES),
+                       "`gcn`, `sage`, `gat`: a stack of that layer type; `gcn2`: GCNII (initial residual and "
+                       "identity mapping); `jknet`: jumping knowledge over GCN or SAGE layers; `appnp`: MLP, then "
+                       "personalised-PageRank propagation; `sgc`: linear model on K-hop smoothed features "
+                       "(computed once); `dagnn`: MLP, K propagations mixed by learned per-node gates.")
+    hidden: int = _field(16, _int(1), "Hidden width (per attention head for `gat`; unused by `sgc`).")
+    num_layers: int = _field(2, _int(1), "Graph layers of `gcn`, `sage`, `gat` (the last one outputs the classes) "
+                                         "and `jknet`; GCNII layers of `gcn2`; linear layers of the MLP of "
+                                         "`appnp` and `dagnn`; unused by `sgc`.")
     dropout: float = _field(0.5, _float(0.0, 1.0, hi_open=True), "Feature dropout probability before every layer.")
-    heads: int = _field(8, _int(1), "`gat`: attention heads of the hidden layers.")
-    out_heads: int = _field(1, _int(1), "`gat`: attention heads of the output layer (averaged).")
-    attn_dropout: float = _field(0.0, _float(0.0, 1.0, hi_open=True), "`gat`: dropout on attention coefficients.")
-    residual: bool = _field(False, _BOOL, "Add a skip connection around every layer (identity, or a bias-free "
-                                          "projection when the widths differ).")
-    batchnorm: bool = _field(False, _BOOL, "Batch normalisation (statistics over all ranks) after hidden layers.")
+    heads: int = _field(8, _for_models(_int(1), *_STACKS), "`gat`: attention heads of the hidden layers.")
+    out_heads: int = _field(1, _for_models(_int(1), *_STACKS), "`gat`: attention heads of the output layer "
+                                                               "(averaged).")
+    attn_dropout: float = _field(0.0, _for_models(_float(0.0, 1.0, hi_open=True), *_STACKS),
+                                 "`gat`: dropout on attention coefficients.")
+    residual: bool = _field(False, _for_models(_BOOL, *_STACKS),
+                            "`gcn`, `sage`, `gat`: add a skip connection around every layer (identity, or a "
+                            "bias-free projection when the widths differ).")
+    batchnorm: bool = _field(False, _for_models(_BOOL, *_STACKS),
+                             "`gcn`, `sage`, `gat`: batch normalisation (statistics over all ranks) after hidden "
+                             "layers.")
+    alpha: float = _field(0.1, _for_models(_float(0.0, 1.0), "gcn2", "appnp"),
+                          "`gcn2`: weight of the initial residual h_0 in every layer; `appnp`: teleport "
+                          "probability of the personalised PageRank.")
+    theta: float = _field(0.5, _for_models(_float(0.0, lo_open=True), "gcn2"),
+                          "`gcn2`: the paper's lambda (PyG's theta): layer l maps with "
+                          "(1 - beta_l) I + beta_l W_l, beta_l = log(theta / l + 1).")
+    hops: int | None = _field(None, _for_models(_int(1, optional=True), "appnp", "sgc", "dagnn"),
+                              "`appnp`, `sgc`, `dagnn`: propagation steps K, each one message-passing layer; "
+                              "`null`: 10 for `appnp` and `dagnn`, 2 for `sgc`.")
+    jk: str = _field("concat", _for_models(_choice("concat", "max", "attention"), "jknet"),
+                     "`jknet`: how the layer outputs are combined: concatenated, element-wise maximum, or "
+                     "weighted by a softmax over the layers of a learned per-node score.")
+    conv: str = _field("gcn", _for_models(_choice("gcn", "sage"), "jknet"), "`jknet`: the layer type.")
 
 
 @dataclasses.dataclass
@@ -185,7 +218,8 @@ class SamplerConfig:
     fanouts: Any = _field((15, 10, 5), _only(_FANOUTS, "minibatch"),
                           "Neighbours sampled per node at each hop, seed hop first (PyG's order: `[15, 10, 5]` "
                           "gives each seed 15 neighbours, and the input layer's nodes 5); -1 takes all. One "
-                          "entry per model layer.")
+                          "entry per message-passing layer of the model: `model.num_layers` (`gcn`, `sage`, `gat`, "
+                          "`gcn2`, `jknet`) or K = `model.hops` (`appnp`, `sgc`, `dagnn`).")
     batch_size: int = _field(1024, _only(_int(1), "minibatch"), "Seed (training) nodes per rank per iteration.")
     feature_cache: int = _field(0, _only(_int(0), "minibatch"),
                                 "Remote nodes whose input features each rank caches at start-up (the "
@@ -341,8 +375,19 @@ def config_from_dict(raw: Any) -> Config:
         if key not in SECTIONS:
             raise ConfigError(f"{key}: unknown section (known: {', '.join(SECTIONS)})")
     config = Config(**{name: _section_from_dict(name, raw.get(name)) for name in SECTIONS})
+    _check_model_fields(config)
     _check_engine_fields(config)
     return config
+
+
+def _check_model_fields(config: Config) -> None:
+    """A model field that only some models use must keep its default under any other model."""
+    name = config.model.name
+    for f in dataclasses.fields(ModelConfig):
+        models = f.metadata.get("models")
+        if models and name not in models and getattr(config.model, f.name) != f.default:
+            raise ConfigError(f"model.{f.name}: only used by model {' or '.join(map(repr, models))}, "
+                              f"but model.name is {name!r}")
 
 
 def _check_engine_fields(config: Config) -> None:
@@ -354,9 +399,18 @@ def _check_engine_fields(config: Config) -> None:
             if engines and name not in engines and getattr(getattr(config, section), f.name) != f.default:
                 raise ConfigError(f"{section}.{f.name}: only used by engine {' or '.join(map(repr, engines))}, "
                                   f"but engine.name is {name!r}")
-    if name == "minibatch" and len(config.sampler.fanouts) != config.model.num_layers:
-        raise ConfigError(f"sampler.fanouts: one fan-out per model layer is needed ({config.model.num_layers} "
-                          f"for model.num_layers), got {list(config.sampler.fanouts)}")
+    if name == "minibatch":
+        from hpc_graph.nn.models import message_passing_layers
+
+        mc = config.model
+        layers = message_passing_layers(mc.name, mc.num_layers, mc.hops)
+        if mc.name not in ("appnp", "sgc", "dagnn"):
+            field = "model.num_layers"
+        else:
+            field = "model.hops" if mc.hops is not None else f"model.hops, the default of {mc.name!r}"
+        if len(config.sampler.fanouts) != layers:  # one block per message-passing layer
+            raise ConfigError(f"sampler.fanouts: one fan-out per model layer is needed ({layers} for {field}), "
+                              f"got {list(config.sampler.fanouts)}")
 
 
 def validate_config(config: Config) -> Config:

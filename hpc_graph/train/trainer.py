@@ -222,7 +222,8 @@ class Trainer:
         self.model = build_model(mc.name, self.engine.num_features, mc.hidden, self.engine.num_classes,
                                  num_layers=mc.num_layers, dropout=mc.dropout, heads=mc.heads,
                                  out_heads=mc.out_heads, attn_dropout=mc.attn_dropout, residual=mc.residual,
-                                 batchnorm=mc.batchnorm).to(device=self.device, dtype=self.dtype)
+                                 batchnorm=mc.batchnorm, alpha=mc.alpha, theta=mc.theta, hops=mc.hops, jk=mc.jk,
+                                 conv=mc.conv).to(device=self.device, dtype=self.dtype)
         if self.size > 1:
             for t in self.model.state_dict().values():
                 comm.bcast(t, 0)

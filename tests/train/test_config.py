@@ -57,7 +57,8 @@ BAD = [
     ({"model": {"hidden": 2.5}}, "model.hidden: must be a positive integer, got 2.5"),
     ({"model": {"hidden": True}}, "model.hidden: must be a positive integer, got True"),
     ({"model": {"num_layers": 0}}, "model.num_layers: must be a positive integer"),
-    ({"model": {"name": "gin"}}, "model.name: must be one of 'gcn', 'sage', 'gat', got 'gin'"),
+    ({"model": {"name": "gin"}}, "model.name: must be one of 'gcn', 'sage', 'gat', 'gcn2', 'jknet', 'appnp', 'sgc', "
+                                  "'dagnn', got 'gin'"),
     ({"model": {"dropout": 1.0}}, "model.dropout: must be a number in [0, 1), got 1.0"),
     ({"model": {"attn_dropout": -0.1}}, "model.attn_dropout: must be a number in [0, 1)"),
     ({"model": {"residual": "yes"}}, "model.residual: must be true or false, got 'yes'"),
