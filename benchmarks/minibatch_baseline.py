@@ -292,6 +292,7 @@ def main(argv: list[str] | None = None) -> int:
 
     warnings.filterwarnings("ignore", message=".*[Ss]parse.*")
     warnings.filterwarnings("ignore", message=".*CPU affinity.*")  # DGL: affinity pinning is off on purpose
+    warnings.filterwarnings("ignore", message=".*without a .pyg-lib. installation.*")  # reported as "trim": false
     torch.set_num_threads(args.threads)
     torch.manual_seed(args.seed)
     np.random.seed(args.seed)
