@@ -43,12 +43,26 @@ def _engines(path, fanouts, batch_size=16, **opts):
     return single, mb
 
 
-@pytest.mark.parametrize("model_name", ["gcn", "sage", "gat"])
+# build_model arguments; one block per message-passing layer of each model
+_ALL_NEIGHBOURS = {
+    "gcn": ("gcn", {"num_layers": 3, "heads": 2}), "sage": ("sage", {"num_layers": 3, "heads": 2}),
+    "gat": ("gat", {"num_layers": 3, "heads": 2}),
+    "gcn2": ("gcn2", {"num_layers": 4, "alpha": 0.2, "theta": 0.7}),
+    "jknet-concat-gcn": ("jknet", {"num_layers": 3, "jk": "concat"}),
+    "jknet-max-sage": ("jknet", {"num_layers": 2, "jk": "max", "conv": "sage"}),
+    "jknet-attention-gcn": ("jknet", {"num_layers": 3, "jk": "attention"}),
+    "appnp": ("appnp", {"hops": 3, "alpha": 0.2}), "sgc": ("sgc", {"hops": 2}),
+    "dagnn": ("dagnn", {"hops": 3}),
+}
+
+
+@pytest.mark.parametrize("model_name", list(_ALL_NEIGHBOURS))
 def test_all_neighbours_give_the_full_graph_rows_loss_and_gradients(graph_file, model_name):
     path, *_ = graph_file
-    single, mb = _engines(path, [-1, -1, -1])
     torch.manual_seed(3)
-    model = build_model(model_name, 6, 5, 3, num_layers=3, dropout=0.0, heads=2).double()
+    name, kwargs = _ALL_NEIGHBOURS[model_name]
+    model = build_model(name, 6, 5, 3, dropout=0.0, **kwargs).double()
+    single, mb = _engines(path, [-1] * model.message_passing_layers)
     twin = copy.deepcopy(model)
     full = model(single.graph, single.feat)
     mb.begin_epoch(1)

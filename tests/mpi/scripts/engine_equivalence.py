@@ -3,7 +3,9 @@
 Rank 0 writes random datasets (float features, isolated nodes, a variant with a
 single training node so that some parts have none) and partitions them into N
 parts (random and METIS); then every rank compares, for GCN, SAGE and GAT
-(with attention dropout), in float64:
+(with attention dropout) and the deep models (4-layer GCNII, 3-layer JKNet
+with a different combination and layer type per dataset, APPNP with K=3,
+SGC with K=2 (its cached propagation included), DAGNN with K=3), in float64:
 
 * forward outputs of its owned rows with the single engine's rows ``orig_id``,
 * the loss (sum of CE over train nodes / global train count, all-reduced),
@@ -45,6 +47,9 @@ def _comm():
         install_abort_handler(comm)
     except ImportError:
         pass
+    # threads as a user's ranks get them (one each when the ranks share the cores), not every core per rank
+    from hpc_graph.comm.threads import configure_threads
+    configure_threads(comm=comm, world=True)
     return comm
 
 
@@ -92,10 +97,19 @@ def _close_to(what: str, got: torch.Tensor, want: torch.Tensor, rtol: float) -> 
         raise AssertionError(f"{what}: max abs error {err:.3e} vs scale {scale:.3e}")
 
 
-def _model(name: str, in_dim: int, classes: int, attn_dropout: float) -> torch.nn.Module:
+def _models(case: int) -> list[tuple[str, dict]]:
+    """(name, build_model options) of every model checked on dataset case ``case`` (0, 1, 2)."""
+    stack = {"num_layers": 2, "heads": 3, "out_heads": 2}
+    return [("gcn", stack), ("sage", stack), ("gat", {**stack, "attn_dropout": 0.3}),
+            ("gcn2", {"num_layers": 4, "alpha": 0.2, "theta": 0.7}),
+            ("jknet", {"num_layers": 3, "jk": ("concat", "max", "attention")[case],
+                       "conv": ("gcn", "sage", "gcn")[case]}),
+            ("appnp", {"hops": 3, "alpha": 0.2}), ("sgc", {"hops": 2}), ("dagnn", {"hops": 3})]
+
+
+def _model(name: str, in_dim: int, classes: int, options: dict) -> torch.nn.Module:
     torch.manual_seed(1234)
-    return build_model(name, in_dim, 5, classes, num_layers=2, dropout=0.0, heads=3, out_heads=2,
-                       attn_dropout=attn_dropout).double()
+    return build_model(name, in_dim, 5, classes, dropout=0.0, **options).double()
 
 
 def _loss(out, engine, global_train: float) -> torch.Tensor:
@@ -184,9 +198,9 @@ def _expected_bytes(engine_name: str, dg, calls: list) -> int:
     return total
 
 
-def _reference(ds_path: Path, model_name: str, attn_dropout: float, local_comm) -> dict:
+def _reference(ds_path: Path, model_name: str, options: dict, local_comm) -> dict:
     eng = create_engine("single", str(ds_path), local_comm, "cpu", torch.float64)
-    model = _model(model_name, eng.num_features, eng.num_classes, attn_dropout)
+    model = _model(model_name, eng.num_features, eng.num_classes, options)
     start = copy.deepcopy(model)
     train_count = float(eng.masks["train"].sum())
     out = model(eng.graph, eng.feat)
@@ -285,11 +299,10 @@ def main() -> int:
 
     checked = 0
     bytes_by = {}
-    for ds, method, _ in cases:
+    for case, (ds, method, _) in enumerate(cases):
         pdir = work / f"{ds}-{method}-{n}"
-        for model_name in ("gcn", "sage", "gat"):
-            attn = 0.3 if model_name == "gat" else 0.0
-            ref = _reference(work / f"{ds}.h5", model_name, attn, local)
+        for model_name, model_options in _models(case):
+            ref = _reference(work / f"{ds}.h5", model_name, model_options, local)
             first_dp = None
             for engine_name, options in (("dp", {}), ("sar", {"prefetch": False}), ("sar", {"prefetch": True}),
                                          ("sylvie", {"bits": 32, "pipeline": "off"})):
