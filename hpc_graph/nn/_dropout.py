@@ -1,14 +1,15 @@
-"""Feature dropout with a cheap CPU mask (private to the models).
+"""Feature dropout with a cheap counter-based mask (private to the models).
 
 ``torch.nn.functional.dropout`` on the CPU draws one Bernoulli variate per
-element from the Mersenne twister, which dominates a full-batch epoch on
-wide inputs (Cora: 2708 x 1433 features, ~5x the rest of a GCN step). Here one
-64-bit draw yields four 16-bit uniforms; an element is kept when its uniform
-is at least ``round(p * 65536)``, i.e. with probability
+element from the Mersenne twister and keeps the mask for the backward pass.
+Here (:mod:`hpc_graph.ops.dropout`) one kernel pass hashes (key, element
+index) into four 16-bit uniforms per 64-bit hash; an element is kept when its
+uniform is at least ``round(p * 65536)``, i.e. with probability
 ``keep = 1 - round(p * 65536) / 65536`` (within 2^-17 of ``1 - p``), and kept
-values are scaled by ``1 / keep`` so the expectation is exact. The draws come
-from torch's default generator, so ``torch.manual_seed`` makes them
-reproducible. CUDA tensors use ``torch.nn.functional.dropout``.
+values are scaled by ``1 / keep`` so the expectation is exact. The backward
+pass redraws the mask from the key: nothing N x F is stored. The key comes
+from torch's default generator, so ``torch.manual_seed`` makes runs
+reproducible; CPU and CUDA twins drop the same elements.
 
 A sparse CSR input (bag-of-words features, see ``data.feature_layout``) has
 only its stored values dropped: the same distribution as dense dropout, since
@@ -40,12 +41,8 @@ def dropout(x: torch.Tensor, p: float, training: bool) -> torch.Tensor:
             out = torch.sparse_csr_tensor(x.crow_indices(), x.col_indices(), values, x.shape,
                                           check_invariants=False)
         return share_transpose_plan(x, out)
-    if x.is_cuda:
+    if x.dtype not in (torch.float32, torch.float64):
         return F.dropout(x, p, True)
-    cut = int(round(p * _LEVELS))
-    keep_prob = 1.0 - cut / _LEVELS
-    n = x.numel()
-    words = torch.empty((n + 3) // 4, dtype=torch.int64, device=x.device).random_(-2**63, None)
-    uniform16 = words.view(torch.int16)[:n].view(x.shape)  # signed: uniform over [-32768, 32767]
-    keep = uniform16 >= cut - _LEVELS // 2
-    return x.mul(keep).mul_(1.0 / keep_prob)
+    from hpc_graph.ops.dropout import dropout as fused
+
+    return fused(x, p)

@@ -1,0 +1,43 @@
+"""Dropout in one pass with a counter-based mask (CUDA twin of :mod:`numba_kernels.cpu.dropout`).
+
+One thread per 64-bit word of four 16-bit uniforms (grid-stride): the same
+hash, the same mask, so a CUDA run drops exactly the elements the CPU twin
+drops for the same key. ``x * scale`` is one multiplication (nothing to fuse).
+"""
+from __future__ import annotations
+
+import numpy as np
+from numba import cuda
+
+from numba_kernels.cpu.dropout import key_hash
+from numba_kernels.cuda._attention_common import _splitmix64
+
+__all__ = ["dropout_apply", "key_hash"]
+
+_THREADS = 256
+_MAX_BLOCKS = 4096
+
+
+@cuda.jit
+def _apply(x, kh, cut, scale, out):
+    n = x.shape[0]
+    words = (n + 3) // 4
+    start = cuda.grid(1)
+    stride = cuda.gridsize(1)
+    for w in range(start, words, stride):
+        h = _splitmix64(kh ^ np.uint64(w))
+        for lane in range(4):
+            i = 4 * w + lane
+            if i < n:
+                u = np.int64((h >> np.uint64(16 * lane)) & np.uint64(0xFFFF))
+                out[i] = x[i] * scale if u >= cut else x[i] * 0
+
+
+def dropout_apply(x, key, cut, scale, out) -> None:
+    """See :func:`numba_kernels.cpu.dropout.dropout_apply`; ``x``/``out`` are 1-D device arrays."""
+    n = x.shape[0]
+    if n == 0:
+        return
+    words = (n + 3) // 4
+    blocks = min(_MAX_BLOCKS, (words + _THREADS - 1) // _THREADS)
+    _apply[blocks, _THREADS](x, key_hash(key), int(cut), x.dtype.type(scale), out)

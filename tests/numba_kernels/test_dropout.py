@@ -1,0 +1,96 @@
+"""Counter-based dropout kernel (CPU and CUDA twins) against a plain Python reference of the mask."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numba
+import numpy as np
+import pytest
+import torch
+
+from numba_kernels.cpu.dropout import dropout_apply, key_hash
+
+M64 = (1 << 64) - 1
+
+
+def _ref_mask(n: int, key: int, cut: int) -> np.ndarray:
+    kh = int(key_hash(key))
+    keep = np.empty(n, dtype=bool)
+    for i in range(n):
+        z = ((kh ^ (i // 4)) + 0x9E3779B97F4A7C15) & M64
+        z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & M64
+        z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & M64
+        z ^= z >> 31
+        keep[i] = ((z >> (16 * (i % 4))) & 0xFFFF) >= cut
+    return keep
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("n", [1, 7, 1000, 70001])
+def test_mask_and_scale_match_the_reference(dtype, n):
+    x = np.random.default_rng(n).standard_normal(n).astype(dtype) + 3.0  # no zeros
+    out = np.full(n, np.nan, dtype)
+    cut = int(0.3 * 65536)
+    dropout_apply(x, 12345, cut, 1 / 0.7, out)
+    keep = _ref_mask(n, 12345, cut) if n <= 1000 else None
+    if keep is not None:
+        np.testing.assert_array_equal(out != 0, keep)
+    np.testing.assert_allclose(out[out != 0], x[out != 0] * dtype(1 / 0.7), rtol=1e-6)
+    if n >= 1000:
+        assert abs((out != 0).mean() - 0.7) < 0.02
+
+
+def test_same_key_same_mask_any_thread_count_and_in_place():
+    x = np.arange(1, 300001, dtype=np.float32)
+    a, b = np.empty_like(x), np.empty_like(x)
+    before = numba.get_num_threads()
+    try:
+        numba.set_num_threads(1)
+        dropout_apply(x, 7, 20000, 2.0, a)
+    finally:
+        numba.set_num_threads(before)
+    dropout_apply(x, 7, 20000, 2.0, b)
+    np.testing.assert_array_equal(a, b)
+    c = x.copy()
+    dropout_apply(c, 7, 20000, 2.0, c)  # in place
+    np.testing.assert_array_equal(a, c)
+    d = np.empty_like(x)
+    dropout_apply(x, 8, 20000, 2.0, d)
+    assert not np.array_equal(a, d)
+
+
+def test_op_backward_redraws_the_forward_mask_and_keeps_nothing():
+    from hpc_graph.ops.dropout import dropout
+
+    torch.manual_seed(0)
+    x = (torch.rand(500, 33, dtype=torch.float64) + 1).requires_grad_()
+    saved = []
+    with torch.autograd.graph.saved_tensors_hooks(lambda t: saved.append(t) or t, lambda t: t):
+        y = dropout(x, 0.4)
+    assert saved == []  # no mask, no input kept for backward
+    g = torch.rand_like(y)
+    y.backward(g)
+    kept = y != 0
+    torch.testing.assert_close(x.grad, torch.where(kept, g / (1 - round(0.4 * 65536) / 65536), torch.zeros_like(g)))
+
+
+def test_cuda_twin_under_the_simulator_drops_the_same_elements():
+    code = """
+import numpy as np
+from numba import cuda
+from numba_kernels.cpu import dropout as c
+from numba_kernels.cuda import dropout as g
+x = np.random.default_rng(1).standard_normal(5003).astype(np.float32) + 3
+a = np.empty_like(x); c.dropout_apply(x, 99, 30000, 1.5, a)
+dx, do = cuda.to_device(x), cuda.device_array_like(x)
+g.dropout_apply(dx, 99, 30000, 1.5, do)
+b = do.copy_to_host()
+assert np.array_equal(a, b), (a[:8], b[:8])
+print("ok")
+"""
+    env = dict(os.environ, NUMBA_ENABLE_CUDASIM="1", PYTHONPATH=str(Path(__file__).resolve().parents[2]))
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300)
+    assert proc.returncode == 0 and "ok" in proc.stdout, proc.stderr
