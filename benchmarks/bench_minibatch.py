@@ -192,7 +192,7 @@ def cmd_speed(args) -> int:
                 res["records"][key] = rec
                 _save(out, res)
                 print(f"{key:28} epoch {rec.get('median_epoch_seconds') or float('nan'):8.2f} s, sampling "
-                      f"{rec.get('sample_seconds', rec.get('sampling_seconds_per_epoch', float('nan'))) or float('nan'):7.2f}"
+                      f"{rec.get('sample_seconds', rec.get('median_sampling_seconds', float('nan'))) or float('nan'):7.2f}"
                       f" s" + (f" FAILED {rec['error'][-300:]}" if "error" in rec else ""), flush=True)
     res["load_after"] = os.getloadavg()
     _save(out, res)
@@ -308,7 +308,7 @@ def cmd_report(args) -> int:
                 if "error" in r:
                     print(f"| {ds} | {model} | {fw} | failed | | | | | |")
                     continue
-                samp = r.get("sample_seconds", r.get("sampling_seconds_per_epoch"))
+                samp = r.get("sample_seconds", r.get("median_sampling_seconds"))
                 rate = r.get("sampled_edges_per_second")
                 line = (f"| {ds} | {model} | {fw} | {r['median_epoch_seconds']:.2f} | {samp:.2f} | "
                         f"{samp / r['median_epoch_seconds']:.0%} | {rate / 1e6:.1f} M | {r.get('peak_rss_mb', 0):.0f} |")

@@ -494,9 +494,7 @@ class MinibatchEngine(Engine):
                 w = self.owned_degree.numpy()[lids[cand]].astype(np.float64) + 1.0
                 keys = np.log(rng.random(cand.size)) / w  # Efraimidis-Spirakis: the largest keys win
                 cand = np.sort(cand[np.argpartition(-keys, self.push_limit - 1)[:self.push_limit]])
-            g = torch.from_numpy(np.ascontiguousarray(gids[cand]))
-            rows = hd[torch.from_numpy(cand)].contiguous()
-            sends[q] = torch.cat([g.view(torch.uint8), rows.view(torch.uint8).reshape(-1)])
+            sends[q] = _as_bytes(torch.from_numpy(gids[cand].astype(np.int64)), hd[torch.from_numpy(cand)])
             count_sends[q] = torch.tensor([cand.size], dtype=torch.int64)
             self._s["pushed_rows"][layer] += int(cand.size)
         b0 = self.comm.bytes_sent
@@ -533,6 +531,20 @@ class MinibatchEngine(Engine):
             while queue and queue[0].iteration + self.delay <= iteration:
                 self._receive(layer, queue.pop(0))
         self._s["push_seconds"] += time.perf_counter() - t0
+
+
+def _as_bytes(*parts: torch.Tensor) -> torch.Tensor:
+    """The elements of ``parts`` back to back as one uint8[sum of nbytes] tensor.
+
+    Copied into fresh buffers first: a tensor of 0 or 1 element may carry a stride
+    of 0, which ``Tensor.view(torch.uint8)`` refuses.
+    """
+    out = []
+    for t in parts:
+        buf = torch.empty(t.numel(), dtype=t.dtype)
+        buf.copy_(t.reshape(-1))
+        out.append(buf.view(torch.uint8))
+    return torch.cat(out)
 
 
 def _pack_answers(deg: np.ndarray, counts: np.ndarray, nbrs: np.ndarray, per_rank: np.ndarray

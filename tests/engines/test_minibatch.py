@@ -141,3 +141,20 @@ def test_bad_options_are_named(graph_file, options, named):
     with pytest.raises(ValueError, match=named):
         create_engine("minibatch", path, get_communicator("local"), torch.device("cpu"), torch.float32,
                       {"fanouts": (2,), **options})
+
+
+def test_push_packing_handles_empty_and_single_rows():
+    # a push to a peer may hold no row (or one): such tensors can carry stride 0, which a dtype view refuses
+    from hpc_graph.engines.minibatch import _as_bytes
+
+    rng = np.random.default_rng(0)
+    gids = rng.integers(0, 1000, 5)
+    rows = torch.from_numpy(rng.standard_normal((5, 3)).astype(np.float32))
+    for cand in (np.zeros(0, np.int64), np.array([3]), np.array([0, 2, 4])):
+        g = torch.from_numpy(gids[cand].astype(np.int64))
+        packed = _as_bytes(g, rows[torch.from_numpy(cand)])
+        assert packed.dtype == torch.uint8 and packed.numel() == cand.size * (8 + 3 * 4)
+        back_g = packed[:8 * cand.size].view(torch.int64) if cand.size else torch.zeros(0, dtype=torch.int64)
+        assert np.array_equal(back_g.numpy(), gids[cand])
+        back_rows = packed[8 * cand.size:].view(torch.float32).reshape(-1, 3) if cand.size else rows[:0]
+        assert torch.equal(back_rows, rows[torch.from_numpy(cand)])
