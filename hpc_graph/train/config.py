@@ -400,11 +400,11 @@ def _check_engine_fields(config: Config) -> None:
                 raise ConfigError(f"{section}.{f.name}: only used by engine {' or '.join(map(repr, engines))}, "
                                   f"but engine.name is {name!r}")
     if name == "minibatch":
-        from hpc_graph.nn.models import message_passing_layers
+        from hpc_graph.nn.models import DEFAULT_HOPS, message_passing_layers
 
         mc = config.model
         layers = message_passing_layers(mc.name, mc.num_layers, mc.hops)
-        if mc.name not in ("appnp", "sgc", "dagnn"):
+        if mc.name not in DEFAULT_HOPS:
             field = "model.num_layers"
         else:
             field = "model.hops" if mc.hops is not None else f"model.hops, the default of {mc.name!r}"
