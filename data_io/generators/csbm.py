@@ -25,7 +25,8 @@ from data_io.dataset import GraphData
 from data_io.errors import check_output
 from data_io.generators._common import (
     STREAM_DEGREE, STREAM_EDGES, STREAM_LABEL, STREAM_MEANS, GeneratedGraph, GeneratorParamError, check_float,
-    check_int, check_seed, check_split, coo_to_csr, gaussian_feat_blocks, random_split, rng_for,
+    check_edge_types, check_int, check_seed, check_split, coo_to_csr, draw_edge_types, gaussian_feat_blocks,
+    random_split, rng_for,
 )
 
 log = logging.getLogger(__name__)
@@ -156,7 +157,7 @@ def _build(num_nodes, num_classes, avg_degree, homophily, feat_dim, snr, power_l
 def generate_csbm(num_nodes: int = 10000, num_classes: int = 5, *, avg_degree: float = 10.0,
                   homophily: float = 0.8, feat_dim: int = 128, snr: float = 1.0,
                   power_law: float | None = None, train_frac: float = 0.6, val_frac: float = 0.2,
-                  test_frac: float = 0.2, seed: int = 0) -> GraphData:
+                  test_frac: float = 0.2, seed: int = 0, edge_types: int = 0) -> GraphData:
     """Generate a contextual stochastic block model graph in memory.
 
     Args:
@@ -172,6 +173,10 @@ def generate_csbm(num_nodes: int = 10000, num_classes: int = 5, *, avg_degree: f
             follow a power law with this exponent (degree-corrected SBM).
         train_frac, val_frac, test_frac: random disjoint split (sum <= 1).
         seed: int >= 0; equal seeds give identical arrays.
+        edge_types: 0 (untyped), or R: ``edge_type`` int16[E] where edges inside a class take one
+            of the first ceil(R / 2) types and edges between classes one of the others (hashed from
+            the unordered end points: an edge and its reverse share a type), so relation-aware
+            models can use the types; R = 1 makes every edge type 0.
 
     Returns:
         Undirected :class:`GraphData` (symmetric CSR, sorted rows, no self-loops or
@@ -183,13 +188,14 @@ def generate_csbm(num_nodes: int = 10000, num_classes: int = 5, *, avg_degree: f
     """
     args = _check_args(num_nodes, num_classes, avg_degree, homophily, feat_dim, snr, power_law,
                        (train_frac, val_frac, test_frac), seed)
-    return _build(*args).to_graph_data()
+    edge_types = check_edge_types(edge_types)
+    return _typed(_build(*args), edge_types, args[-1]).to_graph_data()
 
 
 def write_csbm(path: str | os.PathLike, num_nodes: int = 10000, num_classes: int = 5, *,
                avg_degree: float = 10.0, homophily: float = 0.8, feat_dim: int = 128, snr: float = 1.0,
                power_law: float | None = None, train_frac: float = 0.6, val_frac: float = 0.2,
-               test_frac: float = 0.2, seed: int = 0, force: bool = False) -> dict[str, int]:
+               test_frac: float = 0.2, seed: int = 0, edge_types: int = 0, force: bool = False) -> dict[str, int]:
     """Generate a CSBM graph straight into a dataset file (features in row blocks).
 
     Same arguments and same arrays as :func:`generate_csbm`. The file appears only
@@ -200,5 +206,14 @@ def write_csbm(path: str | os.PathLike, num_nodes: int = 10000, num_classes: int
     """
     args = _check_args(num_nodes, num_classes, avg_degree, homophily, feat_dim, snr, power_law,
                        (train_frac, val_frac, test_frac), seed)
+    edge_types = check_edge_types(edge_types)
     check_output(path, force)
-    return _build(*args).write(path, force)
+    return _typed(_build(*args), edge_types, args[-1]).write(path, force)
+
+
+def _typed(g, edge_types: int, seed: int):
+    """``g`` with class-aware hashed edge types when ``edge_types`` > 0 (see :func:`generate_csbm`)."""
+    if edge_types:
+        g.edge_type = draw_edge_types(g.indptr, g.indices, edge_types, seed, label=g.label)
+        g.name += f"-t{edge_types}"
+    return g

@@ -22,7 +22,7 @@ from data_io.dataset import GraphData
 from data_io.errors import check_output
 from data_io.generators._common import (
     STREAM_LABEL, STREAM_PERM, GeneratedGraph, GeneratorParamError, check_float, check_int, check_seed,
-    check_split, coo_to_csr, gaussian_feat_blocks, random_split, rng_for,
+    check_edge_types, check_split, coo_to_csr, draw_edge_types, gaussian_feat_blocks, random_split, rng_for,
 )
 from numba_kernels.cpu.rmat import rmat_edges
 
@@ -74,7 +74,7 @@ def generate_rmat(scale: int, edge_factor: int = 16, *, a: float = 0.57, b: floa
                   symmetrize: bool = True, remove_self_loops: bool = True, remove_duplicates: bool = True,
                   feat_dim: int = 128, num_classes: int = 16,
                   train_frac: float = 0.6, val_frac: float = 0.2, test_frac: float = 0.2,
-                  seed: int = 0) -> GraphData:
+                  seed: int = 0, edge_types: int = 0) -> GraphData:
     """Generate a Graph500 Kronecker graph in memory.
 
     Args:
@@ -88,25 +88,30 @@ def generate_rmat(scale: int, edge_factor: int = 16, *, a: float = 0.57, b: floa
         num_classes: labels are uniform in ``[0, num_classes)``.
         train_frac, val_frac, test_frac: random disjoint split (sum <= 1).
         seed: int >= 0; equal seeds give identical arrays.
+        edge_types: 0 (untyped), or R: a typed graph whose ``edge_type`` int16[E] is uniform in
+            ``[0, R)`` from a hash of each edge's unordered end points (an edge and its reverse share
+            a type; no signal: for scale and memory tests of relational models).
 
     Returns:
         :class:`GraphData` with indptr int64[N+1], indices int32[E] (int64 when
-        N >= 2**31), feat float32[N, F], label int64[N] and the three masks bool[N].
+        N >= 2**31), feat float32[N, F], label int64[N], the three masks bool[N] and,
+        with ``edge_types``, edge_type int16[E].
 
     Raises:
         GeneratorParamError: an argument out of range (names the parameter).
     """
     args = _check_args(scale, edge_factor, a, b, c, feat_dim, num_classes, (train_frac, val_frac, test_frac), seed)
+    edge_types = check_edge_types(edge_types)
     scale, edge_factor, abc, feat_dim, num_classes, fractions, seed = args
-    return _build(scale, edge_factor, abc, symmetrize, remove_self_loops, remove_duplicates, feat_dim,
-                  num_classes, fractions, seed).to_graph_data()
+    return _typed(_build(scale, edge_factor, abc, symmetrize, remove_self_loops, remove_duplicates, feat_dim,
+                         num_classes, fractions, seed), edge_types, seed).to_graph_data()
 
 
 def write_rmat(path: str | os.PathLike, scale: int, edge_factor: int = 16, *, a: float = 0.57,
                b: float = 0.19, c: float = 0.19, symmetrize: bool = True, remove_self_loops: bool = True,
                remove_duplicates: bool = True, feat_dim: int = 128, num_classes: int = 16,
                train_frac: float = 0.6, val_frac: float = 0.2, test_frac: float = 0.2, seed: int = 0,
-               force: bool = False) -> dict[str, int]:
+               edge_types: int = 0, force: bool = False) -> dict[str, int]:
     """Generate a Graph500 Kronecker graph straight into a dataset file.
 
     Same arguments and same arrays as :func:`generate_rmat`, but features are
@@ -119,8 +124,17 @@ def write_rmat(path: str | os.PathLike, scale: int, edge_factor: int = 16, *, a:
         ``{"num_nodes": N, "num_edges": E, "feat_dim": F}``.
     """
     args = _check_args(scale, edge_factor, a, b, c, feat_dim, num_classes, (train_frac, val_frac, test_frac), seed)
+    edge_types = check_edge_types(edge_types)
     check_output(path, force)
     scale, edge_factor, abc, feat_dim, num_classes, fractions, seed = args
     g = _build(scale, edge_factor, abc, symmetrize, remove_self_loops, remove_duplicates, feat_dim,
                num_classes, fractions, seed)
-    return g.write(path, force)
+    return _typed(g, edge_types, seed).write(path, force)
+
+
+def _typed(g, edge_types: int, seed: int):
+    """``g`` with uniform hashed edge types when ``edge_types`` > 0 (see :func:`generate_rmat`)."""
+    if edge_types:
+        g.edge_type = draw_edge_types(g.indptr, g.indices, edge_types, seed)
+        g.name += f"-t{edge_types}"
+    return g

@@ -1,4 +1,4 @@
-"""``hpc-graph convert {npz,edgelist,ogb} SRC -o OUT.h5``: other graph formats to a dataset file."""
+"""``hpc-graph convert {npz,edgelist,ogb,ogb-mag} SRC -o OUT.h5``: other graph formats to a dataset file."""
 from __future__ import annotations
 
 import argparse
@@ -64,11 +64,22 @@ def add_parser(subparsers) -> None:
     _graph_options(p)
     p.add_argument("--split", default=None, metavar="NAME", help="which split/<NAME> (default: the only one)")
 
+    p = sub.add_parser("ogb-mag", help="OGB-MAG-style heterogeneous folder (raw/relations/*/edge.csv.gz, ...) "
+                                       "to a graph with typed edges")
+    _common(p, "the dataset folder holding raw/ and split/")
+    add_threads_option(p)
+    p.add_argument("--split", default=None, metavar="NAME", help="which split/<NAME> (default: the only one)")
+    p.add_argument("--target", default=None, metavar="TYPE",
+                   help="the labelled node type (default: the only one with raw/node-label/<TYPE>)")
+    p.add_argument("--reverse", action=argparse.BooleanOptionalAction, default=True,
+                   help="add each edge's reverse with its own edge type (default: on)")
+    p.add_argument("--chunk-mb", type=float, default=8.0, help="MiB of text parsed per step (default 8)")
+
     parser.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
-    from data_io.converters import convert_edgelist, convert_npz, convert_ogb
+    from data_io.converters import convert_edgelist, convert_npz, convert_ogb, convert_ogb_mag
     from data_io.dataset import open_dataset
 
     if args.format == "npz":
@@ -87,6 +98,11 @@ def run(args: argparse.Namespace) -> int:
         out = convert_ogb(args.src, args.output, force=args.force, name=args.name, split=args.split,
                           symmetrize=args.symmetrize, remove_self_loops=args.remove_self_loops,
                           dedup=args.dedup, chunk_bytes=int(args.chunk_mb * (1 << 20)))
+    elif args.format == "ogb-mag":
+        if args.chunk_mb <= 0:
+            raise CLIError("--chunk-mb: must be positive")
+        out = convert_ogb_mag(args.src, args.output, force=args.force, name=args.name, split=args.split,
+                              target=args.target, reverse=args.reverse, chunk_bytes=int(args.chunk_mb * (1 << 20)))
     else:  # pragma: no cover - argparse restricts the choices
         raise CLIError(f"unknown format {args.format!r}")
     with open_dataset(out, check_values=False) as ds:

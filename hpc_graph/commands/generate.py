@@ -24,6 +24,8 @@ def _add_common(p: argparse.ArgumentParser, feat_dim: int, num_classes: int) -> 
     p.add_argument("--train-frac", type=float, default=0.6, help="training fraction (default: %(default)s)")
     p.add_argument("--val-frac", type=float, default=0.2, help="validation fraction (default: %(default)s)")
     p.add_argument("--test-frac", type=float, default=0.2, help="test fraction (default: %(default)s)")
+    p.add_argument("--edge-types", type=int, default=0, metavar="R",
+                   help="write /graph/edge_type with R relation types (0: untyped; default: %(default)s)")
 
 
 def add_parser(subparsers) -> None:
@@ -72,7 +74,8 @@ def run(args: argparse.Namespace) -> int:
     from data_io.generators import GeneratorParamError, write_csbm, write_rmat
 
     common = dict(feat_dim=args.feat_dim, num_classes=args.num_classes, train_frac=args.train_frac,
-                  val_frac=args.val_frac, test_frac=args.test_frac, seed=args.seed, force=args.force)
+                  val_frac=args.val_frac, test_frac=args.test_frac, seed=args.seed, force=args.force,
+                  edge_types=args.edge_types)
     t0 = time.perf_counter()
     try:
         if args.generator == "rmat":

@@ -99,7 +99,10 @@ def run(args: argparse.Namespace) -> int:
         best, test = summary["best_val_acc"], summary["test_acc"]
         med = summary["median_epoch_seconds"]
         med_text = "n/a" if med is None else f"{med:.4f} s"
-        print(f"best val acc {_pct(best)} (epoch {summary['best_epoch']}), test acc {_pct(test)}, "
+        cs = summary.get("correct_smooth")
+        cs_text = "" if cs is None else (
+            f"after C&S: val acc {_pct(cs['after']['val_acc'])}, test acc {_pct(cs['after']['test_acc'])}, ")
+        print(f"best val acc {_pct(best)} (epoch {summary['best_epoch']}), test acc {_pct(test)}, {cs_text}"
               f"median epoch {med_text}, {summary['engine']} on {summary['world_size']} rank(s), "
               f"summary {trainer.run_dir / 'summary.json'}")
     return 0

@@ -33,12 +33,23 @@ class _SARGraph(GraphContext):
         self.dg, self.comm, self.prefetch = dg, comm, prefetch
         self.num_nodes = dg.num_owned
         self.global_num_nodes = dg.global_num_nodes
+        self.num_relations = dg.num_relations
 
     def aggregate(self, x: torch.Tensor, reduce: str = "sum") -> torch.Tensor:
         if reduce not in ("sum", "mean"):
             raise ValueError(f"aggregate: reduce must be 'sum' or 'mean', got {reduce!r}")
         from hpc_graph.ops.sar_aggregate import sar_aggregate
         return sar_aggregate(x, self.dg, self.comm, reduce, self.prefetch)
+
+    def aggregate_relations(self, x: torch.Tensor, reduce: str = "mean") -> torch.Tensor:
+        if self.num_relations == 1:
+            return super().aggregate_relations(x, reduce)
+        if reduce not in ("sum", "mean"):
+            raise ValueError(f"aggregate_relations: reduce must be 'sum' or 'mean', got {reduce!r}")
+        from hpc_graph.ops.sar_aggregate import sar_aggregate
+        # the relation-expanded blocks have num_owned * R rows: one rotation serves all relations
+        out = sar_aggregate(x, self.dg.relational(), self.comm, reduce, self.prefetch)
+        return out.view(self.num_nodes, self.num_relations, *x.shape[1:])
 
     def gat(self, z: torch.Tensor, s_src: torch.Tensor, s_dst: torch.Tensor, *,
             negative_slope: float = 0.2, attn_dropout: float = 0.0, seed: int = 0,
@@ -88,7 +99,7 @@ class SAREngine(Engine):
         super().__init__(source, comm, device, dtype, options)
         self.prefetch = _flag(self.options, "prefetch", False)
         dg, part = load_dist_graph(self.source, comm, self.device, dtype)
-        dg.release_local()  # SAR works on the per-partition blocks only
+        dg.release_local()  # SAR works on the per-partition blocks only (typed: their edge types kept)
         data = partition_tensors(part, self.device, dtype, self.source)
         del part
         self.graph = _SARGraph(dg, comm, self.prefetch)

@@ -1,7 +1,8 @@
 """``single`` engine: one process holds the whole graph; the reference every other engine must match.
 
 ``source`` is a dataset file (``hpc-graph generate|convert``). Aggregation is
-one call of :func:`hpc_graph.ops.spmm.spmm` over the whole CSR; GAT attention
+one call of :func:`hpc_graph.ops.spmm.spmm` over the whole CSR (for the edge types
+of a typed graph, over its relation-expanded CSR); GAT attention
 one call of :func:`hpc_graph.ops.gat_attention.gat_attention` over the CSR with
 a self loop appended to every row. There is no communication.
 """
@@ -17,7 +18,7 @@ from data_io.dataset import open_dataset
 from data_io.errors import FormatError
 from hpc_graph.engines.base import Engine
 from hpc_graph.graph.base import GraphContext
-from hpc_graph.ops.csr import CSR
+from hpc_graph.ops.csr import CSR, relational_csr
 from hpc_graph.ops.gat_attention import gat_attention
 from hpc_graph.ops.spmm import spmm
 
@@ -26,11 +27,25 @@ log = logging.getLogger(__name__)
 class _SingleGraph(GraphContext):
     """The whole graph: global ids are local ids, all-reduce is the identity."""
 
-    def __init__(self, csr: CSR):
+    def __init__(self, csr: CSR, edge_type: np.ndarray | None = None):
         self.csr = csr
         self.num_nodes = self.global_num_nodes = csr.num_dst
         self._gid = torch.arange(csr.num_dst, dtype=torch.int64, device=csr.device)
         self._self_loops: CSR | None = None
+        self.edge_type = edge_type
+        if edge_type is not None and len(edge_type):
+            self.num_relations = int(edge_type.max()) + 1
+        self._relational: CSR | None = None
+
+    def aggregate_relations(self, x: torch.Tensor, reduce: str = "mean") -> torch.Tensor:
+        if self.num_relations == 1:
+            return super().aggregate_relations(x, reduce)
+        if reduce not in ("sum", "mean"):
+            raise ValueError(f"aggregate_relations: reduce must be 'sum' or 'mean', got {reduce!r}")
+        if self._relational is None:
+            g = self.csr
+            self._relational = relational_csr(g.indptr, g.indices, self.edge_type, self.num_relations).to(g.device)
+        return spmm(self._relational, x, reduce).view(self.num_nodes, self.num_relations, *x.shape[1:])
 
     def aggregate(self, x: torch.Tensor, reduce: str = "sum") -> torch.Tensor:
         if reduce not in ("sum", "mean"):
@@ -89,12 +104,13 @@ class SingleEngine(Engine):
                 raise FormatError(self.source, "/node/feat", "missing (training needs node features)")
             n = ds.num_nodes
             csr = CSR(ds.indptr(), ds.indices().astype(np.int64, copy=False), n, validate=False)
+            edge_type = ds.edge_type()
             feat = ds.feat_rows(0, n)
             label = ds.label() if ds.has("label") else np.full(n, -1, dtype=np.int64)
             masks = {name: (ds.mask(f"{name}_mask") if ds.has(f"{name}_mask") else np.zeros(n, dtype=bool))
                      for name in ("train", "val", "test")}
             self.num_classes = int(ds.num_classes) or int(label.max()) + 1
-        self.graph = _SingleGraph(csr.to(self.device))
+        self.graph = _SingleGraph(csr.to(self.device), edge_type)
         self.feat = torch.from_numpy(feat).to(device=self.device, dtype=dtype)
         self.label = torch.from_numpy(np.asarray(label, dtype=np.int64)).to(self.device)
         self.masks = {k: torch.from_numpy(np.asarray(v, dtype=bool)).to(self.device) for k, v in masks.items()}

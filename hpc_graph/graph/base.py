@@ -34,10 +34,12 @@ class GraphContext(ABC):
     Attributes:
         num_nodes: rows owned by this process (inputs/outputs of every layer).
         global_num_nodes: nodes of the whole graph.
+        num_relations: edge types R of the whole graph (``/graph/edge_type``; 1 for an untyped graph).
     """
 
     num_nodes: int
     global_num_nodes: int
+    num_relations: int = 1
 
     @abstractmethod
     def aggregate(self, x: torch.Tensor, reduce: str = "sum") -> torch.Tensor:
@@ -49,6 +51,24 @@ class GraphContext(ABC):
         Returns:
             float[num_nodes, F]; differentiable with respect to ``x``.
         """
+
+    def aggregate_relations(self, x: torch.Tensor, reduce: str = "mean") -> torch.Tensor:
+        """Aggregate source rows over each owned node's in-edges, one result per edge type.
+
+        ``out[i, r] = reduce_{j -r-> i} x_j`` (R-GCN's relation-wise neighbourhoods); ``mean``
+        divides by the number of in-edges of type ``r`` in the whole graph (0 rows for none).
+        One exchange of ``x``'s halo rows serves all relations. This default serves an untyped
+        graph (R = 1); engines that load edge types override it.
+
+        Args:
+            x: float[num_nodes, F], rows of owned nodes (the engine fetches halo rows).
+            reduce: ``"sum"`` or ``"mean"``.
+        Returns:
+            float[num_nodes, num_relations, F]; differentiable with respect to ``x``.
+        """
+        if self.num_relations == 1:
+            return self.aggregate(x, reduce).unsqueeze(1)
+        raise NotImplementedError(f"{type(self).__name__}: relation-wise aggregation is not supported here")
 
     @abstractmethod
     def gat(self, z: torch.Tensor, s_src: torch.Tensor, s_dst: torch.Tensor, *,

@@ -22,6 +22,7 @@ Built from a :class:`data_io.partition.Partition`:
 """
 from __future__ import annotations
 
+import copy
 import logging
 import os
 from typing import Any
@@ -31,7 +32,7 @@ import torch
 
 from data_io.errors import DataError
 from data_io.partition import PartitionBook, read_partition, read_partition_meta
-from hpc_graph.ops.csr import CSR
+from hpc_graph.ops.csr import CSR, relational_csr
 
 log = logging.getLogger(__name__)
 
@@ -84,13 +85,16 @@ class DistGraph:
         send_lid: {q: int64[s_q] tensor} owned rows to send to q (non-empty only).
         recv_count: {q: int} halo rows owned by q (non-zero only).
         book: partition book (``owner(gid)``, ``to_local(gid)``).
+        edge_type: int16[E] NumPy (edge types of ``local``'s edges, in its order) or None (untyped).
+        num_relations: edge types R of the whole graph (1 when untyped; :func:`load_dist_graph`
+            agrees on it across ranks).
     """
 
     def __init__(self, *, part_id: int, num_parts: int, node_ranges: np.ndarray,
                  halo_gid: np.ndarray, halo_offsets: np.ndarray, indptr: np.ndarray,
                  indices: np.ndarray, send_offsets: np.ndarray, send_lid: np.ndarray,
                  edge_weight: np.ndarray | None = None, global_num_nodes: int | None = None,
-                 orig_id: np.ndarray | None = None,
+                 orig_id: np.ndarray | None = None, edge_type: np.ndarray | None = None,
                  device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32):
         self.part_id = int(part_id)
         self.num_parts = int(num_parts)
@@ -120,6 +124,12 @@ class DistGraph:
         self.halo_orig_id = self.halo_gid
         self.local_orig_id = self.local_gid if orig_id is None else torch.cat([self.orig_id, self.halo_gid])
 
+        self.edge_type = None if edge_type is None else np.asarray(edge_type, dtype=np.int16)
+        if self.edge_type is not None and self.edge_type.shape != (len(indices),):
+            raise ValueError(f"edge_type: expected {len(indices)} values (one per edge), got {self.edge_type.shape}")
+        self.num_relations = 1 if self.edge_type is None or not len(self.edge_type) else int(self.edge_type.max()) + 1
+        self._block_types: dict[int, np.ndarray] = {}  # edge types of each SAR block (typed graphs)
+        self._relational: "DistGraph | None" = None
         self._blocks: dict[int, CSR] | None = None  # built on first use (SAR), see ``blocks``
         self._blocks_t: dict[int, CSR] = {}
         counts = np.diff(self.halo_offsets)
@@ -159,7 +169,7 @@ class DistGraph:
                    halo_gid=part.halo_gid, halo_offsets=part.halo_offsets, indptr=part.indptr,
                    indices=part.indices, send_offsets=part.send_offsets, send_lid=part.send_lid,
                    edge_weight=part.edge_weight, global_num_nodes=part.global_num_nodes or None,
-                   orig_id=part.orig_id, device=device, dtype=dtype)
+                   orig_id=part.orig_id, edge_type=part.edge_type, device=device, dtype=dtype)
 
     def fetch_halo_orig_ids(self, comm: Any) -> None:
         """Fill ``halo_orig_id`` (and ``local_orig_id``) with the halo nodes' source-dataset ids.
@@ -210,6 +220,8 @@ class DistGraph:
             if lo:
                 cols -= lo
             bw = None if w is None else w[torch.from_numpy(mask).to(w.device)]
+            if self.edge_type is not None:
+                self._block_types[q] = self.edge_type[mask]
             del mask
             blocks[q] = CSR(bptr, cols, n if q == p else int(counts[q]), bw, validate=False).to(self.device)
         return blocks
@@ -222,6 +234,40 @@ class DistGraph:
         """Build ``blocks`` and drop ``local`` (SAR needs only the blocks; saves one copy of the structure)."""
         _ = self.blocks
         self.local = None
+        self.edge_type = None  # kept per block from now on
+
+    def relational(self) -> "DistGraph":
+        """The relation-expanded view of this partition (R-GCN), built once and cached.
+
+        A shallow copy with the same nodes, halo and send plans whose destination rows are
+        ``i * R + r`` (the in-edges of owned node ``i`` of type ``r``, see
+        :func:`~hpc_graph.ops.csr.relational_csr`): ``local`` (or, after :meth:`release_local`,
+        the SAR ``blocks``) has ``num_owned * R`` rows and ``in_degree`` is per (node, type). So
+        every aggregation that takes a DistGraph (the halo exchange + one SpMM of ``dp``, SAR's
+        block rotation) computes all relations in one pass, ``[n * R, F]``, with one exchange.
+
+        Raises:
+            ValueError: the partition has no edge types.
+        """
+        if self._relational is None:
+            if self.edge_type is None and not self._block_types:
+                raise ValueError("relational aggregation needs edge types (/graph/edge_type) in the partition")
+            r = self.num_relations
+            rel = copy.copy(self)
+            rel._relational, rel._identity, rel._blocks_t = None, None, {}
+            rel._block_types, rel.edge_type = {}, None
+            if self.local is not None:
+                rel.local = relational_csr(self.local.indptr, self.local.indices, self.edge_type, r,
+                                           self.local.num_src).to(self.device)
+                rel.in_degree = rel.local.in_degree()
+                rel._blocks = None
+            else:
+                rel.local = None
+                rel._blocks = {q: relational_csr(b.indptr, b.indices, self._block_types[q], r, b.num_src).to(self.device)
+                               for q, b in self.blocks.items()}
+                rel.in_degree = sum(b.in_degree() for b in rel._blocks.values())
+            self._relational = rel
+        return self._relational
 
     def block_gid(self, q: int) -> torch.Tensor:
         """int64[num_src of block q]: global ids of the source columns of block G_{p,q}."""
@@ -302,6 +348,10 @@ def load_dist_graph(directory: str | os.PathLike, comm: Any, device: torch.devic
     part = read_partition(directory, int(comm.rank))
     dg = DistGraph.from_partition(part, comm, device, dtype, source=directory)
     dg.fetch_halo_orig_ids(comm)
+    # the same number of relations on every rank (a part may lack the highest types)
+    counts = torch.tensor([float(dg.num_relations if dg.edge_type is not None else 0)], dtype=torch.float64)
+    comm.allreduce_(counts, op="max")
+    dg.num_relations = max(1, int(counts.item()))
     log.debug("rank %d: %r", comm.rank, dg)
     return dg, part
 

@@ -30,6 +30,7 @@ class HaloGraph(GraphContext):
         self.dg, self.comm = dg, comm
         self.num_nodes = dg.num_owned
         self.global_num_nodes = dg.global_num_nodes
+        self.num_relations = dg.num_relations
 
     def halo(self, x: torch.Tensor, extra: torch.Tensor | None = None
              ) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -58,6 +59,17 @@ class HaloGraph(GraphContext):
         halo, _ = self.halo(flat)
         out = spmm(self.dg.local, torch.cat([flat, halo], 0), reduce)
         return out.reshape(out.shape[0], *shape[1:])
+
+    def aggregate_relations(self, x: torch.Tensor, reduce: str = "mean") -> torch.Tensor:
+        if self.num_relations == 1:
+            return super().aggregate_relations(x, reduce)
+        if reduce not in ("sum", "mean"):
+            raise ValueError(f"aggregate_relations: reduce must be 'sum' or 'mean', got {reduce!r}")
+        from hpc_graph.ops.spmm import spmm
+
+        halo, _ = self.halo(x)  # one exchange for all relations
+        out = spmm(self.dg.relational().local, torch.cat([x, halo], 0), reduce)
+        return out.view(self.num_nodes, self.num_relations, *x.shape[1:])
 
     def gat(self, z: torch.Tensor, s_src: torch.Tensor, s_dst: torch.Tensor, *,
             negative_slope: float = 0.2, attn_dropout: float = 0.0, seed: int = 0,

@@ -32,6 +32,67 @@ def gcn_propagate(g: GraphContext, z: torch.Tensor) -> torch.Tensor:
     return (g.aggregate(scaled, "sum") + g.dst(scaled)) * g.dst(dinv)
 
 
+class _GCNMix(torch.autograd.Function):
+    """``out = c * (agg + self_rows) + alpha * h0`` with one new [N, F] tensor (the rest in place).
+
+    ``c`` float[N, 1] (no gradient). Backward: ``d agg = d self_rows = c * g`` (one tensor
+    for both), ``d h0 = alpha * g``. Nothing of size N x F is saved.
+    """
+
+    @staticmethod
+    def forward(ctx, agg, self_rows, h0, c, alpha):
+        out = torch.add(agg, self_rows)
+        out.mul_(c)
+        if h0 is not None:
+            out.add_(h0, alpha=alpha)
+        ctx.alpha = alpha
+        ctx.save_for_backward(c)
+        return out
+
+    @staticmethod
+    def backward(ctx, grad):
+        (c,) = ctx.saved_tensors
+        t = grad * c
+        grad_h0 = grad * ctx.alpha if ctx.needs_input_grad[2] else None
+        return t, t, grad_h0, None, None
+
+
+def gcn_propagate_mix(g: GraphContext, z: torch.Tensor, h0: torch.Tensor, alpha: float) -> torch.Tensor:
+    """``(1 - alpha) P z + alpha h0`` on the layer context ``g`` (GCNII's and APPNP's step).
+
+    Args:
+        g: one message-passing layer's context (``graph.layer(l)``).
+        z: float[input rows of ``g``, F], dense (already completed by ``g.layer_input``).
+        h0: float[output rows of ``g``, F] (already cut by ``g.dst``).
+        alpha: weight in [0, 1].
+    Returns:
+        float[output rows of ``g``, F]: ``(1 - alpha) d_i^-1/2 (sum_{j->i} d_j^-1/2 z_j + d_i^-1/2 z_i)
+        + alpha h0_i``, the same value as ``torch.lerp(gcn_propagate(g, z), h0, alpha)`` with fewer
+        N x F temporaries (the scaling, self loop and mixing after the aggregation are one autograd node).
+    """
+    dinv = (g.in_degree().to(device=z.device, dtype=z.dtype) + 1.0).rsqrt().unsqueeze(1)
+    scaled = z * dinv
+    c = g.dst(dinv) * (1.0 - alpha)
+    return _GCNMix.apply(g.aggregate(scaled, "sum"), g.dst(scaled), h0, c, float(alpha))
+
+
+def dropout_linear(x: torch.Tensor, p: float, training: bool, weight: torch.Tensor,
+                   bias: torch.Tensor | None = None) -> torch.Tensor:
+    """``linear(dropout(x, p, training), weight, bias)``; x float[N, F_in] (dense or sparse CSR) -> float[N, F_out].
+
+    In training with a dense float input the two run as one autograd node
+    (:func:`hpc_graph.ops.dropout_linear.dropout_linear`, the same mask as
+    :func:`~hpc_graph.nn._dropout.dropout`) that keeps only ``x`` for the backward
+    pass, not the dropped copy: one N x F_in tensor less per call until the backward pass.
+    """
+    if training and 0.0 < p < 1.0 and x.layout == torch.strided and x.dim() == 2 \
+            and x.dtype in (torch.float32, torch.float64):
+        from hpc_graph.ops.dropout_linear import dropout_linear as fused
+
+        return fused(x, weight, bias, p)
+    return linear(dropout(x, p, training), weight, bias)
+
+
 def as_dense(x: torch.Tensor) -> torch.Tensor:
     """``x`` as a strided tensor (aggregation takes dense rows); sparse CSR features are densified."""
     return x if x.layout == torch.strided else x.to_dense()
@@ -55,7 +116,7 @@ class MLP(nn.Module):
         h = x
         last = len(self.lins) - 1
         for i, lin in enumerate(self.lins):
-            h = linear(dropout(h, self.p, self.training), lin.weight, lin.bias)
+            h = dropout_linear(h, self.p, self.training, lin.weight, lin.bias)
             if i != last:
                 h = F.relu(h)
         return h

@@ -6,7 +6,7 @@ from torch import nn
 
 from hpc_graph.graph.base import GraphContext
 from hpc_graph.nn._options import number_in, positive_int
-from hpc_graph.nn._propagate import MLP, gcn_propagate
+from hpc_graph.nn._propagate import MLP, gcn_propagate_mix
 
 
 class APPNP(nn.Module):
@@ -22,6 +22,10 @@ class APPNP(nn.Module):
     The MLP (:class:`~hpc_graph.nn._propagate.MLP`) has ``num_layers`` linear
     layers, ReLU between them and dropout before each; the propagation has no
     parameters (and, unlike the paper, no dropout on the adjacency matrix).
+
+    Memory: the propagation keeps nothing of size N x F between forward and backward
+    (:func:`~hpc_graph.nn._propagate.gcn_propagate_mix`); the MLP keeps only its
+    layers' inputs (the features and the ReLU outputs), no dropped copies.
 
     Message passing: step ``k`` is one message-passing layer, ``graph.layer(k - 1)``:
     ``z_(k-1)`` gets its input rows from ``layer_input``, and ``h`` is cut to the
@@ -57,7 +61,7 @@ class APPNP(nn.Module):
             g = graph.layer(k)
             z_in = g.layer_input(z)
             h = g.dst(h)
-            z = torch.lerp(gcn_propagate(g, z_in), h, self.alpha)  # (1 - alpha) P z + alpha h
+            z = gcn_propagate_mix(g, z_in, h, self.alpha)  # (1 - alpha) P z + alpha h
         return z
 
     def extra_repr(self) -> str:

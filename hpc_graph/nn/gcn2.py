@@ -10,9 +10,38 @@ from torch.nn import functional as F
 from hpc_graph.graph.base import GraphContext
 from hpc_graph.nn._dropout import dropout
 from hpc_graph.nn._init import glorot_
-from hpc_graph.nn._linear import linear
 from hpc_graph.nn._options import number_in, positive_int
-from hpc_graph.nn._propagate import gcn_propagate
+from hpc_graph.nn._propagate import dropout_linear, gcn_propagate_mix
+
+
+class _IdentityMapReLU(torch.autograd.Function):
+    """``h = relu(s ((1 - beta) I + beta W))`` keeping only ``s``, ``W`` and the ReLU mask for the backward pass.
+
+    Written as ``relu(addmm(s, s, W))`` autograd keeps both ``s`` (for ``dW``) and
+    the ReLU output ``h`` (for its mask): two float[N, F] tensors per layer, the bulk
+    of a deep GCNII's training memory. Here the mask is kept as bool[N, F] (a quarter
+    of a float32 tensor)::
+
+        G   = g * (h > 0),   M = (1 - beta) I + beta W
+        ds  = G M^T = (1 - beta) G + beta G W^T
+        dW  = beta s^T G
+    """
+
+    @staticmethod
+    def forward(ctx, s, w, beta):
+        ctx.beta = beta
+        out = torch.addmm(s, s, w, beta=1.0 - beta, alpha=beta).clamp_(min=0.0)
+        ctx.save_for_backward(s, w, out > 0)
+        return out
+
+    @staticmethod
+    def backward(ctx, grad):
+        s, w, mask = ctx.saved_tensors
+        beta = ctx.beta
+        g = grad * mask
+        grad_s = torch.addmm(g, g, w.t(), beta=1.0 - beta, alpha=beta) if ctx.needs_input_grad[0] else None
+        grad_w = torch.mm(s.t(), g).mul_(beta) if ctx.needs_input_grad[1] else None
+        return grad_s, grad_w, None
 
 
 class GCNII(nn.Module):
@@ -32,6 +61,11 @@ class GCNII(nn.Module):
     initial residual ``alpha h_0`` keeps every layer in touch with the input.
     Dropout (probability ``dropout``) falls on the features and on every
     layer's input, never on ``h_0`` inside ``s_l`` (the reference implementation).
+
+    Memory: between forward and backward a layer keeps one float[N, hidden] tensor,
+    ``s_l``, and its ReLU mask as bool[N, hidden] (see ``_IdentityMapReLU``); dropout
+    keeps no mask, the propagation and the initial-residual mix keep nothing of size
+    N x F, and the input and output linear layers keep no dropped copy of their input.
 
     Message passing: layer ``l`` is ``graph.layer(l - 1)``; its input rows come
     from ``layer_input``, ``h_0`` for its output rows from ``dst`` applied layer
@@ -72,16 +106,15 @@ class GCNII(nn.Module):
         return [math.log(self.theta / (layer + 1) + 1.0) for layer in range(len(self.weights))]
 
     def forward(self, graph: GraphContext, x: torch.Tensor) -> torch.Tensor:
-        h = F.relu(linear(dropout(x, self.dropout, self.training), self.lin_in.weight, self.lin_in.bias))
+        h = F.relu(dropout_linear(x, self.dropout, self.training, self.lin_in.weight, self.lin_in.bias))
         h0 = h
         for layer, (w, beta) in enumerate(zip(self.weights, self.betas())):
             g = graph.layer(layer)
             h_in = dropout(g.layer_input(h), self.dropout, self.training)
             h0 = g.dst(h0)
-            s = torch.lerp(gcn_propagate(g, h_in), h0, self.alpha)  # (1 - alpha) P h + alpha h_0
-            h = F.relu(torch.addmm(s, s, w, beta=1.0 - beta, alpha=beta))
-        h = dropout(h, self.dropout, self.training)
-        return linear(h, self.lin_out.weight, self.lin_out.bias)
+            s = gcn_propagate_mix(g, h_in, h0, self.alpha)  # (1 - alpha) P h + alpha h_0
+            h = _IdentityMapReLU.apply(s, w, beta)
+        return dropout_linear(h, self.dropout, self.training, self.lin_out.weight, self.lin_out.bias)
 
     def extra_repr(self) -> str:
         return f"layers={len(self.weights)}, alpha={self.alpha:g}, theta={self.theta:g}, dropout={self.dropout:g}"

@@ -3,7 +3,11 @@
 ``gcn``, ``sage``, ``gat``: one configurable stack of convolutions (:class:`GNN`);
 ``gcn2`` (:class:`~hpc_graph.nn.gcn2.GCNII`), ``jknet`` (:class:`~hpc_graph.nn.jknet.JKNet`),
 ``appnp`` (:class:`~hpc_graph.nn.appnp.APPNP`), ``sgc`` (:class:`~hpc_graph.nn.sgc.SGC`) and
-``dagnn`` (:class:`~hpc_graph.nn.dagnn.DAGNN`): deep models, one per file. Every model has a
+``dagnn`` (:class:`~hpc_graph.nn.dagnn.DAGNN`): deep models, one per file; ``mlp``
+(:class:`~hpc_graph.nn.mlp.MLPNet`): no graph at all; ``rgcn`` (:class:`~hpc_graph.nn.rgcn.RGCN`):
+relational convolutions over the edge types of a typed graph; ``revgcn``/``revgat``
+(:class:`~hpc_graph.nn.revgnn.RevGCN`, :class:`~hpc_graph.nn.revgnn.RevGAT`): grouped reversible
+deep GNNs whose saved activations do not grow with depth. Every model has a
 ``message_passing_layers`` attribute: the blocks a sampled mini-batch needs (one per
 ``graph.layer(l)`` it asks for).
 """
@@ -24,17 +28,23 @@ from hpc_graph.nn.gat_conv import GATConv
 from hpc_graph.nn.gcn2 import GCNII
 from hpc_graph.nn.gcn_conv import GCNConv
 from hpc_graph.nn.jknet import JKNet
+from hpc_graph.nn.mlp import MLPNet
+from hpc_graph.nn.revgnn import RevGAT, RevGCN
+from hpc_graph.nn.rgcn import RGCN
 from hpc_graph.nn.sage_conv import SAGEConv
 from hpc_graph.nn.sgc import SGC
 
 STACK_MODELS = ("gcn", "sage", "gat")
-MODELS = STACK_MODELS + ("gcn2", "jknet", "appnp", "sgc", "dagnn")
+MODELS = STACK_MODELS + ("gcn2", "jknet", "appnp", "sgc", "dagnn", "mlp", "rgcn", "revgcn", "revgat")
 # keyword options of build_model beyond the stack's, the models that use them, and their defaults
 MODEL_OPTIONS = {"alpha": (("gcn2", "appnp"), 0.1), "theta": (("gcn2",), 0.5),
                  "hops": (("appnp", "sgc", "dagnn"), None), "jk": (("jknet",), "concat"),
-                 "conv": (("jknet",), "gcn")}
+                 "conv": (("jknet",), "gcn"), "num_bases": (("rgcn",), None),
+                 "groups": (("revgcn", "revgat"), 2), "reversible": (("revgcn", "revgat"), True)}
 # build_model's stack options (only gcn/sage/gat use them) and their defaults
 STACK_OPTIONS = {"heads": 8, "out_heads": 1, "attn_dropout": 0.0, "residual": False, "batchnorm": False}
+# stack options that another model uses too
+SHARED_STACK_OPTIONS = {"heads": ("revgat",), "attn_dropout": ("revgat",)}
 DEFAULT_HOPS = {"appnp": 10, "sgc": 2, "dagnn": 10}
 
 
@@ -124,7 +134,8 @@ class GNN(nn.Module):
 def build_model(name: str, in_dim: int, hidden: int, out_dim: int, num_layers: int = 2,
                 dropout: float = 0.5, heads: int = 8, out_heads: int = 1, attn_dropout: float = 0.0,
                 residual: bool = False, batchnorm: bool = False, *, alpha: float = 0.1, theta: float = 0.5,
-                hops: int | None = None, jk: str = "concat", conv: str = "gcn") -> nn.Module:
+                hops: int | None = None, jk: str = "concat", conv: str = "gcn", num_bases: int | None = None,
+                groups: int = 2, reversible: bool = True, num_relations: int = 1) -> nn.Module:
     """Build a node classifier by name; see :class:`GNN` and the model classes for the layouts.
 
     Args:
@@ -132,11 +143,13 @@ def build_model(name: str, in_dim: int, hidden: int, out_dim: int, num_layers: i
         in_dim: input features per node.
         hidden: hidden width (features per head for GAT; unused by ``sgc``).
         out_dim: classes (logits per node).
-        num_layers: graph convolutions (>= 1) of ``gcn``/``sage``/``gat``/``jknet``, GCNII layers of
-            ``gcn2``, linear layers of the MLP of ``appnp``/``dagnn`` (unused by ``sgc``).
+        num_layers: graph convolutions (>= 1) of ``gcn``/``sage``/``gat``/``jknet``/``rgcn``, reversible
+            blocks of ``revgcn``/``revgat``, GCNII layers of
+            ``gcn2``, linear layers of ``mlp`` and of the MLP of ``appnp``/``dagnn`` (unused by ``sgc``).
         dropout: feature dropout (where each model puts it: see its class).
-        heads: GAT heads in hidden layers; out_heads: GAT heads (averaged) in the output layer.
-        attn_dropout: GAT attention-coefficient dropout.
+        heads: GAT heads in hidden layers (``revgat``: heads per group); out_heads: GAT heads
+            (averaged) in the output layer.
+        attn_dropout: GAT (and ``revgat``) attention-coefficient dropout.
         residual: add (projected) skip connections (``gcn``/``sage``/``gat``).
         batchnorm: DistBatchNorm after every hidden convolution (``gcn``/``sage``/``gat``).
         alpha: ``gcn2`` initial-residual weight, ``appnp`` teleport probability.
@@ -144,6 +157,11 @@ def build_model(name: str, in_dim: int, hidden: int, out_dim: int, num_layers: i
         hops: propagation steps K of ``appnp`` (10), ``sgc`` (2), ``dagnn`` (10); None: that default.
         jk: ``jknet`` combination: ``concat``, ``max`` or ``attention``.
         conv: ``jknet`` layers: ``gcn`` or ``sage``.
+        num_bases: ``rgcn`` basis matrices per layer (None: a full weight per relation).
+        groups: ``revgcn``/``revgat`` channel groups per reversible block (``hidden`` divisible by it).
+        reversible: ``revgcn``/``revgat`` recompute activations in the backward pass (False: the same
+            residual network with plain autograd, which keeps them).
+        num_relations: edge types of the graph (``graph.num_relations``; only ``rgcn`` uses it).
     Returns:
         a module with ``forward(graph, x) -> float[num_nodes, out_dim]`` and ``message_passing_layers``.
     Raises:
@@ -152,7 +170,8 @@ def build_model(name: str, in_dim: int, hidden: int, out_dim: int, num_layers: i
     """
     if name not in MODELS:
         raise ValueError(f"model.name: unknown model {name!r}; choose one of {list(MODELS)}")
-    given = {"alpha": alpha, "theta": theta, "hops": hops, "jk": jk, "conv": conv}
+    given = {"alpha": alpha, "theta": theta, "hops": hops, "jk": jk, "conv": conv, "num_bases": num_bases,
+             "groups": groups, "reversible": reversible}
     for option, (users, default) in MODEL_OPTIONS.items():
         if name not in users and given[option] != default:
             raise ValueError(f"model.{option}: only used by model {' or '.join(map(repr, users))}, "
@@ -162,7 +181,7 @@ def build_model(name: str, in_dim: int, hidden: int, out_dim: int, num_layers: i
     if name in STACK_MODELS:
         return GNN(name, in_dim, hidden, out_dim, num_layers=num_layers, dropout=dropout, **stack)
     for option, default in STACK_OPTIONS.items():
-        if stack[option] != default:
+        if stack[option] != default and name not in SHARED_STACK_OPTIONS.get(option, ()):
             raise ValueError(f"model.{option}: only used by model {' or '.join(map(repr, STACK_MODELS))}, "
                              f"but model.name is {name!r}")
     steps = message_passing_layers(name, num_layers, hops)
@@ -172,6 +191,17 @@ def build_model(name: str, in_dim: int, hidden: int, out_dim: int, num_layers: i
         return JKNet(in_dim, hidden, out_dim, num_layers=num_layers, jk=jk, conv=conv, dropout=dropout)
     if name == "appnp":
         return APPNP(in_dim, hidden, out_dim, num_layers=num_layers, hops=steps, alpha=alpha, dropout=dropout)
+    if name == "revgcn":
+        return RevGCN(in_dim, hidden, out_dim, num_layers=num_layers, groups=groups, dropout=dropout,
+                      reversible=reversible)
+    if name == "revgat":
+        return RevGAT(in_dim, hidden, out_dim, num_layers=num_layers, groups=groups, heads=heads, dropout=dropout,
+                      attn_dropout=attn_dropout, reversible=reversible)
+    if name == "rgcn":
+        return RGCN(in_dim, hidden, out_dim, num_relations, num_layers=num_layers, num_bases=num_bases,
+                    dropout=dropout)
+    if name == "mlp":
+        return MLPNet(in_dim, hidden, out_dim, num_layers=num_layers, dropout=dropout)
     if name == "sgc":
         return SGC(in_dim, out_dim, hops=steps, dropout=dropout)
     return DAGNN(in_dim, hidden, out_dim, num_layers=num_layers, hops=steps, dropout=dropout)

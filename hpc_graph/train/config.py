@@ -56,8 +56,11 @@ def _for_models(spec: dict, *models: str) -> dict:
     return {**spec, "models": models}
 
 
-MODEL_NAMES = ("gcn", "sage", "gat", "gcn2", "jknet", "appnp", "sgc", "dagnn")  # = hpc_graph.nn.MODELS
+MODEL_NAMES = ("gcn", "sage", "gat", "gcn2", "jknet", "appnp", "sgc", "dagnn", "mlp", "rgcn", "revgcn", "revgat")  # = hpc_graph.nn.MODELS
 _STACKS = ("gcn", "sage", "gat")
+# models that run on whole graphs only (relation-wise aggregation over sampled blocks is not built;
+# a reversible chain needs every layer to keep its rows)
+FULL_GRAPH_MODELS = ("rgcn", "revgcn", "revgat")
 
 
 _BOOL = {"kind": "bool"}
@@ -128,17 +131,22 @@ class ModelConfig:
                        "`gcn`, `sage`, `gat`: a stack of that layer type; `gcn2`: GCNII (initial residual and "
                        "identity mapping); `jknet`: jumping knowledge over GCN or SAGE layers; `appnp`: MLP, then "
                        "personalised-PageRank propagation; `sgc`: linear model on K-hop smoothed features "
-                       "(computed once); `dagnn`: MLP, K propagations mixed by learned per-node gates.")
+                       "(computed once); `dagnn`: MLP, K propagations mixed by learned per-node gates; `mlp`: linear "
+                       "layers only, no graph (the base model of Correct & Smooth); `rgcn`: relational GCN over "
+                       "the edge types of a typed graph (/graph/edge_type); `revgcn`, `revgat`: grouped reversible deep "
+                       "GCN/GAT (saved activations do not grow with depth).")
     hidden: int = _field(16, _int(1), "Hidden width (per attention head for `gat`; unused by `sgc`).")
     num_layers: int = _field(2, _int(1), "Graph layers of `gcn`, `sage`, `gat` (the last one outputs the classes) "
-                                         "and `jknet`; GCNII layers of `gcn2`; linear layers of the MLP of "
+                                         "and `jknet` and `rgcn`; GCNII layers of `gcn2`; reversible blocks "
+                                         "of `revgcn`/`revgat`; linear layers of `mlp` and of the MLP of "
                                          "`appnp` and `dagnn`; unused by `sgc`.")
     dropout: float = _field(0.5, _float(0.0, 1.0, hi_open=True), "Feature dropout probability before every layer.")
-    heads: int = _field(8, _for_models(_int(1), *_STACKS), "`gat`: attention heads of the hidden layers.")
+    heads: int = _field(8, _for_models(_int(1), *_STACKS, "revgat"), "`gat`: attention heads of the hidden "
+                        "layers; `revgat`: heads per channel group (they must divide hidden / groups).")
     out_heads: int = _field(1, _for_models(_int(1), *_STACKS), "`gat`: attention heads of the output layer "
                                                                "(averaged).")
-    attn_dropout: float = _field(0.0, _for_models(_float(0.0, 1.0, hi_open=True), *_STACKS),
-                                 "`gat`: dropout on attention coefficients.")
+    attn_dropout: float = _field(0.0, _for_models(_float(0.0, 1.0, hi_open=True), *_STACKS, "revgat"),
+                                 "`gat`, `revgat`: dropout on attention coefficients.")
     residual: bool = _field(False, _for_models(_BOOL, *_STACKS),
                             "`gcn`, `sage`, `gat`: add a skip connection around every layer (identity, or a "
                             "bias-free projection when the widths differ).")
@@ -158,6 +166,16 @@ class ModelConfig:
                      "`jknet`: how the layer outputs are combined: concatenated, element-wise maximum, or "
                      "weighted by a softmax over the layers of a learned per-node score.")
     conv: str = _field("gcn", _for_models(_choice("gcn", "sage"), "jknet"), "`jknet`: the layer type.")
+    num_bases: int | None = _field(None, _for_models(_int(1, optional=True), "rgcn"),
+                                   "`rgcn`: basis matrices per layer (each relation's weight is a learned mix "
+                                   "of them); `null`: a full weight matrix per relation.")
+    groups: int = _field(2, _for_models(_int(2), "revgcn", "revgat"),
+                         "`revgcn`, `revgat`: channel groups of every reversible block (hidden must be divisible "
+                         "by it); each group's function is LayerNorm, ReLU, dropout, then a GCN/GAT convolution.")
+    reversible: bool = _field(True, _for_models(_BOOL, "revgcn", "revgat"),
+                              "`revgcn`, `revgat`: recompute each block's input from its output in the backward "
+                              "pass (`false`: the same residual network with plain autograd, keeping every "
+                              "block's activations: the memory baseline).")
 
 
 @dataclasses.dataclass
@@ -245,6 +263,38 @@ class HecConfig:
 
 
 @dataclasses.dataclass
+class RecipesConfig:
+    """Accuracy recipes (docs/recipes.md): label augmentation (Wang et al. 2021; UniMP) and Correct & Smooth
+    (Huang et al., ICLR 2021). Only training labels are ever read. Fields `cs_*` may only be set with
+    `correct_smooth: true`."""
+    label_aug: float = _field(0.0, _float(0.0, 1.0, hi_open=True),
+                              "Label augmentation: each epoch this fraction of the training nodes (a fresh draw "
+                              "keyed by `train.seed`, the epoch and the node's dataset id, the same on every "
+                              "engine and rank count) get their one-hot label appended to their input features "
+                              "(all other nodes get zeros) and the loss is taken over the other training nodes; "
+                              "evaluation feeds every training label. The model's input width grows by the "
+                              "number of classes. 0: off. Not with engine `minibatch`.")
+    correct_smooth: bool = _field(False, _BOOL,
+                                  "After training, post-process the best-validation model's predictions with "
+                                  "Correct & Smooth (label propagation of the training residuals, then of the "
+                                  "corrected predictions with training labels clamped) on every engine, and "
+                                  "report accuracy before and after.")
+    cs_correct_layers: int = _field(50, _int(1), "Correct & Smooth: propagation steps of the correct stage.")
+    cs_correct_alpha: float = _field(0.5, _float(0.0, 1.0),
+                                     "Correct & Smooth: E <- (1 - alpha) E0 + alpha S E in the correct stage "
+                                     "(S = D^-1/2 A D^-1/2).")
+    cs_smooth_layers: int = _field(50, _int(1), "Correct & Smooth: propagation steps of the smooth stage.")
+    cs_smooth_alpha: float = _field(0.8, _float(0.0, 1.0),
+                                    "Correct & Smooth: G <- (1 - alpha) G0 + alpha S G in the smooth stage.")
+    cs_autoscale: bool = _field(True, _BOOL,
+                                "Correct & Smooth: scale each node's propagated error to the mean absolute "
+                                "training error (the paper's autoscale); `false`: multiply it by `cs_scale`.")
+    cs_scale: float = _field(1.0, _float(0.0),
+                             "Correct & Smooth, `cs_autoscale: false`: the fixed scale s of Z + s E "
+                             "(the training residuals are re-clamped after every step).")
+
+
+@dataclasses.dataclass
 class Config:
     """The whole training configuration."""
     data: DataConfig = dataclasses.field(default_factory=DataConfig)
@@ -255,11 +305,13 @@ class Config:
     comm: CommConfig = dataclasses.field(default_factory=CommConfig)
     sampler: SamplerConfig = dataclasses.field(default_factory=SamplerConfig)
     hec: HecConfig = dataclasses.field(default_factory=HecConfig)
+    recipes: RecipesConfig = dataclasses.field(default_factory=RecipesConfig)
 
 
 SECTIONS: dict[str, type] = {"data": DataConfig, "engine": EngineConfig, "model": ModelConfig,
                              "optim": OptimConfig, "train": TrainConfig, "comm": CommConfig,
-                             "sampler": SamplerConfig, "hec": HecConfig}
+                             "sampler": SamplerConfig, "hec": HecConfig,
+                             "recipes": RecipesConfig}
 
 
 # -- validation ----------------------------------------------------------------------------------
@@ -403,6 +455,9 @@ def _check_engine_fields(config: Config) -> None:
         from hpc_graph.nn.models import DEFAULT_HOPS, message_passing_layers
 
         mc = config.model
+        if mc.name in FULL_GRAPH_MODELS:
+            raise ConfigError(f"model.name: {mc.name!r} needs a full-graph engine (single, dp, sar, sylvie), "
+                              "not engine.name 'minibatch'")
         layers = message_passing_layers(mc.name, mc.num_layers, mc.hops)
         if mc.name not in DEFAULT_HOPS:
             field = "model.num_layers"

@@ -14,6 +14,14 @@ follow the ``single`` engine's trajectory (up to floating-point order; exactly
 without dropout). All ranks seed torch identically and rank 0 broadcasts the
 initial parameters, so replicas start equal and stay equal.
 
+Accuracy recipes (``recipes`` section, :mod:`hpc_graph.train.recipes`, docs/recipes.md): with
+label augmentation each epoch's input features carry the drawn training nodes' one-hot labels
+and the loss sums over the other training nodes, divided by their global count
+(:meth:`Trainer.train_inputs`); evaluation feeds every training label
+(:meth:`Trainer.eval_inputs`). With Correct & Smooth, :meth:`Trainer.fit` post-processes the
+best-validation model's predictions after the last epoch (:meth:`Trainer.correct_and_smooth`)
+and the summary gets ``correct_smooth: {before, after}`` accuracies.
+
 Outputs in ``run_dir``: ``metrics.rank<R>.jsonl`` from every rank (one line per
 epoch, see :mod:`hpc_graph.train.metrics`) and ``summary.json`` from rank 0.
 
@@ -73,6 +81,7 @@ from hpc_graph.nn import build_model
 from hpc_graph.train import checkpoint as ckpt
 from hpc_graph.train.config import Config, ConfigError, check_paths, config_to_dict, validate_config
 from hpc_graph.train.metrics import MERGED_METRICS, MetricsWriter, ProgressBar, merge_metrics, peak_rss_mb
+from hpc_graph.train.recipes import CorrectAndSmooth, LabelAugmentation, check_recipes, dataset_node_ids
 from hpc_graph.train.signals import Preempted, StopSignal
 
 log = logging.getLogger(__name__)
@@ -216,14 +225,24 @@ class Trainer:
         self.label = self.engine.label
         self.masks = {k: self.engine.masks[k] & (self.label >= 0) for k in _SPLITS}
         self.train_idx = self.masks["train"].nonzero().squeeze(1)
+        rc = config.recipes
+        self.label_aug: LabelAugmentation | None = None
+        if rc.label_aug > 0:
+            self.label_aug = LabelAugmentation(rc.label_aug, tc.seed, self.label, self.masks["train"],
+                                               dataset_node_ids(self.engine), self.engine.num_classes)
+        self._eval_x: torch.Tensor | None = None
+        self.cs_result: dict[str, Any] | None = None
+        self.cs_probs: torch.Tensor | None = None
 
         self._seed_all(tc.seed)
         mc = config.model
-        self.model = build_model(mc.name, self.engine.num_features, mc.hidden, self.engine.num_classes,
+        in_dim = self.engine.num_features + (self.engine.num_classes if self.label_aug is not None else 0)
+        self.model = build_model(mc.name, in_dim, mc.hidden, self.engine.num_classes,
                                  num_layers=mc.num_layers, dropout=mc.dropout, heads=mc.heads,
                                  out_heads=mc.out_heads, attn_dropout=mc.attn_dropout, residual=mc.residual,
                                  batchnorm=mc.batchnorm, alpha=mc.alpha, theta=mc.theta, hops=mc.hops, jk=mc.jk,
-                                 conv=mc.conv).to(device=self.device, dtype=self.dtype)
+                                 conv=mc.conv, num_bases=mc.num_bases, groups=mc.groups, reversible=mc.reversible,
+                                 num_relations=self.graph.num_relations).to(device=self.device, dtype=self.dtype)
         if self.size > 1:
             for t in self.model.state_dict().values():
                 comm.bcast(t, 0)
@@ -264,6 +283,7 @@ class Trainer:
             check_paths(config)
             self.device = self._device(config.train.device)
             self.engine_name = choose_engine(config.engine.name, self.size, config.data.path)
+            check_recipes(config, self.engine_name)
             if resume is not None:
                 path, state = ckpt.latest_checkpoint(resume)
                 found = (str(path), int(state.get("epoch", -1)))
@@ -399,9 +419,9 @@ class Trainer:
             loss, ok = self._minibatch_epoch(epoch, fail)
         else:
             self.optimizer.zero_grad(set_to_none=False)
-            logits = self.model(self.graph, self.feat)
-            idx = self.train_idx
-            loss_t = F.cross_entropy(logits[idx], self.label[idx], reduction="sum") / self.num_train
+            x, idx, count = self.train_inputs(epoch)
+            logits = self.model(self.graph, x)
+            loss_t = F.cross_entropy(logits[idx], self.label[idx], reduction="sum") / count
             if fail is not None:  # kind "nan"
                 loss_t = loss_t * float("nan")
             loss, ok = self._apply_gradients(loss_t, epoch)
@@ -410,6 +430,63 @@ class Trainer:
         self.epoch = epoch
         self.engine.end_epoch(epoch, loss if ok else float("nan"), time.perf_counter() - t_start)
         return loss
+
+    def train_inputs(self, epoch: int) -> tuple[torch.Tensor, torch.Tensor, float]:
+        """The input features of training epoch ``epoch``, the owned nodes its loss sums over and the
+        global count it divides by: ``(x float[N, F(+C)], idx int64[n_loss], count)``.
+
+        Without label augmentation: ``(feat, train nodes, global train count)``. With it
+        (``recipes.label_aug``): the epoch's drawn training labels appended to ``feat``, the other
+        training nodes, and their global count (one all-reduce of a scalar; at least 1).
+        """
+        if self.label_aug is None:
+            return self.feat, self.train_idx, self.num_train
+        x, loss_mask = self.label_aug.epoch_inputs(self.feat, epoch)
+        count = torch.tensor([float(loss_mask.sum())], dtype=torch.float64)
+        if self.size > 1:
+            self.comm.allreduce_(count)
+        return x, loss_mask.nonzero().squeeze(1), max(float(count.item()), 1.0)
+
+    def eval_inputs(self) -> torch.Tensor:
+        """The input features of evaluation: ``feat``, with every training label appended under label
+        augmentation (built once)."""
+        if self.label_aug is None:
+            return self.feat
+        if self._eval_x is None:
+            self._eval_x = self.label_aug.eval_inputs(self.feat)
+        return self._eval_x
+
+    @torch.no_grad()
+    def correct_and_smooth(self, use_best: bool = True) -> dict[str, Any]:
+        """Correct & Smooth (``recipes.cs_*``) on the model's predictions; collective (every rank calls it).
+
+        Runs the model (the best-validation parameters when ``use_best`` and an evaluation happened,
+        else the current ones, which are restored afterwards) in evaluation mode, post-processes the
+        softmax with :class:`~hpc_graph.train.recipes.CorrectAndSmooth` through the engine's graph, and
+        returns ``{"before": accuracies, "after": accuracies}`` (``train_acc``, ``val_acc``,
+        ``test_acc`` each). The corrected and smoothed scores of the owned nodes are kept in
+        ``cs_probs`` (float[N, C]) and the result in ``cs_result``.
+        """
+        current = None
+        if use_best and self.best_state is not None:
+            current = _cpu(self.model.state_dict())
+            self.model.load_state_dict(copy.deepcopy(self.best_state))
+        try:
+            self.model.eval()
+            with self.engine.evaluation():
+                probs = self.model(self.graph, self.eval_inputs()).softmax(1)
+                cs = CorrectAndSmooth.from_config(self.config.recipes)
+                out = cs(self.graph, probs, self.label, self.masks["train"])
+        finally:
+            if current is not None:
+                self.model.load_state_dict(current)
+        self.cs_probs = out
+        self.cs_result = {"before": self._accuracies(probs.argmax(1)), "after": self._accuracies(out.argmax(1))}
+        if self.rank == 0:
+            b, a = self.cs_result["before"], self.cs_result["after"]
+            log.info("correct & smooth: val acc %s -> %s, test acc %s -> %s", _fmt_acc(b["val_acc"]),
+                     _fmt_acc(a["val_acc"]), _fmt_acc(b["test_acc"]), _fmt_acc(a["test_acc"]))
+        return self.cs_result
 
     def _minibatch_epoch(self, epoch: int, fail: _DebugFailure | None) -> tuple[float, bool]:
         """Every iteration of a sampling engine's epoch (the same number on every rank)."""
@@ -482,7 +559,11 @@ class Trainer:
         """Accuracy on each split over all ranks: ``{"train_acc", "val_acc", "test_acc"}`` (None if a split is empty)."""
         self.model.eval()
         with self.engine.evaluation():
-            pred = self.model(self.graph, self.feat).argmax(1)
+            pred = self.model(self.graph, self.eval_inputs()).argmax(1)
+        return self._accuracies(pred)
+
+    def _accuracies(self, pred: torch.Tensor) -> dict[str, float | None]:
+        """Global accuracy of the owned nodes' predictions ``pred`` int64[N] on each split (one all-reduce)."""
         counts = []
         for split in _SPLITS:
             m = self.masks[split]
@@ -563,6 +644,8 @@ class Trainer:
                             raise _agreed(exc)
                 if last_saved != self.epoch:  # nothing left to train (a finished run resumed): still checkpoint
                     self.save_checkpoint()
+                if self.config.recipes.correct_smooth:
+                    self.correct_and_smooth()
                 self.engine.close()
         finally:
             bar.close()
@@ -667,6 +750,8 @@ class Trainer:
             "run_dir": str(self.run_dir),
             "config": config_to_dict(self.config),
         }
+        if self.cs_result is not None:  # accuracies of the best-validation model before/after C&S
+            summary["correct_smooth"] = self.cs_result
         if self.rank == 0:
             with atomic_output(self.run_dir / "summary.json", force=True) as tmp:
                 tmp.write_text(json.dumps(summary, indent=2) + "\n", encoding="utf-8")
@@ -679,6 +764,10 @@ class Trainer:
 
 
 # -- module helpers ------------------------------------------------------------------------------
+def _fmt_acc(x: float | None) -> str:
+    return "n/a" if x is None else f"{x:.4f}"
+
+
 def _flush_logs() -> None:
     for h in logging.getLogger().handlers:
         with contextlib.suppress(Exception):

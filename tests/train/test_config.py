@@ -22,7 +22,7 @@ def test_defaults_and_round_trip(tmp_path):
     assert (cfg.model.name, cfg.model.hidden, cfg.model.num_layers) == ("gcn", 16, 2)
     assert cfg.optim.name == "adam" and cfg.train.epochs == 200 and cfg.train.run_dir is None
     d = config_to_dict(cfg)
-    assert set(d) == {"data", "engine", "model", "optim", "train", "comm", "sampler", "hec"}
+    assert set(d) == {"data", "engine", "model", "optim", "train", "comm", "sampler", "hec", "recipes"}
     assert cfg.comm.link_bandwidth is None and cfg.engine.bits == "auto" and cfg.engine.pipeline == "off"
     assert config_from_dict(d) == cfg
     assert validate_config(cfg) == cfg
@@ -58,7 +58,7 @@ BAD = [
     ({"model": {"hidden": True}}, "model.hidden: must be a positive integer, got True"),
     ({"model": {"num_layers": 0}}, "model.num_layers: must be a positive integer"),
     ({"model": {"name": "gin"}}, "model.name: must be one of 'gcn', 'sage', 'gat', 'gcn2', 'jknet', 'appnp', 'sgc', "
-                                  "'dagnn', got 'gin'"),
+                                  "'dagnn', 'mlp', 'rgcn', 'revgcn', 'revgat', got 'gin'"),
     ({"model": {"dropout": 1.0}}, "model.dropout: must be a number in [0, 1), got 1.0"),
     ({"model": {"attn_dropout": -0.1}}, "model.attn_dropout: must be a number in [0, 1)"),
     ({"model": {"residual": "yes"}}, "model.residual: must be true or false, got 'yes'"),

@@ -5,7 +5,9 @@ single training node so that some parts have none) and partitions them into N
 parts (random and METIS); then every rank compares, for GCN, SAGE and GAT
 (with attention dropout) and the deep models (4-layer GCNII, 3-layer JKNet
 with a different combination and layer type per dataset, APPNP with K=3,
-SGC with K=2 (its cached propagation included), DAGNN with K=3), in float64:
+SGC with K=2 (its cached propagation included), DAGNN with K=3, and R-GCN
+over the datasets' 3 edge types, with and without bases, and the reversible RevGCN
+(3 blocks) and RevGAT (2 blocks), whose backward recomputes through the engine), in float64:
 
 * forward outputs of its owned rows with the single engine's rows ``orig_id``,
 * the loss (sum of CE over train nodes / global train count, all-reduced),
@@ -69,12 +71,13 @@ def _dataset(path: Path, seed: int, n: int = 70, e: int = 320, isolated: int = 6
     indptr = np.zeros(n + 1, dtype=np.int64)
     np.cumsum(np.bincount(dst, minlength=n), out=indptr[1:])
     label = rng.integers(0, classes, n)
+    edge_type = rng.integers(0, 3, len(src)).astype(np.int16)  # typed: R-GCN's relations (others ignore them)
     split = rng.random(n)
     train = split < 0.4
     if train_count is not None:
         train = np.zeros(n, dtype=bool)
         train[rng.choice(n, train_count, replace=False)] = True
-    data = GraphData(indptr=indptr, indices=src.astype(np.int64),
+    data = GraphData(indptr=indptr, indices=src.astype(np.int64), edge_type=edge_type,
                      feat=rng.standard_normal((n, feat_dim)).astype(np.float32),
                      label=label.astype(np.int64), train_mask=train,
                      val_mask=(split >= 0.4) & (split < 0.7), test_mask=split >= 0.7,
@@ -104,12 +107,17 @@ def _models(case: int) -> list[tuple[str, dict]]:
             ("gcn2", {"num_layers": 4, "alpha": 0.2, "theta": 0.7}),
             ("jknet", {"num_layers": 3, "jk": ("concat", "max", "attention")[case],
                        "conv": ("gcn", "sage", "gcn")[case]}),
-            ("appnp", {"hops": 3, "alpha": 0.2}), ("sgc", {"hops": 2}), ("dagnn", {"hops": 3})]
+            ("appnp", {"hops": 3, "alpha": 0.2}), ("sgc", {"hops": 2}), ("dagnn", {"hops": 3}),
+            ("rgcn", {"num_layers": 2, "num_bases": (None, 2, 1)[case]}),
+            ("revgcn", {"num_layers": 3, "groups": (2, 3, 2)[case], "hidden": 6}),
+            ("revgat", {"num_layers": 2, "groups": 2, "heads": 1, "hidden": 4})]
 
 
-def _model(name: str, in_dim: int, classes: int, options: dict) -> torch.nn.Module:
+def _model(name: str, in_dim: int, classes: int, options: dict, relations: int) -> torch.nn.Module:
     torch.manual_seed(1234)
-    return build_model(name, in_dim, 5, classes, dropout=0.0, **options).double()
+    options = dict(options)
+    hidden = options.pop("hidden", 5)
+    return build_model(name, in_dim, hidden, classes, dropout=0.0, num_relations=relations, **options).double()
 
 
 def _loss(out, engine, global_train: float) -> torch.Tensor:
@@ -125,27 +133,32 @@ def _sgd_step(model, lr: float = 0.5, weight_decay: float = 5e-4) -> None:
 
 
 def _record_calls(graph) -> list:
-    """Wrap ``graph.aggregate``/``graph.gat``/``graph.gat_projected`` to log (kind, row width, requires_grad).
+    """Wrap ``graph.aggregate``/``aggregate_relations``/``gat``/``gat_projected`` to log (kind, row width,
+    requires_grad); a relation-wise aggregation moves the rows once, like an ``aggregate``.
 
     A ``gat_projected`` call is logged once, whether the engine fuses it or its default calls ``gat``.
     """
     calls = []
-    agg, gat, gat_projected = graph.aggregate, graph.gat, graph.gat_projected
+    agg, agg_rel, gat, gat_projected = graph.aggregate, graph.aggregate_relations, graph.gat, graph.gat_projected
     inside = []
 
     def aggregate(x, reduce="sum"):
-        calls.append(("aggregate", int(np.prod(x.shape[1:])), x.requires_grad))
+        calls.append(("aggregate", int(np.prod(x.shape[1:])), _grad(x)))
         return agg(x, reduce)
+
+    def aggregate_relations(x, reduce="mean"):
+        calls.append(("aggregate", int(np.prod(x.shape[1:])), _grad(x)))
+        return agg_rel(x, reduce)
 
     def attention(z, s_src, s_dst, **kw):
         if not inside:
             calls.append(("gat", int(np.prod(z.shape[1:])) + int(s_src.shape[1]),
-                          z.requires_grad or s_src.requires_grad))
+                          _grad(z, s_src)))
         return gat(z, s_src, s_dst, **kw)
 
     def projected(x, weight, att_src, att_dst, **kw):
         calls.append(("gat", int(weight.shape[0]) + int(att_src.shape[1]),
-                      x.requires_grad or weight.requires_grad or att_src.requires_grad))
+                      _grad(x, weight, att_src)))
         inside.append(True)
         try:
             return gat_projected(x, weight, att_src, att_dst, **kw)
@@ -153,7 +166,14 @@ def _record_calls(graph) -> list:
             inside.pop()
 
     graph.aggregate, graph.gat, graph.gat_projected = aggregate, attention, projected
+    graph.aggregate_relations = aggregate_relations
     return calls
+
+
+def _grad(*ts) -> bool:
+    """Whether a call on ``ts`` builds a graph (a backward pass will follow): grad mode on and an input
+    needing gradients (a reversible model's forward runs under no_grad with parameters that need them)."""
+    return torch.is_grad_enabled() and any(t.requires_grad for t in ts)
 
 
 class _ExchangeProbe:
@@ -200,7 +220,7 @@ def _expected_bytes(engine_name: str, dg, calls: list) -> int:
 
 def _reference(ds_path: Path, model_name: str, options: dict, local_comm) -> dict:
     eng = create_engine("single", str(ds_path), local_comm, "cpu", torch.float64)
-    model = _model(model_name, eng.num_features, eng.num_classes, options)
+    model = _model(model_name, eng.num_features, eng.num_classes, options, eng.graph.num_relations)
     start = copy.deepcopy(model)
     train_count = float(eng.masks["train"].sum())
     out = model(eng.graph, eng.feat)

@@ -1,0 +1,73 @@
+"""dropout_linear against plain torch: linear of the same dropout (same key), values and gradients in float64."""
+import pytest
+import torch
+from torch.nn import functional as F
+
+from hpc_graph.ops.dropout import dropout
+from hpc_graph.ops.dropout_linear import dropout_linear
+
+
+@pytest.mark.parametrize("p, bias", [(0.5, True), (0.6, False), (0.0, True), (0.9, True)])
+def test_values_and_gradients_equal_linear_of_dropout(p, bias):
+    torch.manual_seed(0)
+    x = torch.randn(37, 11, dtype=torch.float64)
+    w = torch.randn(5, 11, dtype=torch.float64)
+    b = torch.randn(5, dtype=torch.float64) if bias else None
+    grad = torch.randn(37, 5, dtype=torch.float64)
+
+    def leaves():
+        return [t.clone().requires_grad_() if t is not None else None for t in (x, w, b)]
+
+    ref_in = leaves()
+    torch.manual_seed(7)  # the key comes from torch's generator: same seed, same mask
+    ref = F.linear(dropout(ref_in[0], p), ref_in[1], ref_in[2])
+    ref.backward(grad)
+    ours_in = leaves()
+    torch.manual_seed(7)
+    out = dropout_linear(ours_in[0], ours_in[1], ours_in[2], p)
+    out.backward(grad)
+    torch.testing.assert_close(out, ref)
+    for a, r in zip(ours_in, ref_in):
+        if a is not None:
+            torch.testing.assert_close(a.grad, r.grad)
+    if p > 0:  # the mask really drops: the fraction of zero rows of dropout(x) is about p
+        torch.manual_seed(7)
+        dropped = (dropout(torch.ones(37, 11, dtype=torch.float64), p) == 0).double().mean().item()
+        assert abs(dropped - p) < 0.15
+
+
+def test_mask_matches_kept_elements_exactly():
+    """Independent of the dropout op: y = (m * x / keep) W^T with m the zero pattern of the dropped ones."""
+    torch.manual_seed(1)
+    x = torch.randn(20, 6, dtype=torch.float64)
+    w = torch.randn(3, 6, dtype=torch.float64)
+    torch.manual_seed(3)
+    m = (dropout(torch.ones_like(x), 0.5) != 0).double()
+    torch.manual_seed(3)
+    out = dropout_linear(x, w, None, 0.5)
+    keep = 1.0 - round(0.5 * 65536) / 65536
+    torch.testing.assert_close(out, (m * x / keep) @ w.t())
+
+
+def test_gradcheck():
+    torch.manual_seed(2)
+    x = torch.randn(9, 4, dtype=torch.float64, requires_grad=True)
+    w = torch.randn(3, 4, dtype=torch.float64, requires_grad=True)
+    b = torch.randn(3, dtype=torch.float64, requires_grad=True)
+
+    def f(x, w, b):
+        torch.manual_seed(11)
+        return dropout_linear(x, w, b, 0.3)
+
+    assert torch.autograd.gradcheck(f, (x, w, b))
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    ({"p": 1.0}, r"dropout_linear: p must be in \[0, 1\), got 1.0"),
+    ({"x": torch.zeros(2, 3, 4)}, r"dropout_linear: x must be a dense \[N, F_in\] tensor"),
+    ({"x": torch.zeros(2, 4, dtype=torch.int64)}, "dropout_linear: x dtype must be float32 or float64"),
+])
+def test_bad_inputs(kwargs, message):
+    args = {"x": torch.zeros(2, 4), "weight": torch.zeros(3, 4), "bias": None, "p": 0.5, **kwargs}
+    with pytest.raises(ValueError, match=message):
+        dropout_linear(**args)
