@@ -41,7 +41,11 @@ _NAME = re.compile(r"^ckpt-(\d+)\.pt$")
 
 # train.* fields that may differ between a checkpoint's config and the config of the resumed run
 RESUMABLE_FIELDS = ("train.epochs", "train.eval_every", "train.checkpoint_every", "train.on_nonfinite",
-                    "train.progress", "train.comm_backend", "train.run_dir", "train.threads")
+                    "train.progress", "train.comm_backend", "train.run_dir", "train.threads",
+                    # Correct & Smooth runs after training: changing it does not change the trained weights
+                    "recipes.correct_smooth", "recipes.cs_correct_layers", "recipes.cs_correct_alpha",
+                    "recipes.cs_smooth_layers", "recipes.cs_smooth_alpha", "recipes.cs_autoscale",
+                    "recipes.cs_scale")
 
 
 class CheckpointError(DataError, ValueError):
@@ -200,12 +204,18 @@ def identity_problems(saved: dict[str, Any], current: dict[str, Any]) -> list[st
 
 
 def config_problems(saved: dict[str, dict[str, Any]], current: dict[str, dict[str, Any]],
-                    allowed: Iterable[str] = RESUMABLE_FIELDS) -> list[str]:
-    """Fields (``section.key``) whose values differ between two config dicts, except ``allowed`` ones."""
+                    allowed: Iterable[str] = RESUMABLE_FIELDS,
+                    defaults: dict[str, dict[str, Any]] | None = None) -> list[str]:
+    """Fields (``section.key``) whose values differ between two config dicts, except ``allowed`` ones.
+
+    ``defaults`` (nested like the configs) fills sections and keys that ``saved`` lacks: a checkpoint written
+    before a field existed ran with that field's default, so it matches a current config that keeps it.
+    """
     allowed = set(allowed)
     probs = []
     for section in sorted(set(saved) | set(current)):
-        a, b = saved.get(section) or {}, current.get(section) or {}
+        a = {**((defaults or {}).get(section) or {}), **(saved.get(section) or {})}
+        b = current.get(section) or {}
         for key in sorted(set(a) | set(b)):
             name = f"{section}.{key}"
             if name in allowed or name == "data.path":  # data are compared by content, not by name

@@ -338,7 +338,8 @@ class Trainer:
         if state.get("world_size") != self.size:
             probs.append(f"number of ranks: the checkpoint was written by {state.get('world_size')} rank(s), "
                          f"this job has {self.size}")
-        probs += ckpt.config_problems(state.get("config") or {}, config_to_dict(self.config))
+        probs += ckpt.config_problems(state.get("config") or {}, config_to_dict(self.config),
+                                      defaults=config_to_dict(Config()))
         if not probs:
             self._identity = ckpt.data_identity(self.config.data.path)
             probs += ckpt.identity_problems(state.get("data") or {}, self._identity)

@@ -187,3 +187,24 @@ def test_second_ctrl_c_interrupts():
         with pytest.raises(KeyboardInterrupt):
             os.kill(os.getpid(), signal.SIGINT)
     assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+
+
+def test_config_problems_fill_fields_a_checkpoint_predates_with_defaults():
+    from hpc_graph.train.config import Config, config_to_dict
+    defaults = config_to_dict(Config())
+    current = config_to_dict(Config())
+    old = {k: v for k, v in config_to_dict(Config()).items() if k != "recipes"}  # written before `recipes`
+    del old["model"]["num_bases"]
+    assert ckpt.config_problems(old, current, defaults=defaults) == []
+    current["recipes"]["label_aug"] = 0.5  # changes what is trained: refused
+    assert ckpt.config_problems(old, current, defaults=defaults) == [
+        "recipes.label_aug: 0.0 in the checkpoint, 0.5 now"]
+    # without defaults the missing section is a difference
+    assert "recipes.label_aug: None in the checkpoint, 0.5 now" in ckpt.config_problems(old, current)
+
+
+def test_correct_and_smooth_settings_may_change_on_resume():
+    from hpc_graph.train.config import Config, config_to_dict
+    saved, current = config_to_dict(Config()), config_to_dict(Config())
+    current["recipes"].update(correct_smooth=True, cs_smooth_alpha=0.7, cs_correct_layers=10)
+    assert ckpt.config_problems(saved, current) == []
