@@ -1,6 +1,6 @@
-"""Benchmark: full-batch training with the single, dp and sar engines (and PyG) on R-MAT graphs.
+"""Benchmark: full-batch training with the single, dp and sar engines (and PyG, DGL) on R-MAT graphs.
 
-    python benchmarks/bench_training.py --scales 18 20 --ranks 1 2 4 --models sage gat \\
+    python benchmarks/bench_training.py --scales 18 20 --ranks 1 2 4 --models gcn sage gat \\
         --engines single dp sar --epochs 5 --workdir DIR --out results/bench_training.json
 
 For every scale the dataset is generated once (``hpc-graph generate rmat --scale S
@@ -23,10 +23,16 @@ peak RSS of a rank drifted up by up to 500 MiB from epoch to epoch (GAT,
 scale 18, 4 ranks), differently on every rank and run. ``sar`` runs twice, without and with
 prefetch (``--sar-prefetch``). ``single`` runs on one rank only, next to the
 PyG reference (``benchmarks/pyg_baseline.py``, same model, widths, Adam and
-epochs, same threads) unless ``--no-pyg``.
+epochs, same threads) unless ``--no-pyg``, and the DGL 2.1 reference
+(``benchmarks/dgl_baseline.py`` run by ``--dgl-python``, default
+``.venv-dgl/bin/python``: the same models with ``dgl.nn`` layers, same threads
+through ``OMP_NUM_THREADS``, ``torch.set_num_threads`` and
+``dgl.utils.set_num_threads``) unless ``--no-dgl`` (default: on when that
+interpreter exists).
 
-Models: 3-layer GraphSAGE (mean, hidden 128) and 3-layer GAT (4 heads x 32,
-one output head), dropout 0.5, Adam lr 0.01, no weight decay, raw features.
+Models: 3-layer GCN (symmetric normalisation with self loops, hidden 128),
+GraphSAGE (mean, hidden 128) and GAT (4 heads x 32, one output head), dropout
+0.5, Adam lr 0.01, no weight decay, raw features.
 
 Per run the record holds the epoch times of the slowest rank, their median
 over epochs 2..E (epoch 1 compiles the kernels), the peak RSS of every rank
@@ -50,7 +56,9 @@ the fastest attempt kept (the others are listed in its record).
 Results are merged into ``--out`` (one JSON record per run, keyed by scale,
 model, engine, prefetch and ranks; re-running a configuration replaces its
 record; ``--skip-done`` keeps finished ones), written after every run. The
-``targets`` section checks the issue's goals; plots go to
+``targets`` section checks the issue's goals (PyG and DGL: ours against each on one
+process, epoch time and peak RSS, raw and above the floor); ``comparison`` holds
+the 1-rank table printed at the end (ours vs DGL vs PyG per scale and model); plots go to
 ``<out stem>_s<S>_<model>/scaling.png`` (median epoch time and peak memory per
 rank against ranks, one line per engine, via
 ``hpc_graph.train.report.plot_compare``) and ``compare_curves.png``.
@@ -71,7 +79,9 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
-HIDDEN = {"sage": 128, "gat": 32}
+HIDDEN = {"gcn": 128, "sage": 128, "gat": 32}
+MODELS = ("gcn", "sage", "gat")
+DGL_PYTHON = ROOT / ".venv-dgl" / "bin" / "python"
 HEADS = 4
 LAYERS = 3
 _BASE_RSS_MB = 600.0  # imports + kernel compilation of one training process (measured at scale 14)
@@ -177,6 +187,21 @@ def _run_job(cmd: list[str], env: dict[str, str], log_path: Path, timeout: float
             "tree_peak_rss_mb": round(peak, 1), "killed": killed, "stdout_tail": text[-2000:]}
 
 
+def _last_json(log_path: Path) -> dict[str, Any] | None:
+    """The last line of a log that parses as a JSON object (a baseline script's result), or None."""
+    try:
+        lines = log_path.read_text(encoding="utf-8", errors="replace").splitlines()
+    except OSError:
+        return None
+    for line in reversed(lines):
+        if line.startswith("{"):
+            try:
+                return json.loads(line)
+            except ValueError:
+                continue
+    return None
+
+
 def _check_call(cmd: list[str], what: str, timeout: float) -> None:
     print(f"{what}: {' '.join(shlex.quote(c) for c in cmd)}", flush=True)
     t0 = time.perf_counter()
@@ -226,7 +251,7 @@ def prepare_data(workdir: Path, scale: int, parts: list[int], timeout: float) ->
 def write_configs(workdir: Path, epochs: int) -> dict[str, Path]:
     """One YAML per model in ``workdir`` (data path and engine are set per run with --set)."""
     paths = {}
-    for model in ("sage", "gat"):
+    for model in MODELS:
         text = (f"# written by benchmarks/bench_training.py\n"
                 f"data: {{path: PLACEHOLDER, feature_norm: none}}\n"
                 f"engine: {{name: single, prefetch: false}}\n"
@@ -269,6 +294,9 @@ def plan(args: argparse.Namespace) -> list[dict[str, Any]]:
                                     continue  # GATConv needs edge_index (self loops)
                                 out.append({"scale": scale, "model": model, "engine": "pyg", "prefetch": None,
                                             "adj": adj, "ranks": 1})
+                            if args.dgl:
+                                out.append({"scale": scale, "model": model, "engine": "dgl", "prefetch": None,
+                                            "ranks": 1})
                         continue
                     for pf in (prefetches if engine == "sar" else [None]):
                         out.append({"scale": scale, "model": model, "engine": engine, "prefetch": pf, "ranks": n})
@@ -307,6 +335,11 @@ def command(cfg: dict[str, Any], args: argparse.Namespace, configs: dict[str, Pa
                "--model", model, "--hidden", str(HIDDEN[model]), "--heads", str(HEADS), "--num-layers",
                str(LAYERS), "--epochs", str(args.epochs), "--adj", cfg["adj"], "--run-dir", str(run_dir)]
         return cmd
+    if engine == "dgl":
+        return [str(args.dgl_python), str(ROOT / "benchmarks" / "dgl_baseline.py"),
+                str(dataset_path(args.workdir, scale)), "--model", model, "--hidden", str(HIDDEN[model]),
+                "--heads", str(HEADS), "--num-layers", str(LAYERS), "--epochs", str(args.epochs),
+                "--idtype", args.dgl_idtype, "--threads", str(_threads(args, n)), "--run-dir", str(run_dir)]
     data = dataset_path(args.workdir, scale) if engine == "single" else partition_dir(args.workdir, scale, n)
     sets = [f"data.path={data}", f"engine.name={engine}", f"engine.prefetch={str(bool(cfg['prefetch'])).lower()}"]
     cmd = ["mpiexec", "-n", str(n)] + _hpc_graph() + ["train", "--config", str(configs[model])]
@@ -420,11 +453,13 @@ def run_one(cfg: dict[str, Any], args: argparse.Namespace, configs: dict[str, Pa
     if res["rc"] != 0 or not (run_dir / "summary.json").exists():
         return {**rec, "status": "failed", "reason": f"exit status {res['rc']}", "log_tail": res["stdout_tail"]}
     rec.update(collect(cfg, run_dir))
-    if cfg["engine"] == "pyg":
-        last = [ln for ln in res["stdout_tail"].splitlines() if ln.startswith("{")]
+    if cfg["engine"] in ("pyg", "dgl"):
+        keep = {"pyg": ("adj", "torch_threads", "load_seconds"),
+                "dgl": ("idtype", "init", "formats", "graph_edges", "self_loops", "torch_threads", "dgl_threads",
+                        "load_seconds", "graph_seconds", "versions")}[cfg["engine"]]
+        last = _last_json(args.workdir / "logs" / f"{name}.log")
         if last:
-            rec["pyg"] = {k: v for k, v in json.loads(last[-1]).items() if k in ("adj", "torch_threads",
-                                                                                   "load_seconds")}
+            rec[cfg["engine"]] = {k: v for k, v in last.items() if k in keep}
     rec["status"] = "ok"
     return rec
 
@@ -490,7 +525,70 @@ def targets(records: list[dict[str, Any]], floor_scale: int | None = None) -> li
                 m = _ratio(one["max_peak_rss_mb"], pyg["max_peak_rss_mb"])
                 out.append({"goal": f"s{s} {model.upper()}: single peak RSS < PyG", "value": m,
                             "met": m is not None and m < 1.0})
+        for model in MODELS:  # issue 17: beat DGL 2.1 on CPU full-batch training
+            one = _find(records, scale=s, model=model, engine="single", ranks=1)
+            dgl = _find(records, scale=s, model=model, engine="dgl", ranks=1)
+            if one and dgl:
+                r = _ratio(one["median_epoch_s"], dgl["median_epoch_s"])
+                out.append({"goal": f"s{s} {model.upper()}: single epoch time / DGL < 1", "value": r,
+                            "met": r is not None and r < 1.0})
+                m = _ratio(one["max_peak_rss_mb"], dgl["max_peak_rss_mb"])
+                out.append({"goal": f"s{s} {model.upper()}: single peak RSS / DGL < 1", "value": m,
+                            "met": m is not None and m < 1.0})
+                net = _ratio(_net(records, one, floor_scale), _net(records, dgl, floor_scale))
+                if net is not None:
+                    out.append({"goal": f"s{s} {model.upper()}: single peak RSS above the s{floor_scale} "
+                                        f"floor / DGL's < 1", "value": net, "met": net < 1.0})
     return out
+
+
+def comparison(records: list[dict[str, Any]], floor_scale: int | None = None) -> list[dict[str, Any]]:
+    """One row per (scale, model) with a 1-rank ``single`` run: its epoch time and peak RSS next to
+    DGL's and PyG's (edge_index), the ratios ours / theirs (< 1: ours faster / smaller) and the
+    peaks above each process's own floor (the same configuration at ``floor_scale``)."""
+    rows = []
+    for s in sorted({r["scale"] for r in records} - {floor_scale}):
+        for model in MODELS:
+            one = _find(records, scale=s, model=model, engine="single", ranks=1)
+            if not one:
+                continue
+            row: dict[str, Any] = {"scale": s, "model": model, "threads": one.get("threads_per_rank"),
+                                   "ours_epoch_s": one["median_epoch_s"], "ours_peak_mb": one["max_peak_rss_mb"],
+                                   "ours_net_peak_mb": _net(records, one, floor_scale)}
+            for name, rec in (("dgl", _find(records, scale=s, model=model, engine="dgl", ranks=1)),
+                              ("pyg", _find(records, scale=s, model=model, engine="pyg", adj="edge_index",
+                                            ranks=1))):
+                if rec is None:
+                    continue
+                net = _net(records, rec, floor_scale)
+                row.update({f"{name}_epoch_s": rec["median_epoch_s"], f"{name}_peak_mb": rec["max_peak_rss_mb"],
+                            f"{name}_net_peak_mb": net,
+                            f"epoch_ours_over_{name}": _ratio(one["median_epoch_s"], rec["median_epoch_s"]),
+                            f"peak_ours_over_{name}": _ratio(one["max_peak_rss_mb"], rec["max_peak_rss_mb"]),
+                            f"net_peak_ours_over_{name}": _ratio(row["ours_net_peak_mb"], net)})
+            rows.append(row)
+    return rows
+
+
+def comparison_table(rows: list[dict[str, Any]], floor_scale: int | None = None) -> str:
+    """The 1-rank comparison as text: seconds, MiB, and ours/theirs ratios (net: above the floor)."""
+    def f(v, fmt):
+        return format(v, fmt) if v is not None else "-"
+
+    head = (f"{'scale':>5} {'model':5} {'thr':>3} {'ours s':>8} {'DGL s':>8} {'PyG s':>8} {'s/DGL':>6} "
+            f"{'s/PyG':>6} {'ours MiB':>8} {'DGL MiB':>8} {'PyG MiB':>8} {'MiB/DGL':>7} {'MiB/PyG':>7} "
+            f"{'net/DGL':>7} {'net/PyG':>7}")
+    lines = [f"1-rank comparison (ratios ours/theirs, < 1 is better for ours; net: peak above the "
+             f"s{floor_scale} floor of each process)", head]
+    for r in rows:
+        lines.append(f"{r['scale']:>5} {r['model']:5} {f(r.get('threads'), 'd'):>3} {f(r['ours_epoch_s'], '.3f'):>8} "
+                     f"{f(r.get('dgl_epoch_s'), '.3f'):>8} {f(r.get('pyg_epoch_s'), '.3f'):>8} "
+                     f"{f(r.get('epoch_ours_over_dgl'), '.3f'):>6} {f(r.get('epoch_ours_over_pyg'), '.3f'):>6} "
+                     f"{f(r['ours_peak_mb'], '.0f'):>8} {f(r.get('dgl_peak_mb'), '.0f'):>8} "
+                     f"{f(r.get('pyg_peak_mb'), '.0f'):>8} {f(r.get('peak_ours_over_dgl'), '.3f'):>7} "
+                     f"{f(r.get('peak_ours_over_pyg'), '.3f'):>7} {f(r.get('net_peak_ours_over_dgl'), '.3f'):>7} "
+                     f"{f(r.get('net_peak_ours_over_pyg'), '.3f'):>7}")
+    return "\n".join(lines)
 
 
 # -- output ----------------------------------------------------------------------------------
@@ -502,7 +600,7 @@ def plots(records: list[dict[str, Any]], out: Path, skip_scale: int | None = Non
         return []
     paths = []
     for s in sorted({r["scale"] for r in records} - {skip_scale}):
-        for model in ("sage", "gat"):
+        for model in MODELS:
             runs, labels = [], []
             for r in sorted((r for r in records if r["scale"] == s and r["model"] == model and r["status"] == "ok"),
                             key=lambda r: (r["label"], r["ranks"])):
@@ -547,7 +645,7 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--scales", type=int, nargs="+", default=[18])
     ap.add_argument("--ranks", type=int, nargs="+", default=[1, 2, 4])
-    ap.add_argument("--models", nargs="+", choices=("sage", "gat"), default=["sage", "gat"])
+    ap.add_argument("--models", nargs="+", choices=MODELS, default=["sage", "gat"])
     ap.add_argument("--engines", nargs="+", choices=("single", "dp", "sar"), default=["single", "dp", "sar"])
     ap.add_argument("--sar-prefetch", choices=("off", "on", "both"), default="both",
                     help="sar runs without and/or with prefetch (default: both)")
@@ -569,6 +667,15 @@ def main(argv: list[str] | None = None) -> int:
                     help="also run every configuration at this tiny scale; its peak RSS is the per-process "
                          "floor (libraries, kernels, MPI) subtracted for the net memory ratios (0: off)")
     ap.add_argument("--no-pyg", dest="pyg", action="store_false", help="no PyG reference runs")
+    ap.add_argument("--dgl", dest="dgl", action="store_true", default=None,
+                    help="run the DGL reference next to every 1-rank single run (default: when --dgl-python "
+                         "exists)")
+    ap.add_argument("--no-dgl", dest="dgl", action="store_false", help="no DGL reference runs")
+    ap.add_argument("--dgl-python", type=Path, default=DGL_PYTHON,
+                    help="interpreter of the DGL environment (default: %(default)s; "
+                         "bash benchmarks/setup_baselines.sh --dgl creates it)")
+    ap.add_argument("--dgl-idtype", choices=("auto", "int32", "int64"), default="auto",
+                    help="DGL graph id type (auto: int32 when the graph fits; DGL's default is int64)")
     ap.add_argument("--pyg-adj", nargs="+", choices=("edge_index", "csr"), default=["edge_index", "csr"],
                     help="graph inputs of the PyG runs: edge_index (PyG's default, the targets' reference) "
                          "and/or a torch.sparse_csr adjacency (SAGE only; label pyg-csr)")
@@ -586,6 +693,13 @@ def main(argv: list[str] | None = None) -> int:
         ap.error("--epochs: at least 2 (epoch 1 compiles the kernels and is left out of the median)")
     if any(n < 1 for n in args.ranks):
         ap.error("--ranks: positive integers")
+    if args.dgl is None:
+        args.dgl = args.dgl_python.exists()
+        if not args.dgl:
+            print(f"no DGL reference runs: {args.dgl_python} not found (bash benchmarks/setup_baselines.sh --dgl)",
+                  flush=True)
+    elif args.dgl and not args.dgl_python.exists():
+        ap.error(f"--dgl: {args.dgl_python} not found (bash benchmarks/setup_baselines.sh --dgl, or --dgl-python)")
     args.workdir = args.workdir.resolve()
     args.out = args.out if args.out.is_absolute() else (Path.cwd() / args.out)
     if args.floor_scale and args.floor_scale not in args.scales:
@@ -634,6 +748,7 @@ def main(argv: list[str] | None = None) -> int:
         done[key] = rec
         doc["records"] = sorted(done.values(), key=lambda r: (r["scale"], r["model"], r["ranks"], r["label"]))
         doc["targets"] = targets(doc["records"], args.floor_scale)
+        doc["comparison"] = comparison(doc["records"], args.floor_scale)
         save(args.out, doc)
         extra = rec.get("reason") or (f"median epoch {rec['median_epoch_s']:.3f} s, max peak RSS "
                                       f"{rec['max_peak_rss_mb']:.0f} MiB")
@@ -641,8 +756,11 @@ def main(argv: list[str] | None = None) -> int:
     doc["uptime"].append({"when": time.strftime("%Y-%m-%d %H:%M:%S"), "uptime": _uptime(), "event": "end"})
     doc["plots"] = plots(doc["records"], args.out, args.floor_scale)
     doc["targets"] = targets(doc["records"], args.floor_scale)
+    doc["comparison"] = comparison(doc["records"], args.floor_scale)
     save(args.out, doc)
     print(table(doc["records"]))
+    if doc["comparison"]:
+        print(comparison_table(doc["comparison"], args.floor_scale))
     for t in doc["targets"]:
         print(f"{'MET ' if t['met'] else 'MISS'} {t['goal']}: {t['value']}")
     print(f"results in {args.out}")

@@ -1,16 +1,20 @@
-"""PyG reference: full-batch training of a 3-layer GraphSAGE or GAT with torch_geometric on one process.
+"""PyG reference: full-batch training of a 3-layer GCN, GraphSAGE or GAT with torch_geometric on one process.
 
+    python benchmarks/pyg_baseline.py DATA.h5 --model gcn --hidden 128 --epochs 5 --run-dir DIR
     python benchmarks/pyg_baseline.py DATA.h5 --model sage --hidden 128 --epochs 5 --run-dir DIR
     python benchmarks/pyg_baseline.py DATA.h5 --model gat --hidden 32 --heads 4 --epochs 5 --run-dir DIR
 
 The same model as ``hpc-graph train`` builds (``hpc_graph.nn.build_model``):
 ``num_layers`` convolutions, dropout before every layer (input features too),
-ReLU (SAGE) or ELU (GAT) between layers; GAT hidden layers concatenate
+ReLU (GCN, SAGE) or ELU (GAT) between layers; GAT hidden layers concatenate
 ``heads`` heads of ``hidden`` features and the output layer has one head.
 Adam, cross entropy over the training nodes, the whole graph every step.
-torch_geometric's ``SAGEConv`` (mean) / ``GATConv`` (self loops added) run on
-``edge_index`` (int64 [2, E], PyG's default input) or, with ``--adj csr``, on a
-transposed ``torch.sparse_csr`` adjacency (SAGE only: PyG's fused sparse path).
+torch_geometric's ``GCNConv`` (default normalisation: self loops added, symmetric
+``deg^-1/2`` with the in-degree + 1, ``cached=False`` so every forward normalises
+again), ``SAGEConv`` (mean) / ``GATConv`` (self loops added) run on ``edge_index``
+(int64 [2, E], PyG's default input) or, with ``--adj csr``, on a transposed
+``torch.sparse_csr`` adjacency (SAGE only: PyG's fused sparse path).
+The DGL twin of this script is ``benchmarks/dgl_baseline.py``.
 
 Timing covers exactly what the trainer's ``epoch_seconds`` covers: zero_grad,
 forward, loss, backward, optimizer step. Writes ``DIR/metrics.rank0.jsonl``
@@ -30,6 +34,10 @@ import time
 from pathlib import Path
 
 import numpy as np
+
+ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))  # data_io, when run as a script from anywhere
 
 
 def _peak_rss_mb() -> float:
@@ -65,7 +73,7 @@ class _Net:
               dropout: float):
         import torch
         from torch.nn import functional as F
-        from torch_geometric.nn import GATConv, SAGEConv
+        from torch_geometric.nn import GATConv, GCNConv, SAGEConv
 
         class Net(torch.nn.Module):
             def __init__(self):
@@ -74,9 +82,10 @@ class _Net:
                 width = in_dim
                 for layer in range(num_layers):
                     last = layer == num_layers - 1
-                    if model == "sage":
+                    if model in ("gcn", "sage"):
                         out = out_dim if last else hidden
-                        self.convs.append(SAGEConv(width, out, aggr="mean"))
+                        self.convs.append(GCNConv(width, out, cached=False) if model == "gcn"
+                                          else SAGEConv(width, out, aggr="mean"))
                         width = out
                     elif last:
                         self.convs.append(GATConv(width, out_dim, heads=1, concat=False))
@@ -100,7 +109,7 @@ class _Net:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("data", help="dataset file (hpc-graph generate|convert)")
-    ap.add_argument("--model", choices=("sage", "gat"), required=True)
+    ap.add_argument("--model", choices=("gcn", "sage", "gat"), required=True)
     ap.add_argument("--hidden", type=int, default=128, help="hidden width (per head for GAT)")
     ap.add_argument("--heads", type=int, default=4, help="GAT heads in hidden layers")
     ap.add_argument("--num-layers", type=int, default=3)
