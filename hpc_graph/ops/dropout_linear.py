@@ -1,20 +1,23 @@
-"""``dropout_linear``: ``dropout(x) W^T + b`` that keeps only ``x`` (no dropped copy) for the backward pass.
+"""``dropout_linear``: ``dropout(act(x)) W^T + b`` that keeps only ``x`` for the backward pass.
 
-``linear(dropout(x))`` written with two autograd nodes keeps the dropped
-input ``dropout(x)`` float[N, F_in] alive until the backward pass (the weight
-gradient needs it), on top of ``x`` itself, which usually stays alive anyway
-(input features, or a ReLU output that the ReLU node already keeps). Here the
-dropout mask is the counter-based hash of :mod:`hpc_graph.ops.dropout` (same
-key, same elements dropped): the backward pass redraws ``dropout(x)`` from
-``x`` and the key, so the only extra memory between forward and backward is
-nothing at all (``x`` is referenced, not copied)::
+``linear(dropout(relu(x)))`` written with three autograd nodes keeps, until
+the backward pass, the ReLU output (for the ReLU's gradient) and the dropped
+copy (for the weight gradient), each float[N, F_in], on top of ``x``, which
+usually stays alive anyway (input features, or a convolution's output). Here
+the activation and the dropout mask (the counter-based hash of
+:mod:`hpc_graph.ops.dropout`: same key, same elements dropped) are recomputed
+from ``x`` in the backward pass, so nothing N x F_in is kept but ``x`` itself
+(referenced, not copied)::
 
-    y       = dropout(x) W^T + b                      float[N, F_out]
-    dW      = g^T dropout(x)                          float[F_out, F_in]
-    db      = sum_rows g                              float[F_out]
-    dx      = dropout_mask(g W)  (same mask, same scale)
+    a       = dropout(act(x))                          float[N, F_in] (transient)
+    y_k     = a W_k^T + b_k                            float[N, F_out_k], one per weight
+    dW_k    = g_k^T a                                  float[F_out_k, F_in]
+    db_k    = sum_rows g_k                             float[F_out_k]
+    dx      = mask * scale * act'(x) * sum_k g_k W_k   float[N, F_in]
 
-The cost is one extra dropout pass over ``x`` in the backward pass.
+``act`` is ``None`` or ``"relu"``. Several weights share one input (e.g.
+SAGE's neighbour and root projections): ``a`` is built once per pass. The
+cost is one extra activation-dropout pass over ``x`` in the backward pass.
 """
 from __future__ import annotations
 
@@ -24,53 +27,71 @@ from hpc_graph.ops._bridge import as_array
 from hpc_graph.ops._kernel_args import empty, kernel
 
 _LEVELS = 1 << 16
+ACTS = {None: 0, "relu": 1}
 
 
-def _apply_mask(t: torch.Tensor, key: int, cut: int, scale: float) -> torch.Tensor:
-    """The dropout of ``t`` with the mask of ``key`` (``t * scale`` where kept, else 0), as a new tensor."""
+def _act_mask(t: torch.Tensor, key: int, cut: int, scale: float, act: int) -> torch.Tensor:
+    """``dropout(act(t))`` with the mask of ``key`` (``act(t) * scale`` where kept, else 0), as a new tensor."""
     t = t.contiguous()
     out = empty(tuple(t.shape), t.dtype, t.device)
-    kernel("dropout.dropout_apply", t)(as_array(t.view(-1)), key, cut, scale, as_array(out.view(-1)))
+    if act == 0:
+        kernel("dropout.dropout_apply", t)(as_array(t.view(-1)), key, cut, scale, as_array(out.view(-1)))
+    else:
+        kernel("dropout.act_dropout_apply", t)(as_array(t.view(-1)), key, cut, scale, act,
+                                               as_array(out.view(-1)))
     return out
+
+
+def _act_mask_grad(x: torch.Tensor, g: torch.Tensor, key: int, cut: int, scale: float, act: int) -> torch.Tensor:
+    """Gradient through ``dropout(act(x))`` of the gradient ``g`` of its output (written over ``g``)."""
+    g = g.contiguous()
+    if act == 0:
+        kernel("dropout.dropout_apply", g)(as_array(g.view(-1)), key, cut, scale, as_array(g.view(-1)))
+    else:
+        kernel("dropout.act_dropout_grad", g)(as_array(x.contiguous().view(-1)), as_array(g.view(-1)), key, cut,
+                                              scale, act, as_array(g.view(-1)))
+    return g
 
 
 class _DropoutLinear(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, x, weight, bias, key, cut, scale):
-        xd = _apply_mask(x, key, cut, scale)
-        out = torch.addmm(bias, xd, weight.t()) if bias is not None else xd @ weight.t()
-        ctx.key, ctx.cut, ctx.scale = key, cut, scale
-        ctx.has_bias = bias is not None
-        ctx.save_for_backward(x, weight)
-        return out
+    def forward(ctx, x, key, cut, scale, act, n, *params):
+        weights, biases = params[:n], params[n:]
+        a = _act_mask(x, key, cut, scale, act)
+        outs = tuple(torch.addmm(b, a, w.t()) if b is not None else a @ w.t() for w, b in zip(weights, biases))
+        del a
+        ctx.key, ctx.cut, ctx.scale, ctx.act, ctx.n = key, cut, scale, act, n
+        ctx.has_bias = tuple(b is not None for b in biases)
+        ctx.save_for_backward(x, *weights)
+        return outs
 
     @staticmethod
-    def backward(ctx, grad):
-        x, weight = ctx.saved_tensors
-        grad_x = grad_w = grad_b = None
+    def backward(ctx, *grads):
+        x, *weights = ctx.saved_tensors
+        n = ctx.n
+        need_w = [ctx.needs_input_grad[6 + k] for k in range(n)]
+        need_b = [ctx.has_bias[k] and ctx.needs_input_grad[6 + n + k] for k in range(n)]
+        grad_x = None
         if ctx.needs_input_grad[0]:
-            grad_x = _apply_mask(grad @ weight, ctx.key, ctx.cut, ctx.scale)
-        if ctx.needs_input_grad[1]:
-            grad_w = grad.t() @ _apply_mask(x, ctx.key, ctx.cut, ctx.scale)
-        if ctx.has_bias and ctx.needs_input_grad[2]:
-            grad_b = grad.sum(0)
-        return grad_x, grad_w, grad_b, None, None, None
+            for g, w in zip(grads, weights):
+                if g is None:
+                    continue
+                grad_x = g @ w if grad_x is None else grad_x.addmm_(g, w)
+            if grad_x is not None:
+                grad_x = _act_mask_grad(x, grad_x, ctx.key, ctx.cut, ctx.scale, ctx.act)
+        grad_ws, grad_bs = [None] * n, [None] * n
+        if any(need_w[k] and grads[k] is not None for k in range(n)):
+            a = _act_mask(x, ctx.key, ctx.cut, ctx.scale, ctx.act)
+            for k in range(n):
+                if need_w[k] and grads[k] is not None:
+                    grad_ws[k] = grads[k].t() @ a
+        for k in range(n):
+            if need_b[k] and grads[k] is not None:
+                grad_bs[k] = grads[k].sum(0)
+        return (grad_x, None, None, None, None, None, *grad_ws, *grad_bs)
 
 
-def dropout_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, p: float) -> torch.Tensor:
-    """``dropout(x, p) @ weight.T + bias`` in training mode, saving only ``x`` for the backward pass.
-
-    Args:
-        x: float32/float64 [N, F_in], dense.
-        weight: [F_out, F_in], same dtype and device.
-        bias: [F_out] or None.
-        p: drop probability in [0, 1); elements are dropped with probability
-            ``round(p * 65536) / 65536`` and kept ones scaled by the inverse keep
-            probability, exactly as :func:`hpc_graph.ops.dropout.dropout` (whose key
-            is drawn the same way, from torch's default generator).
-    Returns:
-        float[N, F_out], differentiable in ``x``, ``weight`` and ``bias``.
-    """
+def _check(x: torch.Tensor, p: float, act: str | None) -> None:
     if x.layout != torch.strided or x.dim() != 2:
         raise ValueError(f"dropout_linear: x must be a dense [N, F_in] tensor, got {x.layout} of shape "
                          f"{tuple(x.shape)}")
@@ -78,7 +99,40 @@ def dropout_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | N
         raise ValueError(f"dropout_linear: x dtype must be float32 or float64, got {x.dtype}")
     if not 0.0 <= p < 1.0:
         raise ValueError(f"dropout_linear: p must be in [0, 1), got {p}")
+    if act not in ACTS:
+        raise ValueError(f"dropout_linear: act must be one of {', '.join(map(repr, ACTS))}, got {act!r}")
+
+
+def dropout_linear_multi(x: torch.Tensor, weights, biases, p: float, act: str | None = None
+                         ) -> tuple[torch.Tensor, ...]:
+    """``a = dropout(act(x), p)``; ``(a @ weights[k].T + biases[k] for k)``, saving only ``x`` (training mode).
+
+    Args:
+        x: float32/float64 [N, F_in], dense.
+        weights: sequence of [F_out_k, F_in], same dtype and device.
+        biases: sequence (same length) of [F_out_k] or None.
+        p: drop probability in [0, 1); elements are dropped with probability
+            ``round(p * 65536) / 65536`` and kept ones scaled by the inverse keep
+            probability, exactly as :func:`hpc_graph.ops.dropout.dropout` (whose key
+            is drawn the same way, from torch's default generator).
+        act: ``None`` or ``"relu"``, applied before the dropout.
+    Returns:
+        tuple of float[N, F_out_k], differentiable in ``x``, the weights and the biases.
+    """
+    _check(x, p, act)
+    weights, biases = tuple(weights), tuple(biases)
+    if len(weights) != len(biases) or not weights:
+        raise ValueError(f"dropout_linear: {len(weights)} weights and {len(biases)} biases")
     cut = int(round(p * _LEVELS))
     keep = 1.0 - cut / _LEVELS
     key = int(torch.randint(0, 2**62, (1,)).item())
-    return _DropoutLinear.apply(x, weight, bias, key, cut, 1.0 / keep)
+    return _DropoutLinear.apply(x, key, cut, 1.0 / keep, ACTS[act], len(weights), *weights, *biases)
+
+
+def dropout_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, p: float,
+                   act: str | None = None) -> torch.Tensor:
+    """``dropout(act(x), p) @ weight.T + bias`` in training mode, saving only ``x`` (see :func:`dropout_linear_multi`).
+
+    Returns float[N, F_out].
+    """
+    return dropout_linear_multi(x, (weight,), (bias,), p, act)[0]

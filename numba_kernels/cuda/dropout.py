@@ -12,7 +12,7 @@ from numba import cuda
 from numba_kernels.cpu.dropout import key_hash
 from numba_kernels.cuda._attention_common import _splitmix64
 
-__all__ = ["dropout_apply", "key_hash"]
+__all__ = ["dropout_apply", "act_dropout_apply", "act_dropout_grad", "key_hash"]
 
 _THREADS = 256
 _MAX_BLOCKS = 4096
@@ -41,3 +41,48 @@ def dropout_apply(x, key, cut, scale, out) -> None:
     words = (n + 3) // 4
     blocks = min(_MAX_BLOCKS, (words + _THREADS - 1) // _THREADS)
     _apply[blocks, _THREADS](x, key_hash(key), int(cut), x.dtype.type(scale), out)
+
+
+@cuda.jit
+def _act_apply(x, g, kh, cut, scale, act, grad, out):
+    n = x.shape[0]
+    words = (n + 3) // 4
+    start = cuda.grid(1)
+    stride = cuda.gridsize(1)
+    for w in range(start, words, stride):
+        h = _splitmix64(kh ^ np.uint64(w))
+        for lane in range(4):
+            i = 4 * w + lane
+            if i < n:
+                u = np.int64((h >> np.uint64(16 * lane)) & np.uint64(0xFFFF))
+                s = scale if u >= cut else scale * 0
+                v = x[i]
+                pos = v > 0
+                if grad:
+                    d = s if (pos or act == 0) else s * 0
+                    out[i] = g[i] * d
+                else:
+                    a = v if (pos or act == 0) else v * 0
+                    out[i] = a * s
+
+
+def _act_call(x, g, key, cut, scale, act, grad, out) -> None:
+    if x.shape != out.shape or g.shape != out.shape:
+        raise ValueError(f"act_dropout: x {x.shape}, g {g.shape} and out {out.shape} differ")
+    if int(act) not in (0, 1):
+        raise ValueError(f"act_dropout: activation code must be 0 (none) or 1 (ReLU), got {act}")
+    n = x.shape[0]
+    if n == 0:
+        return
+    blocks = min(_MAX_BLOCKS, ((n + 3) // 4 + _THREADS - 1) // _THREADS)
+    _act_apply[blocks, _THREADS](x, g, key_hash(key), int(cut), x.dtype.type(scale), int(act), bool(grad), out)
+
+
+def act_dropout_apply(x, key, cut, scale, act, out) -> None:
+    """See :func:`numba_kernels.cpu.dropout.act_dropout_apply`; 1-D device arrays."""
+    _act_call(x, x, key, cut, scale, act, False, out)
+
+
+def act_dropout_grad(x, g, key, cut, scale, act, out) -> None:
+    """See :func:`numba_kernels.cpu.dropout.act_dropout_grad`; 1-D device arrays."""
+    _act_call(x, g, key, cut, scale, act, True, out)

@@ -77,6 +77,27 @@ def test_op_backward_redraws_the_forward_mask_and_keeps_nothing():
     torch.testing.assert_close(x.grad, torch.where(kept, g / (1 - round(0.4 * 65536) / 65536), torch.zeros_like(g)))
 
 
+@pytest.mark.parametrize("n", [3, 4096, 70001])
+def test_relu_dropout_forward_and_gradient_match_numpy(n):
+    from numba_kernels.cpu.dropout import act_dropout_apply, act_dropout_grad
+
+    rng = np.random.default_rng(n)
+    x = rng.standard_normal(n)
+    g = rng.standard_normal(n)
+    cut, scale = 20000, 1 / (1 - 20000 / 65536)
+    keep = np.empty(n)
+    dropout_apply(np.ones(n), 31, cut, 1.0, keep)  # the mask of key 31 alone
+    out = np.empty(n)
+    act_dropout_apply(x, 31, cut, scale, 1, out)
+    np.testing.assert_allclose(out, np.maximum(x, 0) * keep * scale, rtol=1e-15)
+    act_dropout_grad(x, g, 31, cut, scale, 1, out)
+    np.testing.assert_allclose(out, g * (x > 0) * keep * scale, rtol=1e-15)
+    act_dropout_apply(x, 31, cut, scale, 0, out)  # no activation: plain dropout
+    np.testing.assert_allclose(out, x * keep * scale, rtol=1e-15)
+    with pytest.raises(ValueError, match="activation code"):
+        act_dropout_apply(x, 31, cut, scale, 2, out)
+
+
 def test_cuda_twin_under_the_simulator_drops_the_same_elements():
     code = """
 import numpy as np
@@ -89,6 +110,15 @@ dx, do = cuda.to_device(x), cuda.device_array_like(x)
 g.dropout_apply(dx, 99, 30000, 1.5, do)
 b = do.copy_to_host()
 assert np.array_equal(a, b), (a[:8], b[:8])
+xs = np.random.default_rng(2).standard_normal(5003).astype(np.float32)  # both signs: the ReLU matters
+gr = np.random.default_rng(3).standard_normal(5003).astype(np.float32)
+for act in (0, 1):
+    a = np.empty_like(xs); c.act_dropout_apply(xs, 5, 20000, 1.25, act, a)
+    do = cuda.device_array_like(xs); g.act_dropout_apply(cuda.to_device(xs), 5, 20000, 1.25, act, do)
+    assert np.array_equal(a, do.copy_to_host()), act
+    a = np.empty_like(xs); c.act_dropout_grad(xs, gr, 5, 20000, 1.25, act, a)
+    do = cuda.device_array_like(xs); g.act_dropout_grad(cuda.to_device(xs), cuda.to_device(gr), 5, 20000, 1.25, act, do)
+    assert np.array_equal(a, do.copy_to_host()), act
 print("ok")
 """
     env = dict(os.environ, NUMBA_ENABLE_CUDASIM="1", PYTHONPATH=str(Path(__file__).resolve().parents[2]))

@@ -71,3 +71,54 @@ def test_bad_inputs(kwargs, message):
     args = {"x": torch.zeros(2, 4), "weight": torch.zeros(3, 4), "bias": None, "p": 0.5, **kwargs}
     with pytest.raises(ValueError, match=message):
         dropout_linear(**args)
+
+
+@pytest.mark.parametrize("p", [0.0, 0.5])
+def test_relu_and_two_weights_equal_plain_torch(p):
+    """act='relu' and two projections of one input: values and every gradient equal linear(dropout(relu(x)))."""
+    from hpc_graph.ops.dropout_linear import dropout_linear_multi
+
+    torch.manual_seed(4)
+    x = torch.randn(41, 9, dtype=torch.float64)
+    w1, w2 = torch.randn(6, 9, dtype=torch.float64), torch.randn(4, 9, dtype=torch.float64)
+    b1 = torch.randn(6, dtype=torch.float64)
+    g1, g2 = torch.randn(41, 6, dtype=torch.float64), torch.randn(41, 4, dtype=torch.float64)
+
+    def leaves():
+        return [t.clone().requires_grad_() for t in (x, w1, w2, b1)]
+
+    r = leaves()
+    torch.manual_seed(9)
+    a = dropout(F.relu(r[0]), p)
+    (F.linear(a, r[1], r[3]) * g1).sum().add((F.linear(a, r[2]) * g2).sum()).backward()
+    o = leaves()
+    torch.manual_seed(9)
+    y1, y2 = dropout_linear_multi(o[0], (o[1], o[2]), (o[3], None), p, act="relu")
+    torch.testing.assert_close(y1, F.linear(a, r[1], r[3]).detach())
+    torch.testing.assert_close(y2, F.linear(a, r[2]).detach())
+    ((y1 * g1).sum() + (y2 * g2).sum()).backward()
+    for ours, ref in zip(o, r):
+        torch.testing.assert_close(ours.grad, ref.grad)
+
+
+def test_relu_variant_keeps_only_the_input():
+    from hpc_graph.ops.dropout_linear import dropout_linear_multi
+
+    x = torch.randn(300, 16, requires_grad=True)
+    w1, w2 = torch.randn(8, 16, requires_grad=True), torch.randn(8, 16, requires_grad=True)
+    saved = []
+    with torch.autograd.graph.saved_tensors_hooks(lambda t: saved.append(t) or t, lambda t: t):
+        dropout_linear_multi(x, (w1, w2), (None, None), 0.5, act="relu")
+    big = [t for t in saved if t.numel() >= x.numel()]
+    assert len(big) == 1 and big[0].data_ptr() == x.data_ptr()
+
+
+@pytest.mark.parametrize("bad, message", [
+    ({"act": "elu"}, "act must be one of"), ({"p": 1.0}, "p must be in [0, 1)"),
+])
+def test_bad_arguments_are_named(bad, message):
+    from hpc_graph.ops.dropout_linear import dropout_linear_multi
+
+    args = {"p": 0.5, "act": "relu", **bad}
+    with pytest.raises(ValueError, match=message.replace("[", r"\[").replace(")", r"\)")):
+        dropout_linear_multi(torch.randn(4, 3), (torch.randn(2, 3),), (None,), **args)
