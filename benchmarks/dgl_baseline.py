@@ -288,6 +288,9 @@ def train_main(argv: list[str] | None = None) -> int:
     ap.add_argument("--threads", type=int, default=None,
                     help="torch and DGL OpenMP threads (default: OMP_NUM_THREADS, else torch's default)")
     ap.add_argument("--run-dir", type=Path, default=None, help="write metrics.rank0.jsonl + summary.json here")
+    ap.add_argument("--profile", type=Path, default=None,
+                    help="after the timed epochs, profile one more and write its breakdown (benchmarks/_breakdown.py) "
+                         "here as JSON")
     args = ap.parse_args(argv)
 
     threads = _set_threads(args.threads)
@@ -333,6 +336,19 @@ def train_main(argv: list[str] | None = None) -> int:
                      "comm_seconds": 0.0, "bytes_sent": 0, "eval_seconds": 0.0, "eval_bytes_sent": 0,
                      "peak_rss_mb": _peak_rss_mb(), "engine_stats": {}})
         print(f"epoch {epoch}: {dt:.3f} s, loss {loss:.4f}", file=sys.stderr, flush=True)
+    if args.profile is not None:
+        sys.path.insert(0, str(Path(__file__).resolve().parent))
+        from _breakdown import profile_step
+
+        def _step():
+            model.train()
+            opt.zero_grad()
+            loss = F.cross_entropy(model(g, x)[train_idx], y[train_idx])
+            loss.backward()
+            opt.step()
+
+        args.profile.write_text(json.dumps({"framework": "dgl", "model": args.model, **profile_step(_step)}) + "\n",
+                                encoding="utf-8")
     steady = seconds[1:] or seconds
     result = {"engine": "dgl", "model": args.model, "idtype": str(g.idtype).replace("torch.", ""),
               "init": args.init, "formats": g.formats()["created"],

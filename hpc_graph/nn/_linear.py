@@ -68,3 +68,39 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
         raise ValueError(f"linear: input layout must be dense or sparse CSR, got {x.layout}")
     out = _CSRLinear.apply(x, weight)
     return out if bias is None else out + bias
+
+
+def input_linear(x: torch.Tensor, weights, biases, act: str | None = None, p: float = 0.0,
+                 row_scale: torch.Tensor | None = None) -> tuple[torch.Tensor, ...]:
+    """``a = dropout(act(x), p)``; ``(linear(a, weights[k], biases[k]) * row_scale for k)``: a layer's input
+    transform (``row_scale`` an optional constant float[N, 1]).
+
+    ``x`` float[N, F_in] (dense, or sparse CSR with ``act=None``); ``act`` ``None`` or ``"relu"``;
+    ``p`` the dropout probability (0 outside training). With a dense float input and
+    autograd recording, the activation, the dropout and the projections run as one
+    autograd node that keeps only ``x`` (:func:`hpc_graph.ops.dropout_linear.dropout_linear_multi`):
+    neither the activation's output nor the dropped copy stays alive until the
+    backward pass. Otherwise the same masks are drawn the same way
+    (:func:`hpc_graph.nn._dropout.dropout`), step by step.
+    """
+    fused = (act is not None or p > 0.0) and x.layout == torch.strided and x.dim() == 2 \
+        and x.dtype in (torch.float32, torch.float64) and p < 1.0 and torch.is_grad_enabled() \
+        and (x.requires_grad or any(w.requires_grad for w in weights))
+    if fused:
+        from hpc_graph.ops.dropout_linear import dropout_linear_multi
+
+        return dropout_linear_multi(x, weights, biases, p, act, row_scale)
+    a = act_dropout(x, act, p)
+    outs = tuple(linear(a, w, b) for w, b in zip(weights, biases))
+    return outs if row_scale is None else tuple(o * row_scale for o in outs)
+
+
+def act_dropout(x: torch.Tensor, act: str | None, p: float) -> torch.Tensor:
+    """``dropout(act(x), p)`` step by step (the masks :func:`input_linear` draws); ``act`` None or ``"relu"``."""
+    from hpc_graph.nn._dropout import dropout
+
+    if act == "relu":
+        x = F.relu(x)
+    elif act is not None:
+        raise ValueError(f"act_dropout: act must be None or 'relu', got {act!r}")
+    return dropout(x, p, p > 0.0)

@@ -33,18 +33,21 @@ def gcn_propagate(g: GraphContext, z: torch.Tensor) -> torch.Tensor:
 
 
 class _GCNMix(torch.autograd.Function):
-    """``out = c * (agg + self_rows) + alpha * h0`` with one new [N, F] tensor (the rest in place).
+    """``out = c * (agg + self_rows) + alpha * h0 + bias`` with one new [N, F] tensor (the rest in place).
 
-    ``c`` float[N, 1] (no gradient). Backward: ``d agg = d self_rows = c * g`` (one tensor
-    for both), ``d h0 = alpha * g``. Nothing of size N x F is saved.
+    ``c`` float[N, 1] (no gradient); ``h0`` and ``bias`` [F] may be None. Backward:
+    ``d agg = d self_rows = c * g`` (one tensor for both), ``d h0 = alpha * g``,
+    ``d bias = sum_rows g``. Nothing of size N x F is saved.
     """
 
     @staticmethod
-    def forward(ctx, agg, self_rows, h0, c, alpha):
+    def forward(ctx, agg, self_rows, h0, c, alpha, bias):
         out = torch.add(agg, self_rows)
         out.mul_(c)
         if h0 is not None:
             out.add_(h0, alpha=alpha)
+        if bias is not None:
+            out.add_(bias)
         ctx.alpha = alpha
         ctx.save_for_backward(c)
         return out
@@ -54,7 +57,14 @@ class _GCNMix(torch.autograd.Function):
         (c,) = ctx.saved_tensors
         t = grad * c
         grad_h0 = grad * ctx.alpha if ctx.needs_input_grad[2] else None
-        return t, t, grad_h0, None, None
+        grad_b = grad.sum(0) if ctx.needs_input_grad[5] else None
+        return t, t, grad_h0, None, None, grad_b
+
+
+def gcn_epilogue(agg: torch.Tensor, self_rows: torch.Tensor, dinv: torch.Tensor,
+                 bias: torch.Tensor | None) -> torch.Tensor:
+    """``(agg + self_rows) * dinv + bias`` as one autograd node (GCNConv's output); dinv float[N, 1]."""
+    return _GCNMix.apply(agg, self_rows, None, dinv, 0.0, bias)
 
 
 def gcn_propagate_mix(g: GraphContext, z: torch.Tensor, h0: torch.Tensor, alpha: float) -> torch.Tensor:
@@ -73,7 +83,7 @@ def gcn_propagate_mix(g: GraphContext, z: torch.Tensor, h0: torch.Tensor, alpha:
     dinv = (g.in_degree().to(device=z.device, dtype=z.dtype) + 1.0).rsqrt().unsqueeze(1)
     scaled = z * dinv
     c = g.dst(dinv) * (1.0 - alpha)
-    return _GCNMix.apply(g.aggregate(scaled, "sum"), g.dst(scaled), h0, c, float(alpha))
+    return _GCNMix.apply(g.aggregate(scaled, "sum"), g.dst(scaled), h0, c, float(alpha), None)
 
 
 def dropout_linear(x: torch.Tensor, p: float, training: bool, weight: torch.Tensor,

@@ -6,7 +6,7 @@ from torch import nn
 
 from hpc_graph.graph.base import GraphContext
 from hpc_graph.nn._init import glorot_
-from hpc_graph.nn._linear import linear
+from hpc_graph.nn._linear import input_linear
 
 
 class GCNConv(nn.Module):
@@ -22,7 +22,10 @@ class GCNConv(nn.Module):
         bias: add a learnable bias.
 
     Parameters mirror PyG's names: ``lin.weight`` float[F_out, F_in], ``bias`` float[F_out].
-    ``forward(graph, x)``: x float[num_nodes, F_in] (dense or sparse CSR) -> float[num_nodes, F_out].
+    ``forward(graph, x, act=None, p=0.0)``: x float[num_nodes, F_in] (dense or sparse CSR) ->
+    float[num_nodes, F_out]; ``act`` (``None`` or ``"relu"``) and dropout ``p`` are applied to ``x`` first,
+    fused with the projection (:func:`~hpc_graph.nn._linear.input_linear`: only ``x`` is kept for the
+    backward pass).
     """
 
     def __init__(self, in_channels: int, out_channels: int, bias: bool = True):
@@ -38,13 +41,12 @@ class GCNConv(nn.Module):
         if self.bias is not None:
             nn.init.zeros_(self.bias)
 
-    def forward(self, graph: GraphContext, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, graph: GraphContext, x: torch.Tensor, act: str | None = None, p: float = 0.0) -> torch.Tensor:
         dinv = (graph.in_degree().to(device=x.device, dtype=x.dtype) + 1.0).rsqrt().unsqueeze(1)
-        h = linear(x, self.lin.weight) * dinv
-        out = (graph.aggregate(h, "sum") + graph.dst(h)) * graph.dst(dinv)
-        if self.bias is not None:
-            out = out + self.bias
-        return out
+        h = input_linear(x, (self.lin.weight,), (None,), act, p, row_scale=dinv)[0]
+        from hpc_graph.nn._propagate import gcn_epilogue
+
+        return gcn_epilogue(graph.aggregate(h, "sum"), graph.dst(h), graph.dst(dinv), self.bias)
 
     def extra_repr(self) -> str:
         return f"{self.in_channels}, {self.out_channels}, bias={self.bias is not None}"

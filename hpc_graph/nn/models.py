@@ -116,17 +116,25 @@ class GNN(nn.Module):
     def forward(self, graph: GraphContext, x: torch.Tensor) -> torch.Tensor:
         h = x
         last = len(self.convs) - 1
+        # GCN/SAGE without residuals: a hidden layer's ReLU waits for the next layer, whose
+        # convolution applies ReLU, dropout and its projection as one step keeping only h
+        fuse = self.name in ("gcn", "sage") and self.residuals is None
+        p = self.dropout if self.training else 0.0
         for layer, conv in enumerate(self.convs):
             g = graph.layer(layer)
-            h_in = dropout(g.layer_input(h), self.dropout, self.training)
-            y = conv(g, h_in)
-            if self.residuals is not None:
-                skip, own = self.residuals[layer], g.dst(h_in)
-                y = y + (linear(own, skip.weight) if isinstance(skip, nn.Linear) else own.to_dense())
+            if fuse:
+                y = conv(g, g.layer_input(h), act="relu" if layer else None, p=p)
+            else:
+                h_in = dropout(g.layer_input(h), self.dropout, self.training)
+                y = conv(g, h_in)
+                if self.residuals is not None:
+                    skip, own = self.residuals[layer], g.dst(h_in)
+                    y = y + (linear(own, skip.weight) if isinstance(skip, nn.Linear) else own.to_dense())
             if layer != last:
                 if self.norms is not None:
                     y = self.norms[layer](g, y)
-                y = self.activation(y)
+                if not fuse:
+                    y = self.activation(y)
             h = y
         return h
 

@@ -5,17 +5,19 @@ import torch
 from torch import nn
 
 from hpc_graph.graph.base import GraphContext
-from hpc_graph.nn._linear import linear
+from hpc_graph.nn._linear import act_dropout, input_linear, linear
 
 
 class SAGEConv(nn.Module):
     """``out_i = lin_l(mean_{j->i} x_j) + lin_r(x_i)`` (PyG ``SAGEConv`` semantics, ``aggr="mean"``).
 
     A node without in-edges aggregates to zero (its output is ``lin_l.bias + lin_r(x_i)``).
-    When ``out_channels < in_channels`` the projection ``lin_l`` is applied before
+    When ``out_channels <= in_channels`` the projection ``lin_l`` is applied before
     the aggregation (exact, since the mean is linear and ``lin_l(0) = bias``):
-    fewer features travel between ranks. A sparse (CSR) input is always projected
-    first: aggregation takes dense rows.
+    no more features travel between ranks, and when every input row is an output
+    row (full-graph engines) both projections are one autograd node that keeps
+    only its input for the backward pass (the aggregated rows are never kept).
+    A sparse (CSR) input is always projected first: aggregation takes dense rows.
 
     Args:
         in_channels: input features F_in.
@@ -24,7 +26,9 @@ class SAGEConv(nn.Module):
         bias: bias of ``lin_l``.
 
     Parameters mirror PyG's names: ``lin_l.weight``/``lin_l.bias``, ``lin_r.weight``.
-    ``forward(graph, x)``: x float[num_nodes, F_in] (dense or sparse CSR) -> float[num_nodes, F_out].
+    ``forward(graph, x, act=None, p=0.0)``: x float[num_nodes, F_in] (dense or sparse CSR) ->
+    float[num_nodes, F_out]; ``act`` (``None`` or ``"relu"``) and dropout ``p`` are applied to ``x`` first
+    (fused with the projections where it can, see :func:`~hpc_graph.nn._linear.input_linear`).
     """
 
     def __init__(self, in_channels: int, out_channels: int, root_weight: bool = True, bias: bool = True):
@@ -40,8 +44,20 @@ class SAGEConv(nn.Module):
         if self.lin_r is not None:
             self.lin_r.reset_parameters()
 
-    def forward(self, graph: GraphContext, x: torch.Tensor) -> torch.Tensor:
-        if self.out_channels < self.in_channels or x.layout != torch.strided:
+    def forward(self, graph: GraphContext, x: torch.Tensor, act: str | None = None, p: float = 0.0) -> torch.Tensor:
+        project_first = self.out_channels <= self.in_channels or x.layout != torch.strided
+        if project_first and graph.dst(x) is x:
+            weights = (self.lin_l.weight,) + ((self.lin_r.weight,) if self.lin_r is not None else ())
+            t, *root = input_linear(x, weights, (None,) * len(weights), act, p)
+            out = graph.aggregate(t, "mean")
+            if root:
+                out = out + root[0]
+            if self.lin_l.bias is not None:
+                out = out + self.lin_l.bias
+            return out
+        if act is not None or p > 0.0:  # mini-batch blocks: the root term reads only the destination rows
+            x = act_dropout(x, act, p)
+        if project_first:
             out = graph.aggregate(linear(x, self.lin_l.weight), "mean")
             if self.lin_l.bias is not None:
                 out = out + self.lin_l.bias

@@ -55,11 +55,15 @@ def _act_mask_grad(x: torch.Tensor, g: torch.Tensor, key: int, cut: int, scale: 
 
 class _DropoutLinear(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, x, key, cut, scale, act, n, *params):
+    def forward(ctx, x, key, cut, scale, act, n, row_scale, *params):
         weights, biases = params[:n], params[n:]
         a = _act_mask(x, key, cut, scale, act)
         outs = tuple(torch.addmm(b, a, w.t()) if b is not None else a @ w.t() for w, b in zip(weights, biases))
         del a
+        if row_scale is not None:
+            for o in outs:
+                o.mul_(row_scale)
+        ctx.row_scale = row_scale
         ctx.key, ctx.cut, ctx.scale, ctx.act, ctx.n = key, cut, scale, act, n
         ctx.has_bias = tuple(b is not None for b in biases)
         ctx.save_for_backward(x, *weights)
@@ -69,8 +73,10 @@ class _DropoutLinear(torch.autograd.Function):
     def backward(ctx, *grads):
         x, *weights = ctx.saved_tensors
         n = ctx.n
-        need_w = [ctx.needs_input_grad[6 + k] for k in range(n)]
-        need_b = [ctx.has_bias[k] and ctx.needs_input_grad[6 + n + k] for k in range(n)]
+        need_w = [ctx.needs_input_grad[7 + k] for k in range(n)]
+        need_b = [ctx.has_bias[k] and ctx.needs_input_grad[7 + n + k] for k in range(n)]
+        if ctx.row_scale is not None:
+            grads = tuple(None if g is None else g * ctx.row_scale for g in grads)
         grad_x = None
         if ctx.needs_input_grad[0]:
             for g, w in zip(grads, weights):
@@ -88,7 +94,7 @@ class _DropoutLinear(torch.autograd.Function):
         for k in range(n):
             if need_b[k] and grads[k] is not None:
                 grad_bs[k] = grads[k].sum(0)
-        return (grad_x, None, None, None, None, None, *grad_ws, *grad_bs)
+        return (grad_x, None, None, None, None, None, None, *grad_ws, *grad_bs)
 
 
 def _check(x: torch.Tensor, p: float, act: str | None) -> None:
@@ -103,9 +109,9 @@ def _check(x: torch.Tensor, p: float, act: str | None) -> None:
         raise ValueError(f"dropout_linear: act must be one of {', '.join(map(repr, ACTS))}, got {act!r}")
 
 
-def dropout_linear_multi(x: torch.Tensor, weights, biases, p: float, act: str | None = None
-                         ) -> tuple[torch.Tensor, ...]:
-    """``a = dropout(act(x), p)``; ``(a @ weights[k].T + biases[k] for k)``, saving only ``x`` (training mode).
+def dropout_linear_multi(x: torch.Tensor, weights, biases, p: float, act: str | None = None,
+                         row_scale: torch.Tensor | None = None) -> tuple[torch.Tensor, ...]:
+    """``a = dropout(act(x), p)``; ``((a @ weights[k].T + biases[k]) * row_scale for k)``, saving only ``x``.
 
     Args:
         x: float32/float64 [N, F_in], dense.
@@ -116,6 +122,8 @@ def dropout_linear_multi(x: torch.Tensor, weights, biases, p: float, act: str | 
             probability, exactly as :func:`hpc_graph.ops.dropout.dropout` (whose key
             is drawn the same way, from torch's default generator).
         act: ``None`` or ``"relu"``, applied before the dropout.
+        row_scale: optional float[N, 1] constant (no gradient) multiplying every output row
+            (GCN's ``deg^-1/2``), applied in place inside the node.
     Returns:
         tuple of float[N, F_out_k], differentiable in ``x``, the weights and the biases.
     """
@@ -125,8 +133,11 @@ def dropout_linear_multi(x: torch.Tensor, weights, biases, p: float, act: str | 
         raise ValueError(f"dropout_linear: {len(weights)} weights and {len(biases)} biases")
     cut = int(round(p * _LEVELS))
     keep = 1.0 - cut / _LEVELS
-    key = int(torch.randint(0, 2**62, (1,)).item())
-    return _DropoutLinear.apply(x, key, cut, 1.0 / keep, ACTS[act], len(weights), *weights, *biases)
+    key = int(torch.randint(0, 2**62, (1,)).item()) if cut else 0  # p = 0 draws nothing, as dropout does
+    if row_scale is not None and (row_scale.requires_grad or row_scale.shape != (x.shape[0], 1)):
+        raise ValueError(f"dropout_linear: row_scale must be a constant [N, 1] = [{x.shape[0]}, 1], got "
+                         f"{tuple(row_scale.shape)}{' requiring grad' if row_scale.requires_grad else ''}")
+    return _DropoutLinear.apply(x, key, cut, 1.0 / keep, ACTS[act], len(weights), row_scale, *weights, *biases)
 
 
 def dropout_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, p: float,

@@ -122,3 +122,24 @@ def test_bad_arguments_are_named(bad, message):
     args = {"p": 0.5, "act": "relu", **bad}
     with pytest.raises(ValueError, match=message.replace("[", r"\[").replace(")", r"\)")):
         dropout_linear_multi(torch.randn(4, 3), (torch.randn(2, 3),), (None,), **args)
+
+
+def test_row_scale_equals_scaling_the_outputs():
+    from hpc_graph.ops.dropout_linear import dropout_linear_multi
+
+    torch.manual_seed(5)
+    x = torch.randn(23, 7, dtype=torch.float64)
+    w, b = torch.randn(3, 7, dtype=torch.float64), torch.randn(3, dtype=torch.float64)
+    s = torch.rand(23, 1, dtype=torch.float64) + 0.5
+    g = torch.randn(23, 3, dtype=torch.float64)
+    r = [t.clone().requires_grad_() for t in (x, w, b)]
+    torch.manual_seed(2)
+    (F.linear(dropout(F.relu(r[0]), 0.3), r[1], r[2]) * s).mul(g).sum().backward()
+    o = [t.clone().requires_grad_() for t in (x, w, b)]
+    torch.manual_seed(2)
+    (y,) = dropout_linear_multi(o[0], (o[1],), (o[2],), 0.3, "relu", row_scale=s)
+    y.mul(g).sum().backward()
+    for ours, ref in zip(o, r):
+        torch.testing.assert_close(ours.grad, ref.grad)
+    with pytest.raises(ValueError, match="row_scale must be a constant"):
+        dropout_linear_multi(o[0], (o[1],), (o[2],), 0.3, "relu", row_scale=s[:5])
