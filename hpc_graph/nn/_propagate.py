@@ -35,7 +35,7 @@ def gcn_propagate(g: GraphContext, z: torch.Tensor) -> torch.Tensor:
 class _GCNMix(torch.autograd.Function):
     """``out = c * (agg + self_rows) + alpha * h0 + bias`` with one new [N, F] tensor (the rest in place).
 
-    ``c`` float[N, 1] (no gradient); ``h0`` and ``bias`` [F] may be None. Backward:
+    ``c`` float[N, 1] (no gradient; None: 1); ``h0`` and ``bias`` [F] may be None. Backward:
     ``d agg = d self_rows = c * g`` (one tensor for both), ``d h0 = alpha * g``,
     ``d bias = sum_rows g``. Nothing of size N x F is saved.
     """
@@ -43,7 +43,8 @@ class _GCNMix(torch.autograd.Function):
     @staticmethod
     def forward(ctx, agg, self_rows, h0, c, alpha, bias):
         out = torch.add(agg, self_rows)
-        out.mul_(c)
+        if c is not None:
+            out.mul_(c)
         if h0 is not None:
             out.add_(h0, alpha=alpha)
         if bias is not None:
@@ -55,15 +56,16 @@ class _GCNMix(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad):
         (c,) = ctx.saved_tensors
-        t = grad * c
+        t = grad * c if c is not None else grad
         grad_h0 = grad * ctx.alpha if ctx.needs_input_grad[2] else None
         grad_b = grad.sum(0) if ctx.needs_input_grad[5] else None
         return t, t, grad_h0, None, None, grad_b
 
 
-def gcn_epilogue(agg: torch.Tensor, self_rows: torch.Tensor, dinv: torch.Tensor,
+def gcn_epilogue(agg: torch.Tensor, self_rows: torch.Tensor, dinv: torch.Tensor | None,
                  bias: torch.Tensor | None) -> torch.Tensor:
-    """``(agg + self_rows) * dinv + bias`` as one autograd node (GCNConv's output); dinv float[N, 1]."""
+    """``(agg + self_rows) * dinv + bias`` as one autograd node (GCNConv's output, and SAGE's with
+    ``dinv=None``); dinv float[N, 1]."""
     return _GCNMix.apply(agg, self_rows, None, dinv, 0.0, bias)
 
 

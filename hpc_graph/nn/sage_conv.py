@@ -50,11 +50,11 @@ class SAGEConv(nn.Module):
             weights = (self.lin_l.weight,) + ((self.lin_r.weight,) if self.lin_r is not None else ())
             t, *root = input_linear(x, weights, (None,) * len(weights), act, p)
             out = graph.aggregate(t, "mean")
-            if root:
-                out = out + root[0]
-            if self.lin_l.bias is not None:
-                out = out + self.lin_l.bias
-            return out
+            if root:  # out + root + bias as one node (one new tensor)
+                from hpc_graph.nn._propagate import gcn_epilogue
+
+                return gcn_epilogue(out, root[0], None, self.lin_l.bias)
+            return out + self.lin_l.bias if self.lin_l.bias is not None else out
         if act is not None or p > 0.0:  # mini-batch blocks: the root term reads only the destination rows
             x = act_dropout(x, act, p)
         if project_first:
