@@ -15,8 +15,39 @@ from hpc_graph.ops._bridge import as_array
 from hpc_graph.ops._kernel_args import (absent, check_graph, check_tensor, csc, empty, gathered,
                                         inv_degree, kernel, no_eids)
 from hpc_graph.ops.csr import CSR
+from numba_kernels import get_kernel
 
 REDUCES = ("sum", "mean", "max")
+
+#: CPU sum/mean SpMM: source rows are processed in column ranges of about this many bytes of ``x``
+#: (the last-level cache of the development machine's CPU) when ``x`` is at least twice as large;
+#: see :func:`numba_kernels.cpu.spmm.spmm_sum_blocked`. 0 turns the blocking off.
+BLOCK_BYTES = 32 << 20
+
+
+def _num_blocks(num_src: int, row_bytes: int) -> int:
+    return int(round(num_src * row_bytes / BLOCK_BYTES)) if BLOCK_BYTES > 0 else 0
+
+
+def _sum_kernel(indptr, indices, eids, w_arr, scale, x_arr, out_arr, mean: bool, cache: dict, key,
+                device, num_src: int) -> None:
+    """Run ``spmm_sum`` over (indptr, indices), column-blocked on the CPU when ``x`` outgrows the cache.
+
+    The blocked order (``column_blocks``) is built once per graph and direction (``cache[key]``).
+    """
+    nb = _num_blocks(num_src, x_arr.strides[0]) if device.type == "cpu" else 0
+    if nb < 2:
+        kernel_fn = get_kernel("spmm.spmm_sum", device.type)
+        kernel_fn(indptr, indices, eids, w_arr, scale, x_arr, out_arr, mean)
+        return
+    weighted = w_arr.shape[0] > 0
+    ck = ("spmm.blocked", key, nb, weighted)
+    if ck not in cache:
+        from numba_kernels.cpu.spmm import column_blocks
+        cache[ck] = column_blocks(indptr, indices, eids, num_src, nb, with_eids=weighted)
+    bptr, bidx, beid = cache[ck]
+    from numba_kernels.cpu.spmm import spmm_sum_blocked
+    spmm_sum_blocked(indptr, bptr, bidx, beid, nb, w_arr, scale, x_arr, out_arr, mean)
 
 
 def spmm(g: CSR, x: torch.Tensor, reduce: str = "sum",
@@ -70,8 +101,8 @@ class _SpMMSum(torch.autograd.Function):
     def forward(ctx, g: CSR, x: torch.Tensor, w: torch.Tensor | None, mean: bool) -> torch.Tensor:
         out = empty((g.num_dst,) + tuple(x.shape[1:]), x.dtype, x.device)
         w_arr = absent(x.dtype, x.device, 2) if w is None else as_array(w)
-        kernel("spmm.spmm_sum", x)(as_array(g.indptr), as_array(g.indices), no_eids(x.device), w_arr,
-                                   absent(x.dtype, x.device, 1), as_array(x), as_array(out), mean)
+        _sum_kernel(as_array(g.indptr), as_array(g.indices), no_eids(x.device), w_arr, absent(x.dtype, x.device, 1),
+                    as_array(x), as_array(out), mean, g._cache, "csr", x.device, g.num_src)
         ctx.g = g
         ctx.mean = mean
         need_w = w is not None and ctx.needs_input_grad[2]
@@ -93,8 +124,8 @@ class _SpMMSum(torch.autograd.Function):
                 eids, w_arr = no_eids(go.device), absent(go.dtype, go.device, 2)
             else:
                 eids, w_arr = as_array(perm), as_array(w)
-            kernel("spmm.spmm_sum", go)(as_array(indptr_t), as_array(indices_t), eids, w_arr, scale,
-                                        gathered(go, g.num_edges), as_array(grad_x), False)
+            _sum_kernel(as_array(indptr_t), as_array(indices_t), eids, w_arr, scale, gathered(go, g.num_edges),
+                        as_array(grad_x), False, g._cache, "csc", go.device, g.num_dst)
         if ctx.needs_input_grad[2]:
             gs = go * inv_degree(g, go.dtype)[:, None, None] if mean else go
             dots = empty((g.num_edges, go.shape[1]), go.dtype, go.device)

@@ -232,3 +232,117 @@ def _spmm_max_weight_grad(bounds, indptr, indices, argmax, x, grad_out, grad_w):
                     e = argmax[i, h, d]
                     if e >= 0:
                         grad_w[e, wh] += grad_out[i, h, d] * x[indices[e], h, d]
+
+
+# ----------------------------------------------------------------------------- column-blocked SpMM
+# CPU only (a cache-blocking scheme; the CUDA twin has no use for it): the source columns are cut into
+# ``nb`` ranges small enough that a range's rows of ``x`` stay in the last-level cache while every
+# destination row gathers its edges into that range; ranges are processed one after the other, so the
+# random row reads hit the cache instead of DRAM. A destination row is read and written once per range
+# in which it has edges (rows without edges there are skipped).
+
+
+def column_blocks(indptr, indices, eids, num_src: int, nb: int, with_eids: bool = True):
+    """The CSR re-ordered by source-column range: ``(bptr int64[nb*N+1], bidx int32[E], beid int32|int64[E])``.
+
+    Row ``b * N + i`` holds the edges of destination ``i`` whose source ``j`` has
+    ``j * nb // num_src == b`` (order kept within a row); ``beid`` is each edge's id
+    (``eids[k]``, or the CSR position ``k`` when ``eids`` is empty), or an empty array
+    when ``with_eids`` is false (unweighted aggregation needs no edge ids). Indices are
+    stored as int32 when ``num_src`` (resp. the edge count) fits: half the bytes to keep.
+    """
+    n = indptr.shape[0] - 1
+    counts = np.zeros(nb * n + 1, dtype=np.int64)
+    _block_count(indptr, indices, num_src, nb, counts)
+    bptr = np.empty(nb * n + 1, dtype=np.int64)
+    bptr[0] = 0
+    np.cumsum(counts[:-1], out=bptr[1:])
+    E = indices.shape[0]
+    bidx = np.empty(E, dtype=np.int32 if num_src < 2**31 else np.int64)
+    beid = np.empty(E if with_eids else 0, dtype=np.int32 if E < 2**31 else np.int64)
+    _block_fill(indptr, indices, eids, num_src, nb, bptr, bidx, beid)
+    return bptr, bidx, beid
+
+
+@njit(parallel=True, cache=True, nogil=True)
+def _block_count(indptr, indices, num_src, nb, counts):
+    n = indptr.shape[0] - 1
+    for i in prange(n):
+        for k in range(indptr[i], indptr[i + 1]):
+            counts[(indices[k] * nb // num_src) * n + i] += 1
+
+
+@njit(parallel=True, cache=True, nogil=True)
+def _block_fill(indptr, indices, eids, num_src, nb, bptr, bidx, beid):
+    n = indptr.shape[0] - 1
+    has_e = eids.shape[0] > 0
+    want_e = beid.shape[0] > 0
+    for i in prange(n):
+        pos = np.empty(nb, dtype=np.int64)
+        for b in range(nb):
+            pos[b] = bptr[b * n + i]
+        for k in range(indptr[i], indptr[i + 1]):
+            j = indices[k]
+            b = j * nb // num_src
+            bidx[pos[b]] = j
+            if want_e:
+                beid[pos[b]] = eids[k] if has_e else k
+            pos[b] += 1
+
+
+def spmm_sum_blocked(indptr, bptr, bidx, beid, nb, weight, col_scale, x, out, mean: bool) -> None:
+    """:func:`spmm_sum` over the column blocks of :func:`column_blocks` (same result up to summation order).
+
+    Args:
+        indptr: int64[Nd+1] of the original CSR (row costs and ``mean`` degrees).
+        bptr, bidx, beid: from :func:`column_blocks` with the same ``nb`` (``beid`` needed with ``weight``).
+        weight, col_scale, x, out, mean: as :func:`spmm_sum` (``weight`` indexed by ``beid``).
+    """
+    if weight.shape[0] > 0 and beid.shape[0] != bidx.shape[0]:
+        raise ValueError("spmm_sum_blocked: weighted aggregation needs the edge ids (column_blocks(with_eids=True))")
+    bounds = default_chunks(indptr)
+    for b in range(nb):
+        _spmm_sum_block(bounds, indptr, bptr, bidx, beid, b, weight, col_scale, x, out, bool(mean))
+
+
+@njit(**_JIT)
+def _spmm_sum_block(bounds, indptr, bptr, bidx, beid, b, weight, col_scale, x, out, mean):
+    n = indptr.shape[0] - 1
+    H = out.shape[1]
+    D = out.shape[2]
+    has_w = weight.shape[0] > 0
+    has_s = col_scale.shape[0] > 0
+    w_heads = weight.shape[1] > 1
+    E = bidx.shape[0]
+    base = x.ctypes.data
+    rb = x.strides[0]
+    lines = row_lines(rb)
+    off = b * n
+    for c in prange(bounds.shape[0] - 1):
+        acc = np.empty((H, D), dtype=out.dtype)
+        one = np.ones(1, dtype=out.dtype)[0]
+        for i in range(bounds[c], bounds[c + 1]):
+            start = bptr[off + i]
+            end = bptr[off + i + 1]
+            if end == start and b > 0:
+                continue
+            acc[:, :] = 0
+            for k in range(start, end):
+                if k + PREFETCH_DISTANCE < E:
+                    prefetch_row(base, rb, lines, bidx[k + PREFETCH_DISTANCE])
+                j = bidx[k]
+                s = col_scale[j] if has_s else one
+                for h in range(H):
+                    cf = s * weight[beid[k], h if w_heads else 0] if has_w else s
+                    for d in range(D):
+                        acc[h, d] += cf * x[j, h, d]
+            deg = indptr[i + 1] - indptr[i]
+            inv = one / deg if (mean and deg > 0) else one
+            if b == 0:
+                for h in range(H):
+                    for d in range(D):
+                        out[i, h, d] = acc[h, d] * inv
+            else:
+                for h in range(H):
+                    for d in range(D):
+                        out[i, h, d] += acc[h, d] * inv

@@ -200,3 +200,36 @@ def test_kernels_leave_the_callers_thread_count_alone(awkward_graph):
             assert numba.get_num_threads() == threads
     finally:
         numba.set_num_threads(before)
+
+@pytest.mark.parametrize("nb", [1, 2, 5, 40])
+def test_column_blocks_and_blocked_sum_match_spmm_sum(nb):
+    from numba_kernels.cpu.spmm import column_blocks, spmm_sum, spmm_sum_blocked
+
+    rng = np.random.default_rng(nb)
+    nd, ns, E = 37, 29, 300
+    dst = np.sort(rng.integers(0, nd, E))
+    indptr = np.concatenate([[0], np.cumsum(np.bincount(dst, minlength=nd))]).astype(np.int64)
+    indices = rng.integers(0, ns, E).astype(np.int64)
+    eids = rng.permutation(E).astype(np.int64)
+    x = rng.standard_normal((ns, 2, 3))
+    w = rng.random((E, 2)) + 0.5
+    s = rng.random(ns) + 0.5
+    bptr, bidx, beid = column_blocks(indptr, indices, eids, ns, nb)
+    # every edge lands in its block, in order, with its id
+    for b in range(nb):
+        for i in range(nd):
+            seg = slice(bptr[b * nd + i], bptr[b * nd + i + 1])
+            row = slice(indptr[i], indptr[i + 1])
+            keep = indices[row] * nb // ns == b
+            np.testing.assert_array_equal(bidx[seg], indices[row][keep])
+            np.testing.assert_array_equal(beid[seg], eids[row][keep])
+    for mean in (False, True):
+        ref = np.empty((nd, 2, 3))
+        spmm_sum(indptr, indices, eids, w, s, x, ref, mean)
+        out = np.full((nd, 2, 3), np.nan)
+        spmm_sum_blocked(indptr, bptr, bidx, beid, nb, w, s, x, out, mean)
+        np.testing.assert_allclose(out, ref, rtol=1e-12, atol=1e-12)
+    _, _, none = column_blocks(indptr, indices, eids, ns, nb, with_eids=False)
+    assert none.shape == (0,)
+    with pytest.raises(ValueError, match="needs the edge ids"):
+        spmm_sum_blocked(indptr, bptr, bidx, none, nb, w, s, x, np.empty((nd, 2, 3)), False)
