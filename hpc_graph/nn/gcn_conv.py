@@ -7,6 +7,7 @@ from torch import nn
 from hpc_graph.graph.base import GraphContext
 from hpc_graph.nn._init import glorot_
 from hpc_graph.nn._linear import input_linear
+from hpc_graph.nn._propagate import gcn_epilogue
 
 
 class GCNConv(nn.Module):
@@ -44,8 +45,6 @@ class GCNConv(nn.Module):
     def forward(self, graph: GraphContext, x: torch.Tensor, act: str | None = None, p: float = 0.0) -> torch.Tensor:
         dinv = (graph.in_degree().to(device=x.device, dtype=x.dtype) + 1.0).rsqrt().unsqueeze(1)
         h = input_linear(x, (self.lin.weight,), (None,), act, p, row_scale=dinv)[0]
-        from hpc_graph.nn._propagate import gcn_epilogue
-
         return gcn_epilogue(graph.aggregate(h, "sum"), graph.dst(h), graph.dst(dinv), self.bias)
 
     def extra_repr(self) -> str:

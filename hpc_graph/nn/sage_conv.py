@@ -6,6 +6,7 @@ from torch import nn
 
 from hpc_graph.graph.base import GraphContext
 from hpc_graph.nn._linear import act_dropout, input_linear, linear
+from hpc_graph.nn._propagate import gcn_epilogue
 
 
 class SAGEConv(nn.Module):
@@ -51,8 +52,6 @@ class SAGEConv(nn.Module):
             t, *root = input_linear(x, weights, (None,) * len(weights), act, p)
             out = graph.aggregate(t, "mean")
             if root:  # out + root + bias as one node (one new tensor)
-                from hpc_graph.nn._propagate import gcn_epilogue
-
                 return gcn_epilogue(out, root[0], None, self.lin_l.bias)
             return out + self.lin_l.bias if self.lin_l.bias is not None else out
         if act is not None or p > 0.0:  # mini-batch blocks: the root term reads only the destination rows
