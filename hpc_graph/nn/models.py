@@ -65,7 +65,10 @@ class GNN(nn.Module):
     DistBatchNorm only with ``batchnorm``); ``h = y``. ``act`` is ELU for GAT,
     ReLU otherwise. Dropout is applied to the input features too (as in the
     GCN and GAT papers); its mask comes from a fast CPU sampler (see
-    :mod:`hpc_graph.nn._dropout`).
+    :mod:`hpc_graph.nn._dropout`). For GCN and SAGE without residuals the
+    ReLU of a hidden layer is applied by the next convolution together with
+    its dropout and projection (the same function, one autograd node keeping
+    only the pre-activation: :func:`hpc_graph.nn._linear.input_linear`).
 
     GAT hidden layers have ``heads`` concatenated heads of ``hidden`` features
     (width ``heads * hidden``); the output layer averages ``out_heads`` heads.
