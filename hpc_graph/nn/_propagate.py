@@ -14,8 +14,7 @@ from torch import nn
 from torch.nn import functional as F
 
 from hpc_graph.graph.base import GraphContext
-from hpc_graph.nn._dropout import dropout
-from hpc_graph.nn._linear import linear
+from hpc_graph.nn._linear import input_linear
 
 
 def gcn_propagate(g: GraphContext, z: torch.Tensor) -> torch.Tensor:
@@ -92,17 +91,10 @@ def dropout_linear(x: torch.Tensor, p: float, training: bool, weight: torch.Tens
                    bias: torch.Tensor | None = None) -> torch.Tensor:
     """``linear(dropout(x, p, training), weight, bias)``; x float[N, F_in] (dense or sparse CSR) -> float[N, F_out].
 
-    In training with a dense float input the two run as one autograd node
-    (:func:`hpc_graph.ops.dropout_linear.dropout_linear`, the same mask as
-    :func:`~hpc_graph.nn._dropout.dropout`) that keeps only ``x`` for the backward
-    pass, not the dropped copy: one N x F_in tensor less per call until the backward pass.
+    :func:`~hpc_graph.nn._linear.input_linear` with one weight: in training with a dense float
+    input the two run as one autograd node that keeps only ``x``, not the dropped copy.
     """
-    if training and 0.0 < p < 1.0 and x.layout == torch.strided and x.dim() == 2 \
-            and x.dtype in (torch.float32, torch.float64):
-        from hpc_graph.ops.dropout_linear import dropout_linear as fused
-
-        return fused(x, weight, bias, p)
-    return linear(dropout(x, p, training), weight, bias)
+    return input_linear(x, (weight,), (bias,), None, p if training else 0.0)[0]
 
 
 def as_dense(x: torch.Tensor) -> torch.Tensor:

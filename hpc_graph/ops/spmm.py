@@ -43,17 +43,14 @@ def _sum_kernel(indptr, indices, eids, w_arr, scale, x_arr, out_arr, mean: bool,
     """
     nb = _num_blocks(num_src, x_arr.strides[0]) if device.type == "cpu" else 0
     if nb < 2:
-        kernel_fn = get_kernel("spmm.spmm_sum", device.type)
-        kernel_fn(indptr, indices, eids, w_arr, scale, x_arr, out_arr, mean)
+        get_kernel("spmm.spmm_sum", device.type)(indptr, indices, eids, w_arr, scale, x_arr, out_arr, mean)
         return
     weighted = w_arr.shape[0] > 0
     ck = ("spmm.blocked", key, nb, weighted)
     if ck not in cache:
-        from numba_kernels.cpu.spmm import column_blocks
-        cache[ck] = column_blocks(indptr, indices, eids, num_src, nb, with_eids=weighted)
+        cache[ck] = get_kernel("spmm.column_blocks")(indptr, indices, eids, num_src, nb, with_eids=weighted)
     bptr, bidx, beid = cache[ck]
-    from numba_kernels.cpu.spmm import spmm_sum_blocked
-    spmm_sum_blocked(indptr, bptr, bidx, beid, nb, w_arr, scale, x_arr, out_arr, mean)
+    get_kernel("spmm.spmm_sum_blocked")(indptr, bptr, bidx, beid, nb, w_arr, scale, x_arr, out_arr, mean)
 
 
 def spmm(g: CSR, x: torch.Tensor, reduce: str = "sum",
