@@ -441,6 +441,13 @@ def run_one(cfg: dict[str, Any], args: argparse.Namespace, configs: dict[str, Pa
                 f.unlink()
     print(f"[{time.strftime('%H:%M:%S')}] {name}: {rec['command']}", flush=True)
     env = _env(threads, args.omp_wait_policy, args.malloc_mmap_threshold)
+    if cfg["engine"] in ("pyg", "dgl"):
+        # peers run as their users run them: torch's huge-page switch (which importing hpc_graph,
+        # here and in our runs, turns on) only with --peer-thp on
+        env.pop("THP_MEM_ALLOC_ENABLE", None)
+        if args.peer_thp == "on":
+            env["THP_MEM_ALLOC_ENABLE"] = "1"
+        rec["peer_thp"] = args.peer_thp
     res = _run_job(cmd, env, args.workdir / "logs" / f"{name}.log", args.timeout, limit)
     rec["load_avg_after"] = _load()
     for k in ("wall_s", "cpu_s", "job_maxrss_mb", "tree_peak_rss_mb"):
@@ -666,6 +673,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--floor-scale", type=int, default=10,
                     help="also run every configuration at this tiny scale; its peak RSS is the per-process "
                          "floor (libraries, kernels, MPI) subtracted for the net memory ratios (0: off)")
+    ap.add_argument("--peer-thp", choices=("off", "on"), default="off",
+                    help="THP_MEM_ALLOC_ENABLE=1 (torch's large tensors on huge pages, hpc_graph's default) for "
+                         "the PyG/DGL runs too (default: %(default)s, as their users run them)")
     ap.add_argument("--no-pyg", dest="pyg", action="store_false", help="no PyG reference runs")
     ap.add_argument("--dgl", dest="dgl", action="store_true", default=None,
                     help="run the DGL reference next to every 1-rank single run (default: when --dgl-python "

@@ -7,6 +7,8 @@ pay no set-up cost. All checks run before any kernel is launched and raise
 """
 from __future__ import annotations
 
+import os
+
 import numpy as np
 import torch
 
@@ -37,6 +39,12 @@ def empty(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> t
     return torch.empty(shape, dtype=dtype, device=device)
 
 
+def torch_huge_pages() -> bool:
+    """Whether torch puts its large CPU tensors on transparent huge pages (``THP_MEM_ALLOC_ENABLE=1``,
+    which importing :mod:`hpc_graph` sets unless the user chose otherwise)."""
+    return os.environ.get("THP_MEM_ALLOC_ENABLE", "") == "1"
+
+
 def gathered(t: torch.Tensor, num_edges: int):
     """Kernel view of ``t`` for a kernel that reads its rows at random, ``num_edges`` times in all.
 
@@ -44,10 +52,11 @@ def gathered(t: torch.Tensor, num_edges: int):
     a huge-page buffer (:func:`empty`) when the rows are read at least twice
     on average: one sequential copy costs far less than the TLB misses it saves
     (the backward SpMM at R-MAT scale 20, F=128 runs 1.5x faster). Used for
-    gradients in backward passes, which torch always allocates.
+    gradients in backward passes, which torch allocates; skipped when torch puts
+    large tensors on huge pages itself (:func:`torch_huge_pages`).
     """
     t = t.contiguous()
-    if t.device.type == "cpu" and t.numel() and t.dtype in _NUMPY_DTYPES \
+    if t.device.type == "cpu" and not torch_huge_pages() and t.numel() and t.dtype in _NUMPY_DTYPES \
             and t.numel() * t.element_size() >= _HUGE_BYTES and num_edges >= 2 * t.shape[0]:
         buf = empty(tuple(t.shape), t.dtype, t.device)
         buf.copy_(t)

@@ -84,8 +84,13 @@ class CSR:
             # numba counting sort: several times faster than a torch sort on large graphs
             from numba_kernels.cpu._transpose import csr_transpose
 
-            t = csr_transpose(self.indptr.contiguous().numpy(), self.indices.contiguous().numpy(),
-                              self.num_src, perm)
+            indptr, indices = self.indptr.contiguous().numpy(), self.indices.contiguous().numpy()
+            if self.is_symmetric():
+                # the transpose is this CSR: share its arrays (only the permutation is new)
+                p = torch.from_numpy(csr_transpose(indptr, indices, self.num_src, True)[2]) if perm else None
+                self._csc = (self.indptr, self.indices, p)
+                return self._csc
+            t = csr_transpose(indptr, indices, self.num_src, perm)
             self._csc = (torch.from_numpy(t[0]), torch.from_numpy(t[1]), torch.from_numpy(t[2]) if perm else None)
         else:
             dst = torch.repeat_interleave(torch.arange(self.num_dst, device=self.device),
@@ -97,6 +102,19 @@ class CSR:
             self._csc = (indptr_t, dst[order].contiguous(), order if perm else None)
         return self._csc
 
+    def is_symmetric(self) -> bool:
+        """Whether this (square, CPU) CSR equals its transpose: rows ascending and ``i -> j`` as often as
+        ``j -> i`` (checked once, cached). Then :meth:`csc` returns this CSR's own arrays, and kernels
+        that cache per-direction data (the blocked SpMM) share one copy for both directions."""
+        if "symmetric" not in self._cache:
+            sym = False
+            if self.device.type == "cpu" and self.num_src == self.num_dst:
+                from numba_kernels.cpu._transpose import is_symmetric
+
+                sym = bool(is_symmetric(self.indptr.contiguous().numpy(), self.indices.contiguous().numpy()))
+            self._cache["symmetric"] = sym
+        return self._cache["symmetric"]
+
     def in_degree(self) -> torch.Tensor:
         """int64[num_dst]: number of in-edges of each destination row."""
         return self.indptr[1:] - self.indptr[:-1]
@@ -104,7 +122,9 @@ class CSR:
     def to(self, device) -> "CSR":
         out = CSR(self.indptr.to(device), self.indices.to(device), self.num_src,
                   None if self.edge_weight is None else self.edge_weight.to(device), validate=False)
-        if self._csc is not None:
+        if self._csc is not None and self._csc[1] is self.indices:  # symmetric: keep sharing the arrays
+            out._csc = (out.indptr, out.indices, None if self._csc[2] is None else self._csc[2].to(device))
+        elif self._csc is not None:
             out._csc = tuple(None if t is None else t.to(device) for t in self._csc)
         return out
 

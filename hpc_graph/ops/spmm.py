@@ -127,8 +127,10 @@ class _SpMMSum(torch.autograd.Function):
                 eids, w_arr = no_eids(go.device), absent(go.dtype, go.device, 2)
             else:
                 eids, w_arr = as_array(perm), as_array(w)
+            # a symmetric graph's transpose is the CSR itself: its unweighted blocked copy serves both directions
+            key = "csr" if (w is None and indices_t is g.indices) else "csc"
             _sum_kernel(as_array(indptr_t), as_array(indices_t), eids, w_arr, scale, gathered(go, g.num_edges),
-                        as_array(grad_x), False, g._cache, "csc", go.device, g.num_dst)
+                        as_array(grad_x), False, g._cache, key, go.device, g.num_dst)
         if ctx.needs_input_grad[2]:
             gs = go * inv_degree(g, go.dtype)[:, None, None] if mean else go
             dots = empty((g.num_edges, go.shape[1]), go.dtype, go.device)

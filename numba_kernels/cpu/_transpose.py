@@ -8,7 +8,7 @@ of the cost. On CUDA the ops layer uses torch's sort instead.
 from __future__ import annotations
 
 import numpy as np
-from numba import njit
+from numba import njit, prange
 
 
 @njit(cache=True, nogil=True)
@@ -42,3 +42,57 @@ def csr_transpose(indptr, indices, num_src, with_perm=True):
             if with_perm:
                 perm[p] = k
     return indptr_t, indices_t, perm
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _count_in_row(indices, lo, hi, v):
+    """Occurrences of ``v`` in the ascending slice ``indices[lo:hi]`` (two binary searches)."""
+    a, b = lo, hi
+    while a < b:
+        m = (a + b) >> 1
+        if indices[m] < v:
+            a = m + 1
+        else:
+            b = m
+    first = a
+    b = hi
+    while a < b:
+        m = (a + b) >> 1
+        if indices[m] <= v:
+            a = m + 1
+        else:
+            b = m
+    return a - first
+
+
+@njit(parallel=True, cache=True, nogil=True)
+def _symmetric_rows(indptr, indices, bad):
+    n = indptr.shape[0] - 1
+    for i in prange(n):
+        lo, hi = indptr[i], indptr[i + 1]
+        for k in range(lo, hi):
+            j = indices[k]
+            if k > lo and indices[k - 1] > j:  # rows must be ascending for the transpose to equal the CSR
+                bad[i] = 1
+                break
+            if k > lo and indices[k - 1] == j:  # multiplicity counted at the first occurrence
+                continue
+            if j < 0 or j >= n or _count_in_row(indices, lo, hi, j) != \
+                    _count_in_row(indices, indptr[j], indptr[j + 1], i):
+                bad[i] = 1
+                break
+
+
+def is_symmetric(indptr, indices) -> bool:
+    """Whether a square CSR equals its own transpose (:func:`csr_transpose` of it gives the same arrays).
+
+    True when every row is ascending and edge ``i -> j`` occurs as often as
+    ``j -> i``; O(E log d), no E-sized temporary (the check that lets a symmetric
+    graph's backward passes walk the CSR itself instead of a second copy).
+    """
+    n = indptr.shape[0] - 1
+    bad = np.zeros(max(n, 0), np.uint8)
+    if n == 0:
+        return True
+    _symmetric_rows(indptr, indices, bad)
+    return not bad.any()

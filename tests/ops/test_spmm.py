@@ -189,3 +189,64 @@ def test_column_blocked_path_matches_torch(awkward_graph, monkeypatch, reduce, w
     for a, b in zip(got, want):
         torch.testing.assert_close(a, b)
     assert any(k[0] == "spmm.blocked" for k in g._cache if isinstance(k, tuple))
+
+
+def _symmetric_graph(seed: int, n: int = 29, m: int = 70, dup: bool = False) -> CSR:
+    """A random undirected multigraph (both directions of every edge; ``dup``: one edge added in one direction)."""
+    rng = np.random.default_rng(seed)
+    s, d = rng.integers(0, n, m), rng.integers(0, n, m)
+    src, dst = np.concatenate([s, d]), np.concatenate([d, s])
+    if dup:
+        src, dst = np.append(src, s[0]), np.append(dst, d[0] if d[0] != s[0] else (d[0] + 1) % n)
+    order = np.lexsort((src, dst))  # rows ascending, as the transpose lists them
+    return CSR.from_edges(src[order], dst[order], n)
+
+
+@pytest.mark.parametrize("seed, dup, sort_rows", [(0, False, True), (1, False, True), (2, True, True),
+                                                   (3, False, False)])
+def test_is_symmetric_matches_the_transpose(seed, dup, sort_rows):
+    g = _symmetric_graph(seed, dup=dup)
+    if not sort_rows:  # a symmetric edge set whose rows are not ascending: the transpose differs
+        idx = g.indices.clone()
+        for i in range(g.num_dst):
+            a, b = int(g.indptr[i]), int(g.indptr[i + 1])
+            if b - a >= 2 and idx[a] != idx[b - 1]:
+                idx[a:b] = idx[a:b].flip(0)
+                break
+        g = CSR(g.indptr, idx, g.num_src)
+    from numba_kernels.cpu._transpose import csr_transpose
+
+    t = csr_transpose(g.indptr.numpy(), g.indices.numpy(), g.num_src, False)
+    want = bool(np.array_equal(t[0], g.indptr.numpy()) and np.array_equal(t[1], g.indices.numpy()))
+    assert want == (not dup and sort_rows)  # the cases really are what they claim
+    assert g.is_symmetric() == want
+
+
+@pytest.mark.parametrize("block_bytes", [0, 24])
+@pytest.mark.parametrize("weighted", [False, True])
+def test_symmetric_graph_shares_its_transpose(monkeypatch, block_bytes, weighted):
+    """A symmetric CSR is its own CSC: no second copy of the arrays (nor of the blocked order), same results."""
+    import sys
+
+    spmm_mod = sys.modules["hpc_graph.ops.spmm"]
+    monkeypatch.setattr(spmm_mod, "BLOCK_BYTES", block_bytes)
+    g = _symmetric_graph(4)
+    gen = torch.Generator().manual_seed(1)
+    x = torch.randn(g.num_src, 5, dtype=torch.float64, generator=gen, requires_grad=True)
+    w = (torch.rand(g.num_edges, dtype=torch.float64, generator=gen) + 0.5).requires_grad_() if weighted else None
+    out = spmm(g, x, "mean", edge_weight=w)
+    ref = _reference(g, x, "mean", w)
+    torch.testing.assert_close(out, ref)
+    gout = torch.randn(out.shape, dtype=torch.float64, generator=gen)
+    inputs = [x] + ([w] if weighted else [])
+    for a, b in zip(torch.autograd.grad(out, inputs, gout), torch.autograd.grad(ref, inputs, gout)):
+        torch.testing.assert_close(a, b)
+    indptr_t, indices_t, perm = g.csc()
+    assert indptr_t is g.indptr and indices_t is g.indices
+    if weighted:  # per-edge values still need the permutation, built by the general transpose
+        from numba_kernels.cpu._transpose import csr_transpose
+
+        assert np.array_equal(perm.numpy(), csr_transpose(g.indptr.numpy(), g.indices.numpy(), g.num_src, True)[2])
+    blocked = [k for k in g._cache if isinstance(k, tuple) and k[0] == "spmm.blocked"]
+    if block_bytes and not weighted:
+        assert [k[1] for k in blocked] == ["csr"]  # one blocked copy for both directions
