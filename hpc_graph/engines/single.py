@@ -20,7 +20,7 @@ from hpc_graph.engines.base import Engine
 from hpc_graph.graph.base import GraphContext
 from hpc_graph.ops.csr import CSR, relational_csr
 from hpc_graph.ops.gat_attention import gat_attention
-from hpc_graph.ops.spmm import spmm
+from hpc_graph.ops.spmm import spmm, spmm_fused
 
 log = logging.getLogger(__name__)
 
@@ -51,6 +51,9 @@ class _SingleGraph(GraphContext):
         if reduce not in ("sum", "mean"):
             raise ValueError(f"aggregate: reduce must be 'sum' or 'mean', got {reduce!r}")
         return spmm(self.csr, x, reduce)
+
+    def aggregate_combine(self, x: torch.Tensor, reduce: str = "sum", **kw) -> torch.Tensor:
+        return spmm_fused(self.csr, x, reduce, **kw)
 
     def with_self_loops(self) -> CSR:
         """The CSR with an edge ``i -> i`` appended to every row (after its in-edges), built once."""

@@ -52,6 +52,40 @@ class GraphContext(ABC):
             float[num_nodes, F]; differentiable with respect to ``x``.
         """
 
+    def aggregate_combine(self, x: torch.Tensor, reduce: str = "sum", *, scale: torch.Tensor | None = None,
+                          self_loop: bool = False, self_rows: torch.Tensor | None = None,
+                          self_scale: torch.Tensor | None = None,
+                          bias: torch.Tensor | None = None) -> torch.Tensor:
+        """A layer's output in one step: ``scale * aggregate(x, reduce) + self_scale * S + bias``.
+
+        ``S`` is ``dst(x)`` (``self_loop``: the output node's own input row, GCN's self loop) or
+        ``self_rows`` (e.g. SAGE's root projection). Engines whose aggregation is one local SpMM
+        (``single``, ``dp``) run it as one fused kernel pass (:func:`hpc_graph.ops.spmm_fused`): no
+        aggregate temporary, no separate scaling/add/bias passes in forward or backward. This default
+        composes the same value from :meth:`aggregate` (every other engine).
+
+        Args:
+            x: float[input rows, F] (or [input rows, H, D]).
+            reduce: ``"sum"`` or ``"mean"``.
+            scale, self_scale: float[num_nodes] constants (no gradient), or None.
+            self_loop / self_rows: the self term (at most one), float[num_nodes, ...] for ``self_rows``.
+            bias: float[F] (or [H, D]) or None.
+        Returns:
+            float[num_nodes, ...]; differentiable w.r.t. ``x``, ``self_rows`` and ``bias``.
+        """
+        if self_loop and self_rows is not None:
+            raise ValueError("aggregate_combine: give self_loop or self_rows, not both")
+        out = self.aggregate(x, reduce)
+        col = (-1,) + (1,) * (out.dim() - 1)
+        if scale is not None:
+            out = out * scale.view(col)
+        s = self.dst(x) if self_loop else self_rows
+        if s is not None:
+            out = out + (s if self_scale is None else s * self_scale.view(col))
+        if bias is not None:
+            out = out + bias.reshape(out.shape[1:])
+        return out
+
     def aggregate_relations(self, x: torch.Tensor, reduce: str = "mean") -> torch.Tensor:
         """Aggregate source rows over each owned node's in-edges, one result per edge type.
 

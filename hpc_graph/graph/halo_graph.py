@@ -60,6 +60,13 @@ class HaloGraph(GraphContext):
         out = spmm(self.dg.local, torch.cat([flat, halo], 0), reduce)
         return out.reshape(out.shape[0], *shape[1:])
 
+    def aggregate_combine(self, x: torch.Tensor, reduce: str = "sum", **kw) -> torch.Tensor:
+        from hpc_graph.ops.spmm import spmm_fused
+
+        halo, _ = self.halo(x.reshape(x.shape[0], -1))
+        # owned rows come first in the local source order, so x's rows are the self rows
+        return spmm_fused(self.dg.local, torch.cat([x, halo.view(-1, *x.shape[1:])], 0), reduce, **kw)
+
     def aggregate_relations(self, x: torch.Tensor, reduce: str = "mean") -> torch.Tensor:
         if self.num_relations == 1:
             return super().aggregate_relations(x, reduce)

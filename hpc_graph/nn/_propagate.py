@@ -61,13 +61,6 @@ class _GCNMix(torch.autograd.Function):
         return t, t, grad_h0, None, None, grad_b
 
 
-def gcn_epilogue(agg: torch.Tensor, self_rows: torch.Tensor, dinv: torch.Tensor | None,
-                 bias: torch.Tensor | None) -> torch.Tensor:
-    """``(agg + self_rows) * dinv + bias`` as one autograd node (GCNConv's output, and SAGE's with
-    ``dinv=None``); dinv float[N, 1]."""
-    return _GCNMix.apply(agg, self_rows, None, dinv, 0.0, bias)
-
-
 def gcn_propagate_mix(g: GraphContext, z: torch.Tensor, h0: torch.Tensor, alpha: float) -> torch.Tensor:
     """``(1 - alpha) P z + alpha h0`` on the layer context ``g`` (GCNII's and APPNP's step).
 

@@ -7,13 +7,13 @@ from torch import nn
 from hpc_graph.graph.base import GraphContext
 from hpc_graph.nn._init import glorot_
 from hpc_graph.nn._linear import input_linear
-from hpc_graph.nn._propagate import gcn_epilogue
 
 
 class GCNConv(nn.Module):
     """``out = D^-1/2 (A + I) D^-1/2 X W + b`` with ``D = in_degree + 1`` (PyG ``GCNConv`` semantics).
 
-    Computed as ``h = (X W) * dinv``; ``out = (aggregate(h, "sum") + h) * dinv + b``.
+    Computed as ``h = (X W) * dinv``; ``out = (aggregate(h, "sum") + h) * dinv + b``, the latter as one
+    :meth:`~hpc_graph.graph.base.GraphContext.aggregate_combine` (one fused kernel pass on ``single``/``dp``).
     Scaling rows before the aggregation means every source row (owned or a halo
     copy) already carries its owner's ``deg^-1/2``, so no halo degrees are needed.
 
@@ -43,9 +43,11 @@ class GCNConv(nn.Module):
             nn.init.zeros_(self.bias)
 
     def forward(self, graph: GraphContext, x: torch.Tensor, act: str | None = None, p: float = 0.0) -> torch.Tensor:
-        dinv = (graph.in_degree().to(device=x.device, dtype=x.dtype) + 1.0).rsqrt().unsqueeze(1)
-        h = input_linear(x, (self.lin.weight,), (None,), act, p, row_scale=dinv)[0]
-        return gcn_epilogue(graph.aggregate(h, "sum"), graph.dst(h), graph.dst(dinv), self.bias)
+        dinv = (graph.in_degree().to(device=x.device, dtype=x.dtype) + 1.0).rsqrt()
+        h = input_linear(x, (self.lin.weight,), (None,), act, p, row_scale=dinv.unsqueeze(1))[0]
+        d = graph.dst(dinv)
+        # (aggregate(h) + h) * dinv + b in the aggregation's own pass (no aggregate temporary)
+        return graph.aggregate_combine(h, "sum", scale=d, self_loop=True, self_scale=d, bias=self.bias)
 
     def extra_repr(self) -> str:
         return f"{self.in_channels}, {self.out_channels}, bias={self.bias is not None}"

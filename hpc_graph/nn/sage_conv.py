@@ -6,7 +6,6 @@ from torch import nn
 
 from hpc_graph.graph.base import GraphContext
 from hpc_graph.nn._linear import act_dropout, input_linear, linear
-from hpc_graph.nn._propagate import gcn_epilogue
 
 
 class SAGEConv(nn.Module):
@@ -50,10 +49,8 @@ class SAGEConv(nn.Module):
         if project_first and graph.dst(x) is x:
             weights = (self.lin_l.weight,) + ((self.lin_r.weight,) if self.lin_r is not None else ())
             t, *root = input_linear(x, weights, (None,) * len(weights), act, p)
-            out = graph.aggregate(t, "mean")
-            if root:  # out + root + bias as one node (one new tensor)
-                return gcn_epilogue(out, root[0], None, self.lin_l.bias)
-            return out + self.lin_l.bias if self.lin_l.bias is not None else out
+            # mean + root + bias in the aggregation's own pass (no aggregate temporary)
+            return graph.aggregate_combine(t, "mean", self_rows=root[0] if root else None, bias=self.lin_l.bias)
         if act is not None or p > 0.0:  # mini-batch blocks: the root term reads only the destination rows
             x = act_dropout(x, act, p)
         if project_first:

@@ -2,9 +2,9 @@
 from hpc_graph.ops.csr import CSR
 from hpc_graph.ops.edge_softmax import edge_softmax
 from hpc_graph.ops.sddmm import sddmm
-from hpc_graph.ops.spmm import spmm
+from hpc_graph.ops.spmm import spmm, spmm_fused
 
-__all__ = ["CSR", "spmm", "sddmm", "edge_softmax"]
+__all__ = ["CSR", "spmm", "spmm_fused", "sddmm", "edge_softmax"]
 
 # fused attention (block-wise state API in the modules themselves)
 from hpc_graph.ops.dot_attention import dot_attention  # noqa: E402

@@ -36,21 +36,24 @@ def _num_blocks(num_src: int, row_bytes: int) -> int:
 
 
 def _sum_kernel(indptr, indices, eids, w_arr, scale, x_arr, out_arr, mean: bool, cache: dict, key,
-                device, num_src: int) -> None:
+                device, num_src: int, epilogue=None) -> None:
     """Run ``spmm_sum`` over (indptr, indices), column-blocked on the CPU when ``x`` outgrows the cache.
 
     The blocked order (``column_blocks``) is built once per graph and direction (``cache[key]``).
+    ``epilogue``: the kernels' ``(row_scale, self_x, self_scale, bias)`` arrays, or None.
     """
     nb = _num_blocks(num_src, x_arr.strides[0]) if device.type == "cpu" else 0
     if nb < 2:
-        get_kernel("spmm.spmm_sum", device.type)(indptr, indices, eids, w_arr, scale, x_arr, out_arr, mean)
+        get_kernel("spmm.spmm_sum", device.type)(indptr, indices, eids, w_arr, scale, x_arr, out_arr, mean,
+                                                 epilogue)
         return
     weighted = w_arr.shape[0] > 0
     ck = ("spmm.blocked", key, nb, weighted)
     if ck not in cache:
         cache[ck] = get_kernel("spmm.column_blocks")(indptr, indices, eids, num_src, nb, with_eids=weighted)
     bptr, bidx, beid = cache[ck]
-    get_kernel("spmm.spmm_sum_blocked")(indptr, bptr, bidx, beid, nb, w_arr, scale, x_arr, out_arr, mean)
+    get_kernel("spmm.spmm_sum_blocked")(indptr, bptr, bidx, beid, nb, w_arr, scale, x_arr, out_arr, mean,
+                                        epilogue)
 
 
 def spmm(g: CSR, x: torch.Tensor, reduce: str = "sum",
@@ -138,6 +141,101 @@ class _SpMMSum(torch.autograd.Function):
                                       as_array(x), as_array(dots))
             grad_w = dots if w.shape[1] == dots.shape[1] else dots.sum(1, keepdim=True)
         return None, grad_x, grad_w, None
+
+
+def spmm_fused(g: CSR, x: torch.Tensor, reduce: str = "sum", *, scale: torch.Tensor | None = None,
+               self_loop: bool = False, self_rows: torch.Tensor | None = None,
+               self_scale: torch.Tensor | None = None, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """``out = scale * reduce(x) + self_scale * S + bias`` in one pass over the rows (no temporaries).
+
+    ``reduce(x)`` is :func:`spmm` (``"sum"`` or ``"mean"``, unweighted); ``S`` is ``x[:num_dst]``
+    (``self_loop``: the destinations are the first sources, as on a full graph or a halo layout)
+    or ``self_rows``. GCN's layer output is ``scale = self_scale = d^-1/2``, ``self_loop``; SAGE's
+    is ``mean`` plus ``self_rows = x W_r``. The backward pass is one transposed SpMM with the
+    scales folded in (and the self loop added in the same pass); ``scale`` and ``self_scale``
+    are constants (no gradient).
+
+    Args:
+        g: graph, ``num_dst`` rows over ``num_src`` sources.
+        x: float[num_src, F] or float[num_src, H, D].
+        scale, self_scale: float[num_dst] or None.
+        self_rows: float[num_dst, ...] as the output, or None (exclusive with ``self_loop``).
+        bias: float[F] (or float[H, D]) or None.
+    Returns:
+        float[num_dst, ...] like ``x``; differentiable w.r.t. ``x``, ``self_rows`` and ``bias``.
+    Raises:
+        ValueError: bad shapes, dtypes or devices (checked before any kernel runs).
+    """
+    op = "spmm_fused"
+    check_graph(g, op)
+    if reduce not in ("sum", "mean"):
+        raise ValueError(f"{op}: reduce must be 'sum' or 'mean'; got {reduce!r}")
+    check_tensor(op, "x", x, g, g.num_src, (2, 3))
+    if self_loop and self_rows is not None:
+        raise ValueError(f"{op}: give self_loop or self_rows, not both")
+    if self_loop and g.num_src < g.num_dst:
+        raise ValueError(f"{op}: self_loop needs the destinations among the first sources "
+                         f"(num_src {g.num_src} < num_dst {g.num_dst})")
+    for name, t in (("scale", scale), ("self_scale", self_scale)):
+        if t is not None:
+            check_tensor(op, name, t, g, g.num_dst, (1,))
+            if t.dtype != x.dtype:
+                raise ValueError(f"{op}: {name} dtype {t.dtype} differs from x dtype {x.dtype}")
+    tail = tuple(x.shape[1:])
+    if self_rows is not None and (tuple(self_rows.shape) != (g.num_dst,) + tail or self_rows.dtype != x.dtype
+                                  or self_rows.device != x.device):
+        raise ValueError(f"{op}: self_rows must be {x.dtype} {(g.num_dst,) + tail} on {x.device}, got "
+                         f"{self_rows.dtype} {tuple(self_rows.shape)} on {self_rows.device}")
+    if bias is not None and (bias.numel() != x[0].numel() or bias.dtype != x.dtype or bias.device != x.device):
+        raise ValueError(f"{op}: bias must hold {x[0].numel()} {x.dtype} values on {x.device}, got "
+                         f"{bias.dtype} {tuple(bias.shape)} on {bias.device}")
+    x3 = x.unsqueeze(1) if x.dim() == 2 else x
+    s3 = None if self_rows is None else self_rows.reshape((g.num_dst,) + tuple(x3.shape[1:]))
+    out = _SpMMFused.apply(g, x3, reduce == "mean", scale, bool(self_loop), s3, self_scale,
+                           None if bias is None else bias.reshape(-1))
+    return out.squeeze(1) if x.dim() == 2 else out
+
+
+class _SpMMFused(torch.autograd.Function):
+    """:func:`spmm_fused`; ``x`` [Ns,H,D], ``self_rows`` [Nd,H,D] or None, ``bias`` [H*D] or None."""
+
+    @staticmethod
+    def forward(ctx, g: CSR, x, mean: bool, scale, self_loop: bool, self_rows, self_scale, bias):
+        out = empty((g.num_dst,) + tuple(x.shape[1:]), x.dtype, x.device)
+        sx = x[:g.num_dst] if self_loop else self_rows
+        epi = tuple(None if t is None else as_array(t) for t in (scale, sx, self_scale, bias))
+        _sum_kernel(as_array(g.indptr), as_array(g.indices), no_eids(x.device), absent(x.dtype, x.device, 2),
+                    absent(x.dtype, x.device, 1), as_array(x), as_array(out), mean, g._cache, "csr", x.device,
+                    g.num_src, epi)
+        ctx.g, ctx.mean, ctx.self_loop = g, mean, self_loop
+        ctx.save_for_backward(scale, self_scale)
+        return out
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, grad_out: torch.Tensor):
+        g = ctx.g
+        scale, self_scale = ctx.saved_tensors
+        go = grad_out.contiguous()
+        grad_x = grad_self = grad_b = None
+        if ctx.needs_input_grad[1]:
+            indptr_t, indices_t, _ = csc(g, perm=False)
+            col = scale
+            if ctx.mean:
+                col = inv_degree(g, go.dtype) if col is None else col * inv_degree(g, go.dtype)
+            grad_x = empty((g.num_src,) + tuple(go.shape[1:]), go.dtype, go.device)
+            gx = gathered(go, g.num_edges)
+            # x[j] <- sum_{i: j->i} col_i go_i (+ self_scale_j go_j for j < num_dst: the self loop's share)
+            epi = (None, gx, None if self_scale is None else as_array(self_scale), None) if ctx.self_loop else None
+            key = "csr" if indices_t is g.indices else "csc"
+            _sum_kernel(as_array(indptr_t), as_array(indices_t), no_eids(go.device), absent(go.dtype, go.device, 2),
+                        absent(go.dtype, go.device, 1) if col is None else as_array(col), gx, as_array(grad_x),
+                        False, g._cache, key, go.device, g.num_dst, epi)
+        if ctx.needs_input_grad[5]:
+            grad_self = go if self_scale is None else go * self_scale.view(-1, 1, 1)
+        if ctx.needs_input_grad[7]:
+            grad_b = go.sum(0).reshape(-1)
+        return None, grad_x, None, None, None, grad_self, None, grad_b
 
 
 class _SpMMMax(torch.autograd.Function):

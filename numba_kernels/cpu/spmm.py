@@ -33,13 +33,33 @@ from numba_kernels.cpu._prefetch import PREFETCH_DISTANCE, prefetch_row, row_lin
 _JIT = dict(parallel=True, fastmath=False, cache=True, nogil=True)
 
 
-def spmm_sum(indptr, indices, eids, weight, col_scale, x, out, mean: bool) -> None:
+def spmm_sum(indptr, indices, eids, weight, col_scale, x, out, mean: bool, epilogue=None) -> None:
     """``out[i] = sum_k w[e_k] * col_scale[j_k] * x[j_k]`` over row ``i``'s edges (``/ deg(i)`` if ``mean``).
 
     Rows without edges get 0. ``mean`` divides by the number of edges (not
-    by the sum of the weights).
+    by the sum of the weights). ``epilogue`` (see :func:`epilogue_arrays`) finishes each
+    row in the same pass: ``out[i] = row_scale[i] * agg[i] + self_scale[i] * self_x[i] + bias``.
     """
-    _spmm_sum(default_chunks(indptr), indptr, indices, eids, weight, col_scale, x, out, bool(mean))
+    rs, sx, ss, b = epilogue_arrays(epilogue, out)
+    _spmm_sum(default_chunks(indptr), indptr, indices, eids, weight, col_scale, x, out, bool(mean), rs, sx, ss, b)
+
+
+def epilogue_arrays(epilogue, out):
+    """``(row_scale, self_x, self_scale, bias)`` for the kernels, absent ones as 0-length arrays.
+
+    ``epilogue`` is None or a tuple of four arrays or Nones (dtype of ``out``):
+    ``row_scale`` float[Nd] multiplies the aggregate of row ``i``; ``self_x`` float[Ns', H, D]
+    is added to rows ``i < Ns'`` (a self loop when it is the source array itself),
+    times ``self_scale`` float[Ns'] if given; ``bias`` float[H * D] is added to every row.
+    """
+    rs = sx = ss = b = None
+    if epilogue is not None:
+        rs, sx, ss, b = epilogue
+    dt = out.dtype
+    return (np.empty(0, dt) if rs is None else rs,
+            np.empty((0,) + tuple(out.shape[1:]), dt) if sx is None else sx,
+            np.empty(0, dt) if ss is None else ss,
+            np.empty(0, dt) if b is None else b)
 
 
 def spmm_max(indptr, indices, eids, weight, x, out, argmax) -> None:
@@ -75,8 +95,31 @@ def spmm_max_weight_grad(indptr, indices, argmax, x, grad_out, grad_w) -> None:
     _spmm_max_weight_grad(default_chunks(indptr), indptr, indices, argmax, x, grad_out, grad_w)
 
 
+@njit(nogil=True, inline="always")
+def _finish_row(out, i, acc, inv, rs, sx, ss, bias, accumulate):
+    """``out[i] = ((out[i] if accumulate) + acc * inv) * rs[i] + ss[i] * sx[i] + bias`` (absent terms skipped)."""
+    H = out.shape[1]
+    D = out.shape[2]
+    one = inv * 0 + 1
+    r = rs[i] if rs.shape[0] > 0 else one
+    has_self = i < sx.shape[0]
+    sf = ss[i] if (has_self and ss.shape[0] > 0) else one
+    has_b = bias.shape[0] > 0
+    for h in range(H):
+        for d in range(D):
+            v = acc[h, d] * inv
+            if accumulate:
+                v += out[i, h, d]
+            v *= r
+            if has_self:
+                v += sf * sx[i, h, d]
+            if has_b:
+                v += bias[h * D + d]
+            out[i, h, d] = v
+
+
 @njit(**_JIT)
-def _spmm_sum(bounds, indptr, indices, eids, weight, col_scale, x, out, mean):
+def _spmm_sum(bounds, indptr, indices, eids, weight, col_scale, x, out, mean, rs, sx, ss, bias):
     H = out.shape[1]
     D = out.shape[2]
     has_e = eids.shape[0] > 0
@@ -87,6 +130,7 @@ def _spmm_sum(bounds, indptr, indices, eids, weight, col_scale, x, out, mean):
     base = x.ctypes.data
     rb = x.strides[0]
     lines = row_lines(rb)
+    plain = rs.shape[0] == 0 and sx.shape[0] == 0 and bias.shape[0] == 0
     for c in prange(bounds.shape[0] - 1):
         acc = np.empty((H, D), dtype=out.dtype)
         one = np.ones(1, dtype=out.dtype)[0]
@@ -104,15 +148,19 @@ def _spmm_sum(bounds, indptr, indices, eids, weight, col_scale, x, out, mean):
                     cf = s * weight[e, h if w_heads else 0] if has_w else s
                     for d in range(D):
                         acc[h, d] += cf * x[j, h, d]
-            if mean and end > start:
-                inv = one / (end - start)
-                for h in range(H):
-                    for d in range(D):
-                        out[i, h, d] = acc[h, d] * inv
+            if plain:
+                if mean and end > start:
+                    inv = one / (end - start)
+                    for h in range(H):
+                        for d in range(D):
+                            out[i, h, d] = acc[h, d] * inv
+                else:
+                    for h in range(H):
+                        for d in range(D):
+                            out[i, h, d] = acc[h, d]
             else:
-                for h in range(H):
-                    for d in range(D):
-                        out[i, h, d] = acc[h, d]
+                _finish_row(out, i, acc, one / (end - start) if (mean and end > start) else one, rs, sx, ss, bias,
+                            False)
 
 
 @njit(fastmath=False, nogil=True, inline="always")
@@ -290,23 +338,26 @@ def _block_fill(indptr, indices, eids, num_src, nb, bptr, bidx, beid):
             pos[b] += 1
 
 
-def spmm_sum_blocked(indptr, bptr, bidx, beid, nb, weight, col_scale, x, out, mean: bool) -> None:
+def spmm_sum_blocked(indptr, bptr, bidx, beid, nb, weight, col_scale, x, out, mean: bool, epilogue=None) -> None:
     """:func:`spmm_sum` over the column blocks of :func:`column_blocks` (same result up to summation order).
 
     Args:
         indptr: int64[Nd+1] of the original CSR (row costs and ``mean`` degrees).
         bptr, bidx, beid: from :func:`column_blocks` with the same ``nb`` (``beid`` needed with ``weight``).
-        weight, col_scale, x, out, mean: as :func:`spmm_sum` (``weight`` indexed by ``beid``).
+        weight, col_scale, x, out, mean, epilogue: as :func:`spmm_sum` (``weight`` indexed by ``beid``;
+            the epilogue runs with the last column range).
     """
     if weight.shape[0] > 0 and beid.shape[0] != bidx.shape[0]:
         raise ValueError("spmm_sum_blocked: weighted aggregation needs the edge ids (column_blocks(with_eids=True))")
     bounds = default_chunks(indptr)
+    rs, sx, ss, bias = epilogue_arrays(epilogue, out)
     for b in range(nb):
-        _spmm_sum_block(bounds, indptr, bptr, bidx, beid, b, weight, col_scale, x, out, bool(mean))
+        _spmm_sum_block(bounds, indptr, bptr, bidx, beid, b, nb, weight, col_scale, x, out, bool(mean),
+                        rs, sx, ss, bias)
 
 
 @njit(**_JIT)
-def _spmm_sum_block(bounds, indptr, bptr, bidx, beid, b, weight, col_scale, x, out, mean):
+def _spmm_sum_block(bounds, indptr, bptr, bidx, beid, b, nb, weight, col_scale, x, out, mean, rs, sx, ss, bias):
     n = indptr.shape[0] - 1
     H = out.shape[1]
     D = out.shape[2]
@@ -318,13 +369,14 @@ def _spmm_sum_block(bounds, indptr, bptr, bidx, beid, b, weight, col_scale, x, o
     rb = x.strides[0]
     lines = row_lines(rb)
     off = b * n
+    last_plain = b < nb - 1 or (rs.shape[0] == 0 and sx.shape[0] == 0 and bias.shape[0] == 0)
     for c in prange(bounds.shape[0] - 1):
         acc = np.empty((H, D), dtype=out.dtype)
         one = np.ones(1, dtype=out.dtype)[0]
         for i in range(bounds[c], bounds[c + 1]):
             start = bptr[off + i]
             end = bptr[off + i + 1]
-            if end == start and b > 0:
+            if end == start and b > 0 and last_plain:
                 continue
             acc[:, :] = 0
             for k in range(start, end):
@@ -338,7 +390,9 @@ def _spmm_sum_block(bounds, indptr, bptr, bidx, beid, b, weight, col_scale, x, o
                         acc[h, d] += cf * x[j, h, d]
             deg = indptr[i + 1] - indptr[i]
             inv = one / deg if (mean and deg > 0) else one
-            if b == 0:
+            if not last_plain:
+                _finish_row(out, i, acc, inv, rs, sx, ss, bias, b > 0)
+            elif b == 0:
                 for h in range(H):
                     for d in range(D):
                         out[i, h, d] = acc[h, d] * inv

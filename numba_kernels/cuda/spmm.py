@@ -28,7 +28,7 @@ def _build(nbtype):
     one = nbtype(1)
 
     @cuda.jit
-    def sum_kernel(indptr, indices, eids, weight, col_scale, x, out, mean):
+    def sum_kernel(indptr, indices, eids, weight, col_scale, x, out, mean, rs, sx, ss, bias):
         H = out.shape[1]
         D = out.shape[2]
         has_e = eids.shape[0] > 0
@@ -52,9 +52,17 @@ def _build(nbtype):
                         cf = cf * weight[e, h if w_heads else 0]
                     acc += cf * x[j, h, d]
                 if mean and end > start:
-                    out[i, h, d] = acc / (end - start)
-                else:
-                    out[i, h, d] = acc
+                    acc = acc / (end - start)
+                if rs.shape[0] > 0:
+                    acc = acc * rs[i]
+                if i < sx.shape[0]:
+                    sv = sx[i, h, d]
+                    if ss.shape[0] > 0:
+                        sv = sv * ss[i]
+                    acc += sv
+                if bias.shape[0] > 0:
+                    acc += bias[f]
+                out[i, h, d] = acc
 
     @cuda.jit
     def max_kernel(indptr, indices, eids, weight, x, out, argmax):
@@ -137,12 +145,26 @@ def _kernels(dtype):
     return _CACHE[key]
 
 
-def spmm_sum(indptr, indices, eids, weight, col_scale, x, out, mean: bool) -> None:
-    """See :func:`numba_kernels.cpu.spmm.spmm_sum`."""
+def spmm_sum(indptr, indices, eids, weight, col_scale, x, out, mean: bool, epilogue=None) -> None:
+    """See :func:`numba_kernels.cpu.spmm.spmm_sum` (``epilogue`` arrays on the device)."""
     if out.shape[0] == 0:
         return
+    rs, sx, ss, bias = _epilogue_arrays(epilogue, out)
     blocks, threads = _launch(out.shape[0], out.shape[1] * out.shape[2])
-    _kernels(out.dtype)[0][blocks, threads](indptr, indices, eids, weight, col_scale, x, out, bool(mean))
+    _kernels(out.dtype)[0][blocks, threads](indptr, indices, eids, weight, col_scale, x, out, bool(mean),
+                                           rs, sx, ss, bias)
+
+
+def _epilogue_arrays(epilogue, out):
+    """Device arrays for :func:`spmm_sum`'s epilogue (absent ones 0-length), as the CPU twin's ``epilogue_arrays``."""
+    rs = sx = ss = b = None
+    if epilogue is not None:
+        rs, sx, ss, b = epilogue
+    dt = np.dtype(out.dtype)
+    return (cuda.device_array(0, dt) if rs is None else rs,
+            cuda.device_array((0,) + tuple(out.shape[1:]), dt) if sx is None else sx,
+            cuda.device_array(0, dt) if ss is None else ss,
+            cuda.device_array(0, dt) if b is None else b)
 
 
 def spmm_max(indptr, indices, eids, weight, x, out, argmax) -> None:

@@ -112,6 +112,23 @@ def check_spmm(dtype, full=True):
     ref = np.zeros(gx.shape)
     np.add.at(ref, indices, w[:, :, None] * scale[dst][:, None, None] * g[dst])
     np.testing.assert_allclose(gx, ref, **_tol(dtype), err_msg="spmm_sum transposed")
+    # fused epilogue: out = agg * rs + ss * sx (rows < len(sx)) + bias
+    rs = rng.uniform(0.5, 2, 8).astype(dtype)
+    sx = rng.standard_normal((5, H, D)).astype(dtype)
+    ss = rng.uniform(0.5, 2, 5).astype(dtype)
+    bias = rng.standard_normal(H * D).astype(dtype)
+    for mean in (False, True):
+        plain = np.zeros((8, H, D), dtype)
+        (plain,) = _run("spmm.spmm_sum", indptr, indices, no_e, np.empty((0, 1), dtype), np.empty(0, dtype), x,
+                        plain, mean)[6:7]
+        out = cuda.to_device(np.full((8, H, D), np.nan, dtype))
+        epi = tuple(cuda.to_device(a) for a in (rs, sx, ss, bias))
+        get_kernel("spmm.spmm_sum", "cuda")(cuda.to_device(indptr), cuda.to_device(indices), cuda.to_device(no_e),
+                                            cuda.to_device(np.empty((0, 1), dtype)),
+                                            cuda.to_device(np.empty(0, dtype)), cuda.to_device(x), out, mean, epi)
+        ref = plain.astype(np.float64) * rs[:, None, None] + bias.reshape(H, D)
+        ref[:5] += ss[:, None, None] * sx
+        np.testing.assert_allclose(out.copy_to_host(), ref, **_tol(dtype), err_msg=f"spmm_sum epilogue mean={mean}")
 
 
 def check_sddmm(dtype, full=True):

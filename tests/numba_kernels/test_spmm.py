@@ -233,3 +233,41 @@ def test_column_blocks_and_blocked_sum_match_spmm_sum(nb):
     assert none.shape == (0,)
     with pytest.raises(ValueError, match="needs the edge ids"):
         spmm_sum_blocked(indptr, bptr, bidx, none, nb, w, s, x, np.empty((nd, 2, 3)), False)
+
+
+def _epilogue_ref(agg, rs, sx, ss, bias):
+    """NumPy reference of the fused epilogue: ``agg * rs + ss * sx (rows < len(sx)) + bias``."""
+    ref = agg.astype(np.float64).copy()
+    if rs is not None:
+        ref *= rs[:, None, None]
+    if sx is not None:
+        k = sx.shape[0]
+        ref[:k] += sx.astype(np.float64) * (1.0 if ss is None else ss[:, None, None])
+    if bias is not None:
+        ref += bias.reshape(ref.shape[1:])
+    return ref
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("mean", [False, True])
+@pytest.mark.parametrize("terms", ["all", "scale_only", "self_only", "bias_only", "self_rows_fewer"])
+@pytest.mark.parametrize("nb", [0, 3])
+def test_spmm_sum_epilogue_matches_numpy(awkward_graph, dtype, mean, terms, nb):
+    """The fused epilogue (row scale, self rows with their scale, bias) on the plain and column-blocked kernels."""
+    indptr, indices, x, w = _case(awkward_graph, 4, dtype, 2, 3, num_src=31)
+    rng = np.random.default_rng(7)
+    no_e, no_s = _empty(dtype)
+    rs = rng.uniform(0.5, 2, 23).astype(dtype) if terms in ("all", "scale_only") else None
+    rows = 17 if terms == "self_rows_fewer" else 23
+    sx = rng.standard_normal((rows, 2, 3)).astype(dtype) if terms in ("all", "self_only", "self_rows_fewer") else None
+    ss = rng.uniform(0.5, 2, rows).astype(dtype) if terms in ("all", "self_rows_fewer") else None
+    bias = rng.standard_normal(6).astype(dtype) if terms in ("all", "bias_only") else None
+    plain = np.full((23, 2, 3), np.nan, dtype)
+    K.spmm_sum(indptr, indices, no_e, w, no_s, x, plain, mean)
+    out = np.full((23, 2, 3), np.nan, dtype)
+    if nb:
+        bptr, bidx, beid = K.column_blocks(indptr, indices, no_e, 31, nb, with_eids=False)
+        K.spmm_sum_blocked(indptr, bptr, bidx, beid, nb, w, no_s, x, out, mean, (rs, sx, ss, bias))
+    else:
+        K.spmm_sum(indptr, indices, no_e, w, no_s, x, out, mean, (rs, sx, ss, bias))
+    np.testing.assert_allclose(out, _epilogue_ref(plain, rs, sx, ss, bias), **_tol(dtype))

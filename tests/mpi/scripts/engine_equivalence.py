@@ -133,18 +133,28 @@ def _sgd_step(model, lr: float = 0.5, weight_decay: float = 5e-4) -> None:
 
 
 def _record_calls(graph) -> list:
-    """Wrap ``graph.aggregate``/``aggregate_relations``/``gat``/``gat_projected`` to log (kind, row width,
+    """Wrap ``graph.aggregate``/``aggregate_combine``/``aggregate_relations``/``gat``/``gat_projected`` to log (kind, row width,
     requires_grad); a relation-wise aggregation moves the rows once, like an ``aggregate``.
 
     A ``gat_projected`` call is logged once, whether the engine fuses it or its default calls ``gat``.
     """
     calls = []
     agg, agg_rel, gat, gat_projected = graph.aggregate, graph.aggregate_relations, graph.gat, graph.gat_projected
+    agg_combine = graph.aggregate_combine
     inside = []
 
     def aggregate(x, reduce="sum"):
-        calls.append(("aggregate", int(np.prod(x.shape[1:])), _grad(x)))
+        if not inside:
+            calls.append(("aggregate", int(np.prod(x.shape[1:])), _grad(x)))
         return agg(x, reduce)
+
+    def combine(x, reduce="sum", **kw):  # logged once, whether the engine fuses it or composes aggregate
+        calls.append(("aggregate", int(np.prod(x.shape[1:])), _grad(x)))
+        inside.append(True)
+        try:
+            return agg_combine(x, reduce, **kw)
+        finally:
+            inside.pop()
 
     def aggregate_relations(x, reduce="mean"):
         calls.append(("aggregate", int(np.prod(x.shape[1:])), _grad(x)))
@@ -166,7 +176,7 @@ def _record_calls(graph) -> list:
             inside.pop()
 
     graph.aggregate, graph.gat, graph.gat_projected = aggregate, attention, projected
-    graph.aggregate_relations = aggregate_relations
+    graph.aggregate_relations, graph.aggregate_combine = aggregate_relations, combine
     return calls
 
 
