@@ -106,49 +106,33 @@ def dropout_apply(x, key, cut, scale, out) -> None:
 
 
 @njit(cache=True, nogil=True, inline="always")
-def _act(v, act):
-    zero = v * 0
-    if act == 1:
-        return v if v > zero else zero
-    return v
-
-
-@njit(cache=True, nogil=True, inline="always")
-def _dact(v, act):
-    one = v * 0 + 1
-    if act == 1:
-        return one if v > 0 else v * 0
-    return one
-
-
-@njit(cache=True, nogil=True, inline="always")
-def _act_one(x, g, i, h, lane, cut, scale, act, grad, out):
-    u = np.int64((h >> np.uint64(16 * lane)) & np.uint64(0xFFFF))
-    s = scale if u >= cut else scale * 0
-    if grad:
-        out[i] = g[i] * (s * _dact(x[i], act))
-    else:
-        out[i] = _act(x[i], act) * s
-
-
-@njit(cache=True, nogil=True, inline="always")
 def _act_words(x, g, kh, cut, scale, act, grad, out, w0, w1, n, hs):
-    # as _words; grad False: out = act(x) * scale | 0, grad True: out = g * scale * act'(x) | 0
+    # as _words (hashes first, then a branch-free elementwise pass); the activation and the
+    # direction are constants of each call site in _act_par, so every loop is specialised:
+    # grad False: out = act(x) * scale | 0; grad True: out = g * scale * act'(x) | 0
+    zero = x.dtype.type(0)
     for b0 in range(w0, w1, _BLOCK):
         b1 = min(w1, b0 + _BLOCK)
         for w in range(b0, b1):
             hs[w - b0] = _splitmix64(kh ^ np.uint64(w))
-        if 4 * b1 <= n:
-            for w in range(b0, b1):
-                h = hs[w - b0]
-                for lane in range(4):
-                    _act_one(x, g, 4 * w + lane, h, lane, cut, scale, act, grad, out)
-        else:  # the last, partial word
-            for w in range(b0, b1):
-                h = hs[w - b0]
-                for lane in range(4):
-                    if 4 * w + lane < n:
-                        _act_one(x, g, 4 * w + lane, h, lane, cut, scale, act, grad, out)
+        full = 4 * b1 <= n
+        for w in range(b0, b1):
+            h = hs[w - b0]
+            for lane in range(4):
+                i = 4 * w + lane
+                if full or i < n:
+                    u = np.int64((h >> np.uint64(16 * lane)) & np.uint64(0xFFFF))
+                    s = scale if u >= cut else zero
+                    v = x[i]
+                    if act == 1:
+                        if grad:
+                            out[i] = g[i] * (s if v > zero else zero)
+                        else:
+                            out[i] = (v if v > zero else zero) * s
+                    elif grad:
+                        out[i] = g[i] * s
+                    else:
+                        out[i] = v * s
     return 0
 
 
@@ -159,10 +143,16 @@ def _act_par(x, g, kh, cut, scale, act, grad, out, chunk):
     nchunks = (words + chunk - 1) // chunk
     for c in prange(nchunks):
         hs = np.empty(_BLOCK, np.uint64)
-        if act == 1:  # constant activation per call: one specialised loop each
-            _act_words(x, g, kh, cut, scale, 1, grad, out, c * chunk, min(words, (c + 1) * chunk), n, hs)
+        w0, w1 = c * chunk, min(words, (c + 1) * chunk)
+        if act == 1:  # literal activation and direction per call site: one specialised loop each
+            if grad:
+                _act_words(x, g, kh, cut, scale, 1, True, out, w0, w1, n, hs)
+            else:
+                _act_words(x, g, kh, cut, scale, 1, False, out, w0, w1, n, hs)
+        elif grad:
+            _act_words(x, g, kh, cut, scale, 0, True, out, w0, w1, n, hs)
         else:
-            _act_words(x, g, kh, cut, scale, 0, grad, out, c * chunk, min(words, (c + 1) * chunk), n, hs)
+            _act_words(x, g, kh, cut, scale, 0, False, out, w0, w1, n, hs)
 
 
 def _act_call(x, g, key, cut, scale, act, grad, out) -> None:
