@@ -212,6 +212,45 @@ def _bench_memcpy(ctx: _Ctx) -> list[dict]:
     return recs
 
 
+def _bench_sddmm(ctx: _Ctx, g: CSR, x0: torch.Tensor) -> list[dict]:
+    """Per-edge dot products ``a[dst] . b[src]`` over ``heads`` heads of ``feat / heads`` features
+    (GAT-style scores; DGL's ``gsddmm(g, "dot", A, B, "u", "v")`` in ``dgl_baseline.py kernels``),
+    ours against a torch gather-multiply-sum reference, forward and forward + backward."""
+    N, E, F, H = ctx.num_nodes, ctx.num_edges, ctx.cfg.feat, ctx.cfg.heads
+    from hpc_graph.ops.sddmm import sddmm
+
+    ei = _edge_index(ctx)
+    src, dst = ei[0], ei[1]
+    del ei
+    b0 = x0.view(N, H, F // H)
+    a0 = torch.roll(x0, 1, dims=0).view(N, H, F // H).contiguous()
+
+    def gather_dot(ab):
+        a, b = ab
+        return (a[dst] * b[src]).sum(-1)
+
+    recs = []
+    for rg in ctx.cfg.grad:
+        a, b = a0.detach().requires_grad_(rg), b0.detach().requires_grad_(rg)
+        gout = torch.randn(E, H, generator=torch.Generator().manual_seed(1)) if rg else None
+
+        def step(fn):
+            def run():
+                out = fn((a, b))
+                if gout is not None:
+                    out.backward(gout)
+                    a.grad = b.grad = None
+                del out
+            return run
+        res = _measure(step(lambda ab: sddmm(g, ab[0], ab[1])), ctx.cfg.repeat)
+        recs.append(_record(ctx, "sddmm", HPC, rg, res))
+        need = E * F * 4 * (3 if rg else 2)
+        why = _fits(ctx, need)
+        res = None if why else _measure(step(gather_dot), ctx.cfg.repeat)
+        recs.append(_record(ctx, "sddmm", "gather_mul_sum", rg, res, skipped=why))
+    return recs
+
+
 def _bench_spmm(ctx: _Ctx, g: CSR, x0: torch.Tensor) -> list[dict]:
     N, E, F = ctx.num_nodes, ctx.num_edges, ctx.cfg.feat
     with warnings.catch_warnings():  # "sparse CSR support is in beta"
@@ -461,12 +500,14 @@ def run_kernel_bench(cfg: KernelBenchConfig) -> list[dict]:
     for op in OPS:  # fixed order: memcpy first, so SpMM gets its bandwidth bound
         if op not in cfg.ops:
             continue
-        if op in ("spmm", "sage") and g is None:
+        if op in ("spmm", "sddmm", "sage") and g is None:
             g = CSR(ctx.indptr, ctx.indices.astype(np.int64))
         if op == "memcpy":
             records += _bench_memcpy(ctx)
         elif op == "spmm":
             records += _bench_spmm(ctx, g, x0)
+        elif op == "sddmm":
+            records += _bench_sddmm(ctx, g, x0)
         elif op == "sage":
             records += _bench_sage(ctx, g, x0)
         elif op == "gat":

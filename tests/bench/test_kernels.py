@@ -60,11 +60,12 @@ def test_peak_rss_sees_a_large_allocation():
 
 
 def test_small_run_gives_complete_records():
-    cfg = KernelBenchConfig(scale=6, feat=8, heads=2, repeat=1, ops=("spmm", "sage", "gat", "locality"))
+    cfg = KernelBenchConfig(scale=6, feat=8, heads=2, repeat=1, ops=("spmm", "sddmm", "sage", "gat", "locality"))
     recs = run_kernel_bench(cfg)
     impls = {(r["op"], r["impl"], r["requires_grad"]) for r in recs}
     for grad in (False, True):
         for op, impl in (("spmm", "hpc_graph"), ("spmm", "torch.sparse.mm"), ("spmm", "gather_index_add"),
+                         ("sddmm", "hpc_graph"), ("sddmm", "gather_mul_sum"),
                          ("sage", "hpc_graph"), ("sage", "pyg.SAGEConv"), ("gat", "hpc_graph"),
                          ("gat", "pyg.GATConv")):
             assert (op, impl, grad) in impls
