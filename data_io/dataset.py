@@ -174,6 +174,14 @@ def _check_arrays(a: dict[str, Any], source: str, num_classes: int,
                 bad("/node/label", f"label {lab.min()} < -1 (-1 marks an unlabelled node)")
             if lab.size and num_classes and lab.max() >= num_classes:
                 bad("/node/label", f"label {lab.max()} >= num_classes={num_classes}")
+    pe = a.get("lap_pe")
+    if pe is not None:
+        if pe.ndim != 2 or pe.shape[0] != n or pe.shape[1] < 1:
+            bad("/node/lap_pe", f"expected shape ({n}, k) with k >= 1, got {pe.shape}")
+        elif pe.dtype != np.float32:
+            bad("/node/lap_pe", f"expected float32, got {pe.dtype}")
+        elif check_values and not np.isfinite(np.asarray(pe[...])).all():
+            bad("/node/lap_pe", "contains NaN or Inf")
     for m in MASKS:
         arr = a.get(m)
         if arr is None:
@@ -307,7 +315,7 @@ class DatasetWriter:
 def _h5_fields(h5: h5py.File) -> dict[str, Any]:
     """Map field names to the h5py datasets present in a dataset file."""
     names = {"indptr": "graph/indptr", "indices": "graph/indices", "edge_weight": "graph/edge_weight",
-             "edge_type": "graph/edge_type", "feat": "node/feat", "label": "node/label"}
+             "edge_type": "graph/edge_type", "feat": "node/feat", "label": "node/label", "lap_pe": "node/lap_pe"}
     names.update({m: f"node/{m}" for m in MASKS})
     out = {}
     for k, p in names.items():
@@ -416,6 +424,10 @@ class Dataset:
 
     def indptr(self) -> np.ndarray:
         return self._read("indptr")
+
+    def lap_pe(self) -> np.ndarray:
+        """float32[N, k]: Laplacian eigenvector positional encodings (``hpc-graph preprocess lap-pe``)."""
+        return self._read("lap_pe")
 
     def indices(self) -> np.ndarray:
         return self._read("indices")

@@ -17,6 +17,7 @@ COMMANDS = {
     "generate": "generate",
     "convert": "convert",
     "partition": "partition",
+    "preprocess": "preprocess",
     "info": "inspect",
     "check": "inspect",
     "train": "train",

@@ -36,6 +36,7 @@ class _SingleGraph(GraphContext):
         if edge_type is not None and len(edge_type):
             self.num_relations = int(edge_type.max()) + 1
         self._relational: CSR | None = None
+        self.node_fields: dict[str, torch.Tensor] = {}
 
     def aggregate_relations(self, x: torch.Tensor, reduce: str = "mean") -> torch.Tensor:
         if self.num_relations == 1:
@@ -54,6 +55,37 @@ class _SingleGraph(GraphContext):
 
     def aggregate_combine(self, x: torch.Tensor, reduce: str = "sum", **kw) -> torch.Tensor:
         return spmm_fused(self.csr, x, reduce, **kw)
+
+    def attention_pattern(self, global_token: bool):
+        """The sparse attention pattern of the whole graph (node id order), built once per ``global_token``."""
+        from hpc_graph.graph.attention_pattern import build_pattern
+
+        key = ("attention_pattern", bool(global_token))
+        if key not in self.csr._cache:
+            g = self.csr
+            self.csr._cache[key] = build_pattern(g.indptr.cpu().numpy(), g.indices.cpu().numpy(), self.num_nodes,
+                                                 global_token=global_token)
+        return self.csr._cache[key]
+
+    def attention(self, q, k, v, *, bias=None, mode="sparse", global_token=False):
+        from hpc_graph.graph.attention_pattern import FAR, NUM_CODES
+        from hpc_graph.ops.graph_attention import pattern_attention
+
+        if mode not in ("sparse", "dense"):
+            raise ValueError(f"attention: mode must be 'sparse' or 'dense', got {mode!r}")
+        pat = self.attention_pattern(global_token)
+        if q.shape[0] != pat.num_tokens:
+            raise ValueError(f"attention: q has {q.shape[0]} rows, the sequence has {pat.num_tokens} tokens "
+                             f"({self.num_nodes} nodes{' + the global token' if global_token else ''})")
+        if bias is not None and (bias.dim() != 2 or bias.shape[0] != NUM_CODES or bias.shape[1] != q.shape[1]):
+            raise ValueError(f"attention: bias must be [NUM_CODES={NUM_CODES}, heads={q.shape[1]}], "
+                             f"got {tuple(bias.shape)}")
+        dense = mode == "dense"
+        pat_csr = pat.csr if pat.csr.device == q.device else pat.csr.to(q.device)
+        codes = pat.codes.to(q.device)
+        return pattern_attention(pat_csr, q, k, v, bias=None if bias is None else bias[codes], dense=dense,
+                                 num_nodes=pat.num_nodes,
+                                 far_bias=bias[FAR] if (dense and bias is not None) else None)
 
     def with_self_loops(self) -> CSR:
         """The CSR with an edge ``i -> i`` appended to every row (after its in-edges), built once."""
@@ -77,6 +109,16 @@ class _SingleGraph(GraphContext):
 
     def in_degree(self) -> torch.Tensor:
         return self.csr.in_degree()
+
+    def out_degree(self) -> torch.Tensor:
+        indptr_t = self.csr.csc(perm=False)[0]
+        return indptr_t[1:] - indptr_t[:-1]
+
+    def node_field(self, name: str) -> torch.Tensor:
+        if name not in self.node_fields:
+            hint = " (hpc-graph preprocess lap-pe FILE adds it)" if name == "lap_pe" else ""
+            raise ValueError(f"node field /node/{name}: not in the dataset{hint}")
+        return self.node_fields[name]
 
     def global_ids(self) -> torch.Tensor:
         return self._gid
@@ -108,12 +150,15 @@ class SingleEngine(Engine):
             n = ds.num_nodes
             csr = CSR(ds.indptr(), ds.indices().astype(np.int64, copy=False), n, validate=False)
             edge_type = ds.edge_type()
+            lap_pe = ds.lap_pe() if ds.has("lap_pe") else None
             feat = ds.feat_rows(0, n)
             label = ds.label() if ds.has("label") else np.full(n, -1, dtype=np.int64)
             masks = {name: (ds.mask(f"{name}_mask") if ds.has(f"{name}_mask") else np.zeros(n, dtype=bool))
                      for name in ("train", "val", "test")}
             self.num_classes = int(ds.num_classes) or int(label.max()) + 1
         self.graph = _SingleGraph(csr.to(self.device), edge_type)
+        if lap_pe is not None:
+            self.graph.node_fields["lap_pe"] = torch.from_numpy(lap_pe).to(device=self.device, dtype=dtype)
         self.feat = torch.from_numpy(feat).to(device=self.device, dtype=dtype)
         self.label = torch.from_numpy(np.asarray(label, dtype=np.int64)).to(self.device)
         self.masks = {k: torch.from_numpy(np.asarray(v, dtype=bool)).to(self.device) for k, v in masks.items()}

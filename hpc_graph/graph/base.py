@@ -86,6 +86,42 @@ class GraphContext(ABC):
             out = out + bias.reshape(out.shape[1:])
         return out
 
+    def attention(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, bias: torch.Tensor | None = None,
+                  mode: str = "sparse", global_token: bool = False) -> torch.Tensor:
+        """Graph-transformer attention of the node tokens (one softmax per token and head).
+
+        ``sparse``: each token attends to its entries of the graph's
+        :class:`~hpc_graph.graph.attention_pattern.AttentionPattern` (itself, its in-neighbours,
+        its two neighbours in the sequence order, the global token); ``dense``: to every node
+        token as well (exactly, without an S x S tensor). Same scale ``1/sqrt(d_k)`` and the same
+        max-subtracted softmax in both modes.
+
+        Args:
+            q, k: float[T, H, Dk]; v: float[T, H, Dv]; T = ``num_nodes`` (+ 1 with ``global_token``:
+                the last row is the global token's).
+            bias: float[NUM_CODES, H] per-head score bias of each structural bucket (self, 1 hop, 2 hops,
+                far, global; ``attention_pattern.NUM_CODES``); in dense mode pairs outside the pattern
+                get the ``FAR`` row. None: no bias.
+            mode: ``"sparse"`` or ``"dense"``.
+            global_token: whether the last row of q/k/v is a global token.
+        Returns:
+            float[T, H, Dv]; differentiable in q, k, v and bias.
+        """
+        raise NotImplementedError(f"{type(self).__name__}: graph-transformer attention runs on the 'single' "
+                                  f"engine (engine.name: single)")
+
+    def node_field(self, name: str) -> torch.Tensor:
+        """The owned rows of an extra per-node dataset field, e.g. ``"lap_pe"`` (float[num_nodes, k]).
+
+        Raises ``ValueError`` naming the field when the dataset lacks it or the engine cannot load it.
+        """
+        raise ValueError(f"{type(self).__name__}: node field {name!r} is not available on this engine "
+                         f"(the graph transformers run on engine.name: single)")
+
+    def out_degree(self) -> torch.Tensor:
+        """int64[num_nodes]: out-degree of each owned node in the whole graph."""
+        raise NotImplementedError(f"{type(self).__name__}: out_degree is not available on this engine")
+
     def aggregate_relations(self, x: torch.Tensor, reduce: str = "mean") -> torch.Tensor:
         """Aggregate source rows over each owned node's in-edges, one result per edge type.
 

@@ -21,12 +21,15 @@ from hpc_graph.graph.base import GraphContext
 from hpc_graph.nn._dropout import dropout
 from hpc_graph.nn._linear import linear
 from hpc_graph.nn._options import positive_int
+from hpc_graph.nn._transformer import AttentionSchedule
 from hpc_graph.nn.appnp import APPNP
 from hpc_graph.nn.dagnn import DAGNN
 from hpc_graph.nn.dist_batch_norm import DistBatchNorm
 from hpc_graph.nn.gat_conv import GATConv
 from hpc_graph.nn.gcn2 import GCNII
 from hpc_graph.nn.gcn_conv import GCNConv
+from hpc_graph.nn.graphormer import Graphormer
+from hpc_graph.nn.gt import GT
 from hpc_graph.nn.jknet import JKNet
 from hpc_graph.nn.mlp import MLPNet
 from hpc_graph.nn.revgnn import RevGAT, RevGCN
@@ -35,16 +38,20 @@ from hpc_graph.nn.sage_conv import SAGEConv
 from hpc_graph.nn.sgc import SGC
 
 STACK_MODELS = ("gcn", "sage", "gat")
-MODELS = STACK_MODELS + ("gcn2", "jknet", "appnp", "sgc", "dagnn", "mlp", "rgcn", "revgcn", "revgat")
+MODELS = STACK_MODELS + ("gcn2", "jknet", "appnp", "sgc", "dagnn", "mlp", "rgcn", "revgcn", "revgat", "gt",
+                         "graphormer")
 # keyword options of build_model beyond the stack's, the models that use them, and their defaults
 MODEL_OPTIONS = {"alpha": (("gcn2", "appnp"), 0.1), "theta": (("gcn2",), 0.5),
                  "hops": (("appnp", "sgc", "dagnn"), None), "jk": (("jknet",), "concat"),
                  "conv": (("jknet",), "gcn"), "num_bases": (("rgcn",), None),
-                 "groups": (("revgcn", "revgat"), 2), "reversible": (("revgcn", "revgat"), True)}
+                 "groups": (("revgcn", "revgat"), 2), "reversible": (("revgcn", "revgat"), True),
+                 "attention": (("gt", "graphormer"), "sparse"), "dense_every": (("gt", "graphormer"), 10),
+                 "dense_layers": (("gt", "graphormer"), ()), "pe_dim": (("gt",), 8),
+                 "global_token": (("gt",), False), "max_degree": (("graphormer",), 64)}
 # build_model's stack options (only gcn/sage/gat use them) and their defaults
 STACK_OPTIONS = {"heads": 8, "out_heads": 1, "attn_dropout": 0.0, "residual": False, "batchnorm": False}
 # stack options that another model uses too
-SHARED_STACK_OPTIONS = {"heads": ("revgat",), "attn_dropout": ("revgat",)}
+SHARED_STACK_OPTIONS = {"heads": ("revgat", "gt", "graphormer"), "attn_dropout": ("revgat",)}
 DEFAULT_HOPS = {"appnp": 10, "sgc": 2, "dagnn": 10}
 
 
@@ -146,7 +153,9 @@ def build_model(name: str, in_dim: int, hidden: int, out_dim: int, num_layers: i
                 dropout: float = 0.5, heads: int = 8, out_heads: int = 1, attn_dropout: float = 0.0,
                 residual: bool = False, batchnorm: bool = False, *, alpha: float = 0.1, theta: float = 0.5,
                 hops: int | None = None, jk: str = "concat", conv: str = "gcn", num_bases: int | None = None,
-                groups: int = 2, reversible: bool = True, num_relations: int = 1) -> nn.Module:
+                groups: int = 2, reversible: bool = True, num_relations: int = 1, attention: str = "sparse",
+                dense_every: int = 10, dense_layers: tuple = (), pe_dim: int = 8, global_token: bool = False,
+                max_degree: int = 64) -> nn.Module:
     """Build a node classifier by name; see :class:`GNN` and the model classes for the layouts.
 
     Args:
@@ -173,6 +182,10 @@ def build_model(name: str, in_dim: int, hidden: int, out_dim: int, num_layers: i
         reversible: ``revgcn``/``revgat`` recompute activations in the backward pass (False: the same
             residual network with plain autograd, which keeps them).
         num_relations: edge types of the graph (``graph.num_relations``; only ``rgcn`` uses it).
+        attention, dense_every, dense_layers: ``gt``/``graphormer`` attention schedule
+            (:class:`hpc_graph.nn._transformer.AttentionSchedule`).
+        pe_dim, global_token: ``gt`` positional-encoding columns and global token.
+        max_degree: ``graphormer`` degree-embedding cap.
     Returns:
         a module with ``forward(graph, x) -> float[num_nodes, out_dim]`` and ``message_passing_layers``.
     Raises:
@@ -182,7 +195,9 @@ def build_model(name: str, in_dim: int, hidden: int, out_dim: int, num_layers: i
     if name not in MODELS:
         raise ValueError(f"model.name: unknown model {name!r}; choose one of {list(MODELS)}")
     given = {"alpha": alpha, "theta": theta, "hops": hops, "jk": jk, "conv": conv, "num_bases": num_bases,
-             "groups": groups, "reversible": reversible}
+             "groups": groups, "reversible": reversible, "attention": attention, "dense_every": dense_every,
+             "dense_layers": tuple(dense_layers), "pe_dim": pe_dim, "global_token": global_token,
+             "max_degree": max_degree}
     for option, (users, default) in MODEL_OPTIONS.items():
         if name not in users and given[option] != default:
             raise ValueError(f"model.{option}: only used by model {' or '.join(map(repr, users))}, "
@@ -196,6 +211,16 @@ def build_model(name: str, in_dim: int, hidden: int, out_dim: int, num_layers: i
             raise ValueError(f"model.{option}: only used by model {' or '.join(map(repr, STACK_MODELS))}, "
                              f"but model.name is {name!r}")
     steps = message_passing_layers(name, num_layers, hops)
+    if name in ("gt", "graphormer"):
+        bad = [x for x in dense_layers if x >= num_layers]
+        if bad:
+            raise ValueError(f"model.dense_layers: layers {bad} do not exist (model.num_layers is {num_layers})")
+        schedule = AttentionSchedule(attention, dense_every, tuple(dense_layers))
+        if name == "gt":
+            return GT(in_dim, hidden, out_dim, num_layers=num_layers, heads=heads, dropout=dropout, pe_dim=pe_dim,
+                      schedule=schedule, global_token=global_token)
+        return Graphormer(in_dim, hidden, out_dim, num_layers=num_layers, heads=heads, dropout=dropout,
+                          max_degree=max_degree, schedule=schedule)
     if name == "gcn2":
         return GCNII(in_dim, hidden, out_dim, num_layers=num_layers, alpha=alpha, theta=theta, dropout=dropout)
     if name == "jknet":

@@ -57,11 +57,14 @@ def _for_models(spec: dict, *models: str) -> dict:
     return {**spec, "models": models}
 
 
-MODEL_NAMES = ("gcn", "sage", "gat", "gcn2", "jknet", "appnp", "sgc", "dagnn", "mlp", "rgcn", "revgcn", "revgat")  # = hpc_graph.nn.MODELS
+MODEL_NAMES = ("gcn", "sage", "gat", "gcn2", "jknet", "appnp", "sgc", "dagnn", "mlp", "rgcn", "revgcn", "revgat",
+               "gt", "graphormer")  # = hpc_graph.nn.MODELS
 _STACKS = ("gcn", "sage", "gat")
 # models that run on whole graphs only (relation-wise aggregation over sampled blocks is not built;
 # a reversible chain needs every layer to keep its rows)
-FULL_GRAPH_MODELS = ("rgcn", "revgcn", "revgat")
+FULL_GRAPH_MODELS = ("rgcn", "revgcn", "revgat", "gt", "graphormer")
+# graph transformers: attention over the whole sequence, on the single engine for now
+TRANSFORMERS = ("gt", "graphormer")
 
 
 _BOOL = {"kind": "bool"}
@@ -69,6 +72,7 @@ _BITS = {"kind": "bits"}
 _BANDWIDTH = {"kind": "bandwidth"}
 _LATENCY = {"kind": "latency"}
 _FANOUTS = {"kind": "fanouts"}
+_LAYER_LIST = {"kind": "layer_list"}
 _PATH = {"kind": "path"}
 _OPT_PATH = {"kind": "path", "optional": True}
 
@@ -135,15 +139,18 @@ class ModelConfig:
                        "(computed once); `dagnn`: MLP, K propagations mixed by learned per-node gates; `mlp`: linear "
                        "layers only, no graph (the base model of Correct & Smooth); `rgcn`: relational GCN over "
                        "the edge types of a typed graph (/graph/edge_type); `revgcn`, `revgat`: grouped reversible deep "
-                       "GCN/GAT (saved activations do not grow with depth).")
+                       "GCN/GAT (saved activations do not grow with depth); `gt`: graph transformer with Laplacian "
+                       "positional encodings; `graphormer`: degree embeddings, structural attention bias, global "
+                       "token (both engine `single`; see docs/transformers.md).")
     hidden: int = _field(16, _int(1), "Hidden width (per attention head for `gat`; unused by `sgc`).")
     num_layers: int = _field(2, _int(1), "Graph layers of `gcn`, `sage`, `gat` (the last one outputs the classes) "
                                          "and `jknet` and `rgcn`; GCNII layers of `gcn2`; reversible blocks "
                                          "of `revgcn`/`revgat`; linear layers of `mlp` and of the MLP of "
                                          "`appnp` and `dagnn`; unused by `sgc`.")
     dropout: float = _field(0.5, _float(0.0, 1.0, hi_open=True), "Feature dropout probability before every layer.")
-    heads: int = _field(8, _for_models(_int(1), *_STACKS, "revgat"), "`gat`: attention heads of the hidden "
-                        "layers; `revgat`: heads per channel group (they must divide hidden / groups).")
+    heads: int = _field(8, _for_models(_int(1), *_STACKS, "revgat", *TRANSFORMERS), "`gat`: attention heads of "
+                        "the hidden layers; `revgat`: heads per channel group (they must divide hidden / groups); "
+                        "`gt`, `graphormer`: attention heads (they must divide hidden).")
     out_heads: int = _field(1, _for_models(_int(1), *_STACKS), "`gat`: attention heads of the output layer "
                                                                "(averaged).")
     attn_dropout: float = _field(0.0, _for_models(_float(0.0, 1.0, hi_open=True), *_STACKS, "revgat"),
@@ -173,6 +180,23 @@ class ModelConfig:
     groups: int = _field(2, _for_models(_int(2), "revgcn", "revgat"),
                          "`revgcn`, `revgat`: channel groups of every reversible block (hidden must be divisible "
                          "by it); each group's function is LayerNorm, ReLU, dropout, then a GCN/GAT convolution.")
+    attention: str = _field("sparse", _for_models(_choice("sparse", "dense", "every_k_steps", "dense_layers"),
+                                                 *TRANSFORMERS),
+                            "`gt`, `graphormer`: attention schedule. `sparse`: every token attends to its sparse "
+                            "pattern (itself, its graph neighbours, its neighbours in the sequence order, the global "
+                            "token); `dense`: to every token; `every_k_steps`: dense on every `dense_every`-th "
+                            "training step, sparse otherwise; `dense_layers`: the layers in `dense_layers` dense.")
+    dense_every: int = _field(10, _for_models(_int(1), *TRANSFORMERS),
+                              "`gt`, `graphormer` with attention `every_k_steps`: the period in training steps.")
+    dense_layers: Any = _field((), _for_models(_LAYER_LIST, *TRANSFORMERS),
+                               "`gt`, `graphormer` with attention `dense_layers`: indices of the dense layers.")
+    pe_dim: int = _field(8, _for_models(_int(0), "gt"),
+                         "`gt`: Laplacian eigenvector positional encodings used (columns of /node/lap_pe, made by "
+                         "`hpc-graph preprocess lap-pe`); 0: none.")
+    global_token: bool = _field(False, _for_models(_BOOL, "gt"),
+                                "`gt`: append a learned global token (`graphormer` always has one).")
+    max_degree: int = _field(64, _for_models(_int(1), "graphormer"),
+                             "`graphormer`: degrees above this share the last degree embedding.")
     reversible: bool = _field(True, _for_models(_BOOL, "revgcn", "revgat"),
                               "`revgcn`, `revgat`: recompute each block's input from its output in the backward "
                               "pass (`false`: the same residual network with plain autograd, keeping every "
@@ -374,6 +398,11 @@ def _check_value(where: str, value: Any, spec: dict) -> Any:
         if text is not None and text.isdigit() and int(text) in BIT_WIDTHS:
             return int(text)
         raise ConfigError(f"{where}: must be one of 'auto', {', '.join(map(str, BIT_WIDTHS))}, got {value!r}")
+    if kind == "layer_list":
+        items = list(value) if isinstance(value, (list, tuple)) else None
+        if items is None or any(isinstance(v, bool) or not isinstance(v, int) or v < 0 for v in items):
+            raise ConfigError(f"{where}: must be a list of layer indices (integers >= 0), got {value!r}")
+        return tuple(items)
     if kind == "fanouts":
         items = list(value) if isinstance(value, (list, tuple)) else None
         if not items or any(isinstance(v, bool) or not isinstance(v, int) or (v < 1 and v != -1) for v in items):
@@ -452,6 +481,9 @@ def _check_engine_fields(config: Config) -> None:
             if engines and name not in engines and getattr(getattr(config, section), f.name) != f.default:
                 raise ConfigError(f"{section}.{f.name}: only used by engine {' or '.join(map(repr, engines))}, "
                                   f"but engine.name is {name!r}")
+    if config.model.name in TRANSFORMERS and name not in ("single", "auto"):
+        raise ConfigError(f"model.name: {config.model.name!r} runs on engine.name 'single' (sequence-parallel "
+                          f"transformers are not built yet), not {name!r}")
     if name == "minibatch":
         from hpc_graph.nn.models import DEFAULT_HOPS, message_passing_layers
 
@@ -600,7 +632,8 @@ check how a job goes down.
 def _type_name(spec: dict) -> str:
     return {"int": "integer", "float": "number", "bool": "boolean", "choice": "string",
             "path": "path", "bits": "integer or string", "bandwidth": "number, string or null",
-            "latency": "number or string", "fanouts": "list of integers"}[spec["kind"]] + \
+            "latency": "number or string", "fanouts": "list of integers",
+            "layer_list": "list of integers"}[spec["kind"]] + \
         (" or null" if spec.get("optional") else "")
 
 

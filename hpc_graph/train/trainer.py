@@ -242,7 +242,10 @@ class Trainer:
                                  out_heads=mc.out_heads, attn_dropout=mc.attn_dropout, residual=mc.residual,
                                  batchnorm=mc.batchnorm, alpha=mc.alpha, theta=mc.theta, hops=mc.hops, jk=mc.jk,
                                  conv=mc.conv, num_bases=mc.num_bases, groups=mc.groups, reversible=mc.reversible,
-                                 num_relations=self.graph.num_relations).to(device=self.device, dtype=self.dtype)
+                                 num_relations=self.graph.num_relations, attention=mc.attention,
+                                 dense_every=mc.dense_every, dense_layers=tuple(mc.dense_layers), pe_dim=mc.pe_dim,
+                                 global_token=mc.global_token, max_degree=mc.max_degree,
+                                 ).to(device=self.device, dtype=self.dtype)
         if self.size > 1:
             for t in self.model.state_dict().values():
                 comm.bcast(t, 0)

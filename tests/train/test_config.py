@@ -58,7 +58,14 @@ BAD = [
     ({"model": {"hidden": True}}, "model.hidden: must be a positive integer, got True"),
     ({"model": {"num_layers": 0}}, "model.num_layers: must be a positive integer"),
     ({"model": {"name": "gin"}}, "model.name: must be one of 'gcn', 'sage', 'gat', 'gcn2', 'jknet', 'appnp', 'sgc', "
-                                  "'dagnn', 'mlp', 'rgcn', 'revgcn', 'revgat', got 'gin'"),
+                                  "'dagnn', 'mlp', 'rgcn', 'revgcn', 'revgat', 'gt', 'graphormer', got 'gin'"),
+    ({"model": {"name": "gt", "attention": "often"}}, "model.attention: must be one of 'sparse', 'dense', "
+                                                        "'every_k_steps', 'dense_layers', got 'often'"),
+    ({"model": {"name": "gt", "dense_layers": [0, -1]}}, "model.dense_layers: must be a list of layer indices"),
+    ({"model": {"name": "graphormer", "dense_every": 0}}, "model.dense_every: must be a positive integer"),
+    ({"model": {"name": "gcn", "pe_dim": 4}}, "model.pe_dim: only used by model 'gt'"),
+    ({"model": {"name": "gt", "max_degree": 4}}, "model.max_degree: only used by model 'graphormer'"),
+    ({"model": {"name": "gt"}, "engine": {"name": "dp"}}, "model.name: 'gt' runs on engine.name 'single'"),
     ({"model": {"dropout": 1.0}}, "model.dropout: must be a number in [0, 1), got 1.0"),
     ({"model": {"attn_dropout": -0.1}}, "model.attn_dropout: must be a number in [0, 1)"),
     ({"model": {"residual": "yes"}}, "model.residual: must be true or false, got 'yes'"),

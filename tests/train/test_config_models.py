@@ -54,8 +54,8 @@ def test_bad_values_are_named(model, message):
                                         "model.name is 'sgc'"),
     ({"name": "jknet", "batchnorm": True}, "model.batchnorm: only used by model 'gcn' or 'sage' or 'gat', but "
                                            "model.name is 'jknet'"),
-    ({"name": "appnp", "heads": 2}, "model.heads: only used by model 'gcn' or 'sage' or 'gat' or 'revgat', but "
-                                    "model.name is 'appnp'"),
+    ({"name": "appnp", "heads": 2}, "model.heads: only used by model 'gcn' or 'sage' or 'gat' or 'revgat' or 'gt' "
+                                    "or 'graphormer', but model.name is 'appnp'"),
 ])
 def test_a_field_set_for_a_model_that_does_not_use_it_is_named(model, message):
     with pytest.raises(ConfigError) as err:

@@ -1,0 +1,112 @@
+"""``AttentionPattern``: which tokens a graph transformer's sparse attention lets each token attend to.
+
+TorchGT's topology-induced pattern with its three expressiveness conditions met by
+construction (not checked after the fact):
+
+* C1, every token attends to itself: a self loop on every row;
+* C2, a Hamiltonian path through the sequence: consecutive tokens of the sequence
+  order attend to each other (the "chain"), whatever the graph's edges are;
+* C3, every token can reach every other within the layers: the chain already gives
+  that after S - 1 layers, and the optional **global token** (one extra token, last
+  in the sequence, attending to and attended by every node) after 2.
+
+Plus the graph's edges themselves (row ``i`` lists the in-neighbours ``j -> i``). Every
+entry carries a **code**, the bucket of the structural bias (Graphormer's shortest-path
+distance, capped): :data:`SELF` 0, :data:`HOP1` 1, :data:`HOP2` 2 (a chain pair with a
+common neighbour), :data:`FAR` 3 (3+ hops or unreachable; also every pair outside the
+pattern in dense attention), :data:`GLOBAL` 4 (to or from the global token).
+:data:`NUM_CODES` = 5 rows of a per-head bias table.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from hpc_graph.ops.csr import CSR
+
+SELF, HOP1, HOP2, FAR, GLOBAL = 0, 1, 2, 3, 4
+NUM_CODES = 5
+
+
+@dataclass
+class AttentionPattern:
+    """A sparse attention pattern over ``num_tokens = num_nodes (+ 1 global token)`` tokens.
+
+    Attributes:
+        csr: CSR with ``num_tokens`` rows and columns; row ``t`` lists (ascending) the tokens ``t`` attends to.
+        codes: int64[E] bias bucket of each entry (:data:`SELF` ... :data:`GLOBAL`), in ``csr`` order.
+        num_nodes: node tokens (the global token, if any, is token ``num_nodes``).
+        global_token: whether the last token is the global one.
+        order: int64[num_nodes] the sequence order the chain follows (``order[t]`` is the t-th node).
+    """
+
+    csr: CSR
+    codes: torch.Tensor
+    num_nodes: int
+    global_token: bool
+    order: np.ndarray
+
+    @property
+    def num_tokens(self) -> int:
+        return self.num_nodes + int(self.global_token)
+
+    def entries_per_code(self) -> list[int]:
+        """How many entries fall in each bias bucket (``NUM_CODES`` counts)."""
+        return np.bincount(self.codes.numpy(), minlength=NUM_CODES).tolist()
+
+
+def build_pattern(indptr: np.ndarray, indices: np.ndarray, num_nodes: int, *, global_token: bool = True,
+                  order: np.ndarray | None = None) -> AttentionPattern:
+    """The sparse pattern of a graph: self loops + edges + the chain through ``order`` + the global token.
+
+    Args:
+        indptr: int[num_nodes + 1], indices: int[E]: the graph as a CSR over destinations.
+        num_nodes: nodes N.
+        global_token: add token N, attending to and attended by every node (and itself).
+        order: a permutation of ``range(N)``, the sequence order (default: node id order).
+    Returns:
+        the :class:`AttentionPattern` (entries deduplicated; an edge that is also a chain pair is one entry, code 1).
+    Raises:
+        ValueError: inconsistent arrays or an ``order`` that is not a permutation.
+    """
+    from numba_kernels.cpu.pattern import is_sorted_rows, pair_hops
+
+    n = int(num_nodes)
+    indptr = np.asarray(indptr, dtype=np.int64)
+    indices = np.asarray(indices, dtype=np.int64)
+    if indptr.shape != (n + 1,) or indptr[0] != 0 or indptr[-1] != indices.shape[0]:
+        raise ValueError(f"build_pattern: indptr must have num_nodes + 1 = {n + 1} entries from 0 to "
+                         f"len(indices) = {indices.shape[0]}")
+    if indices.size and (indices.min() < 0 or indices.max() >= n):
+        raise ValueError(f"build_pattern: indices out of range [0, {n})")
+    if order is None:
+        order = np.arange(n, dtype=np.int64)
+    else:
+        order = np.asarray(order, dtype=np.int64)
+        if order.shape != (n,) or not np.array_equal(np.sort(order), np.arange(n)):
+            raise ValueError(f"build_pattern: order must be a permutation of range({n})")
+    if not is_sorted_rows(indptr, indices):  # the hop test needs ascending rows
+        dst = np.repeat(np.arange(n, dtype=np.int64), np.diff(indptr))
+        indices = indices[np.lexsort((indices, dst))]
+    t = n + int(global_token)
+    dst = [np.repeat(np.arange(n, dtype=np.int64), np.diff(indptr)), np.arange(n, dtype=np.int64),
+           order[1:], order[:-1]]
+    src = [indices, np.arange(n, dtype=np.int64), order[:-1], order[1:]]
+    if global_token:
+        ar = np.arange(t, dtype=np.int64)
+        dst += [np.arange(n, dtype=np.int64), np.full(t, n, dtype=np.int64)]
+        src += [np.full(n, n, dtype=np.int64), ar]
+    key = np.unique(np.concatenate(dst) * t + np.concatenate(src))  # sorted: by row, then column
+    d, s = key // t, key % t
+    codes = np.full(key.shape[0], GLOBAL, dtype=np.uint8)
+    nodes = (d < n) & (s < n)
+    hops = np.empty(int(nodes.sum()), dtype=np.uint8)
+    # hop codes from the rows of the *source* side: j in row i means j -> i, an in-neighbour
+    pair_hops(indptr, indices, d[nodes], s[nodes], hops)
+    codes[nodes] = hops
+    rowptr = np.zeros(t + 1, dtype=np.int64)
+    np.cumsum(np.bincount(d, minlength=t), out=rowptr[1:])
+    csr = CSR(torch.from_numpy(rowptr), torch.from_numpy(s), t, validate=False)
+    return AttentionPattern(csr, torch.from_numpy(codes.astype(np.int64)), n, bool(global_token), order)

@@ -1,0 +1,164 @@
+"""``pattern_attention``: softmax attention over a sparse pattern, or over every pair without an S x S tensor.
+
+Scores are ``scale * q_i . k_j + bias``, ``scale = 1/sqrt(d_k)``, one max-subtracted softmax per
+(token, head), the same in both modes (TorchGT's two modes used different logit scales; ours cannot):
+
+* ``dense=False``: the pattern's entries only (:func:`hpc_graph.ops.dot_attention.dot_attention`:
+  the fused online-softmax kernels, O(E) time and memory, no E x H score tensor).
+* ``dense=True``: every pair of node tokens plus the pattern (which holds the global token's
+  entries). The pattern's entries, with their own bias, go through the same fused kernels; all
+  other node pairs, with the "far" bias, are visited in ``tile x tile`` blocks computed with
+  torch matrix products and folded into the **same** online-softmax state (running max, sum and
+  numerator, :class:`~hpc_graph.ops.attention_state.AttentionState`), their pattern pairs masked so
+  that no pair is counted twice. The result equals a dense softmax over the S x S matrix exactly
+  (up to summation order) while keeping at most one tile of scores; the backward pass recomputes
+  the tiles from the saved max and sum.
+
+Shapes: q, k float[T, H, Dk], v float[T, H, Dv] for the ``T`` tokens of the pattern; the bias
+is a per-entry float[E, H] (usually a per-head table indexed by the pattern's codes) and, for
+the dense mode, a per-head float[H] for every pair outside the pattern.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+
+from hpc_graph.ops.attention_state import AttentionState, check_tensor
+from hpc_graph.ops.dot_attention import accumulate, backward_block, dot_attention, finalize, init_state, output_delta
+from hpc_graph.ops.csr import CSR
+
+#: query and key rows per dense tile (scores of one tile: H x TILE x TILE floats)
+TILE = 1024
+
+
+def pattern_attention(pattern: CSR, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *,
+                      bias: torch.Tensor | None = None, dense: bool = False, num_nodes: int | None = None,
+                      far_bias: torch.Tensor | None = None, tile: int | None = None) -> torch.Tensor:
+    """Attention of every token over its pattern entries (``dense=False``) or over all node pairs too.
+
+    Args:
+        pattern: CSR over the T tokens (row ``i`` lists the tokens ``i`` attends to).
+        q, k: float[T, H, Dk]; v: float[T, H, Dv].
+        bias: float[E, H] score bias per pattern entry, or None.
+        dense: also attend to every node token outside the pattern.
+        num_nodes: the node tokens, the first ``num_nodes`` (default: all T); the others (a global
+            token) attend and are attended only through the pattern.
+        far_bias: float[H] score bias of the pairs outside the pattern (dense only; default 0).
+        tile: rows per dense tile (default :data:`TILE`).
+    Returns:
+        float[T, H, Dv], differentiable in q, k, v, bias and far_bias.
+    Raises:
+        ValueError: shapes, dtypes or devices that do not match (before any kernel runs).
+    """
+    T = pattern.num_dst
+    if pattern.num_src != T:
+        raise ValueError(f"pattern_attention: the pattern must be square (tokens x tokens), got "
+                         f"{pattern.num_dst} x {pattern.num_src}")
+    check_tensor("v", v, (T, None, None), None, v.device)
+    if v.dtype not in (torch.float32, torch.float64):
+        raise ValueError(f"pattern_attention: v dtype must be float32 or float64, got {v.dtype}")
+    H = v.shape[1]
+    check_tensor("q", q, (T, H, None), v.dtype, v.device)
+    check_tensor("k", k, (T, H, q.shape[2]), v.dtype, v.device)
+    if bias is not None:
+        check_tensor("bias", bias, (pattern.num_edges, H), v.dtype, v.device)
+    if not dense:
+        if far_bias is not None:
+            raise ValueError("pattern_attention: far_bias applies only with dense=True")
+        return dot_attention(pattern, q, k, v, bias)
+    n = T if num_nodes is None else int(num_nodes)
+    if not 0 <= n <= T:
+        raise ValueError(f"pattern_attention: num_nodes must be in [0, {T}], got {num_nodes}")
+    if far_bias is None:
+        far_bias = torch.zeros(H, dtype=v.dtype, device=v.device)
+    check_tensor("far_bias", far_bias, (H,), v.dtype, v.device)
+    t = TILE if tile is None else int(tile)
+    if t < 1:
+        raise ValueError(f"pattern_attention: tile must be >= 1, got {tile}")
+    return _DenseMerged.apply(pattern, q.contiguous(), k.contiguous(), v.contiguous(),
+                              None if bias is None else bias.contiguous(), far_bias, n, t)
+
+
+def _tile_masks(pattern: CSR, n: int, t: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """Per query tile: the (local row, column) of its pattern entries among node columns, sorted by column."""
+    rows = torch.repeat_interleave(torch.arange(pattern.num_dst, device=pattern.device), pattern.in_degree())
+    cols = pattern.indices
+    keep = (rows < n) & (cols < n)
+    rows, cols = rows[keep], cols[keep]
+    out = []
+    for r0 in range(0, n, t):
+        sel = (rows >= r0) & (rows < r0 + t)
+        r, c = rows[sel] - r0, cols[sel]
+        order = torch.argsort(c, stable=True)
+        out.append((r[order], c[order]))
+    return out
+
+
+def _tiles(n: int, t: int, masks):
+    """Yield ``(r0, r1, c0, c1, rows, cols)``: the dense tiles and the pattern pairs inside each one."""
+    for qi, r0 in enumerate(range(0, n, t)):
+        r, c = masks[qi]
+        bounds = torch.searchsorted(c, torch.arange(0, n + t, t, device=c.device)).tolist()
+        for ci, c0 in enumerate(range(0, n, t)):
+            a, b = bounds[ci], bounds[ci + 1]
+            yield r0, min(n, r0 + t), c0, min(n, c0 + t), r[a:b], c[a:b] - c0
+
+
+def _scores(q, k, far_bias, scale, r0, r1, c0, c1, rows, cols):
+    """float[H, r1-r0, c1-c0]: the tile's scores, pattern pairs set to -inf."""
+    s = torch.matmul(q[r0:r1].transpose(0, 1), k[c0:c1].transpose(0, 1).transpose(1, 2)) * scale
+    s += far_bias.view(-1, 1, 1)
+    if rows.numel():
+        s[:, rows, cols] = float("-inf")
+    return s
+
+
+class _DenseMerged(torch.autograd.Function):
+    """Pattern entries through the fused kernels + all other node pairs in tiles, one softmax state."""
+
+    @staticmethod
+    def forward(ctx, pattern: CSR, q, k, v, bias, far_bias, n: int, t: int):
+        scale = 1.0 / math.sqrt(q.shape[2])
+        state = init_state(pattern.num_dst, v.shape[1], v.shape[2], v.dtype, v.device)
+        accumulate(state, pattern, q, k, v, bias, scale)
+        masks = _tile_masks(pattern, n, t)
+        m, l, acc = state.m, state.l, state.acc  # [T, H], [T, H], [T, H, Dv]
+        for r0, r1, c0, c1, rows, cols in _tiles(n, t, masks):
+            s = _scores(q, k, far_bias, scale, r0, r1, c0, c1, rows, cols)  # [H, tr, tc]
+            m_old = m[r0:r1].t()  # [H, tr]
+            m_new = torch.maximum(m_old, s.amax(-1))
+            safe = torch.where(torch.isinf(m_new), torch.zeros_like(m_new), m_new)
+            alpha = torch.exp(m_old - safe)  # 0 where nothing was seen before
+            p = torch.exp(s - safe.unsqueeze(-1))
+            l[r0:r1] = (l[r0:r1].t() * alpha + p.sum(-1)).t()
+            acc[r0:r1] = (acc[r0:r1].permute(1, 0, 2) * alpha.unsqueeze(-1)
+                          + torch.matmul(p, v[c0:c1].transpose(0, 1))).permute(1, 0, 2)
+            m[r0:r1] = m_new.t()
+        out = finalize(state)
+        ctx.save_for_backward(q, k, v, bias, far_bias, state.m, state.l, out)
+        ctx.pattern, ctx.n, ctx.t, ctx.scale, ctx.masks = pattern, n, t, scale, masks
+        return out
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        q, k, v, bias, far_bias, m, l, out = ctx.saved_tensors
+        go = grad_out.contiguous()
+        state = AttentionState(m, l, out, finalized=True)
+        delta = output_delta(state, go)
+        gq, gk, gv, gb = backward_block(state, go, delta, ctx.pattern, q, k, v, bias, ctx.scale)
+        gfar = torch.zeros_like(far_bias)
+        safe_m = torch.where(torch.isinf(m), torch.zeros_like(m), m)
+        inv_l = torch.where(l > 0, 1.0 / l.clamp(min=torch.finfo(l.dtype).tiny), torch.zeros_like(l))
+        for r0, r1, c0, c1, rows, cols in _tiles(ctx.n, ctx.t, ctx.masks):
+            s = _scores(q, k, far_bias, ctx.scale, r0, r1, c0, c1, rows, cols)
+            p = torch.exp(s - safe_m[r0:r1].t().unsqueeze(-1)) * inv_l[r0:r1].t().unsqueeze(-1)  # [H, tr, tc]
+            go_r = go[r0:r1].transpose(0, 1)  # [H, tr, Dv]
+            gv[c0:c1] += torch.matmul(p.transpose(1, 2), go_r).transpose(0, 1)
+            dp = torch.matmul(go_r, v[c0:c1].transpose(0, 1).transpose(1, 2))  # [H, tr, tc]
+            ds = p * (dp - delta[r0:r1].t().unsqueeze(-1))
+            gfar += ds.sum((1, 2))
+            ds *= ctx.scale
+            gq[r0:r1] += torch.matmul(ds, k[c0:c1].transpose(0, 1)).transpose(0, 1)
+            gk[c0:c1] += torch.matmul(ds.transpose(1, 2), q[r0:r1].transpose(0, 1)).transpose(0, 1)
+        return None, gq, gk, gv, gb, gfar, None, None

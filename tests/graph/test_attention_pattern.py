@@ -1,0 +1,76 @@
+"""``build_pattern``: the sparse attention pattern's entries and codes against a shortest-path reference."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from scipy.sparse import csr_matrix
+from scipy.sparse.csgraph import shortest_path
+
+from hpc_graph.graph.attention_pattern import FAR, GLOBAL, HOP1, HOP2, NUM_CODES, SELF, build_pattern
+
+
+def _graph(seed: int, n: int = 30, m: int = 40):
+    rng = np.random.default_rng(seed)
+    s, d = rng.integers(0, n, m), rng.integers(0, n, m)
+    src, dst = np.concatenate([s, d]), np.concatenate([d, s])  # undirected
+    keep = src != dst
+    src, dst = src[keep], dst[keep]
+    order = np.argsort(dst, kind="stable")  # rows not necessarily ascending within a row
+    indptr = np.zeros(n + 1, np.int64)
+    np.cumsum(np.bincount(dst, minlength=n), out=indptr[1:])
+    return indptr, src[order].astype(np.int64), n
+
+
+@pytest.mark.parametrize("global_token", [True, False])
+@pytest.mark.parametrize("shuffled", [False, True])
+def test_pattern_has_self_loops_edges_chain_and_global_token(global_token, shuffled):
+    indptr, indices, n = _graph(1)
+    order = np.random.default_rng(2).permutation(n) if shuffled else None
+    pat = build_pattern(indptr, indices, n, global_token=global_token, order=order)
+    T = n + int(global_token)
+    assert pat.num_tokens == T and pat.csr.num_dst == T == pat.csr.num_src
+    dense = np.zeros((T, T), bool)
+    rows = np.repeat(np.arange(T), np.diff(pat.csr.indptr.numpy()))
+    dense[rows, pat.csr.indices.numpy()] = True
+    assert pat.csr.num_edges == dense.sum()  # no duplicate entries
+    for i in range(T):  # rows ascending
+        row = pat.csr.indices[pat.csr.indptr[i]:pat.csr.indptr[i + 1]].numpy()
+        assert np.all(np.diff(row) > 0)
+    assert dense.diagonal().all()  # C1
+    want = np.zeros((T, T), bool)
+    want[np.arange(T), np.arange(T)] = True
+    want[np.repeat(np.arange(n), np.diff(indptr)), indices] = True  # graph edges j -> i: row i lists j
+    seq = np.arange(n) if order is None else order
+    want[seq[1:], seq[:-1]] = want[seq[:-1], seq[1:]] = True  # C2: the chain, both directions
+    if global_token:
+        want[n, :] = want[:, n] = True
+    np.testing.assert_array_equal(dense, want)
+
+
+def test_codes_match_shortest_paths():
+    indptr, indices, n = _graph(3, n=40, m=35)
+    pat = build_pattern(indptr, indices, n, global_token=True, order=np.random.default_rng(4).permutation(n))
+    adj = csr_matrix((np.ones(indices.shape[0]), indices, indptr), shape=(n, n))
+    spd = shortest_path(adj, unweighted=True, directed=True).T  # spd[i, j]: hops from j to i (j -> ... -> i)
+    rows = np.repeat(np.arange(n + 1), np.diff(pat.csr.indptr.numpy()))
+    cols = pat.csr.indices.numpy()
+    codes = pat.codes.numpy()
+    for r, c, code in zip(rows, cols, codes):
+        if r == n or c == n:
+            assert code == GLOBAL
+        else:
+            d = spd[r, c]
+            assert code == (SELF if d == 0 else HOP1 if d == 1 else HOP2 if d == 2 else FAR), (r, c, d, code)
+    assert len(pat.entries_per_code()) == NUM_CODES and sum(pat.entries_per_code()) == pat.csr.num_edges
+
+
+def test_bad_inputs():
+    indptr, indices, n = _graph(0)
+    with pytest.raises(ValueError, match="permutation"):
+        build_pattern(indptr, indices, n, order=np.zeros(n, np.int64))
+    with pytest.raises(ValueError, match="indptr"):
+        build_pattern(indptr[:-1], indices, n)
+    bad = indices.copy()
+    bad[0] = n
+    with pytest.raises(ValueError, match="range"):
+        build_pattern(indptr, bad, n)
