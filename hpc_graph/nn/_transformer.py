@@ -74,10 +74,13 @@ class TransformerLayer(nn.Module):
         a = self.norm1(h) if self.pre_norm else h
         q, k, v = self.qkv(a).view(T, 3, self.heads, self.dim // self.heads).unbind(1)
         att = graph.attention(q, k, v, bias=bias, mode=mode, global_token=global_token).reshape(T, self.dim)
-        h = h + F.dropout(self.out(att), self.dropout, self.training)
+        h = h + self._drop(self.out(att))
         if not self.pre_norm:
             h = self.norm1(h)
         a = self.norm2(h) if self.pre_norm else h
-        h = h + F.dropout(self.ffn2(F.dropout(self.act(self.ffn1(a)), self.dropout, self.training)),
-                          self.dropout, self.training)
+        h = h + self._drop(self.ffn2(self._drop(self.act(self.ffn1(a)))))
         return h if self.pre_norm else self.norm2(h)
+
+    def _drop(self, t: torch.Tensor) -> torch.Tensor:
+        # no call at p = 0: the RNG stream (and the engines' agreement on it) is left alone
+        return F.dropout(t, self.dropout, True) if (self.training and self.dropout > 0) else t

@@ -27,7 +27,7 @@ from typing import Any, Iterable
 
 import yaml
 
-ENGINE_NAMES = ("auto", "single", "dp", "sar", "sylvie", "minibatch")
+ENGINE_NAMES = ("auto", "single", "dp", "sar", "sylvie", "minibatch", "seqpar")
 BIT_WIDTHS = (1, 2, 4, 8, 32)
 
 
@@ -481,9 +481,11 @@ def _check_engine_fields(config: Config) -> None:
             if engines and name not in engines and getattr(getattr(config, section), f.name) != f.default:
                 raise ConfigError(f"{section}.{f.name}: only used by engine {' or '.join(map(repr, engines))}, "
                                   f"but engine.name is {name!r}")
-    if config.model.name in TRANSFORMERS and name not in ("single", "auto"):
-        raise ConfigError(f"model.name: {config.model.name!r} runs on engine.name 'single' (sequence-parallel "
-                          f"transformers are not built yet), not {name!r}")
+    if config.model.name in TRANSFORMERS and name not in ("single", "seqpar", "auto"):
+        raise ConfigError(f"model.name: {config.model.name!r} runs on engine.name 'single' or 'seqpar', not {name!r}")
+    if name == "seqpar" and config.model.name not in TRANSFORMERS:
+        raise ConfigError(f"engine.name: 'seqpar' runs the graph transformers (model.name: "
+                          f"{' or '.join(TRANSFORMERS)}), not {config.model.name!r}")
     if name == "minibatch":
         from hpc_graph.nn.models import DEFAULT_HOPS, message_passing_layers
 

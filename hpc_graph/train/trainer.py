@@ -149,12 +149,15 @@ def to_layout(x: torch.Tensor, layout: str, max_density: float = SPARSE_MAX_DENS
         return x.to_sparse_csr()
 
 
-def choose_engine(name: str, size: int, data_path: str) -> str:
-    """Resolve ``engine.name``: ``auto`` is ``single`` on one process with a dataset file, else ``dp``.
+def choose_engine(name: str, size: int, data_path: str, model: str | None = None) -> str:
+    """Resolve ``engine.name``: ``auto`` is ``single`` on one process with a dataset file, else ``dp``
+    (for the graph transformers ``gt``/``graphormer``: ``single`` on one process, else ``seqpar``).
 
     Raises ConfigError for ``single`` with more than one rank.
     """
     if name == "auto":
+        if model in ("gt", "graphormer"):
+            return "single" if size == 1 else "seqpar"
         return "single" if size == 1 and Path(data_path).is_file() else "dp"
     if name == "single" and size > 1:
         raise ConfigError(f"engine.name: 'single' runs on one process, but this job has {size} ranks; "
@@ -285,7 +288,7 @@ class Trainer:
             self._debug_failure = _parse_debug_failure(os.environ.get(DEBUG_FAIL_ENV))
             check_paths(config)
             self.device = self._device(config.train.device)
-            self.engine_name = choose_engine(config.engine.name, self.size, config.data.path)
+            self.engine_name = choose_engine(config.engine.name, self.size, config.data.path, config.model.name)
             check_recipes(config, self.engine_name)
             if resume is not None:
                 path, state = ckpt.latest_checkpoint(resume)
@@ -313,9 +316,9 @@ class Trainer:
     def _check_data(self) -> None:
         """The partition directory has one part per rank and this rank's part file opens (DataError otherwise)."""
         path = Path(self.config.data.path)
-        if self.engine_name == "single":
+        if self.engine_name in ("single", "seqpar"):
             if not path.is_file():
-                raise ConfigError(f"data.path: engine 'single' needs a dataset file, {path} is a directory")
+                raise ConfigError(f"data.path: engine {self.engine_name!r} needs a dataset file, {path} is a directory")
             return
         if self.engine_name == "minibatch" and path.is_file() and self.size == 1:
             return  # one process may sample a whole dataset file

@@ -146,6 +146,8 @@ def test_engine_choice_and_config_errors(graph_file, tmp_path, monkeypatch):
     assert choose_engine("auto", 1, graph_file) == "single"
     assert choose_engine("auto", 2, graph_file) == "dp"
     assert choose_engine("sar", 1, graph_file) == "sar"
+    assert choose_engine("auto", 1, graph_file, "gt") == "single"
+    assert choose_engine("auto", 4, graph_file, "graphormer") == "seqpar"
     with pytest.raises(ConfigError, match="engine.name: 'single' runs on one process, but this job has 4 ranks"):
         choose_engine("single", 4, graph_file)
     with pytest.raises(ConfigError, match="data.path: no such file or directory"):
