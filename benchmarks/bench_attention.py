@@ -65,7 +65,7 @@ def _qkv(T: int, H: int, d: int, seed: int):
 
 def sparse_step(S: int, H: int, d: int, degree: int, repeat: int, seed: int = 0) -> dict:
     from hpc_graph.graph.attention_pattern import build_pattern
-    from hpc_graph.ops.graph_attention import pattern_attention
+    from hpc_graph.ops.graph_attention import code_bias, pattern_attention
 
     indptr, indices = _graph(S, degree, seed)
     t0 = time.perf_counter()
@@ -76,7 +76,7 @@ def sparse_step(S: int, H: int, d: int, degree: int, repeat: int, seed: int = 0)
     gout = torch.randn(S + 1, H, d)
 
     def step():
-        out = pattern_attention(pat.csr, q, k, v, bias=bias_table[pat.codes])
+        out = pattern_attention(pat.csr, q, k, v, bias=code_bias(bias_table, pat.codes))
         out.backward(gout)
         q.grad = k.grad = v.grad = bias_table.grad = None
 

@@ -118,7 +118,7 @@ class _SeqParGraph(GraphContext):
 
     def attention(self, q, k, v, *, bias=None, mode="sparse", global_token=False):
         from hpc_graph.graph.attention_pattern import FAR, NUM_CODES
-        from hpc_graph.ops.graph_attention import pattern_attention
+        from hpc_graph.ops.graph_attention import code_bias, pattern_attention
 
         if mode not in ("sparse", "dense"):
             raise ValueError(f"attention: mode must be 'sparse' or 'dense', got {mode!r}")
@@ -144,7 +144,8 @@ class _SeqParGraph(GraphContext):
         b = None if bias is None else bias[:, heads]
         dense = mode == "dense"
         out = pattern_attention(pat.csr, qh.contiguous(), kh.contiguous(), vh.contiguous(),
-                                bias=None if b is None else b[pat.codes], dense=dense, num_nodes=pat.num_nodes,
+                                bias=None if b is None else code_bias(b, pat.codes), dense=dense,
+                                num_nodes=pat.num_nodes,
                                 far_bias=b[FAR] if (dense and b is not None) else None)
         return _AllToAll.apply(out, self, False, global_token)
 

@@ -69,7 +69,7 @@ class _SingleGraph(GraphContext):
 
     def attention(self, q, k, v, *, bias=None, mode="sparse", global_token=False):
         from hpc_graph.graph.attention_pattern import FAR, NUM_CODES
-        from hpc_graph.ops.graph_attention import pattern_attention
+        from hpc_graph.ops.graph_attention import code_bias, pattern_attention
 
         if mode not in ("sparse", "dense"):
             raise ValueError(f"attention: mode must be 'sparse' or 'dense', got {mode!r}")
@@ -83,7 +83,8 @@ class _SingleGraph(GraphContext):
         dense = mode == "dense"
         pat_csr = pat.csr if pat.csr.device == q.device else pat.csr.to(q.device)
         codes = pat.codes.to(q.device)
-        return pattern_attention(pat_csr, q, k, v, bias=None if bias is None else bias[codes], dense=dense,
+        return pattern_attention(pat_csr, q, k, v, bias=None if bias is None else code_bias(bias, codes),
+                                 dense=dense,
                                  num_nodes=pat.num_nodes,
                                  far_bias=bias[FAR] if (dense and bias is not None) else None)
 

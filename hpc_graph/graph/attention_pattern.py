@@ -36,7 +36,8 @@ class AttentionPattern:
 
     Attributes:
         csr: CSR with ``num_tokens`` rows and columns; row ``t`` lists (ascending) the tokens ``t`` attends to.
-        codes: int64[E] bias bucket of each entry (:data:`SELF` ... :data:`GLOBAL`), in ``csr`` order.
+        codes: uint8[E] bias bucket of each entry (:data:`SELF` ... :data:`GLOBAL`), in ``csr`` order (1 byte
+            per entry; index a bias table with ``codes.long()`` or :func:`code_bias`).
         num_nodes: node tokens (the global token, if any, is token ``num_nodes``).
         global_token: whether the last token is the global one.
         order: int64[num_nodes] the sequence order the chain follows (``order[t]`` is the t-th node).
@@ -71,7 +72,7 @@ def build_pattern(indptr: np.ndarray, indices: np.ndarray, num_nodes: int, *, gl
     Raises:
         ValueError: inconsistent arrays or an ``order`` that is not a permutation.
     """
-    from numba_kernels.cpu.pattern import is_sorted_rows, pair_hops
+    from numba_kernels.cpu.pattern import attention_pattern, is_sorted_rows
 
     n = int(num_nodes)
     indptr = np.asarray(indptr, dtype=np.int64)
@@ -90,23 +91,6 @@ def build_pattern(indptr: np.ndarray, indices: np.ndarray, num_nodes: int, *, gl
     if not is_sorted_rows(indptr, indices):  # the hop test needs ascending rows
         dst = np.repeat(np.arange(n, dtype=np.int64), np.diff(indptr))
         indices = indices[np.lexsort((indices, dst))]
-    t = n + int(global_token)
-    dst = [np.repeat(np.arange(n, dtype=np.int64), np.diff(indptr)), np.arange(n, dtype=np.int64),
-           order[1:], order[:-1]]
-    src = [indices, np.arange(n, dtype=np.int64), order[:-1], order[1:]]
-    if global_token:
-        ar = np.arange(t, dtype=np.int64)
-        dst += [np.arange(n, dtype=np.int64), np.full(t, n, dtype=np.int64)]
-        src += [np.full(n, n, dtype=np.int64), ar]
-    key = np.unique(np.concatenate(dst) * t + np.concatenate(src))  # sorted: by row, then column
-    d, s = key // t, key % t
-    codes = np.full(key.shape[0], GLOBAL, dtype=np.uint8)
-    nodes = (d < n) & (s < n)
-    hops = np.empty(int(nodes.sum()), dtype=np.uint8)
-    # hop codes from the rows of the *source* side: j in row i means j -> i, an in-neighbour
-    pair_hops(indptr, indices, d[nodes], s[nodes], hops)
-    codes[nodes] = hops
-    rowptr = np.zeros(t + 1, dtype=np.int64)
-    np.cumsum(np.bincount(d, minlength=t), out=rowptr[1:])
-    csr = CSR(torch.from_numpy(rowptr), torch.from_numpy(s), t, validate=False)
-    return AttentionPattern(csr, torch.from_numpy(codes.astype(np.int64)), n, bool(global_token), order)
+    rowptr, cols, codes = attention_pattern(indptr, indices, order, global_token)
+    csr = CSR(torch.from_numpy(rowptr), torch.from_numpy(cols), n + int(global_token), validate=False)
+    return AttentionPattern(csr, torch.from_numpy(codes), n, bool(global_token), order)

@@ -162,3 +162,31 @@ class _DenseMerged(torch.autograd.Function):
             gq[r0:r1] += torch.matmul(ds, k[c0:c1].transpose(0, 1)).transpose(0, 1)
             gk[c0:c1] += torch.matmul(ds.transpose(1, 2), q[r0:r1].transpose(0, 1)).transpose(0, 1)
         return None, gq, gk, gv, gb, gfar, None, None
+
+
+def code_bias(table: torch.Tensor, codes: torch.Tensor) -> torch.Tensor:
+    """float[E, H] = ``table[codes]``: a per-head bias table indexed by 1-byte per-entry codes.
+
+    ``table`` float[C, H] (differentiable), ``codes`` uint8/int[E] in ``[0, C)``. The backward sums the
+    entries' gradients per code (C masked sums), with no E-sized int64 index kept.
+    """
+    if table.dim() != 2 or codes.dim() != 1:
+        raise ValueError(f"code_bias: table must be [C, H] and codes [E], got {tuple(table.shape)} and "
+                         f"{tuple(codes.shape)}")
+    return _CodeBias.apply(table, codes)
+
+
+class _CodeBias(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, table, codes):
+        ctx.save_for_backward(codes)
+        ctx.num_codes = table.shape[0]
+        return table.index_select(0, codes.to(torch.int32))
+
+    @staticmethod
+    def backward(ctx, grad):
+        (codes,) = ctx.saved_tensors
+        out = grad.new_zeros(ctx.num_codes, grad.shape[1])
+        for c in range(ctx.num_codes):
+            out[c] = grad[codes == c].sum(0)
+        return out, None

@@ -77,3 +77,119 @@ def is_sorted_rows(indptr, indices) -> bool:
             if indices[k - 1] > indices[k]:
                 return False
     return True
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _extras(i, n, pos, order, ex):
+    """The self loop and chain neighbours of node ``i``, ascending, deduplicated, into ``ex``; their count."""
+    k = 0
+    ex[k] = i
+    k += 1
+    t = pos[i]
+    if t > 0:
+        ex[k] = order[t - 1]
+        k += 1
+    if t + 1 < n:
+        ex[k] = order[t + 1]
+        k += 1
+    for a in range(1, k):  # insertion sort of at most 3 values
+        v = ex[a]
+        b = a - 1
+        while b >= 0 and ex[b] > v:
+            ex[b + 1] = ex[b]
+            b -= 1
+        ex[b + 1] = v
+    m = 0
+    for a in range(k):
+        if m == 0 or ex[m - 1] != ex[a]:
+            ex[m] = ex[a]
+            m += 1
+    return m
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _merge_row(indptr, indices, i, n, pos, order, glob, ex, out_idx, out_code, start, write):
+    """Merge row ``i``'s sorted neighbours with its extras; count (write False) or write entries and codes."""
+    m = _extras(i, n, pos, order, ex)
+    a, b = indptr[i], indptr[i + 1]
+    e = 0
+    cnt = 0
+    last = -1
+    while a < b or e < m:
+        from_row = e >= m or (a < b and indices[a] <= ex[e])
+        v = indices[a] if from_row else ex[e]
+        if from_row:
+            a += 1
+        else:
+            e += 1
+        if v == last:
+            continue
+        last = v
+        if write:
+            out_idx[start + cnt] = v
+            if v == i:
+                out_code[start + cnt] = 0
+            elif _contains(indices, indptr[i], indptr[i + 1], v):
+                out_code[start + cnt] = 1
+            elif _share(indices, indptr[i], indptr[i + 1], indptr[v], indptr[v + 1]):
+                out_code[start + cnt] = 2
+            else:
+                out_code[start + cnt] = 3
+        cnt += 1
+    if glob:
+        if write:
+            out_idx[start + cnt] = n
+            out_code[start + cnt] = 4
+        cnt += 1
+    return cnt
+
+
+@njit(parallel=True, cache=True, nogil=True)
+def _pattern_counts(indptr, indices, pos, order, glob, counts):
+    n = indptr.shape[0] - 1
+    dummy_i = np.empty(0, np.int64)
+    dummy_c = np.empty(0, np.uint8)
+    for i in prange(n):
+        ex = np.empty(3, np.int64)
+        counts[i] = _merge_row(indptr, indices, i, n, pos, order, glob, ex, dummy_i, dummy_c, 0, False)
+    if glob:
+        counts[n] = n + 1
+
+
+@njit(parallel=True, cache=True, nogil=True)
+def _pattern_fill(indptr, indices, pos, order, glob, rowptr, out_idx, out_code):
+    n = indptr.shape[0] - 1
+    for i in prange(n):
+        ex = np.empty(3, np.int64)
+        _merge_row(indptr, indices, i, n, pos, order, glob, ex, out_idx, out_code, rowptr[i], True)
+    if glob:
+        s = rowptr[n]
+        for j in range(n + 1):
+            out_idx[s + j] = j
+            out_code[s + j] = 4
+
+
+def attention_pattern(indptr, indices, order, global_token: bool):
+    """The sparse attention pattern as a CSR with one code per entry (see ``hpc_graph.graph.attention_pattern``).
+
+    Row ``i < N``: its in-neighbours (``indices`` row ``i``, ascending), itself, its predecessor and
+    successor in ``order``, and the global token ``N`` when ``global_token``; row ``N`` (global):
+    every token. Entries ascending and unique. Codes: 0 self, 1 in-neighbour, 2 chain pair with a
+    common neighbour, 3 other chain pair, 4 to or from the global token. Two passes (count,
+    fill), nothing E-sized but the output.
+
+    Returns:
+        ``(rowptr int64[T+1], cols int64[E'], codes uint8[E'])`` with T = N (+1).
+    """
+    n = indptr.shape[0] - 1
+    pos = np.empty(n, np.int64)
+    pos[order] = np.arange(n, dtype=np.int64)
+    t = n + int(bool(global_token))
+    counts = np.zeros(t, np.int64)
+    _pattern_counts(indptr, indices, pos, order, bool(global_token), counts)
+    rowptr = np.zeros(t + 1, np.int64)
+    np.cumsum(counts, out=rowptr[1:])
+    cols = np.empty(int(rowptr[-1]), np.int64)
+    codes = np.empty(int(rowptr[-1]), np.uint8)
+    _pattern_fill(indptr, indices, pos, order, bool(global_token), rowptr, cols, codes)
+    return rowptr, cols, codes

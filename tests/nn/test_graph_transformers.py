@@ -43,7 +43,7 @@ class _DenseRef(GraphContext):
         if mode == "dense":
             mask[:, :self.num_nodes, :self.num_nodes] = 0.0 if bias is None else bias[FAR].view(-1, 1, 1)
         rows = torch.repeat_interleave(torch.arange(T), pat.csr.in_degree())
-        mask[:, rows, pat.csr.indices] = 0.0 if bias is None else bias[pat.codes].t()
+        mask[:, rows, pat.csr.indices] = 0.0 if bias is None else bias[pat.codes.long()].t()
         out = F.scaled_dot_product_attention(q.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1), attn_mask=mask)
         return out.transpose(0, 1)
 

@@ -125,3 +125,18 @@ def test_bad_inputs_are_refused():
         pattern_attention(g, q, k, v, dense=True, num_nodes=9)
     with pytest.raises(ValueError, match="square"):
         pattern_attention(CSR(g.indptr, g.indices, 7), q, k, v)
+
+
+def test_code_bias_gathers_and_sums_per_code():
+    from hpc_graph.ops.graph_attention import code_bias
+
+    gen = torch.Generator().manual_seed(0)
+    table = torch.randn(5, 3, dtype=torch.float64, generator=gen, requires_grad=True)
+    codes = torch.randint(0, 5, (40,), generator=gen).to(torch.uint8)
+    out = code_bias(table, codes)
+    ref = table[codes.long()]
+    torch.testing.assert_close(out, ref)
+    g = torch.randn(40, 3, dtype=torch.float64, generator=gen)
+    torch.testing.assert_close(torch.autograd.grad(out, table, g)[0], torch.autograd.grad(ref, table, g)[0])
+    with pytest.raises(ValueError, match="code_bias"):
+        code_bias(table[0], codes)
