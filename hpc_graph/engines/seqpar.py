@@ -30,6 +30,7 @@ import torch
 from data_io.dataset import open_dataset
 from data_io.errors import FormatError
 from hpc_graph.engines.base import Engine
+from hpc_graph.graph.attention_pattern import sequence_order
 from hpc_graph.graph.base import GraphContext
 from hpc_graph.ops.csr import CSR
 
@@ -63,8 +64,8 @@ class _AllToAll(torch.autograd.Function):
 class _SeqParGraph(GraphContext):
     """This rank's token rows of the sequence; attention over the whole sequence through all-to-alls."""
 
-    def __init__(self, csr: CSR, ranges: np.ndarray, comm: Any):
-        self.csr = csr  # the whole graph (every rank), for the pattern and the degrees
+    def __init__(self, csr: CSR, ranges: np.ndarray, comm: Any, ids: np.ndarray | None = None):
+        self.csr = csr  # the whole graph in sequence positions (every rank), for the pattern and the degrees
         self.ranges = ranges
         self.comm = comm
         self.rank, self.size = int(comm.rank), int(comm.size)
@@ -72,7 +73,8 @@ class _SeqParGraph(GraphContext):
         self.num_nodes = self.hi - self.lo
         self.global_num_nodes = csr.num_dst
         self.node_fields: dict[str, torch.Tensor] = {}
-        self._gid = torch.arange(self.lo, self.hi, dtype=torch.int64)
+        self._gid = (torch.arange(self.lo, self.hi, dtype=torch.int64) if ids is None
+                     else torch.from_numpy(np.asarray(ids, dtype=np.int64)))  # node ids of this rank's tokens
         self._patterns: dict[bool, Any] = {}
 
     # -- the all-to-alls -----------------------------------------------------------------------
@@ -177,10 +179,26 @@ class _SeqParGraph(GraphContext):
         return t
 
 
+def _relabel(indptr: np.ndarray, indices: np.ndarray, order: np.ndarray) -> CSR:
+    """The graph with node ``order[t]`` renamed ``t`` (rows ascending), as a CSR."""
+    n = indptr.shape[0] - 1
+    pos = np.empty(n, dtype=np.int64)
+    pos[order] = np.arange(n, dtype=np.int64)
+    deg = np.diff(indptr)[order]
+    new_ptr = np.zeros(n + 1, dtype=np.int64)
+    np.cumsum(deg, out=new_ptr[1:])
+    rows = np.repeat(np.arange(n, dtype=np.int64), deg)
+    src_pos = np.arange(int(new_ptr[-1]), dtype=np.int64) + np.repeat(indptr[order] - new_ptr[:-1], deg)
+    cols = pos[indices[src_pos]]
+    cols = cols[np.lexsort((cols, rows))]
+    return CSR(torch.from_numpy(new_ptr), torch.from_numpy(cols), n, validate=False)
+
+
 class SeqParEngine(Engine):
     """Sequence-parallel engine for graph transformers (see module docstring). ``source``: a dataset file."""
 
     name = "seqpar"
+    OPTIONS = Engine.OPTIONS | frozenset({"sequence_order"})
 
     def __init__(self, source: str, comm: Any, device: torch.device, dtype: torch.dtype,
                  options: dict[str, Any] | None = None):
@@ -197,14 +215,18 @@ class SeqParEngine(Engine):
                 raise ValueError(f"engine 'seqpar': {n} nodes cannot be split over {size} ranks")
             ranges = token_ranges(n, size)
             lo, hi = int(ranges[rank]), int(ranges[rank + 1])
-            csr = CSR(ds.indptr(), ds.indices().astype(np.int64, copy=False), n, validate=False)
-            feat = ds.feat_rows(lo, hi)
-            label = ds.label()[lo:hi] if ds.has("label") else np.full(hi - lo, -1, dtype=np.int64)
-            masks = {name: (ds.mask(f"{name}_mask")[lo:hi] if ds.has(f"{name}_mask")
+            indptr, indices = ds.indptr(), ds.indices().astype(np.int64, copy=False)
+            order = sequence_order(indptr, indices, n, str(self.options.get("sequence_order", "id")),
+                                   seed=int(self.options.get("seed", 0)))
+            ids = order[lo:hi]  # this rank's nodes: a contiguous piece of the sequence
+            csr = _relabel(indptr, indices, order)  # node order[t] becomes token t
+            feat = ds.feat_take(ids)
+            label = ds.label()[ids] if ds.has("label") else np.full(hi - lo, -1, dtype=np.int64)
+            masks = {name: (ds.mask(f"{name}_mask")[ids] if ds.has(f"{name}_mask")
                             else np.zeros(hi - lo, dtype=bool)) for name in ("train", "val", "test")}
-            lap_pe = ds.lap_pe()[lo:hi] if ds.has("lap_pe") else None
+            lap_pe = ds.lap_pe()[ids] if ds.has("lap_pe") else None
             self.num_classes = int(ds.num_classes) or int(ds.label().max()) + 1
-        self.graph = _SeqParGraph(csr, ranges, comm)
+        self.graph = _SeqParGraph(csr, ranges, comm, ids)
         if lap_pe is not None:
             self.graph.node_fields["lap_pe"] = torch.from_numpy(np.ascontiguousarray(lap_pe)).to(dtype=dtype)
         self.feat = torch.from_numpy(np.ascontiguousarray(feat)).to(dtype=dtype)

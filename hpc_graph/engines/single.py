@@ -27,8 +27,9 @@ log = logging.getLogger(__name__)
 class _SingleGraph(GraphContext):
     """The whole graph: global ids are local ids, all-reduce is the identity."""
 
-    def __init__(self, csr: CSR, edge_type: np.ndarray | None = None):
+    def __init__(self, csr: CSR, edge_type: np.ndarray | None = None, sequence_order: str = "id"):
         self.csr = csr
+        self.sequence_order = sequence_order  # graph transformers: the chain's order (attention_pattern.ORDERS)
         self.num_nodes = self.global_num_nodes = csr.num_dst
         self._gid = torch.arange(csr.num_dst, dtype=torch.int64, device=csr.device)
         self._self_loops: CSR | None = None
@@ -57,14 +58,18 @@ class _SingleGraph(GraphContext):
         return spmm_fused(self.csr, x, reduce, **kw)
 
     def attention_pattern(self, global_token: bool):
-        """The sparse attention pattern of the whole graph (node id order), built once per ``global_token``."""
+        """The sparse attention pattern of the whole graph (chain in ``sequence_order``), built once per ``global_token``."""
         from hpc_graph.graph.attention_pattern import build_pattern
 
-        key = ("attention_pattern", bool(global_token))
+        from hpc_graph.graph.attention_pattern import sequence_order
+
+        key = ("attention_pattern", bool(global_token), self.sequence_order)
         if key not in self.csr._cache:
             g = self.csr
-            self.csr._cache[key] = build_pattern(g.indptr.cpu().numpy(), g.indices.cpu().numpy(), self.num_nodes,
-                                                 global_token=global_token)
+            indptr, indices = g.indptr.cpu().numpy(), g.indices.cpu().numpy()
+            order = sequence_order(indptr, indices, self.num_nodes, self.sequence_order)
+            self.csr._cache[key] = build_pattern(indptr, indices, self.num_nodes, global_token=global_token,
+                                                 order=order)
         return self.csr._cache[key]
 
     def attention(self, q, k, v, *, bias=None, mode="sparse", global_token=False):
@@ -132,11 +137,14 @@ class SingleEngine(Engine):
     """The whole dataset in one process (see module docstring). ``source``: a dataset file.
 
     ``label`` holds -1 for unlabelled nodes; a missing mask is all False.
-    Options: ``prefetch`` is accepted and ignored; any other option is an error.
+    Options: ``sequence_order`` (graph transformers: ``id``, ``rcm`` or ``metis``, see
+    :func:`~hpc_graph.graph.attention_pattern.sequence_order`); ``prefetch`` is accepted and ignored;
+    any other option is an error.
     Raises ``ValueError`` when ``comm`` has more than one rank.
     """
 
     name = "single"
+    OPTIONS = Engine.OPTIONS | frozenset({"sequence_order"})
 
     def __init__(self, source: str, comm: Any, device: torch.device, dtype: torch.dtype,
                  options: dict[str, Any] | None = None):
@@ -157,7 +165,7 @@ class SingleEngine(Engine):
             masks = {name: (ds.mask(f"{name}_mask") if ds.has(f"{name}_mask") else np.zeros(n, dtype=bool))
                      for name in ("train", "val", "test")}
             self.num_classes = int(ds.num_classes) or int(label.max()) + 1
-        self.graph = _SingleGraph(csr.to(self.device), edge_type)
+        self.graph = _SingleGraph(csr.to(self.device), edge_type, str(self.options.get("sequence_order", "id")))
         if lap_pe is not None:
             self.graph.node_fields["lap_pe"] = torch.from_numpy(lap_pe).to(device=self.device, dtype=dtype)
         self.feat = torch.from_numpy(feat).to(device=self.device, dtype=dtype)

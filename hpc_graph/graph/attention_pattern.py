@@ -94,3 +94,37 @@ def build_pattern(indptr: np.ndarray, indices: np.ndarray, num_nodes: int, *, gl
     rowptr, cols, codes = attention_pattern(indptr, indices, order, global_token)
     csr = CSR(torch.from_numpy(rowptr), torch.from_numpy(cols), n + int(global_token), validate=False)
     return AttentionPattern(csr, torch.from_numpy(codes), n, bool(global_token), order)
+
+
+#: sequence orders of :func:`sequence_order` (``engine.sequence_order``)
+ORDERS = ("id", "rcm", "metis")
+
+
+def sequence_order(indptr: np.ndarray, indices: np.ndarray, num_nodes: int, method: str = "id",
+                   cluster_size: int = 256, seed: int = 0) -> np.ndarray:
+    """int64[N]: the order of the nodes in the transformer's sequence (``order[t]`` is the t-th node).
+
+    ``id``: node id order. ``rcm``: reverse Cuthill-McKee of the undirected graph (neighbours end
+    up close in the sequence, so the chain links nearby nodes). ``metis``: METIS clusters of about
+    ``cluster_size`` nodes one after the other (TorchGT's cluster-aware sequences), node id order
+    inside a cluster. The chain of the attention pattern follows this order, and ``seqpar`` gives
+    each rank a contiguous piece of it.
+    """
+    n = int(num_nodes)
+    if method not in ORDERS:
+        raise ValueError(f"engine.sequence_order: must be one of {', '.join(map(repr, ORDERS))}, got {method!r}")
+    if method == "id" or n <= 1:
+        return np.arange(n, dtype=np.int64)
+    indptr = np.asarray(indptr, dtype=np.int64)
+    indices = np.asarray(indices, dtype=np.int64)
+    if method == "rcm":
+        from scipy.sparse import csr_matrix
+        from scipy.sparse.csgraph import reverse_cuthill_mckee
+
+        a = csr_matrix((np.ones(indices.shape[0], dtype=np.int8), indices, indptr), shape=(n, n))
+        a = (a + a.T).tocsr()
+        return np.asarray(reverse_cuthill_mckee(a, symmetric_mode=True), dtype=np.int64)
+    from data_io.partitioner import assign_parts
+
+    parts = assign_parts(indptr, indices, max(1, min(n, -(-n // int(cluster_size)))), method="metis", seed=seed)
+    return np.argsort(parts, kind="stable").astype(np.int64)

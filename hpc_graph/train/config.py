@@ -101,7 +101,14 @@ class EngineConfig:
                        "`single`: one process, whole graph; `dp`: halo exchange; `sar`: sequential aggregation "
                        "and rematerialisation; `sylvie`: halo exchange with low-bit quantised messages and an "
                        "optional stale pipeline; `minibatch`: sampled mini-batches (sections `sampler`, `hec`). "
-                       "`auto`: `single` on one process with a dataset file, else `dp`.")
+                       "`seqpar`: sequence-parallel graph transformers (`gt`, `graphormer`). "
+                       "`auto`: `single` on one process with a dataset file, else `dp` (`seqpar` for the graph "
+                       "transformers).")
+    sequence_order: str = _field("id", _only(_choice("id", "rcm", "metis"), "single", "seqpar"),
+                                 "Graph transformers (`gt`, `graphormer`): the order of the nodes in the sequence, "
+                                 "which the attention pattern's chain follows and `seqpar` cuts into one piece per "
+                                 "rank. `id`: node ids; `rcm`: reverse Cuthill-McKee (neighbours close together); "
+                                 "`metis`: METIS clusters of ~256 nodes one after the other.")
     prefetch: bool = _field(True, _BOOL, "`sar` only: fetch the next remote block while aggregating the "
                                          "current one (more memory, less waiting).")
     bits: Any = _field("auto", _only(_BITS, "sylvie"),

@@ -74,3 +74,32 @@ def test_bad_inputs():
     bad[0] = n
     with pytest.raises(ValueError, match="range"):
         build_pattern(indptr, bad, n)
+
+
+@pytest.mark.parametrize("method", ["id", "rcm", "metis"])
+def test_sequence_orders_are_permutations_that_keep_neighbours_close(method):
+    from hpc_graph.graph.attention_pattern import sequence_order
+
+    # two rings of 40 nodes, their ids interleaved: id order puts non-neighbours next to each other
+    n = 80
+    ring = np.arange(40)
+    a, b = 2 * ring, 2 * ((ring + 1) % 40)
+    src = np.concatenate([a, b, a + 1, b + 1])
+    dst = np.concatenate([b, a, b + 1, a + 1])
+    order_e = np.argsort(dst, kind="stable")
+    indptr = np.zeros(n + 1, np.int64)
+    np.cumsum(np.bincount(dst, minlength=n), out=indptr[1:])
+    indices = src[order_e].astype(np.int64)
+    order = sequence_order(indptr, indices, n, method, cluster_size=10)
+    assert np.array_equal(np.sort(order), np.arange(n))
+    pos = np.empty(n, np.int64)
+    pos[order] = np.arange(n)
+    gap = np.abs(pos[src] - pos[dst]).mean()  # mean sequence distance between neighbours
+    if method == "id":
+        assert gap >= 2
+    else:
+        assert gap < 0.25 * n / 2  # far below the interleaved ids' spread of the rings
+    if method == "metis":  # clusters come one after the other: the ring each position belongs to changes rarely
+        assert (np.diff(order % 2) != 0).sum() <= 3
+    with pytest.raises(ValueError, match="sequence_order"):
+        sequence_order(indptr, indices, n, "bfs")
