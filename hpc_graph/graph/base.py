@@ -107,8 +107,8 @@ class GraphContext(ABC):
         Returns:
             float[T, H, Dv]; differentiable in q, k, v and bias.
         """
-        raise NotImplementedError(f"{type(self).__name__}: graph-transformer attention runs on the 'single' "
-                                  f"engine (engine.name: single)")
+        raise NotImplementedError(f"{type(self).__name__}: graph-transformer attention runs on the 'single' and "
+                                  f"'seqpar' engines (engine.name: single or seqpar)")
 
     def node_field(self, name: str) -> torch.Tensor:
         """The owned rows of an extra per-node dataset field, e.g. ``"lap_pe"`` (float[num_nodes, k]).
@@ -116,7 +116,7 @@ class GraphContext(ABC):
         Raises ``ValueError`` naming the field when the dataset lacks it or the engine cannot load it.
         """
         raise ValueError(f"{type(self).__name__}: node field {name!r} is not available on this engine "
-                         f"(the graph transformers run on engine.name: single)")
+                         f"(the graph transformers run on engine.name: single or seqpar)")
 
     def out_degree(self) -> torch.Tensor:
         """int64[num_nodes]: out-degree of each owned node in the whole graph."""
