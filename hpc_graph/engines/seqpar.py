@@ -119,11 +119,8 @@ class _SeqParGraph(GraphContext):
         return self._patterns[global_token]
 
     def attention(self, q, k, v, *, bias=None, mode="sparse", global_token=False):
-        from hpc_graph.graph.attention_pattern import FAR, NUM_CODES
-        from hpc_graph.ops.graph_attention import code_bias, pattern_attention
+        from hpc_graph.graph.attention_pattern import attend, check_attention_args
 
-        if mode not in ("sparse", "dense"):
-            raise ValueError(f"attention: mode must be 'sparse' or 'dense', got {mode!r}")
         H = q.shape[1]
         if H % self.size:
             raise ValueError(f"model.heads: {H} heads cannot be split over {self.size} ranks of engine 'seqpar' "
@@ -132,8 +129,7 @@ class _SeqParGraph(GraphContext):
         if q.shape[0] != want:
             raise ValueError(f"attention: q has {q.shape[0]} rows, this rank holds {want} tokens "
                              f"({self.num_nodes} nodes{' + the global token' if global_token else ''})")
-        if bias is not None and (bias.dim() != 2 or bias.shape[0] != NUM_CODES or bias.shape[1] != H):
-            raise ValueError(f"attention: bias must be [NUM_CODES={NUM_CODES}, heads={H}], got {tuple(bias.shape)}")
+        check_attention_args(mode, bias, H)
         pat = self.attention_pattern(global_token)
         hp = H // self.size
         if q.shape == v.shape:  # one all-to-all for q, k and v: [rows, H, 3 d] keeps each head's three together
@@ -142,13 +138,8 @@ class _SeqParGraph(GraphContext):
             qh, kh, vh = x.view(x.shape[0], hp, 3, q.shape[2]).unbind(2)
         else:
             qh, kh, vh = (_AllToAll.apply(t.contiguous(), self, True, global_token) for t in (q, k, v))
-        heads = slice(self.rank * hp, (self.rank + 1) * hp)
-        b = None if bias is None else bias[:, heads]
-        dense = mode == "dense"
-        out = pattern_attention(pat.csr, qh.contiguous(), kh.contiguous(), vh.contiguous(),
-                                bias=None if b is None else code_bias(b, pat.codes), dense=dense,
-                                num_nodes=pat.num_nodes,
-                                far_bias=b[FAR] if (dense and b is not None) else None)
+        b = None if bias is None else bias[:, self.rank * hp:(self.rank + 1) * hp]  # this rank's heads
+        out = attend(pat, qh.contiguous(), kh.contiguous(), vh.contiguous(), bias=b, mode=mode)
         return _AllToAll.apply(out, self, False, global_token)
 
     def aggregate(self, x, reduce="sum"):
@@ -161,14 +152,7 @@ class _SeqParGraph(GraphContext):
         return self.csr.in_degree()[self.lo:self.hi]
 
     def out_degree(self) -> torch.Tensor:
-        indptr_t = self.csr.csc(perm=False)[0]
-        return (indptr_t[1:] - indptr_t[:-1])[self.lo:self.hi]
-
-    def node_field(self, name: str) -> torch.Tensor:
-        if name not in self.node_fields:
-            hint = " (hpc-graph preprocess lap-pe FILE adds it)" if name == "lap_pe" else ""
-            raise ValueError(f"node field /node/{name}: not in the dataset{hint}")
-        return self.node_fields[name]
+        return self.csr.out_degree()[self.lo:self.hi]
 
     def global_ids(self) -> torch.Tensor:
         return self._gid

@@ -59,9 +59,7 @@ class _SingleGraph(GraphContext):
 
     def attention_pattern(self, global_token: bool):
         """The sparse attention pattern of the whole graph (chain in ``sequence_order``), built once per ``global_token``."""
-        from hpc_graph.graph.attention_pattern import build_pattern
-
-        from hpc_graph.graph.attention_pattern import sequence_order
+        from hpc_graph.graph.attention_pattern import build_pattern, sequence_order
 
         key = ("attention_pattern", bool(global_token), self.sequence_order)
         if key not in self.csr._cache:
@@ -73,25 +71,13 @@ class _SingleGraph(GraphContext):
         return self.csr._cache[key]
 
     def attention(self, q, k, v, *, bias=None, mode="sparse", global_token=False):
-        from hpc_graph.graph.attention_pattern import FAR, NUM_CODES
-        from hpc_graph.ops.graph_attention import code_bias, pattern_attention
+        from hpc_graph.graph.attention_pattern import attend
 
-        if mode not in ("sparse", "dense"):
-            raise ValueError(f"attention: mode must be 'sparse' or 'dense', got {mode!r}")
         pat = self.attention_pattern(global_token)
         if q.shape[0] != pat.num_tokens:
             raise ValueError(f"attention: q has {q.shape[0]} rows, the sequence has {pat.num_tokens} tokens "
                              f"({self.num_nodes} nodes{' + the global token' if global_token else ''})")
-        if bias is not None and (bias.dim() != 2 or bias.shape[0] != NUM_CODES or bias.shape[1] != q.shape[1]):
-            raise ValueError(f"attention: bias must be [NUM_CODES={NUM_CODES}, heads={q.shape[1]}], "
-                             f"got {tuple(bias.shape)}")
-        dense = mode == "dense"
-        pat_csr = pat.csr if pat.csr.device == q.device else pat.csr.to(q.device)
-        codes = pat.codes.to(q.device)
-        return pattern_attention(pat_csr, q, k, v, bias=None if bias is None else code_bias(bias, codes),
-                                 dense=dense,
-                                 num_nodes=pat.num_nodes,
-                                 far_bias=bias[FAR] if (dense and bias is not None) else None)
+        return attend(pat, q, k, v, bias=bias, mode=mode)
 
     def with_self_loops(self) -> CSR:
         """The CSR with an edge ``i -> i`` appended to every row (after its in-edges), built once."""
@@ -117,14 +103,7 @@ class _SingleGraph(GraphContext):
         return self.csr.in_degree()
 
     def out_degree(self) -> torch.Tensor:
-        indptr_t = self.csr.csc(perm=False)[0]
-        return indptr_t[1:] - indptr_t[:-1]
-
-    def node_field(self, name: str) -> torch.Tensor:
-        if name not in self.node_fields:
-            hint = " (hpc-graph preprocess lap-pe FILE adds it)" if name == "lap_pe" else ""
-            raise ValueError(f"node field /node/{name}: not in the dataset{hint}")
-        return self.node_fields[name]
+        return self.csr.out_degree()
 
     def global_ids(self) -> torch.Tensor:
         return self._gid

@@ -128,3 +128,28 @@ def sequence_order(indptr: np.ndarray, indices: np.ndarray, num_nodes: int, meth
 
     parts = assign_parts(indptr, indices, max(1, min(n, -(-n // int(cluster_size)))), method="metis", seed=seed)
     return np.argsort(parts, kind="stable").astype(np.int64)
+
+
+
+def check_attention_args(mode: str, bias: torch.Tensor | None, heads: int) -> None:
+    """``ValueError`` for a mode other than sparse/dense or a bias table that is not float[NUM_CODES, heads]."""
+    if mode not in ("sparse", "dense"):
+        raise ValueError(f"attention: mode must be 'sparse' or 'dense', got {mode!r}")
+    if bias is not None and (bias.dim() != 2 or bias.shape[0] != NUM_CODES or bias.shape[1] != heads):
+        raise ValueError(f"attention: bias must be [NUM_CODES={NUM_CODES}, heads={heads}], got {tuple(bias.shape)}")
+
+
+def attend(pattern: AttentionPattern, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *,
+           bias: torch.Tensor | None = None, mode: str = "sparse") -> torch.Tensor:
+    """Attention of all ``pattern.num_tokens`` tokens (q, k, v float[T, H, d]) for an engine holding the whole
+    sequence: the bias table float[NUM_CODES, H] gathered by the entries' codes, the ``FAR`` row for the pairs
+    outside the pattern in dense mode (:func:`~hpc_graph.ops.graph_attention.pattern_attention`).
+    ``mode`` and ``bias`` as checked by :func:`check_attention_args`."""
+    from hpc_graph.ops.graph_attention import code_bias, pattern_attention
+
+    check_attention_args(mode, bias, q.shape[1])
+    dense = mode == "dense"
+    csr = pattern.csr if pattern.csr.device == q.device else pattern.csr.to(q.device)
+    return pattern_attention(csr, q, k, v, bias=None if bias is None else code_bias(bias, pattern.codes.to(q.device)),
+                             dense=dense, num_nodes=pattern.num_nodes,
+                             far_bias=bias[FAR] if (dense and bias is not None) else None)

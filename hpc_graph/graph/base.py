@@ -113,10 +113,17 @@ class GraphContext(ABC):
     def node_field(self, name: str) -> torch.Tensor:
         """The owned rows of an extra per-node dataset field, e.g. ``"lap_pe"`` (float[num_nodes, k]).
 
+        Engines that load such fields keep them in a ``node_fields`` dict (``single``, ``seqpar``).
         Raises ``ValueError`` naming the field when the dataset lacks it or the engine cannot load it.
         """
-        raise ValueError(f"{type(self).__name__}: node field {name!r} is not available on this engine "
-                         f"(the graph transformers run on engine.name: single or seqpar)")
+        fields = getattr(self, "node_fields", None)
+        if fields is None:
+            raise ValueError(f"{type(self).__name__}: node field {name!r} is not available on this engine "
+                             f"(the graph transformers run on engine.name: single or seqpar)")
+        if name not in fields:
+            hint = " (hpc-graph preprocess lap-pe FILE adds it)" if name == "lap_pe" else ""
+            raise ValueError(f"node field /node/{name}: not in the dataset{hint}")
+        return fields[name]
 
     def out_degree(self) -> torch.Tensor:
         """int64[num_nodes]: out-degree of each owned node in the whole graph."""

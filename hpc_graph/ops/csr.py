@@ -119,6 +119,11 @@ class CSR:
         """int64[num_dst]: number of in-edges of each destination row."""
         return self.indptr[1:] - self.indptr[:-1]
 
+    def out_degree(self) -> torch.Tensor:
+        """int64[num_src]: number of out-edges of each source column (from the cached transpose)."""
+        indptr_t = self.csc(perm=False)[0]
+        return indptr_t[1:] - indptr_t[:-1]
+
     def to(self, device) -> "CSR":
         out = CSR(self.indptr.to(device), self.indices.to(device), self.num_src,
                   None if self.edge_weight is None else self.edge_weight.to(device), validate=False)
