@@ -593,13 +593,25 @@ class Communicator(ABC):
         return shape, dtype
 
 
-def _flush_streams() -> None:
+ABORT_GRACE_S = 1.0  # seconds between the last flush and MPI_Abort
+
+
+def _flush_streams(grace: float = 0.0) -> None:
+    """Flush logging handlers, stdout and stderr; then wait ``grace`` seconds.
+
+    Before ``MPI_Abort`` the wait matters: the launcher forwards a rank's
+    output through pipes, and MPICH's Hydra kills the job as soon as the abort
+    arrives, dropping what it had not forwarded yet (the error message that
+    says why the job died). One second is negligible next to a dead job.
+    """
     for handler in logging.getLogger().handlers:
         with contextlib.suppress(Exception):
             handler.flush()
     for stream in (sys.stdout, sys.stderr):
         with contextlib.suppress(Exception):
             stream.flush()
+    if grace > 0:
+        time.sleep(grace)
 
 
 _CACHE: dict[str, Communicator] = {}

@@ -22,8 +22,8 @@ from typing import Any, NoReturn
 import numpy as np
 import torch
 
-from hpc_graph.comm.communicator import (MAX_MESSAGE_BYTES, Communicator, _env_flag,
-                                         _flush_streams)
+from hpc_graph.comm.communicator import (ABORT_GRACE_S, MAX_MESSAGE_BYTES, Communicator,
+                                         _env_flag, _flush_streams)
 
 log = logging.getLogger(__name__)
 
@@ -153,7 +153,7 @@ class MPICommunicator(Communicator):
 
     def abort(self, code: int = 1) -> NoReturn:
         """``MPI_Abort`` on ``COMM_WORLD``: every rank of the job ends with status ``code``."""
-        _flush_streams()
+        _flush_streams(ABORT_GRACE_S)
         try:
             self._MPI.COMM_WORLD.Abort(int(code))
         finally:  # Abort does not return; if the library did, do not keep running

@@ -28,7 +28,8 @@ from typing import Any, NoReturn
 import numpy as np
 import torch
 
-from hpc_graph.comm.communicator import MAX_MESSAGE_BYTES, Communicator, _flush_streams
+from hpc_graph.comm.communicator import (ABORT_GRACE_S, MAX_MESSAGE_BYTES, Communicator,
+                                         _flush_streams)
 
 log = logging.getLogger(__name__)
 
@@ -214,7 +215,7 @@ class TorchDistCommunicator(Communicator):
     def abort(self, code: int = 1) -> NoReturn:
         """End the job: ``MPI_Abort`` when MPI was used for the rendezvous, else exit this
         process at once (the launcher, or the peers' broken connections, end the rest)."""
-        _flush_streams()
+        _flush_streams(ABORT_GRACE_S)
         mpi = sys.modules.get("mpi4py.MPI")
         try:
             if mpi is not None and mpi.Is_initialized() and not mpi.Is_finalized():
