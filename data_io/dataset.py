@@ -11,6 +11,14 @@ Layout (see ``docs/file-format.md``)::
     /node/feat         float32[N,F] optional, chunked by rows
     /node/label        int64[N]     optional; -1 marks an unlabelled node
     /node/train_mask, /node/val_mask, /node/test_mask  bool[N] optional
+    /node/lap_pe       float32[N,k] optional (hpc-graph preprocess lap-pe)
+
+A graph-level dataset (``task="graph"``: many small graphs, one label each) stores them as one
+block-diagonal graph (no edge joins two graphs) plus::
+
+    /graphs/ptr        int64[G+1]   graph g is nodes ptr[g]:ptr[g+1] (every graph non-empty)
+    /graphs/label      int64[G]     class of each graph (num_classes counts graph classes)
+    /graphs/train_mask, /graphs/val_mask, /graphs/test_mask  bool[G] optional
 
 Writers go through :func:`data_io.errors.atomic_output` (temporary name, then
 rename). Readers check format, version, dtypes, shapes and index ranges and
@@ -34,6 +42,8 @@ log = logging.getLogger(__name__)
 FORMAT = "hpc_graph.dataset"
 VERSION = 1
 MASKS = ("train_mask", "val_mask", "test_mask")
+#: per-graph fields of a graph-level dataset (group ``/graphs``)
+GRAPH_FIELDS = ("graph_ptr", "graph_label") + tuple(f"graph_{m}" for m in MASKS)
 # rows of features read or written per step when streaming (bounded memory)
 _CHUNK_BYTES = 64 << 20
 
@@ -51,7 +61,9 @@ class GraphData:
     Shapes: ``indptr`` int64[N+1], ``indices`` int32/int64[E] (CSR over
     destinations: ``indices[indptr[i]:indptr[i+1]]`` are the sources of the
     edges into node ``i``), ``feat`` float32[N, F], ``label`` int64[N],
-    masks bool[N], ``edge_weight`` float32[E], ``edge_type`` int16[E].
+    masks bool[N], ``edge_weight`` float32[E], ``edge_type`` int16[E]; a
+    graph-level dataset (``task="graph"``): ``graph_ptr`` int64[G+1],
+    ``graph_label`` int64[G], ``graph_*_mask`` bool[G].
     """
 
     indptr: np.ndarray
@@ -67,6 +79,11 @@ class GraphData:
     num_classes: int = 0
     directed: bool = False
     task: str = "node"
+    graph_ptr: np.ndarray | None = None
+    graph_label: np.ndarray | None = None
+    graph_train_mask: np.ndarray | None = None
+    graph_val_mask: np.ndarray | None = None
+    graph_test_mask: np.ndarray | None = None
 
     @property
     def num_nodes(self) -> int:
@@ -190,6 +207,66 @@ def _check_arrays(a: dict[str, Any], source: str, num_classes: int,
             bad(f"/node/{m}", f"expected shape ({n},), got {arr.shape}")
         elif arr.dtype != np.bool_:
             bad(f"/node/{m}", f"expected bool, got {arr.dtype}")
+    out += _check_graphs(a, source, num_classes, check_values, n)
+    return out
+
+
+def _check_graphs(a: dict[str, Any], source: str, num_classes: int, check_values: bool, n: int) -> list[FormatError]:
+    """Problems of the ``/graphs/*`` fields of a graph-level dataset (none when absent and not required)."""
+    out: list[FormatError] = []
+    ptr = a.get("graph_ptr")
+    task = a.get("task", "node")
+    if ptr is None:
+        if task == "graph":
+            out.append(FormatError(source, "/graphs/ptr", "missing (task is 'graph')"))
+        elif any(a.get(k) is not None for k in GRAPH_FIELDS):
+            out.append(FormatError(source, "/graphs/ptr", "missing (other /graphs fields are present)"))
+        return out
+    if task != "graph":
+        out.append(FormatError(source, "/@task", f"must be 'graph' in a file with /graphs/ptr, got {task!r}"))
+        return out
+    if ptr.ndim != 1 or ptr.shape[0] < 2 or ptr.dtype != np.int64:
+        out.append(FormatError(source, "/graphs/ptr", f"expected int64[G+1] with G >= 1, got {ptr.dtype}{ptr.shape}"))
+        return out
+    g = int(ptr.shape[0] - 1)
+    if check_values:
+        p = np.asarray(ptr[...])
+        if p[0] != 0 or p[-1] != n:
+            out.append(FormatError(source, "/graphs/ptr", f"must run from 0 to num_nodes={n}, got {p[0]} .. {p[-1]}"))
+            return out
+        d = np.diff(p)
+        if (d <= 0).any():
+            out.append(FormatError(source, "/graphs/ptr", f"graph {int(np.argmax(d <= 0))} is empty "
+                                                           "(offsets must increase)"))
+            return out
+        indptr, indices = a.get("indptr"), a.get("indices")
+        if indptr is not None and indices is not None and indices.shape[0]:
+            node_graph = np.repeat(np.arange(g, dtype=np.int64), d)
+            ip = np.asarray(indptr[...])
+            src = np.asarray(indices[...], dtype=np.int64)
+            if src.min() >= 0 and src.max() < n:
+                dst = np.repeat(np.arange(n, dtype=np.int64), np.diff(ip))
+                cross = node_graph[src] != node_graph[dst]
+                if cross.any():
+                    e = int(np.argmax(cross))
+                    out.append(FormatError(source, "/graph/indices", f"edge {src[e]} -> {dst[e]} joins graphs "
+                                           f"{node_graph[src[e]]} and {node_graph[dst[e]]} (graphs of "
+                                           "/graphs/ptr must not share edges)"))
+    label = a.get("graph_label")
+    if label is None:
+        out.append(FormatError(source, "/graphs/label", "missing (a graph-level dataset needs one label per graph)"))
+    elif label.shape != (g,) or label.dtype != np.int64:
+        out.append(FormatError(source, "/graphs/label", f"expected int64[{g}], got {label.dtype}{label.shape}"))
+    elif check_values:
+        lab = np.asarray(label[...])
+        if lab.min() < -1:
+            out.append(FormatError(source, "/graphs/label", f"label {lab.min()} < -1 (-1 marks an unlabelled graph)"))
+        if num_classes and lab.max() >= num_classes:
+            out.append(FormatError(source, "/graphs/label", f"label {lab.max()} >= num_classes={num_classes}"))
+    for m in MASKS:
+        arr = a.get(f"graph_{m}")
+        if arr is not None and (arr.shape != (g,) or arr.dtype != np.bool_):
+            out.append(FormatError(source, f"/graphs/{m}", f"expected bool[{g}], got {arr.dtype}{arr.shape}"))
     return out
 
 
@@ -288,6 +365,17 @@ class DatasetWriter:
             raise ValueError(f"unknown node field {field!r}")
         self._h5.create_dataset(f"node/{field}", data=np.asarray(values, dtype=dtype))
 
+    def write_graphs(self, ptr: np.ndarray, label: np.ndarray, masks: dict[str, np.ndarray] | None = None) -> None:
+        """Write the per-graph fields of a graph-level dataset: ``ptr`` int64[G+1], ``label`` int64[G],
+        ``masks`` {"train_mask"|"val_mask"|"test_mask": bool[G]} (checked with the rest on exit)."""
+        assert self._h5 is not None, "use DatasetWriter as a context manager"
+        self._h5.create_dataset("graphs/ptr", data=np.asarray(ptr, dtype=np.int64))
+        self._h5.create_dataset("graphs/label", data=np.asarray(label, dtype=np.int64))
+        for m, v in (masks or {}).items():
+            if m not in MASKS:
+                raise ValueError(f"unknown graph mask {m!r}; expected one of {MASKS}")
+            self._h5.create_dataset(f"graphs/{m}", data=np.asarray(v, dtype=np.bool_))
+
     def __exit__(self, exc_type, exc, tb) -> bool:
         assert self._h5 is not None and self._ctx is not None
         try:
@@ -317,12 +405,16 @@ def _h5_fields(h5: h5py.File) -> dict[str, Any]:
     names = {"indptr": "graph/indptr", "indices": "graph/indices", "edge_weight": "graph/edge_weight",
              "edge_type": "graph/edge_type", "feat": "node/feat", "label": "node/label", "lap_pe": "node/lap_pe"}
     names.update({m: f"node/{m}" for m in MASKS})
+    names.update({"graph_ptr": "graphs/ptr", "graph_label": "graphs/label"})
+    names.update({f"graph_{m}": f"graphs/{m}" for m in MASKS})
     out = {}
     for k, p in names.items():
         if p in h5:
             obj = h5[p]
             if isinstance(obj, h5py.Dataset):
                 out[k] = obj
+    task = h5.attrs.get("task", "node")
+    out["task"] = task.decode() if isinstance(task, bytes) else str(task)
     return out
 
 
@@ -343,6 +435,9 @@ def write_dataset(path: str | os.PathLike, data: GraphData, *, force: bool = Fal
             v = getattr(data, m)
             if v is not None:
                 w.write_node(m, v)
+        if data.graph_ptr is not None:
+            w.write_graphs(data.graph_ptr, data.graph_label,
+                           {m: getattr(data, f"graph_{m}") for m in MASKS if getattr(data, f"graph_{m}") is not None})
     log.info("wrote %s: %d nodes, %d edges, %d features", path, data.num_nodes, data.num_edges, data.feat_dim)
 
 
@@ -416,6 +511,8 @@ class Dataset:
         if field not in self._fields:
             path = {"feat": "/node/feat", "label": "/node/label", "edge_weight": "/graph/edge_weight",
                     "edge_type": "/graph/edge_type"}.get(field, f"/node/{field}")
+            if field.startswith("graph_"):
+                path = "/graphs/" + ("ptr" if field == "graph_ptr" else field[len("graph_"):])
             raise FormatError(self.path, path, "missing")
         try:
             return np.asarray(self._fields[field][...])
@@ -424,6 +521,22 @@ class Dataset:
 
     def indptr(self) -> np.ndarray:
         return self._read("indptr")
+
+    def graph_ptr(self) -> np.ndarray:
+        """int64[G+1] of a graph-level dataset (``/graphs/ptr``)."""
+        return self._read("graph_ptr")
+
+    def graph_label(self) -> np.ndarray:
+        """int64[G]: the class of each graph (``/graphs/label``)."""
+        return self._read("graph_label")
+
+    def graph_mask(self, name: str) -> np.ndarray:
+        """bool[G]: ``/graphs/<name>`` (all False when absent)."""
+        if name not in MASKS:
+            raise ValueError(f"unknown mask {name!r}; expected one of {MASKS}")
+        if not self.has(f"graph_{name}"):
+            return np.zeros(self.graph_ptr().shape[0] - 1, dtype=bool)
+        return self._read(f"graph_{name}")
 
     def lap_pe(self) -> np.ndarray:
         """float32[N, k]: Laplacian eigenvector positional encodings (``hpc-graph preprocess lap-pe``)."""
@@ -488,7 +601,8 @@ class Dataset:
             val_mask=self._read("val_mask") if self.has("val_mask") else None,
             test_mask=self._read("test_mask") if self.has("test_mask") else None,
             edge_weight=self.edge_weight(), edge_type=self.edge_type(),
-            name=self.name, num_classes=self.num_classes, directed=self.directed, task=self.task)
+            name=self.name, num_classes=self.num_classes, directed=self.directed, task=self.task,
+            **{f: (self._read(f) if self.has(f) else None) for f in GRAPH_FIELDS})
 
     def attrs(self) -> dict[str, Any]:
         """Root attributes as plain Python values."""
@@ -506,6 +620,17 @@ class Dataset:
     def __repr__(self) -> str:
         return (f"Dataset({str(self.path)!r}, nodes={self.num_nodes}, edges={self.num_edges}, "
                 f"feat_dim={self.feat_dim}, classes={self.num_classes})")
+
+
+def dataset_task(path: str | os.PathLike) -> str:
+    """The ``task`` attribute of a dataset file (``"node"`` or ``"graph"``) without validating it;
+    ``"node"`` when the file cannot be read (the loader reports that properly)."""
+    try:
+        with h5py.File(path, "r") as h5:
+            task = h5.attrs.get("task", "node")
+    except OSError:
+        return "node"
+    return task.decode() if isinstance(task, bytes) else str(task)
 
 
 def open_dataset(path: str | os.PathLike, check_values: bool = True) -> Dataset:

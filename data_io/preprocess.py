@@ -25,18 +25,20 @@ log = logging.getLogger(__name__)
 NODE_FIELDS = {"lap_pe": np.float32}
 
 
-def laplacian_pe(indptr: np.ndarray, indices: np.ndarray, num_nodes: int, k: int, seed: int = 0) -> np.ndarray:
+def laplacian_pe(indptr: np.ndarray, indices: np.ndarray, num_nodes: int, k: int, seed: int = 0,
+                 graph_ptr: np.ndarray | None = None) -> np.ndarray:
     """float32[N, k]: eigenvectors of the normalised Laplacian for the k smallest non-trivial eigenvalues.
 
     Small graphs (N <= 2000) use a dense eigendecomposition; larger ones ARPACK (``eigsh``:
     the largest eigenvalues of the normalised adjacency, started from a seeded vector so the
     result is reproducible). When the graph has fewer than k + 1 nodes the missing columns are 0.
+    With ``graph_ptr`` (a graph-level dataset's ``/graphs/ptr``) every graph gets its own
+    eigenvectors (a disconnected graph keeps the extra zero eigenvalues' eigenvectors, which
+    are constant on its components).
 
     Raises:
         ValueError: ``k < 1`` or inconsistent arrays.
     """
-    import scipy.sparse as sp
-
     n = int(num_nodes)
     if k < 1:
         raise ValueError(f"laplacian_pe: k must be >= 1, got {k}")
@@ -44,6 +46,27 @@ def laplacian_pe(indptr: np.ndarray, indices: np.ndarray, num_nodes: int, k: int
     indices = np.asarray(indices, dtype=np.int64)
     if indptr.shape != (n + 1,) or indptr[-1] != indices.shape[0]:
         raise ValueError("laplacian_pe: indptr must have num_nodes + 1 entries ending at len(indices)")
+    if graph_ptr is None:
+        pe, vals = _laplacian_pe(indptr, indices, n, k, seed)
+        log.info("laplacian_pe: %d nodes, eigenvalues %s", n, np.array2string(vals, precision=4))
+        return pe
+    gp = np.asarray(graph_ptr, dtype=np.int64)
+    out = np.zeros((n, k), dtype=np.float32)
+    for g in range(gp.shape[0] - 1):
+        p0, p1 = int(gp[g]), int(gp[g + 1])
+        e0, e1 = int(indptr[p0]), int(indptr[p1])
+        sub = indices[e0:e1] - p0
+        if sub.size and (sub.min() < 0 or sub.max() >= p1 - p0):
+            raise ValueError(f"laplacian_pe: graph {g} has an edge leaving it")
+        out[p0:p1] = _laplacian_pe(indptr[p0:p1 + 1] - e0, sub, p1 - p0, k, seed)[0]
+    log.info("laplacian_pe: %d graphs, %d nodes", gp.shape[0] - 1, n)
+    return out
+
+
+def _laplacian_pe(indptr: np.ndarray, indices: np.ndarray, n: int, k: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """(pe float32[n, k], the non-trivial eigenvalues used) of one graph; see :func:`laplacian_pe`."""
+    import scipy.sparse as sp
+
     a = sp.csr_matrix((np.ones(indices.shape[0]), indices, indptr), shape=(n, n))
     a = ((a + a.T) > 0).astype(np.float64)
     a.setdiag(0)
@@ -70,8 +93,7 @@ def laplacian_pe(indptr: np.ndarray, indices: np.ndarray, num_nodes: int, k: int
     pe = np.zeros((n, k), dtype=np.float32)
     pe[:, :max(0, want - 1)] = vecs[:, 1:want]  # drop the trivial eigenvector (eigenvalue 0)
     pe[deg == 0] = 0.0
-    log.info("laplacian_pe: %d nodes, eigenvalues %s", n, np.array2string(vals[1:want], precision=4))
-    return pe
+    return pe, vals[1:want]
 
 
 def add_node_field(path: str | os.PathLike, name: str, values: np.ndarray, *, force: bool = False) -> None:

@@ -1,7 +1,9 @@
-"""``hpc-graph generate {rmat,csbm}``: write a synthetic dataset file.
+"""``hpc-graph generate {rmat,csbm,reg3cc,pathspd}``: write a synthetic dataset file.
 
     hpc-graph generate rmat -o rmat20.h5 --scale 20 --edge-factor 16
     hpc-graph generate csbm -o csbm.h5 --num-nodes 100000 --homophily 0.9 --power-law 2.5
+    hpc-graph generate reg3cc -o reg3cc.h5 --num-graphs 2000          # graph-level: one label per graph
+    hpc-graph generate pathspd -o pathspd.h5 --num-graphs 2000 --max-dist 6
 
 Prints one summary line (nodes, edges, seconds); progress goes to the log.
 """
@@ -29,7 +31,7 @@ def _add_common(p: argparse.ArgumentParser, feat_dim: int, num_classes: int) -> 
 
 
 def add_parser(subparsers) -> None:
-    parser = subparsers.add_parser("generate", help="generate a synthetic dataset (rmat, csbm)",
+    parser = subparsers.add_parser("generate", help="generate a synthetic dataset (rmat, csbm, reg3cc, pathspd)",
                                    description="Generate a synthetic graph dataset file.")
     kinds = parser.add_subparsers(dest="generator", metavar="GENERATOR")
     kinds.required = True
@@ -66,13 +68,50 @@ def add_parser(subparsers) -> None:
     _add_common(c, feat_dim=128, num_classes=5)
     add_threads_option(c)
     c.set_defaults(func=run)
+
+    g = kinds.add_parser("reg3cc", help="graph-level: one connected 3-regular graph vs two (structure only)",
+                         description="REG3-CC: each graph is one connected random 3-regular graph (label 1) or "
+                                     "two disjoint ones of half the size (label 0); constant features, so "
+                                     "message passing without structural encodings is at chance.")
+    g.add_argument("--num-graphs", type=int, default=2000, help="graphs (default: %(default)s)")
+    g.add_argument("--min-nodes", type=int, default=16, help="smallest graph, a multiple of 4 (default: %(default)s)")
+    g.add_argument("--max-nodes", type=int, default=32, help="largest graph, a multiple of 4 (default: %(default)s)")
+    t = kinds.add_parser("pathspd", help="graph-level: distance between two marked nodes of a random tree",
+                         description="PATH-SPD: random trees with two marked nodes; the label is their "
+                                     "distance minus 1 (drawn uniformly from 1..max-dist).")
+    t.add_argument("--num-graphs", type=int, default=2000, help="graphs (default: %(default)s)")
+    t.add_argument("--min-nodes", type=int, default=8, help="smallest tree (default: %(default)s)")
+    t.add_argument("--max-nodes", type=int, default=24, help="largest tree (default: %(default)s)")
+    t.add_argument("--max-dist", type=int, default=6, help="largest distance = classes (default: %(default)s)")
+    for sub in (g, t):
+        sub.add_argument("-o", "--output", required=True, metavar="OUT.h5", help="dataset file to write")
+        sub.add_argument("--force", action="store_true", help="overwrite OUT.h5 if it exists")
+        sub.add_argument("--seed", type=int, default=0, help="random seed (default: %(default)s)")
+        sub.add_argument("--train-frac", type=float, default=0.6, help="training graphs (default: %(default)s)")
+        sub.add_argument("--val-frac", type=float, default=0.2, help="validation graphs (default: %(default)s)")
+        sub.add_argument("--test-frac", type=float, default=0.2, help="test graphs (default: %(default)s)")
+        add_threads_option(sub)
+        sub.set_defaults(func=run)
     parser.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
     from data_io.errors import DataError
-    from data_io.generators import GeneratorParamError, write_csbm, write_rmat
+    from data_io.generators import GeneratorParamError, write_csbm, write_graph_task, write_rmat
 
+    if args.generator in ("reg3cc", "pathspd"):
+        sizes = dict(num_graphs=args.num_graphs, min_nodes=args.min_nodes, max_nodes=args.max_nodes,
+                     train_frac=args.train_frac, val_frac=args.val_frac, test_frac=args.test_frac, seed=args.seed)
+        if args.generator == "pathspd":
+            sizes["max_dist"] = args.max_dist
+        t0 = time.perf_counter()
+        try:
+            info = write_graph_task(args.output, args.generator, force=args.force, **sizes)
+        except GeneratorParamError as exc:
+            raise DataError(f"--{exc.param.replace('_', '-')}: {exc.message}") from None
+        print(f"{args.output}: {args.generator}, {info['num_graphs']} graphs, {info['num_nodes']} nodes, "
+              f"{info['num_edges']} edges, {info['feat_dim']} features, {time.perf_counter() - t0:.1f} s")
+        return 0
     common = dict(feat_dim=args.feat_dim, num_classes=args.num_classes, train_frac=args.train_frac,
                   val_frac=args.val_frac, test_frac=args.test_frac, seed=args.seed, force=args.force,
                   edge_types=args.edge_types)

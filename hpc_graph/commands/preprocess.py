@@ -41,8 +41,10 @@ def run(args) -> int:
                 raise CLIError(f"{args.path}: /node/lap_pe already present (use --force to replace it)")
             n = ds.num_nodes
             indptr, indices = ds.indptr(), ds.indices()
-        print(f"[preprocess] {args.path}: Laplacian eigenvectors of {n} nodes, k={args.k} ...", flush=True)
-        pe = laplacian_pe(indptr, indices, n, args.k, seed=args.seed)
+            graph_ptr = ds.graph_ptr() if ds.has("graph_ptr") else None
+        per = f" ({len(graph_ptr) - 1} graphs, each on its own)" if graph_ptr is not None else ""
+        print(f"[preprocess] {args.path}: Laplacian eigenvectors of {n} nodes{per}, k={args.k} ...", flush=True)
+        pe = laplacian_pe(indptr, indices, n, args.k, seed=args.seed, graph_ptr=graph_ptr)
         add_node_field(args.path, "lap_pe", pe, force=args.force)
     except (FormatError, ValueError) as exc:
         raise CLIError(str(exc)) from None

@@ -8,12 +8,25 @@ The trainer (``hpc_graph.train``) builds an engine, then runs the model on
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 from abc import ABC
 from typing import Any, ClassVar, Iterator
 
 import torch
 
 from hpc_graph.graph.base import GraphContext
+
+
+@dataclasses.dataclass
+class Batch:
+    """One iteration's input from an engine of ``kind = "minibatch"``: ``graph`` (a GraphContext, e.g.
+    sampled blocks or a batch of small graphs), ``feat`` float[input rows, F], ``label`` int64[outputs],
+    ``seeds`` int64[outputs] (local ids of the rows the loss covers)."""
+
+    graph: Any
+    feat: torch.Tensor
+    label: torch.Tensor
+    seeds: torch.Tensor
 
 
 class Engine(ABC):
@@ -31,6 +44,10 @@ class Engine(ABC):
     After construction: ``graph`` (GraphContext), ``feat`` float[num_nodes, F],
     ``label`` int64[num_nodes], ``masks`` {"train"|"val"|"test": bool[num_nodes]},
     ``num_classes`` (int), ``num_features`` (int).
+
+    An engine whose epochs are several optimiser steps has ``kind = "minibatch"`` and provides
+    ``iterations(epoch)``, ``batch_sizes(epoch, iterations)`` and ``batch(epoch, iteration)`` (a
+    :class:`Batch`); the others (``kind = "full"``) train on ``graph`` and ``feat`` in one step.
 
     The trainer tells an engine where training stands (every method has a
     no-op default): :meth:`begin_epoch` before an epoch's forward pass,

@@ -39,7 +39,6 @@ remote sampling, pushes) and the seconds spent sampling, fetching and pushing.
 """
 from __future__ import annotations
 
-import dataclasses
 import logging
 import math
 import time
@@ -49,7 +48,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from hpc_graph.engines.base import Engine
+from hpc_graph.engines.base import Batch, Engine
 from hpc_graph.graph.block import Block, BlockStack
 from hpc_graph.graph.dist_graph import DistGraph, load_dist_graph, partition_tensors
 from hpc_graph.graph.halo_graph import HaloGraph
@@ -76,17 +75,6 @@ def _key(*parts: int) -> int:
     for v in parts:
         h = _splitmix64(h ^ (int(v) & _MASK64))
     return h
-
-
-@dataclasses.dataclass
-class Batch:
-    """One iteration's input: ``graph`` (the blocks), ``feat`` float[sources of block 0, F],
-    ``label`` int64[seeds], ``seeds`` int64[seeds] (local ids of the rank's training nodes)."""
-
-    graph: BlockStack
-    feat: torch.Tensor
-    label: torch.Tensor
-    seeds: torch.Tensor
 
 
 class _Push:

@@ -16,7 +16,7 @@ import torch
 
 from data_io.dataset import open_dataset
 from data_io.errors import FormatError
-from hpc_graph.engines.base import Engine
+from hpc_graph.engines.base import Batch, Engine
 from hpc_graph.graph.base import GraphContext
 from hpc_graph.ops.csr import CSR, relational_csr
 from hpc_graph.ops.gat_attention import gat_attention
@@ -27,8 +27,12 @@ log = logging.getLogger(__name__)
 class _SingleGraph(GraphContext):
     """The whole graph: global ids are local ids, all-reduce is the identity."""
 
-    def __init__(self, csr: CSR, edge_type: np.ndarray | None = None, sequence_order: str = "id"):
+    def __init__(self, csr: CSR, edge_type: np.ndarray | None = None, sequence_order: str = "id",
+                 graph_ptr: np.ndarray | None = None):
         self.csr = csr
+        # a graph batch (graph-level task): graph g is nodes graph_ptr[g]:graph_ptr[g+1]
+        self.graph_ptr = None if graph_ptr is None else torch.as_tensor(np.asarray(graph_ptr, dtype=np.int64))
+        self.num_graphs = 0 if graph_ptr is None else int(len(graph_ptr) - 1)
         self.sequence_order = sequence_order  # graph transformers: the chain's order (attention_pattern.ORDERS)
         self.num_nodes = self.global_num_nodes = csr.num_dst
         self._gid = torch.arange(csr.num_dst, dtype=torch.int64, device=csr.device)
@@ -70,9 +74,30 @@ class _SingleGraph(GraphContext):
                                                  order=order)
         return self.csr._cache[key]
 
-    def attention(self, q, k, v, *, bias=None, mode="sparse", global_token=False):
-        from hpc_graph.graph.attention_pattern import attend
+    def graph_batch_pattern(self, full: bool, max_dist: int):
+        """A graph batch's pattern (inside each graph, a global token per graph), built once per (full, max_dist)."""
+        from hpc_graph.graph.attention_pattern import build_graph_batch_pattern
 
+        key = ("graph_batch_pattern", bool(full), int(max_dist))
+        if key not in self.csr._cache:
+            g = self.csr
+            self.csr._cache[key] = build_graph_batch_pattern(g.indptr.cpu().numpy(), g.indices.cpu().numpy(),
+                                                             self.graph_ptr.numpy(), full=full, max_dist=max_dist)
+        return self.csr._cache[key]
+
+    def attention(self, q, k, v, *, bias=None, mode="sparse", global_token=False):
+        from hpc_graph.graph.attention_pattern import (GRAPH_MAX_DIST, attend, check_attention_args,
+                                                       max_dist_of)
+
+        if self.num_graphs:
+            check_attention_args(mode, bias, q.shape[1])
+            if not global_token:
+                raise ValueError("attention: a graph batch needs its global tokens (one per graph, the readout)")
+            pat = self.graph_batch_pattern(mode == "dense", GRAPH_MAX_DIST if bias is None else max_dist_of(bias))
+            if q.shape[0] != pat.num_tokens:
+                raise ValueError(f"attention: q has {q.shape[0]} rows, the batch has {pat.num_tokens} tokens "
+                                 f"({self.num_nodes} nodes + {self.num_graphs} graph tokens)")
+            return attend(pat, q, k, v, bias=bias, mode="sparse")
         pat = self.attention_pattern(global_token)
         if q.shape[0] != pat.num_tokens:
             raise ValueError(f"attention: q has {q.shape[0]} rows, the sequence has {pat.num_tokens} tokens "
@@ -115,7 +140,11 @@ class _SingleGraph(GraphContext):
 class SingleEngine(Engine):
     """The whole dataset in one process (see module docstring). ``source``: a dataset file.
 
-    ``label`` holds -1 for unlabelled nodes; a missing mask is all False.
+    ``label`` holds -1 for unlabelled nodes; a missing mask is all False. A graph-level dataset
+    (``/graphs/ptr``): ``label`` and ``masks`` are per graph and ``graph.num_graphs`` > 0; the engine
+    is then of ``kind = "minibatch"``: every epoch shuffles the training graphs (seeded by ``seed`` and
+    the epoch) and each step trains on ``graph_batch_size`` of them (:meth:`batch`, a block-diagonal
+    graph of its own); evaluation runs on ``graph``, all graphs at once.
     Options: ``sequence_order`` (graph transformers: ``id``, ``rcm`` or ``metis``, see
     :func:`~hpc_graph.graph.attention_pattern.sequence_order`); ``prefetch`` is accepted and ignored;
     any other option is an error.
@@ -123,7 +152,7 @@ class SingleEngine(Engine):
     """
 
     name = "single"
-    OPTIONS = Engine.OPTIONS | frozenset({"sequence_order"})
+    OPTIONS = Engine.OPTIONS | frozenset({"sequence_order", "graph_batch_size"})
 
     def __init__(self, source: str, comm: Any, device: torch.device, dtype: torch.dtype,
                  options: dict[str, Any] | None = None):
@@ -140,17 +169,80 @@ class SingleEngine(Engine):
             edge_type = ds.edge_type()
             lap_pe = ds.lap_pe() if ds.has("lap_pe") else None
             feat = ds.feat_rows(0, n)
-            label = ds.label() if ds.has("label") else np.full(n, -1, dtype=np.int64)
-            masks = {name: (ds.mask(f"{name}_mask") if ds.has(f"{name}_mask") else np.zeros(n, dtype=bool))
-                     for name in ("train", "val", "test")}
+            graph_ptr = ds.graph_ptr() if ds.has("graph_ptr") else None
+            if graph_ptr is not None:  # graph-level task: labels and masks per graph
+                label = ds.graph_label()
+                masks = {name: ds.graph_mask(f"{name}_mask") for name in ("train", "val", "test")}
+            else:
+                label = ds.label() if ds.has("label") else np.full(n, -1, dtype=np.int64)
+                masks = {name: (ds.mask(f"{name}_mask") if ds.has(f"{name}_mask") else np.zeros(n, dtype=bool))
+                         for name in ("train", "val", "test")}
             self.num_classes = int(ds.num_classes) or int(label.max()) + 1
-        self.graph = _SingleGraph(csr.to(self.device), edge_type, str(self.options.get("sequence_order", "id")))
+        self.graph = _SingleGraph(csr.to(self.device), edge_type, str(self.options.get("sequence_order", "id")),
+                                  graph_ptr)
         if lap_pe is not None:
             self.graph.node_fields["lap_pe"] = torch.from_numpy(lap_pe).to(device=self.device, dtype=dtype)
         self.feat = torch.from_numpy(feat).to(device=self.device, dtype=dtype)
         self.label = torch.from_numpy(np.asarray(label, dtype=np.int64)).to(self.device)
         self.masks = {k: torch.from_numpy(np.asarray(v, dtype=bool)).to(self.device) for k, v in masks.items()}
         self.num_features = int(self.feat.shape[1])
-        log.info("single engine: %s, %d nodes, %d edges, %d features, %d classes", self.source, n,
-                 csr.num_edges, self.num_features, self.num_classes)
+        if graph_ptr is not None:
+            self.kind = "minibatch"
+            bs = self.options.get("graph_batch_size", 64)
+            if isinstance(bs, bool) or not isinstance(bs, int) or bs < 1:
+                raise ValueError(f"engine.graph_batch_size: must be a positive integer, got {bs!r}")
+            self.graph_batch_size = int(bs)
+            self.seed = int(self.options.get("seed", 0))
+            self._np_csr = (np.asarray(csr.indptr.cpu().numpy()), np.asarray(csr.indices.cpu().numpy()))
+            self._graph_ptr = np.asarray(graph_ptr, dtype=np.int64)
+            self._train_graphs = (self.masks["train"] & (self.label >= 0)).nonzero().squeeze(1).cpu()
+        log.info("single engine: %s, %d nodes, %d edges, %d features, %d classes%s", self.source, n,
+                 csr.num_edges, self.num_features, self.num_classes,
+                 f", {self.graph.num_graphs} graphs (graph-level task)" if graph_ptr is not None else "")
 
+    # -- graph-level datasets: one step per batch of graphs ---------------------------------------
+    def iterations(self, epoch: int) -> int:
+        """Steps of an epoch on a graph-level dataset: ceil(training graphs / graph_batch_size)."""
+        return -(-int(self._train_graphs.numel()) // self.graph_batch_size)
+
+    def batch_sizes(self, epoch: int, iterations: int) -> tuple[list[int], list[float]]:
+        """Training graphs of every step (this process's and the global count, the same here)."""
+        n, b = int(self._train_graphs.numel()), self.graph_batch_size
+        mine = [max(0, min(b, n - it * b)) for it in range(iterations)]
+        return mine, [float(m) for m in mine]
+
+    def _epoch_order(self, epoch: int) -> torch.Tensor:
+        if getattr(self, "_order_epoch", None) != epoch:
+            gen = torch.Generator().manual_seed((self.seed * 1_000_003 + int(epoch)) & (2**63 - 1))
+            self._order = self._train_graphs[torch.randperm(self._train_graphs.numel(), generator=gen)]
+            self._order_epoch = epoch
+        return self._order
+
+    def batch(self, epoch: int, iteration: int) -> Batch:
+        """Step ``iteration`` of ``epoch``: its graphs (ascending ids) as one block-diagonal graph."""
+        b = self.graph_batch_size
+        graphs = torch.sort(self._epoch_order(epoch)[iteration * b:(iteration + 1) * b]).values
+        return self.graph_subset(graphs)
+
+    def graph_subset(self, graphs: torch.Tensor) -> Batch:
+        """The graphs ``graphs`` (int64[B] graph ids) as a :class:`Batch`: a ``_SingleGraph`` of their nodes,
+        renumbered in order, with its own ``graph_ptr``; their features, per-node fields and labels."""
+        gp, (indptr, indices) = self._graph_ptr, self._np_csr
+        g = graphs.cpu().numpy().astype(np.int64)
+        sizes = gp[g + 1] - gp[g]
+        new_ptr = np.concatenate(([0], np.cumsum(sizes))).astype(np.int64)
+        nodes = np.concatenate([np.arange(gp[x], gp[x + 1], dtype=np.int64) for x in g]) if g.size else \
+            np.empty(0, np.int64)
+        shift = np.repeat(new_ptr[:-1] - gp[g], sizes)  # old id + shift = new id, per node
+        deg = indptr[nodes + 1] - indptr[nodes]
+        sub_ptr = np.concatenate(([0], np.cumsum(deg))).astype(np.int64)
+        take = np.repeat(indptr[nodes] - sub_ptr[:-1], deg) + np.arange(int(sub_ptr[-1]), dtype=np.int64)
+        sub_idx = indices[take] + np.repeat(shift, deg)
+        csr = CSR(torch.from_numpy(sub_ptr), torch.from_numpy(sub_idx), int(nodes.shape[0]), validate=False)
+        et = self.graph.edge_type
+        sub = _SingleGraph(csr.to(self.device), None if et is None else np.asarray(et)[take], "id", new_ptr)
+        idx = torch.from_numpy(nodes).to(self.device)
+        for name, t in self.graph.node_fields.items():
+            sub.node_fields[name] = t[idx]
+        seeds = torch.from_numpy(g).to(self.device)
+        return Batch(sub, self.feat[idx], self.label[seeds], seeds)

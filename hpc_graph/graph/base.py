@@ -35,11 +35,15 @@ class GraphContext(ABC):
         num_nodes: rows owned by this process (inputs/outputs of every layer).
         global_num_nodes: nodes of the whole graph.
         num_relations: edge types R of the whole graph (``/graph/edge_type``; 1 for an untyped graph).
+        num_graphs: 0 for one graph (node-level tasks); G for a batch of G small graphs (graph-level
+            tasks, a dataset with ``/graphs/ptr``): models then return one row per graph, through the
+            graphs' global tokens (graph transformers) or :meth:`readout`.
     """
 
     num_nodes: int
     global_num_nodes: int
     num_relations: int = 1
+    num_graphs: int = 0
 
     @abstractmethod
     def aggregate(self, x: torch.Tensor, reduce: str = "sum") -> torch.Tensor:
@@ -98,12 +102,14 @@ class GraphContext(ABC):
 
         Args:
             q, k: float[T, H, Dk]; v: float[T, H, Dv]; T = ``num_nodes`` (+ 1 with ``global_token``:
-                the last row is the global token's).
-            bias: float[NUM_CODES, H] per-head score bias of each structural bucket (self, 1 hop, 2 hops,
-                far, global; ``attention_pattern.NUM_CODES``); in dense mode pairs outside the pattern
-                get the ``FAR`` row. None: no bias.
+                the last row is the global token's; + ``num_graphs`` for a graph batch, whose graphs
+                each have a global token, rows ``num_nodes + g``, and attend only inside themselves:
+                dense mode there is every pair inside each graph).
+            bias: float[max_dist + 4, H] per-head score bias of each structural bucket (self, 1 ..
+                max_dist hops, farther, global, unreachable; ``attention_pattern.num_codes``); in dense
+                mode pairs outside the pattern get the farther row. None: no bias.
             mode: ``"sparse"`` or ``"dense"``.
-            global_token: whether the last row of q/k/v is a global token.
+            global_token: whether the last row(s) of q/k/v are global tokens (always for a graph batch).
         Returns:
             float[T, H, Dv]; differentiable in q, k, v and bias.
         """
@@ -124,6 +130,21 @@ class GraphContext(ABC):
             hint = " (hpc-graph preprocess lap-pe FILE adds it)" if name == "lap_pe" else ""
             raise ValueError(f"node field /node/{name}: not in the dataset{hint}")
         return fields[name]
+
+    def readout(self, h: torch.Tensor, reduce: str = "mean") -> torch.Tensor:
+        """Graph-level pooling of a graph batch: float[num_nodes, ...] -> float[num_graphs, ...] (``mean`` or
+        ``sum`` of each graph's node rows). Raises ``ValueError`` on a single graph (``num_graphs`` 0)."""
+        ptr = getattr(self, "graph_ptr", None)
+        if not self.num_graphs or ptr is None:
+            raise ValueError(f"{type(self).__name__}: readout needs a graph-level dataset (/graphs/ptr)")
+        if reduce not in ("sum", "mean"):
+            raise ValueError(f"readout: reduce must be 'sum' or 'mean', got {reduce!r}")
+        sizes = ptr[1:] - ptr[:-1]
+        seg = torch.repeat_interleave(torch.arange(self.num_graphs, device=h.device), sizes.to(h.device))
+        out = h.new_zeros((self.num_graphs,) + tuple(h.shape[1:])).index_add_(0, seg, h)
+        if reduce == "mean":
+            out = out / sizes.to(device=h.device, dtype=h.dtype).view((-1,) + (1,) * (h.dim() - 1))
+        return out
 
     def out_degree(self) -> torch.Tensor:
         """int64[num_nodes]: out-degree of each owned node in the whole graph."""

@@ -4,7 +4,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from hpc_graph.graph.attention_pattern import NUM_CODES
+from hpc_graph.graph.attention_pattern import num_codes
 from hpc_graph.graph.base import GraphContext
 from hpc_graph.nn._init import glorot_
 from hpc_graph.nn._transformer import AttentionSchedule, TransformerLayer
@@ -25,14 +25,15 @@ class Graphormer(nn.Module):
     """
 
     def __init__(self, in_dim: int, hidden: int, out_dim: int, num_layers: int = 4, heads: int = 8,
-                 dropout: float = 0.0, max_degree: int = 64, schedule: AttentionSchedule | None = None):
+                 dropout: float = 0.0, max_degree: int = 64, max_spd: int = 2,
+                 schedule: AttentionSchedule | None = None):
         super().__init__()
         self.inp = nn.Linear(in_dim, hidden)
         self.max_degree = int(max_degree)
         self.z_in = nn.Embedding(self.max_degree + 1, hidden)
         self.z_out = nn.Embedding(self.max_degree + 1, hidden)
         self.token = nn.Parameter(torch.zeros(1, hidden))
-        self.bias = nn.Parameter(torch.zeros(num_layers, NUM_CODES, heads))
+        self.bias = nn.Parameter(torch.zeros(num_layers, num_codes(max_spd), heads))
         self.layers = nn.ModuleList(TransformerLayer(hidden, heads, dropout, pre_norm=True) for _ in range(num_layers))
         self.norm = nn.LayerNorm(hidden)
         self.head = nn.Linear(hidden, out_dim)
@@ -50,11 +51,12 @@ class Graphormer(nn.Module):
         cap = self.max_degree
         h = (self.inp(x) + self.z_in(graph.in_degree().clamp(max=cap).to(x.device)).to(x.dtype)
              + self.z_out(graph.out_degree().clamp(max=cap).to(x.device)).to(x.dtype))
-        h = torch.cat([h, self.token.to(h.dtype)], 0)
+        graphs = int(getattr(graph, "num_graphs", 0))
+        h = torch.cat([h, self.token.to(h.dtype).expand(max(graphs, 1), -1)], 0)
         step = int(self.step)
         for layer, block in enumerate(self.layers):
             h = block(graph, h, bias=self.bias[layer].to(h.dtype), global_token=True,
                       mode=self.schedule.mode(layer, step, self.training))
         if self.training:
             self.step += 1
-        return self.head(self.norm(h[:n]))
+        return self.head(self.norm(h[n:] if graphs else h[:n]))

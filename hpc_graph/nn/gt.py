@@ -19,7 +19,11 @@ class GT(nn.Module):
     (sparse pattern, dense, or interleaved), with an optional global token (a learned vector
     appended to the sequence). Sizes of the TorchGT paper: 4 layers x 128 x 8 heads.
 
-    ``forward(graph, x)``: x float[num_nodes, in_dim] -> logits float[num_nodes, out_dim].
+    Graph-level data (``graph.num_graphs`` G > 0): one global token per graph (the same learned vector;
+    ``global_token`` must be on), and the head reads the G tokens out instead of the nodes.
+
+    ``forward(graph, x)``: x float[num_nodes, in_dim] -> logits float[num_nodes, out_dim]
+    (float[G, out_dim] for a graph batch).
     """
 
     def __init__(self, in_dim: int, hidden: int, out_dim: int, num_layers: int = 4, heads: int = 8,
@@ -53,11 +57,14 @@ class GT(nn.Module):
                 pe = pe * sign.to(h.device)
             h = h + self.pe(pe)
         glob = self.token is not None
+        graphs = int(getattr(graph, "num_graphs", 0))
+        if graphs and not glob:
+            raise ValueError("model.global_token: a graph-level dataset reads out from global tokens (set it true)")
         if glob:
-            h = torch.cat([h, self.token.to(h.dtype)], 0)
+            h = torch.cat([h, self.token.to(h.dtype).expand(max(graphs, 1), -1)], 0)
         step = int(self.step)
         for layer, block in enumerate(self.layers):
             h = block(graph, h, mode=self.schedule.mode(layer, step, self.training), global_token=glob)
         if self.training:
             self.step += 1
-        return self.head(h[:n])
+        return self.head(h[n:] if graphs else h[:n])

@@ -47,7 +47,8 @@ MODEL_OPTIONS = {"alpha": (("gcn2", "appnp"), 0.1), "theta": (("gcn2",), 0.5),
                  "groups": (("revgcn", "revgat"), 2), "reversible": (("revgcn", "revgat"), True),
                  "attention": (("gt", "graphormer"), "sparse"), "dense_every": (("gt", "graphormer"), 10),
                  "dense_layers": (("gt", "graphormer"), ()), "pe_dim": (("gt",), 8),
-                 "global_token": (("gt",), False), "max_degree": (("graphormer",), 64)}
+                 "global_token": (("gt",), False), "max_degree": (("graphormer",), 64),
+                 "max_spd": (("graphormer",), 2)}
 # build_model's stack options (only gcn/sage/gat use them) and their defaults
 STACK_OPTIONS = {"heads": 8, "out_heads": 1, "attn_dropout": 0.0, "residual": False, "batchnorm": False}
 # stack options that another model uses too
@@ -61,6 +62,22 @@ def message_passing_layers(name: str, num_layers: int = 2, hops: int | None = No
     if name in DEFAULT_HOPS:
         return positive_int("hops", DEFAULT_HOPS[name] if hops is None else hops)
     return positive_int("num_layers", num_layers)
+
+
+class GraphReadout(nn.Module):
+    """A node model turned graph classifier: the mean of its node outputs over each graph of a batch.
+
+    ``forward(graph, x)``: x float[num_nodes, in_dim] -> float[num_graphs, out_dim]
+    (``graph.readout(model(graph, x))``).
+    """
+
+    def __init__(self, model: nn.Module):
+        super().__init__()
+        self.model = model
+        self.message_passing_layers = getattr(model, "message_passing_layers", 0)
+
+    def forward(self, graph: GraphContext, x: torch.Tensor) -> torch.Tensor:
+        return graph.readout(self.model(graph, x))
 
 
 class GNN(nn.Module):
@@ -155,7 +172,7 @@ def build_model(name: str, in_dim: int, hidden: int, out_dim: int, num_layers: i
                 hops: int | None = None, jk: str = "concat", conv: str = "gcn", num_bases: int | None = None,
                 groups: int = 2, reversible: bool = True, num_relations: int = 1, attention: str = "sparse",
                 dense_every: int = 10, dense_layers: tuple = (), pe_dim: int = 8, global_token: bool = False,
-                max_degree: int = 64) -> nn.Module:
+                max_degree: int = 64, max_spd: int = 2, graph_level: bool = False) -> nn.Module:
     """Build a node classifier by name; see :class:`GNN` and the model classes for the layouts.
 
     Args:
@@ -186,8 +203,15 @@ def build_model(name: str, in_dim: int, hidden: int, out_dim: int, num_layers: i
             (:class:`hpc_graph.nn._transformer.AttentionSchedule`).
         pe_dim, global_token: ``gt`` positional-encoding columns and global token.
         max_degree: ``graphormer`` degree-embedding cap.
+        max_spd: ``graphormer`` shortest-path distance cap of the structural bias (``max_spd + 4`` buckets:
+            self, 1..max_spd hops, farther, global token, unreachable).
+        graph_level: the data is a batch of graphs with one label each (``graph.num_graphs > 0``): the
+            graph transformers read out from one global token per graph (``gt`` gets its tokens whatever
+            ``global_token`` says); every other model is wrapped in :class:`GraphReadout` (mean of its node
+            outputs per graph).
     Returns:
-        a module with ``forward(graph, x) -> float[num_nodes, out_dim]`` and ``message_passing_layers``.
+        a module with ``forward(graph, x) -> float[num_nodes, out_dim]`` (``[num_graphs, out_dim]`` for
+        graph-level data) and ``message_passing_layers``.
     Raises:
         ValueError naming ``model.<field>``: an unknown model, a bad value, or an option set (to a
         value other than its default) for a model that does not use it.
@@ -197,11 +221,16 @@ def build_model(name: str, in_dim: int, hidden: int, out_dim: int, num_layers: i
     given = {"alpha": alpha, "theta": theta, "hops": hops, "jk": jk, "conv": conv, "num_bases": num_bases,
              "groups": groups, "reversible": reversible, "attention": attention, "dense_every": dense_every,
              "dense_layers": tuple(dense_layers), "pe_dim": pe_dim, "global_token": global_token,
-             "max_degree": max_degree}
+             "max_degree": max_degree, "max_spd": max_spd}
     for option, (users, default) in MODEL_OPTIONS.items():
         if name not in users and given[option] != default:
             raise ValueError(f"model.{option}: only used by model {' or '.join(map(repr, users))}, "
                              f"but model.name is {name!r}")
+    if graph_level and name not in ("gt", "graphormer"):
+        return GraphReadout(build_model(name, in_dim, hidden, out_dim, num_layers, dropout, heads, out_heads,
+                                        attn_dropout, residual, batchnorm, alpha=alpha, theta=theta, hops=hops,
+                                        jk=jk, conv=conv, num_bases=num_bases, groups=groups,
+                                        reversible=reversible, num_relations=num_relations))
     stack = {"heads": heads, "out_heads": out_heads, "attn_dropout": attn_dropout, "residual": residual,
              "batchnorm": batchnorm}
     if name in STACK_MODELS:
@@ -218,9 +247,11 @@ def build_model(name: str, in_dim: int, hidden: int, out_dim: int, num_layers: i
         schedule = AttentionSchedule(attention, dense_every, tuple(dense_layers))
         if name == "gt":
             return GT(in_dim, hidden, out_dim, num_layers=num_layers, heads=heads, dropout=dropout, pe_dim=pe_dim,
-                      schedule=schedule, global_token=global_token)
+                      schedule=schedule, global_token=global_token or graph_level)
+        if isinstance(max_spd, bool) or not isinstance(max_spd, int) or not 1 <= max_spd <= 250:
+            raise ValueError(f"model.max_spd: must be an integer in [1, 250], got {max_spd!r}")
         return Graphormer(in_dim, hidden, out_dim, num_layers=num_layers, heads=heads, dropout=dropout,
-                          max_degree=max_degree, schedule=schedule)
+                          max_degree=max_degree, max_spd=max_spd, schedule=schedule)
     if name == "gcn2":
         return GCNII(in_dim, hidden, out_dim, num_layers=num_layers, alpha=alpha, theta=theta, dropout=dropout)
     if name == "jknet":

@@ -109,6 +109,9 @@ class EngineConfig:
                                  "which the attention pattern's chain follows and `seqpar` cuts into one piece per "
                                  "rank. `id`: node ids; `rcm`: reverse Cuthill-McKee (neighbours close together); "
                                  "`metis`: METIS clusters of ~256 nodes one after the other.")
+    graph_batch_size: int = _field(64, _only(_int(1), "single"),
+                                   "Graph-level datasets (many small graphs, `/graphs/ptr`): graphs per optimiser "
+                                   "step (shuffled every epoch); evaluation runs on all graphs at once.")
     prefetch: bool = _field(True, _BOOL, "`sar` only: fetch the next remote block while aggregating the "
                                          "current one (more memory, less waiting).")
     bits: Any = _field("auto", _only(_BITS, "sylvie"),
@@ -204,6 +207,10 @@ class ModelConfig:
                                 "`gt`: append a learned global token (`graphormer` always has one).")
     max_degree: int = _field(64, _for_models(_int(1), "graphormer"),
                              "`graphormer`: degrees above this share the last degree embedding.")
+    max_spd: int = _field(2, _for_models(_int(1), "graphormer"),
+                          "`graphormer`: shortest-path distances above this share the 'farther' bias bucket "
+                          "(buckets: self, 1..max_spd hops, farther, global token, unreachable). A whole graph's "
+                          "pattern resolves 2 hops; a graph-level dataset's (`/graphs/ptr`) every distance.")
     reversible: bool = _field(True, _for_models(_BOOL, "revgcn", "revgat"),
                               "`revgcn`, `revgat`: recompute each block's input from its output in the backward "
                               "pass (`false`: the same residual network with plain autograd, keeping every "

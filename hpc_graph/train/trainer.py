@@ -247,7 +247,8 @@ class Trainer:
                                  conv=mc.conv, num_bases=mc.num_bases, groups=mc.groups, reversible=mc.reversible,
                                  num_relations=self.graph.num_relations, attention=mc.attention,
                                  dense_every=mc.dense_every, dense_layers=tuple(mc.dense_layers), pe_dim=mc.pe_dim,
-                                 global_token=mc.global_token, max_degree=mc.max_degree,
+                                 global_token=mc.global_token, max_degree=mc.max_degree, max_spd=mc.max_spd,
+                                 graph_level=self.graph.num_graphs > 0,
                                  ).to(device=self.device, dtype=self.dtype)
         if self.size > 1:
             for t in self.model.state_dict().values():
@@ -262,8 +263,8 @@ class Trainer:
         comm.allreduce_(counts)
         self.num_train = float(counts.item())
         if self.num_train == 0:
-            raise _agreed(ConfigError(f"data.path: {config.data.path} has no labelled training nodes "
-                                      "(/node/train_mask)"))
+            what = ("graphs (/graphs/train_mask)" if self.graph.num_graphs else "nodes (/node/train_mask)")
+            raise _agreed(ConfigError(f"data.path: {config.data.path} has no labelled training {what}"))
         self.run_dir = Path(tc.run_dir) if tc.run_dir else Path(self._default_run_dir())
         self.best: dict[str, Any] = {"val_acc": -math.inf, "test_acc": None, "epoch": None}
         self.best_state: dict[str, torch.Tensor] | None = None
@@ -272,7 +273,8 @@ class Trainer:
         self._last_loss = float("nan")
         if state is not None:
             self._restore(state)
-        log.info("trainer: engine %s, %d rank(s), model %s, %d parameters, %d training nodes%s",
+        log.info("trainer: engine %s, %d rank(s), model %s, %d parameters, %d training "
+                 + ("graphs" if self.graph.num_graphs else "nodes") + "%s",
                  self.engine_name, self.size, mc.name, sum(p.numel() for p in self.params), int(self.num_train),
                  f", resumed from {self.resumed_from} (epoch {self.epoch})" if state is not None else "")
 
@@ -316,6 +318,17 @@ class Trainer:
     def _check_data(self) -> None:
         """The partition directory has one part per rank and this rank's part file opens (DataError otherwise)."""
         path = Path(self.config.data.path)
+        if path.is_file():
+            from data_io.dataset import dataset_task
+
+            if dataset_task(path) == "graph":
+                rc = self.config.recipes
+                if self.engine_name != "single":
+                    raise ConfigError(f"data.path: {path} is a graph-level dataset (/graphs/ptr): it trains on "
+                                      f"engine 'single' (one process), not {self.engine_name!r}")
+                if rc.label_aug > 0 or rc.correct_smooth:
+                    raise ConfigError("recipes: label_aug and correct_smooth work on node labels; "
+                                      f"{path} is a graph-level dataset (one label per graph)")
         if self.engine_name in ("single", "seqpar"):
             if not path.is_file():
                 raise ConfigError(f"data.path: engine {self.engine_name!r} needs a dataset file, {path} is a directory")

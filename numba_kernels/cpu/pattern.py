@@ -12,7 +12,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit, prange
 
-__all__ = ["attention_pattern", "is_sorted_rows"]
+__all__ = ["attention_pattern", "graph_batch_pattern", "is_sorted_rows"]
 
 
 @njit(cache=True, nogil=True, inline="always")
@@ -163,4 +163,139 @@ def attention_pattern(indptr, indices, order, global_token: bool):
     cols = np.empty(int(rowptr[-1]), np.int64)
     codes = np.empty(int(rowptr[-1]), np.uint8)
     _pattern_fill(indptr, indices, pos, order, bool(global_token), rowptr, cols, codes)
+    return rowptr, cols, codes
+
+
+# ------------------------------------------------------------------------------------------------
+# graph batches: many small graphs, exact shortest-path codes, one global token per graph
+# ------------------------------------------------------------------------------------------------
+@njit(cache=True, nogil=True)
+def _bfs(indptr, indices, i, p0, p1, dist, queue):
+    """Hop distances ``dist[j - p0]`` from every node ``j`` of graph ``[p0, p1)`` to node ``i`` along the
+    edges (BFS over in-neighbours); -1 where ``j`` cannot reach ``i``."""
+    for j in range(p1 - p0):
+        dist[j] = -1
+    dist[i - p0] = 0
+    queue[0] = i
+    head, tail = 0, 1
+    while head < tail:
+        u = queue[head]
+        head += 1
+        du = dist[u - p0]
+        for k in range(indptr[u], indptr[u + 1]):
+            w = indices[k]
+            if dist[w - p0] < 0:
+                dist[w - p0] = du + 1
+                queue[tail] = w
+                tail += 1
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _spd_code(d, max_dist):
+    if d < 0:
+        return max_dist + 3  # unreachable
+    if d > max_dist:
+        return max_dist + 1  # farther than max_dist
+    return d
+
+
+@njit(cache=True, nogil=True)
+def _batch_row(indptr, indices, i, p0, p1, g, n, full, max_dist, dist, queue, out_idx, out_code, start, write):
+    """Row of node ``i`` (graph ``g`` = nodes ``[p0, p1)``): every node of its graph (``full``) or its
+    in-neighbours, itself and its chain neighbours ``i - 1``, ``i + 1`` inside the graph; then the
+    graph's global token ``n + g``. Counts only unless ``write``."""
+    if full:
+        cnt = p1 - p0 + 1
+        if write:
+            _bfs(indptr, indices, i, p0, p1, dist, queue)
+            for j in range(p0, p1):
+                out_idx[start + j - p0] = j
+                out_code[start + j - p0] = _spd_code(dist[j - p0], max_dist)
+            out_idx[start + p1 - p0] = n + g
+            out_code[start + p1 - p0] = max_dist + 2
+        return cnt
+    if write:
+        _bfs(indptr, indices, i, p0, p1, dist, queue)
+    # the extras (i - 1, i, i + 1 inside the graph) are ascending already
+    lo_x = i - 1 if i - 1 >= p0 else i
+    hi_x = i + 1 if i + 1 < p1 else i
+    x = lo_x
+    a, b = indptr[i], indptr[i + 1]
+    cnt = 0
+    last = -1
+    while a < b or x <= hi_x:
+        from_row = x > hi_x or (a < b and indices[a] <= x)
+        v = indices[a] if from_row else x
+        if from_row:
+            a += 1
+        else:
+            x += 1
+        if v == last:
+            continue
+        last = v
+        if write:
+            out_idx[start + cnt] = v
+            out_code[start + cnt] = _spd_code(dist[v - p0], max_dist)
+        cnt += 1
+    if write:
+        out_idx[start + cnt] = n + g
+        out_code[start + cnt] = max_dist + 2
+    return cnt + 1
+
+
+@njit(parallel=True, cache=True, nogil=True)
+def _batch_pass(indptr, indices, graph_ptr, node_graph, full, max_dist, rowptr, out_idx, out_code, counts, write):
+    n = indptr.shape[0] - 1
+    num_graphs = graph_ptr.shape[0] - 1
+    for ii in prange(n):
+        i = np.int64(ii)  # a signed index: i - 1 must stay an integer
+        g = node_graph[i]
+        p0, p1 = graph_ptr[g], graph_ptr[g + 1]
+        dist = np.empty(p1 - p0, np.int64)
+        queue = np.empty(p1 - p0, np.int64)
+        start = rowptr[i] if write else 0
+        counts[i] = _batch_row(indptr, indices, i, p0, p1, g, n, full, max_dist, dist, queue,
+                               out_idx, out_code, start, write)
+    for g in prange(num_graphs):  # global token rows: the graph's nodes and the token itself
+        p0, p1 = graph_ptr[g], graph_ptr[g + 1]
+        counts[n + g] = p1 - p0 + 1
+        if write:
+            s = rowptr[n + g]
+            for j in range(p0, p1):
+                out_idx[s + j - p0] = j
+                out_code[s + j - p0] = max_dist + 2
+            out_idx[s + p1 - p0] = n + g
+            out_code[s + p1 - p0] = max_dist + 2
+
+
+def graph_batch_pattern(indptr, indices, graph_ptr, full: bool, max_dist: int):
+    """The attention pattern of a batch of graphs (node ids of graph ``g``: ``graph_ptr[g]:graph_ptr[g+1]``,
+    no edge between two graphs), with one global token per graph (token ``N + g``).
+
+    ``full``: every node attends to every node of its graph (dense attention inside each graph);
+    otherwise to its in-neighbours, itself and its neighbours ``i - 1``, ``i + 1`` in the graph (the
+    chain). Every node attends to its graph's token, the token to its graph's nodes and itself.
+    Codes are exact shortest-path distances (BFS inside the graph along the edges): ``d`` for
+    ``d <= max_dist``, ``max_dist + 1`` farther, ``max_dist + 2`` to or from a global token,
+    ``max_dist + 3`` unreachable. Rows of the input must be ascending; entries come out ascending.
+
+    Returns:
+        ``(rowptr int64[N+G+1], cols int64[E'], codes uint8[E'])``.
+    """
+    if not 0 <= int(max_dist) <= 250:
+        raise ValueError(f"graph_batch_pattern: max_dist must be in [0, 250], got {max_dist}")
+    n = indptr.shape[0] - 1
+    num_graphs = graph_ptr.shape[0] - 1
+    node_graph = np.repeat(np.arange(num_graphs, dtype=np.int64), np.diff(graph_ptr))
+    t = n + num_graphs
+    counts = np.zeros(t, np.int64)
+    rowptr = np.zeros(t + 1, np.int64)
+    dummy_i, dummy_c = np.empty(0, np.int64), np.empty(0, np.uint8)
+    _batch_pass(indptr, indices, graph_ptr, node_graph, bool(full), int(max_dist), rowptr, dummy_i, dummy_c,
+                counts, False)
+    np.cumsum(counts, out=rowptr[1:])
+    cols = np.empty(int(rowptr[-1]), np.int64)
+    codes = np.empty(int(rowptr[-1]), np.uint8)
+    _batch_pass(indptr, indices, graph_ptr, node_graph, bool(full), int(max_dist), rowptr, cols, codes,
+                counts, True)
     return rowptr, cols, codes

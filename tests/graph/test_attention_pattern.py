@@ -51,7 +51,7 @@ def test_codes_match_shortest_paths():
     indptr, indices, n = _graph(3, n=40, m=35)
     pat = build_pattern(indptr, indices, n, global_token=True, order=np.random.default_rng(4).permutation(n))
     adj = csr_matrix((np.ones(indices.shape[0]), indices, indptr), shape=(n, n))
-    spd = shortest_path(adj, unweighted=True, directed=True).T  # spd[i, j]: hops from j to i (j -> ... -> i)
+    spd = shortest_path(adj, unweighted=True, directed=True)  # adj[i, j] is edge j -> i: spd[i, j] = hops j -> i
     rows = np.repeat(np.arange(n + 1), np.diff(pat.csr.indptr.numpy()))
     cols = pat.csr.indices.numpy()
     codes = pat.codes.numpy()
