@@ -30,7 +30,7 @@ import torch
 from data_io.dataset import open_dataset
 from data_io.errors import FormatError
 from hpc_graph.engines.base import Engine
-from hpc_graph.graph.attention_pattern import sequence_order
+from hpc_graph.graph.attention_pattern import ClusterLayoutControl, sequence_clusters
 from hpc_graph.graph.base import GraphContext
 from hpc_graph.ops.csr import CSR
 
@@ -64,7 +64,8 @@ class _AllToAll(torch.autograd.Function):
 class _SeqParGraph(GraphContext):
     """This rank's token rows of the sequence; attention over the whole sequence through all-to-alls."""
 
-    def __init__(self, csr: CSR, ranges: np.ndarray, comm: Any, ids: np.ndarray | None = None):
+    def __init__(self, csr: CSR, ranges: np.ndarray, comm: Any, ids: np.ndarray | None = None,
+                 clusters: ClusterLayoutControl | None = None, cluster_ptr: np.ndarray | None = None):
         self.csr = csr  # the whole graph in sequence positions (every rank), for the pattern and the degrees
         self.ranges = ranges
         self.comm = comm
@@ -76,6 +77,7 @@ class _SeqParGraph(GraphContext):
         self._gid = (torch.arange(self.lo, self.hi, dtype=torch.int64) if ids is None
                      else torch.from_numpy(np.asarray(ids, dtype=np.int64)))  # node ids of this rank's tokens
         self._patterns: dict[bool, Any] = {}
+        self.clusters, self.cluster_ptr = clusters, cluster_ptr  # the cluster-sparse layout (sequence positions)
 
     # -- the all-to-alls -----------------------------------------------------------------------
     def _counts(self, with_token: bool) -> np.ndarray:
@@ -139,7 +141,14 @@ class _SeqParGraph(GraphContext):
         else:
             qh, kh, vh = (_AllToAll.apply(t.contiguous(), self, True, global_token) for t in (q, k, v))
         b = None if bias is None else bias[:, self.rank * hp:(self.rank + 1) * hp]  # this rank's heads
-        out = attend(pat, qh.contiguous(), kh.contiguous(), vh.contiguous(), bias=b, mode=mode)
+        if self.clusters is not None and self.clusters.enabled and mode == "sparse":
+            from hpc_graph.graph.attention_pattern import GRAPH_MAX_DIST, attend_layout, max_dist_of
+
+            layout = self.clusters.layout_for(pat, self.cluster_ptr)
+            codes = pat.codes_for(GRAPH_MAX_DIST if b is None else max_dist_of(b))
+            out = attend_layout(layout, codes, qh.contiguous(), kh.contiguous(), vh.contiguous(), b)
+        else:
+            out = attend(pat, qh.contiguous(), kh.contiguous(), vh.contiguous(), bias=b, mode=mode)
         return _AllToAll.apply(out, self, False, global_token)
 
     def aggregate(self, x, reduce="sum"):
@@ -182,7 +191,7 @@ class SeqParEngine(Engine):
     """Sequence-parallel engine for graph transformers (see module docstring). ``source``: a dataset file."""
 
     name = "seqpar"
-    OPTIONS = Engine.OPTIONS | frozenset({"sequence_order"})
+    OPTIONS = Engine.OPTIONS | frozenset({"sequence_order", "cluster_beta", "cluster_size", "tuner_window"})
 
     def __init__(self, source: str, comm: Any, device: torch.device, dtype: torch.dtype,
                  options: dict[str, Any] | None = None):
@@ -200,8 +209,10 @@ class SeqParEngine(Engine):
             ranges = token_ranges(n, size)
             lo, hi = int(ranges[rank]), int(ranges[rank + 1])
             indptr, indices = ds.indptr(), ds.indices().astype(np.int64, copy=False)
-            order = sequence_order(indptr, indices, n, str(self.options.get("sequence_order", "id")),
-                                   seed=int(self.options.get("seed", 0)))
+            o = self.options
+            clusters = ClusterLayoutControl(o.get("cluster_beta"), o.get("cluster_size", 256), o.get("tuner_window", 10))
+            order, cluster_ptr = sequence_clusters(indptr, indices, n, str(o.get("sequence_order", "id")),
+                                                   cluster_size=clusters.cluster_size, seed=int(o.get("seed", 0)))
             ids = order[lo:hi]  # this rank's nodes: a contiguous piece of the sequence
             csr = _relabel(indptr, indices, order)  # node order[t] becomes token t
             feat = ds.feat_take(ids)
@@ -210,7 +221,7 @@ class SeqParEngine(Engine):
                             else np.zeros(hi - lo, dtype=bool)) for name in ("train", "val", "test")}
             lap_pe = ds.lap_pe()[ids] if ds.has("lap_pe") else None
             self.num_classes = int(ds.num_classes) or int(ds.label().max()) + 1
-        self.graph = _SeqParGraph(csr, ranges, comm, ids)
+        self.graph = _SeqParGraph(csr, ranges, comm, ids, clusters, cluster_ptr)
         if lap_pe is not None:
             self.graph.node_fields["lap_pe"] = torch.from_numpy(np.ascontiguousarray(lap_pe)).to(dtype=dtype)
         self.feat = torch.from_numpy(np.ascontiguousarray(feat)).to(dtype=dtype)
@@ -219,3 +230,24 @@ class SeqParEngine(Engine):
         self.num_features = int(self.feat.shape[1])
         log.info("seqpar engine: rank %d of %d holds tokens [%d, %d) of %d", rank, size, lo, hi, n)
         self.reset_stats()
+
+    # -- the cluster-sparse layout's tuner: the same decisions on every rank -----------------------
+    def end_epoch(self, epoch: int, loss: float, seconds: float) -> None:
+        c = self.graph.clusters
+        if c.tuner is not None:
+            t = torch.tensor([float(seconds)], dtype=torch.float64)
+            if self.comm.size > 1:
+                self.comm.allreduce_(t, "max")  # the slowest rank's time: every rank feeds the same numbers
+            c.end_epoch(epoch, loss, float(t.item()))
+
+    def stats(self) -> dict:
+        out = super().stats()
+        if self.graph.clusters.enabled:
+            out.update(self.graph.clusters.stats())
+        return out
+
+    def state_dict(self) -> dict:
+        return {"clusters": self.graph.clusters.state_dict()}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.graph.clusters.load_state_dict(state.get("clusters") or {})

@@ -42,6 +42,8 @@ class _SingleGraph(GraphContext):
             self.num_relations = int(edge_type.max()) + 1
         self._relational: CSR | None = None
         self.node_fields: dict[str, torch.Tensor] = {}
+        self.clusters = None  # a ClusterLayoutControl when engine.cluster_beta is set
+        self.cluster_size = 256
 
     def aggregate_relations(self, x: torch.Tensor, reduce: str = "mean") -> torch.Tensor:
         if self.num_relations == 1:
@@ -61,17 +63,27 @@ class _SingleGraph(GraphContext):
     def aggregate_combine(self, x: torch.Tensor, reduce: str = "sum", **kw) -> torch.Tensor:
         return spmm_fused(self.csr, x, reduce, **kw)
 
+    def sequence(self) -> tuple[np.ndarray, np.ndarray]:
+        """``(order, cluster_ptr)`` of the sequence (``sequence_order``, clusters of ``cluster_size``), built once."""
+        from hpc_graph.graph.attention_pattern import sequence_clusters
+
+        key = ("sequence", self.sequence_order, self.cluster_size)
+        if key not in self.csr._cache:
+            g = self.csr
+            self.csr._cache[key] = sequence_clusters(g.indptr.cpu().numpy(), g.indices.cpu().numpy(), self.num_nodes,
+                                                     self.sequence_order, cluster_size=self.cluster_size)
+        return self.csr._cache[key]
+
     def attention_pattern(self, global_token: bool):
         """The sparse attention pattern of the whole graph (chain in ``sequence_order``), built once per ``global_token``."""
-        from hpc_graph.graph.attention_pattern import build_pattern, sequence_order
+        from hpc_graph.graph.attention_pattern import build_pattern
 
-        key = ("attention_pattern", bool(global_token), self.sequence_order)
+        key = ("attention_pattern", bool(global_token), self.sequence_order, self.cluster_size)
         if key not in self.csr._cache:
             g = self.csr
             indptr, indices = g.indptr.cpu().numpy(), g.indices.cpu().numpy()
-            order = sequence_order(indptr, indices, self.num_nodes, self.sequence_order)
             self.csr._cache[key] = build_pattern(indptr, indices, self.num_nodes, global_token=global_token,
-                                                 order=order)
+                                                 order=self.sequence()[0])
         return self.csr._cache[key]
 
     def graph_batch_pattern(self, full: bool, max_dist: int):
@@ -102,6 +114,13 @@ class _SingleGraph(GraphContext):
         if q.shape[0] != pat.num_tokens:
             raise ValueError(f"attention: q has {q.shape[0]} rows, the sequence has {pat.num_tokens} tokens "
                              f"({self.num_nodes} nodes{' + the global token' if global_token else ''})")
+        if self.clusters is not None and self.clusters.enabled and mode == "sparse":
+            from hpc_graph.graph.attention_pattern import attend_layout
+
+            check_attention_args(mode, bias, q.shape[1])
+            layout = self.clusters.layout_for(pat, self.sequence()[1])
+            codes = pat.codes_for(GRAPH_MAX_DIST if bias is None else max_dist_of(bias))
+            return attend_layout(layout, codes, q, k, v, bias)
         return attend(pat, q, k, v, bias=bias, mode=mode)
 
     def with_self_loops(self) -> CSR:
@@ -146,13 +165,16 @@ class SingleEngine(Engine):
     the epoch) and each step trains on ``graph_batch_size`` of them (:meth:`batch`, a block-diagonal
     graph of its own); evaluation runs on ``graph``, all graphs at once.
     Options: ``sequence_order`` (graph transformers: ``id``, ``rcm`` or ``metis``, see
-    :func:`~hpc_graph.graph.attention_pattern.sequence_order`); ``prefetch`` is accepted and ignored;
-    any other option is an error.
+    :func:`~hpc_graph.graph.attention_pattern.sequence_order`); ``cluster_beta``, ``cluster_size``,
+    ``tuner_window`` (the cluster-sparse layout of sparse attention and its tuner,
+    :class:`~hpc_graph.graph.attention_pattern.ClusterLayoutControl`); ``graph_batch_size`` (graph-level
+    data); ``prefetch`` is accepted and ignored; any other option is an error.
     Raises ``ValueError`` when ``comm`` has more than one rank.
     """
 
     name = "single"
-    OPTIONS = Engine.OPTIONS | frozenset({"sequence_order", "graph_batch_size"})
+    OPTIONS = Engine.OPTIONS | frozenset({"sequence_order", "graph_batch_size", "cluster_beta", "cluster_size",
+                                          "tuner_window"})
 
     def __init__(self, source: str, comm: Any, device: torch.device, dtype: torch.dtype,
                  options: dict[str, Any] | None = None):
@@ -182,6 +204,7 @@ class SingleEngine(Engine):
                                   graph_ptr)
         if lap_pe is not None:
             self.graph.node_fields["lap_pe"] = torch.from_numpy(lap_pe).to(device=self.device, dtype=dtype)
+        self._set_clusters()
         self.feat = torch.from_numpy(feat).to(device=self.device, dtype=dtype)
         self.label = torch.from_numpy(np.asarray(label, dtype=np.int64)).to(self.device)
         self.masks = {k: torch.from_numpy(np.asarray(v, dtype=bool)).to(self.device) for k, v in masks.items()}
@@ -246,3 +269,27 @@ class SingleEngine(Engine):
             sub.node_fields[name] = t[idx]
         seeds = torch.from_numpy(g).to(self.device)
         return Batch(sub, self.feat[idx], self.label[seeds], seeds)
+
+    # -- the cluster-sparse layout of the graph transformers' sparse attention --------------------
+    def _set_clusters(self) -> None:
+        from hpc_graph.graph.attention_pattern import ClusterLayoutControl
+
+        o = self.options
+        self.graph.clusters = ClusterLayoutControl(o.get("cluster_beta"), o.get("cluster_size", 256),
+                                                   o.get("tuner_window", 10))
+        self.graph.cluster_size = self.graph.clusters.cluster_size
+
+    def end_epoch(self, epoch: int, loss: float, seconds: float) -> None:
+        self.graph.clusters.end_epoch(epoch, loss, seconds)
+
+    def stats(self) -> dict:
+        out = super().stats()
+        if self.graph.clusters.enabled:
+            out.update(self.graph.clusters.stats())
+        return out
+
+    def state_dict(self) -> dict:
+        return {"clusters": self.graph.clusters.state_dict()}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.graph.clusters.load_state_dict(state.get("clusters") or {})

@@ -29,12 +29,15 @@ attention there is every pair inside a graph (``full=True``), never across graph
 """
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 
 import numpy as np
 import torch
 
 from hpc_graph.ops.csr import CSR
+
+log = logging.getLogger(__name__)
 
 #: codes of a graph's pattern (``max_dist`` 2)
 SELF, HOP1, HOP2, FAR, GLOBAL, UNREACHABLE = 0, 1, 2, 3, 4, 5
@@ -166,7 +169,15 @@ ORDERS = ("id", "rcm", "metis")
 
 def sequence_order(indptr: np.ndarray, indices: np.ndarray, num_nodes: int, method: str = "id",
                    cluster_size: int = 256, seed: int = 0) -> np.ndarray:
-    """int64[N]: the order of the nodes in the transformer's sequence (``order[t]`` is the t-th node).
+    """int64[N]: the order of the nodes in the sequence (:func:`sequence_clusters` without the clusters)."""
+    return sequence_clusters(indptr, indices, num_nodes, method, cluster_size, seed)[0]
+
+
+def sequence_clusters(indptr: np.ndarray, indices: np.ndarray, num_nodes: int, method: str = "id",
+                      cluster_size: int = 256, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    """``(order int64[N], cluster_ptr int64[K+1])``: the order of the nodes in the transformer's sequence
+    (``order[t]`` is the t-th node) and its clusters (contiguous ranges of the sequence; the METIS
+    clusters for ``metis``, ranges of ``cluster_size`` otherwise), which the cluster-sparse layout uses.
 
     ``id``: node id order. ``rcm``: reverse Cuthill-McKee of the undirected graph (neighbours end
     up close in the sequence, so the chain links nearby nodes). ``metis``: METIS clusters of about
@@ -178,7 +189,7 @@ def sequence_order(indptr: np.ndarray, indices: np.ndarray, num_nodes: int, meth
     if method not in ORDERS:
         raise ValueError(f"engine.sequence_order: must be one of {', '.join(map(repr, ORDERS))}, got {method!r}")
     if method == "id" or n <= 1:
-        return np.arange(n, dtype=np.int64)
+        return np.arange(n, dtype=np.int64), cluster_ptr_of(n, cluster_size)
     indptr = np.asarray(indptr, dtype=np.int64)
     indices = np.asarray(indices, dtype=np.int64)
     if method == "rcm":
@@ -187,11 +198,13 @@ def sequence_order(indptr: np.ndarray, indices: np.ndarray, num_nodes: int, meth
 
         a = csr_matrix((np.ones(indices.shape[0], dtype=np.int8), indices, indptr), shape=(n, n))
         a = (a + a.T).tocsr()
-        return np.asarray(reverse_cuthill_mckee(a, symmetric_mode=True), dtype=np.int64)
+        order = np.asarray(reverse_cuthill_mckee(a, symmetric_mode=True), dtype=np.int64)
+        return order, cluster_ptr_of(n, cluster_size)
     from data_io.partitioner import assign_parts
 
     parts = assign_parts(indptr, indices, max(1, min(n, -(-n // int(cluster_size)))), method="metis", seed=seed)
-    return np.argsort(parts, kind="stable").astype(np.int64)
+    order = np.argsort(parts, kind="stable").astype(np.int64)
+    return order, cluster_ptr_of(n, cluster_size, parts[order])
 
 
 
@@ -276,3 +289,268 @@ def build_graph_batch_pattern(indptr: np.ndarray, indices: np.ndarray, graph_ptr
     csr = CSR(torch.from_numpy(rowptr), torch.from_numpy(cols), n + gp.shape[0] - 1, validate=False)
     return AttentionPattern(csr, torch.from_numpy(codes), n, True, np.arange(n, dtype=np.int64), int(max_dist),
                             gp, bool(full))
+
+
+# -- the cluster-sparse layout and its tuner ------------------------------------------------------
+@dataclass
+class ClusterLayout:
+    """A pattern split into dense cluster-pair blocks and a CSR rest (TorchGT's cluster-sparse layout).
+
+    The node tokens are cut into clusters (contiguous ranges of the sequence order, ``cluster_ptr``); the
+    pattern's entries between cluster ``I`` and cluster ``J`` form block ``(I, J)`` of density
+    ``entries / (|I| |J|)``. Blocks denser than ``beta`` run as dense tiles (matrix products over the
+    whole block, every pair that is not an entry masked: a superset computed, nothing added or lost),
+    the rest (and the global token's entries) through the CSR kernels. ``beta >= 1``: no dense block;
+    ``beta = 0``: every non-empty block dense. The attention result does not depend on ``beta``; only
+    the time does.
+
+    Attributes:
+        beta: the density threshold; cluster_ptr: int64[K + 1];
+        sparse: CSR of the rest; sparse_ids: int64[E_s] their pattern-order indices;
+        blocks: ``(rid, cid, rows, cols, ids)`` per dense block (see
+            :func:`~hpc_graph.ops.graph_attention.cluster_attention`);
+        dense_entries: pattern entries inside dense blocks; tile_pairs: pairs the dense tiles compute.
+    """
+
+    beta: float
+    cluster_ptr: np.ndarray
+    sparse: CSR
+    sparse_ids: torch.Tensor
+    blocks: list
+    dense_entries: int
+    tile_pairs: int
+
+    def describe(self) -> dict:
+        return {"beta": self.beta, "dense_blocks": len(self.blocks), "dense_entries": self.dense_entries,
+                "sparse_entries": int(self.sparse.num_edges), "tile_pairs": self.tile_pairs}
+
+
+def cluster_ptr_of(num_nodes: int, cluster_size: int, parts: np.ndarray | None = None) -> np.ndarray:
+    """int64[K + 1]: cluster boundaries over the node tokens in sequence order: the runs of equal
+    ``parts`` (METIS clusters laid one after the other), else fixed ranges of ``cluster_size``."""
+    n = int(num_nodes)
+    if parts is not None and len(parts):
+        cuts = np.flatnonzero(np.diff(np.asarray(parts))) + 1
+        return np.concatenate(([0], cuts, [n])).astype(np.int64)
+    return np.unique(np.concatenate((np.arange(0, n, max(1, int(cluster_size))), [n]))).astype(np.int64)
+
+
+def pattern_density(pattern: AttentionPattern) -> float:
+    """beta_G: the fraction of node-token pairs that are pattern entries."""
+    n = pattern.num_nodes
+    return float(pattern.csr.num_edges) / float(max(1, n) ** 2)
+
+
+def build_cluster_layout(pattern: AttentionPattern, cluster_ptr: np.ndarray, beta: float) -> ClusterLayout:
+    """Split ``pattern`` into dense blocks (density > ``beta``) and a CSR rest; see :class:`ClusterLayout`.
+
+    ``cluster_ptr`` cuts the *sequence* (``pattern.order``: cluster ``I`` is the nodes
+    ``order[cluster_ptr[I]:cluster_ptr[I+1]]``).
+
+    Raises:
+        ValueError: ``beta`` outside [0, 1] or cluster boundaries that do not cover the node tokens.
+    """
+    beta = float(beta)
+    if not 0.0 <= beta <= 1.0:
+        raise ValueError(f"engine.cluster_beta: must be in [0, 1] (or 'auto'), got {beta}")
+    n, T = pattern.num_nodes, pattern.num_tokens
+    cp = np.asarray(cluster_ptr, dtype=np.int64)
+    if cp.ndim != 1 or cp.shape[0] < 2 or cp[0] != 0 or cp[-1] != n or (np.diff(cp) <= 0).any():
+        raise ValueError(f"build_cluster_layout: cluster boundaries must increase from 0 to {n}")
+    K = cp.shape[0] - 1
+    order = np.asarray(pattern.order, dtype=np.int64)
+    pos = np.empty(n, dtype=np.int64)
+    pos[order] = np.arange(n, dtype=np.int64)  # token -> place in the sequence
+    cluster = np.repeat(np.arange(K, dtype=np.int64), np.diff(cp))  # sequence place -> cluster
+    indptr = pattern.csr.indptr.cpu().numpy()
+    cols = pattern.csr.indices.cpu().numpy()
+    rows = np.repeat(np.arange(T, dtype=np.int64), np.diff(indptr))
+    node = (rows < n) & (cols < n)
+    pr = pos[np.minimum(rows, n - 1)]
+    pc = pos[np.minimum(cols, n - 1)]
+    cr, cc = cluster[pr], cluster[pc]
+    block = np.where(node, cr * K + cc, -1)
+    size = np.diff(cp)
+    counts = np.bincount(block[node], minlength=K * K)
+    density = counts / (size[:, None] * size[None, :]).reshape(-1).astype(np.float64)
+    dense_block = (counts > 0) & (density > beta)
+    in_dense = node & dense_block[np.where(node, block, 0)]
+    ids = np.flatnonzero(in_dense)
+    by_block = ids[np.argsort(block[ids], kind="stable")]
+    members = [torch.from_numpy(order[cp[i]:cp[i + 1]]) for i in range(K)]
+    blocks, tile_pairs = [], 0
+    if by_block.size:
+        b_of = block[by_block]
+        starts = np.concatenate(([0], np.flatnonzero(np.diff(b_of)) + 1, [by_block.size]))
+        for a, b in zip(starts[:-1], starts[1:]):
+            e = by_block[a:b]
+            bi, bj = divmod(int(b_of[a]), K)
+            blocks.append((members[bi], members[bj], torch.from_numpy(pr[e] - cp[bi]),
+                           torch.from_numpy(pc[e] - cp[bj]), torch.from_numpy(e)))
+            tile_pairs += int(size[bi] * size[bj])
+    rest = np.flatnonzero(~in_dense)
+    sp_ptr = np.zeros(T + 1, dtype=np.int64)
+    np.cumsum(np.bincount(rows[rest], minlength=T), out=sp_ptr[1:])
+    sparse = CSR(torch.from_numpy(sp_ptr), torch.from_numpy(cols[rest]), T, validate=False)
+    return ClusterLayout(beta, cp, sparse, torch.from_numpy(rest), blocks, int(ids.size), tile_pairs)
+
+
+def attend_layout(layout: ClusterLayout, codes: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                  bias: torch.Tensor | None = None) -> torch.Tensor:
+    """Sparse-mode attention through a :class:`ClusterLayout` (``codes``: the pattern's uint8 codes in the
+    bias table's layout, :meth:`AttentionPattern.codes_for`)."""
+    from hpc_graph.ops.graph_attention import cluster_attention, code_bias
+
+    return cluster_attention(layout.sparse, layout.sparse_ids, layout.blocks, q, k, v,
+                             None if bias is None else code_bias(bias, codes.to(q.device)))
+
+
+#: TorchGT's ladder of thresholds, in units of beta_G (0 and 1 absolute)
+BETA_LADDER = (0.0, 1.0, 1.5, 5.0, 7.0, 10.0, None)
+
+
+class BetaTuner:
+    """Chooses the cluster-sparse threshold ``beta`` from the training loss and the epoch time.
+
+    TorchGT's auto tuner: a running loss ``F_t = 0.9 F_{t-1} + 0.1 L_t`` and the loss-descent rate
+    ``LDR_t = (F_{t-1} - F_t) / e_t`` (``e_t`` the epoch's seconds). ``beta`` walks the ladder
+    ``{0, beta_G, 1.5, 5, 7, 10 beta_G, 1}`` starting at ``beta_G``; after every ``window`` epochs
+    at one value the window's mean LDR is compared with the previous window's: better by more than
+    ``hysteresis`` (relative) keeps walking in the same direction, worse by more reverses the
+    direction and steps back, anything in between stays (hysteresis: noise does not flip-flop it),
+    and worse again right after turning back also stays (the loss flattening with time makes every
+    later window look worse; without this the walk would oscillate between two values).
+    The first epoch after a change is left out of the mean (it rebuilds the layout). Fed the same
+    (loss, seconds) on every rank (the global loss, the slowest rank's time), every rank takes the
+    same decisions. Each decision is logged; :attr:`history` keeps ``(epoch, beta)`` per epoch.
+
+    Our layout is exact (a dense tile masks what is not an entry), so ``beta`` trades only time,
+    never accuracy: the walk settles where an epoch is fastest.
+    """
+
+    def __init__(self, beta_g: float, window: int = 10, hysteresis: float = 0.05, start: int = 1):
+        if isinstance(window, bool) or not isinstance(window, int) or window < 2:
+            raise ValueError(f"engine.tuner_window: must be an integer >= 2, got {window!r}")
+        self.ladder = [0.0 if x == 0.0 else 1.0 if x is None else min(1.0, x * float(beta_g)) for x in BETA_LADDER]
+        self.index, self.direction = int(start), 1
+        self.window, self.hysteresis = int(window), float(hysteresis)
+        self.F: float | None = None
+        self.rates: list[float] = []
+        self.previous: float | None = None
+        self.turned = False
+        self.history: list[tuple[int, float]] = []
+
+    @property
+    def beta(self) -> float:
+        return self.ladder[self.index]
+
+    def update(self, epoch: int, loss: float, seconds: float) -> float:
+        """Feed epoch ``epoch``'s global loss and time; return the ``beta`` of the next epoch."""
+        self.history.append((int(epoch), self.beta))
+        if not np.isfinite(loss) or seconds <= 0:
+            return self.beta
+        F_prev, self.F = self.F, (loss if self.F is None else 0.9 * self.F + 0.1 * loss)
+        if F_prev is None:
+            return self.beta
+        self.rates.append((F_prev - self.F) / seconds)
+        if len(self.rates) < self.window:
+            return self.beta
+        mean = float(np.mean(self.rates[1:]))  # the first epoch at a new beta rebuilt the layout
+        old = self.beta
+        if self.previous is None:
+            why = "first window: try the next value"
+        elif mean - self.previous > self.hysteresis * abs(self.previous):
+            why = f"LDR {self.previous:.3g} -> {mean:.3g}: better, keep going"
+        elif self.previous - mean > self.hysteresis * abs(self.previous):
+            if self.turned:  # worse right after turning back: the loss is flattening, not beta; stay
+                log.info("beta tuner: epoch %d: LDR %.3g -> %.3g: worse again after turning back: beta settles "
+                         "at %.3g", epoch, self.previous, mean, old)
+                self.previous, self.rates, self.turned = mean, [], False
+                return self.beta
+            why = f"LDR {self.previous:.3g} -> {mean:.3g}: worse, turn back"
+            self.direction = -self.direction
+        else:
+            log.info("beta tuner: epoch %d: LDR %.3g -> %.3g within %.0f %%: beta stays %.3g", epoch, self.previous,
+                     mean, 100 * self.hysteresis, old)
+            self.previous, self.rates, self.turned = mean, [], False
+            return self.beta
+        self.turned = why.endswith("turn back")
+        nxt = self.index + self.direction
+        if not 0 <= nxt < len(self.ladder):
+            self.direction = -self.direction
+            nxt = self.index + self.direction
+        self.index = nxt
+        self.previous, self.rates = mean, []
+        log.info("beta tuner: epoch %d: %s: beta %.3g -> %.3g", epoch, why, old, self.beta)
+        return self.beta
+
+    def state_dict(self) -> dict:
+        return {"ladder": list(self.ladder), "index": self.index, "direction": self.direction, "F": self.F,
+                "rates": list(self.rates), "previous": self.previous, "turned": self.turned,
+                "history": list(self.history)}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.ladder = [float(x) for x in state["ladder"]]
+        self.index, self.direction, self.F = int(state["index"]), int(state["direction"]), state["F"]
+        self.rates, self.previous, self.turned = list(state["rates"]), state["previous"], bool(state["turned"])
+        self.history = [tuple(h) for h in state["history"]]
+
+
+class ClusterLayoutControl:
+    """An engine's cluster-sparse settings (``engine.cluster_beta``, ``cluster_size``, ``tuner_window``) and
+    state: the layout of the current ``beta`` per pattern, and the :class:`BetaTuner` when ``beta`` is
+    ``"auto"``. Shared by the engines that run graph transformers (``single``, ``seqpar``).
+
+    ``cluster_beta``: None (off: every entry through the CSR kernels), a number in [0, 1] (fixed), or
+    ``"auto"`` (tuned, starting at beta_G).
+    """
+
+    def __init__(self, cluster_beta=None, cluster_size: int = 256, tuner_window: int = 10):
+        if cluster_beta is not None and cluster_beta != "auto":
+            if isinstance(cluster_beta, bool) or not isinstance(cluster_beta, (int, float)) \
+                    or not 0 <= cluster_beta <= 1:
+                raise ValueError(f"engine.cluster_beta: must be null, 'auto' or a number in [0, 1], got {cluster_beta!r}")
+        if isinstance(cluster_size, bool) or not isinstance(cluster_size, int) or cluster_size < 1:
+            raise ValueError(f"engine.cluster_size: must be a positive integer, got {cluster_size!r}")
+        self.setting, self.cluster_size, self.window = cluster_beta, int(cluster_size), tuner_window
+        self.tuner: BetaTuner | None = None
+        self.beta: float | None = None if cluster_beta in (None, "auto") else float(cluster_beta)
+        self._layouts: dict = {}
+        self._used: dict = {}
+
+    @property
+    def enabled(self) -> bool:
+        return self.setting is not None
+
+    def layout_for(self, pattern: AttentionPattern, cluster_ptr: np.ndarray) -> ClusterLayout:
+        """The layout of ``pattern`` at the current beta (built on first use after each change)."""
+        if self.setting == "auto" and self.tuner is None:
+            self.tuner = BetaTuner(pattern_density(pattern), window=self.window)
+            self.beta = self.tuner.beta
+            log.info("beta tuner: beta_G = %.3g, ladder %s", pattern_density(pattern),
+                     ", ".join(f"{b:.3g}" for b in self.tuner.ladder))
+        key = (id(pattern), self.beta)
+        if key not in self._layouts:
+            self._layouts = {k: v for k, v in self._layouts.items() if k[0] != id(pattern)}  # one beta at a time
+            self._layouts[key] = build_cluster_layout(pattern, cluster_ptr, self.beta)
+        layout = self._layouts[key]
+        self._used = layout.describe()
+        return layout
+
+    def end_epoch(self, epoch: int, loss: float, seconds: float) -> None:
+        """Feed the tuner (the same global loss and time on every rank)."""
+        if self.tuner is not None:
+            self.beta = self.tuner.update(epoch, loss, seconds)
+
+    def stats(self) -> dict:
+        """The layout of the last attention call: beta, dense blocks and entries, CSR entries."""
+        return dict(self._used)
+
+    def state_dict(self) -> dict:
+        return {} if self.tuner is None else {"tuner": self.tuner.state_dict(), "beta": self.beta}
+
+    def load_state_dict(self, state: dict) -> None:
+        if state and "tuner" in state:
+            self.tuner = BetaTuner(0.0, window=self.window)
+            self.tuner.load_state_dict(state["tuner"])
+            self.beta = self.tuner.beta

@@ -114,6 +114,41 @@ def _scores(q, k, far_bias, scale, r0, r1, c0, c1, rows, cols):
     return s
 
 
+def _merge_tile(state: AttentionState, s: torch.Tensor, v: torch.Tensor, r, c) -> None:
+    """Fold the scores ``s`` float[H, tr, tc] (-inf: not a pair) of the query rows ``r`` against the key rows
+    ``c`` (each a slice or a tensor of distinct token ids) into the online-softmax ``state`` (in place)."""
+    m, l, acc = state.m, state.l, state.acc  # [T, H], [T, H], [T, H, Dv]
+    m_old = m[r].t()  # [H, tr]
+    m_new = torch.maximum(m_old, s.amax(-1))
+    safe = torch.where(torch.isinf(m_new), torch.zeros_like(m_new), m_new)
+    alpha = torch.exp(m_old - safe)  # 0 where nothing was seen before
+    p = torch.exp(s - safe.unsqueeze(-1))
+    l[r] = (l[r].t() * alpha + p.sum(-1)).t()
+    acc[r] = (acc[r].permute(1, 0, 2) * alpha.unsqueeze(-1)
+              + torch.matmul(p, v[c].transpose(0, 1))).permute(1, 0, 2)
+    m[r] = m_new.t()
+
+
+def _safe_m_inv_l(m: torch.Tensor, l: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    safe_m = torch.where(torch.isinf(m), torch.zeros_like(m), m)
+    inv_l = torch.where(l > 0, 1.0 / l.clamp(min=torch.finfo(l.dtype).tiny), torch.zeros_like(l))
+    return safe_m, inv_l
+
+
+def _tile_backward(s, safe_m, inv_l, go, delta, q, k, v, gq, gk, gv, scale, r, c) -> torch.Tensor:
+    """Add one tile's share to ``gq``, ``gk``, ``gv`` (in place; ``r``, ``c`` as for :func:`_merge_tile`) from
+    its recomputed scores ``s`` float[H, tr, tc]; return ``scale * d loss / d score`` (0 where ``s`` is -inf)."""
+    p = torch.exp(s - safe_m[r].t().unsqueeze(-1)) * inv_l[r].t().unsqueeze(-1)  # [H, tr, tc]
+    go_r = go[r].transpose(0, 1)  # [H, tr, Dv]
+    gv[c] += torch.matmul(p.transpose(1, 2), go_r).transpose(0, 1)
+    dp = torch.matmul(go_r, v[c].transpose(0, 1).transpose(1, 2))  # [H, tr, tc]
+    ds = p * (dp - delta[r].t().unsqueeze(-1))
+    ds *= scale
+    gq[r] += torch.matmul(ds, k[c].transpose(0, 1)).transpose(0, 1)
+    gk[c] += torch.matmul(ds.transpose(1, 2), q[r].transpose(0, 1)).transpose(0, 1)
+    return ds
+
+
 class _DenseMerged(torch.autograd.Function):
     """Pattern entries through the fused kernels + all other node pairs in tiles, one softmax state."""
 
@@ -123,18 +158,9 @@ class _DenseMerged(torch.autograd.Function):
         state = init_state(pattern.num_dst, v.shape[1], v.shape[2], v.dtype, v.device)
         accumulate(state, pattern, q, k, v, bias, scale)
         masks = _tile_masks(pattern, n, t)
-        m, l, acc = state.m, state.l, state.acc  # [T, H], [T, H], [T, H, Dv]
         for r0, r1, c0, c1, rows, cols in _tiles(n, t, masks):
-            s = _scores(q, k, far_bias, scale, r0, r1, c0, c1, rows, cols)  # [H, tr, tc]
-            m_old = m[r0:r1].t()  # [H, tr]
-            m_new = torch.maximum(m_old, s.amax(-1))
-            safe = torch.where(torch.isinf(m_new), torch.zeros_like(m_new), m_new)
-            alpha = torch.exp(m_old - safe)  # 0 where nothing was seen before
-            p = torch.exp(s - safe.unsqueeze(-1))
-            l[r0:r1] = (l[r0:r1].t() * alpha + p.sum(-1)).t()
-            acc[r0:r1] = (acc[r0:r1].permute(1, 0, 2) * alpha.unsqueeze(-1)
-                          + torch.matmul(p, v[c0:c1].transpose(0, 1))).permute(1, 0, 2)
-            m[r0:r1] = m_new.t()
+            _merge_tile(state, _scores(q, k, far_bias, scale, r0, r1, c0, c1, rows, cols), v, slice(r0, r1),
+                        slice(c0, c1))
         out = finalize(state)
         ctx.save_for_backward(q, k, v, bias, far_bias, state.m, state.l, out)
         ctx.pattern, ctx.n, ctx.t, ctx.scale, ctx.masks = pattern, n, t, scale, masks
@@ -148,19 +174,12 @@ class _DenseMerged(torch.autograd.Function):
         delta = output_delta(state, go)
         gq, gk, gv, gb = backward_block(state, go, delta, ctx.pattern, q, k, v, bias, ctx.scale)
         gfar = torch.zeros_like(far_bias)
-        safe_m = torch.where(torch.isinf(m), torch.zeros_like(m), m)
-        inv_l = torch.where(l > 0, 1.0 / l.clamp(min=torch.finfo(l.dtype).tiny), torch.zeros_like(l))
+        safe_m, inv_l = _safe_m_inv_l(m, l)
         for r0, r1, c0, c1, rows, cols in _tiles(ctx.n, ctx.t, ctx.masks):
             s = _scores(q, k, far_bias, ctx.scale, r0, r1, c0, c1, rows, cols)
-            p = torch.exp(s - safe_m[r0:r1].t().unsqueeze(-1)) * inv_l[r0:r1].t().unsqueeze(-1)  # [H, tr, tc]
-            go_r = go[r0:r1].transpose(0, 1)  # [H, tr, Dv]
-            gv[c0:c1] += torch.matmul(p.transpose(1, 2), go_r).transpose(0, 1)
-            dp = torch.matmul(go_r, v[c0:c1].transpose(0, 1).transpose(1, 2))  # [H, tr, tc]
-            ds = p * (dp - delta[r0:r1].t().unsqueeze(-1))
-            gfar += ds.sum((1, 2))
-            ds *= ctx.scale
-            gq[r0:r1] += torch.matmul(ds, k[c0:c1].transpose(0, 1)).transpose(0, 1)
-            gk[c0:c1] += torch.matmul(ds.transpose(1, 2), q[r0:r1].transpose(0, 1)).transpose(0, 1)
+            ds = _tile_backward(s, safe_m, inv_l, go, delta, q, k, v, gq, gk, gv, ctx.scale, slice(r0, r1),
+                                slice(c0, c1))
+            gfar += ds.sum((1, 2)) / ctx.scale
         return None, gq, gk, gv, gb, gfar, None, None
 
 
@@ -190,3 +209,77 @@ class _CodeBias(torch.autograd.Function):
         for c in range(ctx.num_codes):
             out[c] = grad[codes == c].sum(0)
         return out, None
+
+
+# -- the cluster-sparse layout ---------------------------------------------------------------------
+def cluster_attention(sparse: CSR, sparse_ids: torch.Tensor, blocks: list, q: torch.Tensor, k: torch.Tensor,
+                      v: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """Pattern attention with the pattern split into a CSR part and dense blocks (TorchGT's cluster-sparse
+    layout, exact): equal to :func:`pattern_attention` over the union of the two parts.
+
+    Args:
+        sparse: CSR over the T tokens with the entries outside the dense blocks.
+        sparse_ids: int64[sparse.num_edges] the pattern-order index of each of its entries.
+        blocks: ``(rid, cid, rows, cols, ids)`` per dense block: its query tokens ``rid`` and key tokens
+            ``cid`` (int64, distinct; a cluster each), its pattern entries as positions ``rows`` in ``rid``
+            and ``cols`` in ``cid``, and their pattern-order indices ``ids``. The block's scores are one dense
+            tile (matrix products); every pair of the tile that is not an entry is masked (-inf), so no pair
+            is added and none is lost.
+        q, k: float[T, H, Dk]; v: float[T, H, Dv]; bias: float[E, H] per entry in pattern order, or None.
+    Returns:
+        float[T, H, Dv], differentiable in q, k, v and bias.
+    """
+    T = sparse.num_dst
+    check_tensor("v", v, (T, None, None), None, v.device)
+    H = v.shape[1]
+    check_tensor("q", q, (T, H, None), v.dtype, v.device)
+    check_tensor("k", k, (T, H, q.shape[2]), v.dtype, v.device)
+    if bias is not None:
+        n_entries = sparse.num_edges + sum(int(b[4].numel()) for b in blocks)
+        check_tensor("bias", bias, (n_entries, H), v.dtype, v.device)
+    return _ClusterSparse.apply(sparse, sparse_ids, blocks, q.contiguous(), k.contiguous(), v.contiguous(),
+                                None if bias is None else bias.contiguous())
+
+
+def _block_scores(q, k, bias, scale, rid, cid, rows, cols, ids):
+    """float[H, tr, tc]: a dense block's tile, -inf except at its entries (which get their bias)."""
+    s = torch.matmul(q[rid].transpose(0, 1), k[cid].transpose(0, 1).transpose(1, 2)) * scale
+    out = torch.full_like(s, float("-inf"))
+    kept = s[:, rows, cols]
+    out[:, rows, cols] = kept if bias is None else kept + bias[ids].t()
+    return out
+
+
+class _ClusterSparse(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, sparse: CSR, sparse_ids, blocks, q, k, v, bias):
+        scale = 1.0 / math.sqrt(q.shape[2])
+        state = init_state(sparse.num_dst, v.shape[1], v.shape[2], v.dtype, v.device)
+        b_sparse = None if bias is None else bias.index_select(0, sparse_ids)
+        accumulate(state, sparse, q, k, v, b_sparse, scale)
+        for rid, cid, rows, cols, ids in blocks:
+            _merge_tile(state, _block_scores(q, k, bias, scale, rid, cid, rows, cols, ids), v, rid, cid)
+        out = finalize(state)
+        ctx.save_for_backward(q, k, v, bias, state.m, state.l, out)
+        ctx.sparse, ctx.sparse_ids, ctx.blocks, ctx.scale = sparse, sparse_ids, blocks, scale
+        return out
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        q, k, v, bias, m, l, out = ctx.saved_tensors
+        go = grad_out.contiguous()
+        state = AttentionState(m, l, out, finalized=True)
+        delta = output_delta(state, go)
+        b_sparse = None if bias is None else bias.index_select(0, ctx.sparse_ids)
+        gq, gk, gv, gbs = backward_block(state, go, delta, ctx.sparse, q, k, v, b_sparse, ctx.scale)
+        gb = None
+        if bias is not None:
+            gb = torch.zeros_like(bias)
+            gb[ctx.sparse_ids] = gbs
+        safe_m, inv_l = _safe_m_inv_l(m, l)
+        for rid, cid, rows, cols, ids in ctx.blocks:
+            s = _block_scores(q, k, bias, ctx.scale, rid, cid, rows, cols, ids)
+            ds = _tile_backward(s, safe_m, inv_l, go, delta, q, k, v, gq, gk, gv, ctx.scale, rid, cid)
+            if gb is not None:
+                gb[ids] = ds[:, rows, cols].t() / ctx.scale
+        return None, None, None, gq, gk, gv, gb

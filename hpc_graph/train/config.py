@@ -73,6 +73,7 @@ _BANDWIDTH = {"kind": "bandwidth"}
 _LATENCY = {"kind": "latency"}
 _FANOUTS = {"kind": "fanouts"}
 _LAYER_LIST = {"kind": "layer_list"}
+_CLUSTER_BETA = {"kind": "cluster_beta"}
 _PATH = {"kind": "path"}
 _OPT_PATH = {"kind": "path", "optional": True}
 
@@ -109,6 +110,20 @@ class EngineConfig:
                                  "which the attention pattern's chain follows and `seqpar` cuts into one piece per "
                                  "rank. `id`: node ids; `rcm`: reverse Cuthill-McKee (neighbours close together); "
                                  "`metis`: METIS clusters of ~256 nodes one after the other.")
+    cluster_beta: Any = _field(None, _only(_CLUSTER_BETA, "single", "seqpar"),
+                               "Graph transformers' sparse attention in TorchGT's cluster-sparse layout: the "
+                               "sequence cut into clusters of `cluster_size` (METIS clusters with `sequence_order: "
+                               "metis`), every cluster pair denser than this threshold computed as one dense tile "
+                               "(exact: the tile's pairs that are not pattern entries are masked), the rest through "
+                               "the CSR kernels. `null`: off; a number in [0, 1]: fixed; `auto`: TorchGT's tuner "
+                               "walks {0, b, 1.5b, 5b, 7b, 10b, 1} (b = the pattern's density) from b by the "
+                               "smoothed loss-descent rate per second, with hysteresis, the same on every rank. "
+                               "Changes time only, never results.")
+    cluster_size: int = _field(256, _only(_int(1), "single", "seqpar"),
+                               "Nodes per cluster of the cluster-sparse layout (and of `sequence_order: metis`).")
+    tuner_window: int = _field(10, _only(_int(2), "single", "seqpar"),
+                               "`cluster_beta: auto`: epochs at one threshold before the tuner compares "
+                               "(TorchGT's delta).")
     graph_batch_size: int = _field(64, _only(_int(1), "single"),
                                    "Graph-level datasets (many small graphs, `/graphs/ptr`): graphs per optimiser "
                                    "step (shuffled every epoch); evaluation runs on all graphs at once.")
@@ -412,6 +427,17 @@ def _check_value(where: str, value: Any, spec: dict) -> Any:
         if text is not None and text.isdigit() and int(text) in BIT_WIDTHS:
             return int(text)
         raise ConfigError(f"{where}: must be one of 'auto', {', '.join(map(str, BIT_WIDTHS))}, got {value!r}")
+    if kind == "cluster_beta":
+        if value is None or value == "auto":
+            return value
+        if isinstance(value, str):
+            try:
+                value = float(value)
+            except ValueError:
+                pass
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value <= 1:
+            raise ConfigError(f"{where}: must be null, 'auto' or a number in [0, 1], got {value!r}")
+        return float(value)
     if kind == "layer_list":
         items = list(value) if isinstance(value, (list, tuple)) else None
         if items is None or any(isinstance(v, bool) or not isinstance(v, int) or v < 0 for v in items):
@@ -649,7 +675,7 @@ def _type_name(spec: dict) -> str:
     return {"int": "integer", "float": "number", "bool": "boolean", "choice": "string",
             "path": "path", "bits": "integer or string", "bandwidth": "number, string or null",
             "latency": "number or string", "fanouts": "list of integers",
-            "layer_list": "list of integers"}[spec["kind"]] + \
+            "layer_list": "list of integers", "cluster_beta": "number, string or null"}[spec["kind"]] + \
         (" or null" if spec.get("optional") else "")
 
 
@@ -665,6 +691,8 @@ def _allowed(spec: dict) -> str:
         return "each >= 1, or -1"
     if kind == "latency":
         return ">= 0 s, or with a unit"
+    if kind == "cluster_beta":
+        return "`null`, `auto`, [0, 1]"
     if kind == "bool":
         return "`true`, `false`"
     if kind == "int":

@@ -13,6 +13,8 @@ token), sparse, dense and interleaved attention:
   ``(own rows x (P - 1) + S' - the rank's rows) x H/P x 4 d`` values, S' = S + 1 with the global
   token), so nothing else (no bias, no pattern) is communicated;
 * the same with the sequence in RCM and METIS-cluster order (each rank then holds scattered nodes);
+* the cluster-sparse layout (``cluster_beta`` 0 and 0.05, METIS clusters of 8): the same results;
+* the beta tuner fed each rank's own epoch time: every rank takes the same decisions;
 * heads not divisible by P fails with a message naming ``model.heads``.
 
 Usage: seqpar_checks.py WORKDIR
@@ -65,13 +67,14 @@ def _loss(out, label, mask, count):
     return F.cross_entropy(out[mask], label[mask], reduction="sum") / count
 
 
-def _check(comm, path, name, extra, tag, order="id") -> int:
+def _check(comm, path, name, extra, tag, order="id", options=None) -> int:
     P, me = comm.size, comm.rank
-    eng = create_engine("seqpar", str(path), comm, "cpu", torch.float64, {"sequence_order": order})
+    eng = create_engine("seqpar", str(path), comm, "cpu", torch.float64, {"sequence_order": order, **(options or {})})
     g = eng.graph
     with open_dataset(path) as ds:
         n = ds.num_nodes
         ref_graph = _SingleGraph(CSR(ds.indptr(), ds.indices().astype(np.int64), n), sequence_order=order)
+        ref_graph.cluster_size = (options or {}).get("cluster_size", 256)  # the METIS order's cluster size
         ref_graph.node_fields["lap_pe"] = torch.from_numpy(ds.lap_pe()).double()
         feat = torch.from_numpy(ds.feat_rows(0, n)).double()
         label = torch.from_numpy(ds.label())
@@ -124,6 +127,24 @@ def _check(comm, path, name, extra, tag, order="id") -> int:
     return 1
 
 
+def _tuner_agrees(comm, path) -> int:
+    """Each rank feeds its own (different) epoch time; the engine all-reduces it, so beta moves alike."""
+    eng = create_engine("seqpar", str(path), comm, "cpu", torch.float64,
+                        {"sequence_order": "metis", "cluster_beta": "auto", "cluster_size": 8, "tuner_window": 2})
+    model = build_model("graphormer", 5, 8, 3, num_layers=1, heads=4, dropout=0.0).double()
+    rng = np.random.default_rng(comm.rank)
+    for epoch in range(1, 16):
+        model(eng.graph, eng.feat)  # builds the layout of the current beta
+        eng.end_epoch(epoch, 1.0 / epoch, float(rng.uniform(0.5, 1.5)))
+    mine = eng.graph.clusters.tuner.history
+    everyone = comm.allgather_object(mine)
+    if any(h != everyone[0] for h in everyone):
+        raise AssertionError(f"beta histories differ between ranks: {everyone}")
+    if len({b for _, b in mine}) < 2:
+        raise AssertionError(f"the tuner never moved: {mine}")
+    return 1
+
+
 def main() -> int:
     comm = _communicator.get_communicator("mpi")
     from hpc_graph.comm.threads import configure_threads
@@ -144,6 +165,12 @@ def main() -> int:
             for order in ("rcm", "metis"):
                 cases += _check(comm, path, name, {**extra, "attention": "sparse"},
                                 f"rank {comm.rank}/{comm.size} {name} {order}", order=order)
+            # the cluster-sparse layout (dense tiles on dense cluster pairs) gives the same results
+            for beta in (0.0, 0.05):
+                cases += _check(comm, path, name, {**extra, "attention": "sparse"},
+                                f"rank {comm.rank}/{comm.size} {name} cluster beta {beta}", order="metis",
+                                options={"cluster_beta": beta, "cluster_size": 8})
+        cases += _tuner_agrees(comm, path)
         if comm.size > 1:
             eng = create_engine("seqpar", str(path), comm, "cpu", torch.float64, {})
             bad = build_model("gt", 5, 6 * comm.size + 1, 3, heads=6 * comm.size + 1, pe_dim=0).double()
