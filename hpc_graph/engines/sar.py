@@ -67,6 +67,15 @@ class _SARGraph(GraphContext):
                                  attn_dropout=attn_dropout, seed=seed, add_self_loops=add_self_loops,
                                  prefetch=self.prefetch)
 
+    def attention(self, q, k, v, *, bias=None, mode="sparse", global_token=False):
+        """Sparse graph-transformer attention over self loops + in-edges, remote k/v blocks fetched one at a
+        time (forward and again in backward); equals ``single`` with ``engine.attention_chain: false``."""
+        from hpc_graph.graph.halo_graph import check_partial_attention
+        from hpc_graph.ops.sar_aggregate import sar_dot_attention
+
+        check_partial_attention(self, mode, bias, global_token, q)
+        return sar_dot_attention(q, k, v, bias, self.dg, self.comm, self.prefetch)
+
     def in_degree(self) -> torch.Tensor:
         return self.dg.in_degree
 

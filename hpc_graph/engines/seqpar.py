@@ -78,6 +78,7 @@ class _SeqParGraph(GraphContext):
                      else torch.from_numpy(np.asarray(ids, dtype=np.int64)))  # node ids of this rank's tokens
         self._patterns: dict[bool, Any] = {}
         self.clusters, self.cluster_ptr = clusters, cluster_ptr  # the cluster-sparse layout (sequence positions)
+        self.chain = True  # engine.attention_chain
 
     # -- the all-to-alls -----------------------------------------------------------------------
     def _counts(self, with_token: bool) -> np.ndarray:
@@ -117,7 +118,7 @@ class _SeqParGraph(GraphContext):
         if global_token not in self._patterns:
             g = self.csr
             self._patterns[global_token] = build_pattern(g.indptr.numpy(), g.indices.numpy(), g.num_dst,
-                                                         global_token=global_token)
+                                                         global_token=global_token, chain=self.chain)
         return self._patterns[global_token]
 
     def attention(self, q, k, v, *, bias=None, mode="sparse", global_token=False):
@@ -191,7 +192,8 @@ class SeqParEngine(Engine):
     """Sequence-parallel engine for graph transformers (see module docstring). ``source``: a dataset file."""
 
     name = "seqpar"
-    OPTIONS = Engine.OPTIONS | frozenset({"sequence_order", "cluster_beta", "cluster_size", "tuner_window"})
+    OPTIONS = Engine.OPTIONS | frozenset({"sequence_order", "cluster_beta", "cluster_size", "tuner_window",
+                                          "attention_chain"})
 
     def __init__(self, source: str, comm: Any, device: torch.device, dtype: torch.dtype,
                  options: dict[str, Any] | None = None):
@@ -222,6 +224,10 @@ class SeqParEngine(Engine):
             lap_pe = ds.lap_pe()[ids] if ds.has("lap_pe") else None
             self.num_classes = int(ds.num_classes) or int(ds.label().max()) + 1
         self.graph = _SeqParGraph(csr, ranges, comm, ids, clusters, cluster_ptr)
+        chain = o.get("attention_chain", True)
+        if not isinstance(chain, bool):
+            raise ValueError(f"engine.attention_chain: must be true or false, got {chain!r}")
+        self.graph.chain = chain
         if lap_pe is not None:
             self.graph.node_fields["lap_pe"] = torch.from_numpy(np.ascontiguousarray(lap_pe)).to(dtype=dtype)
         self.feat = torch.from_numpy(np.ascontiguousarray(feat)).to(dtype=dtype)

@@ -44,6 +44,7 @@ class _SingleGraph(GraphContext):
         self.node_fields: dict[str, torch.Tensor] = {}
         self.clusters = None  # a ClusterLayoutControl when engine.cluster_beta is set
         self.cluster_size = 256
+        self.chain = True  # the attention pattern's chain through the sequence (engine.attention_chain)
 
     def aggregate_relations(self, x: torch.Tensor, reduce: str = "mean") -> torch.Tensor:
         if self.num_relations == 1:
@@ -78,12 +79,12 @@ class _SingleGraph(GraphContext):
         """The sparse attention pattern of the whole graph (chain in ``sequence_order``), built once per ``global_token``."""
         from hpc_graph.graph.attention_pattern import build_pattern
 
-        key = ("attention_pattern", bool(global_token), self.sequence_order, self.cluster_size)
+        key = ("attention_pattern", bool(global_token), self.sequence_order, self.cluster_size, self.chain)
         if key not in self.csr._cache:
             g = self.csr
             indptr, indices = g.indptr.cpu().numpy(), g.indices.cpu().numpy()
             self.csr._cache[key] = build_pattern(indptr, indices, self.num_nodes, global_token=global_token,
-                                                 order=self.sequence()[0])
+                                                 order=self.sequence()[0], chain=self.chain)
         return self.csr._cache[key]
 
     def graph_batch_pattern(self, full: bool, max_dist: int):
@@ -167,14 +168,15 @@ class SingleEngine(Engine):
     Options: ``sequence_order`` (graph transformers: ``id``, ``rcm`` or ``metis``, see
     :func:`~hpc_graph.graph.attention_pattern.sequence_order`); ``cluster_beta``, ``cluster_size``,
     ``tuner_window`` (the cluster-sparse layout of sparse attention and its tuner,
-    :class:`~hpc_graph.graph.attention_pattern.ClusterLayoutControl`); ``graph_batch_size`` (graph-level
+    :class:`~hpc_graph.graph.attention_pattern.ClusterLayoutControl`); ``attention_chain`` (the pattern's
+    chain through the sequence; off, the pattern is the one ``dp``/``sar`` attend over); ``graph_batch_size`` (graph-level
     data); ``prefetch`` is accepted and ignored; any other option is an error.
     Raises ``ValueError`` when ``comm`` has more than one rank.
     """
 
     name = "single"
     OPTIONS = Engine.OPTIONS | frozenset({"sequence_order", "graph_batch_size", "cluster_beta", "cluster_size",
-                                          "tuner_window"})
+                                          "tuner_window", "attention_chain"})
 
     def __init__(self, source: str, comm: Any, device: torch.device, dtype: torch.dtype,
                  options: dict[str, Any] | None = None):
@@ -278,6 +280,10 @@ class SingleEngine(Engine):
         self.graph.clusters = ClusterLayoutControl(o.get("cluster_beta"), o.get("cluster_size", 256),
                                                    o.get("tuner_window", 10))
         self.graph.cluster_size = self.graph.clusters.cluster_size
+        chain = o.get("attention_chain", True)
+        if not isinstance(chain, bool):
+            raise ValueError(f"engine.attention_chain: must be true or false, got {chain!r}")
+        self.graph.chain = chain
 
     def end_epoch(self, epoch: int, loss: float, seconds: float) -> None:
         self.graph.clusters.end_epoch(epoch, loss, seconds)

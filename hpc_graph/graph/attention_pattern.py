@@ -126,7 +126,7 @@ class AttentionPattern:
 
 
 def build_pattern(indptr: np.ndarray, indices: np.ndarray, num_nodes: int, *, global_token: bool = True,
-                  order: np.ndarray | None = None) -> AttentionPattern:
+                  order: np.ndarray | None = None, chain: bool = True) -> AttentionPattern:
     """The sparse pattern of a graph: self loops + edges + the chain through ``order`` + the global token.
 
     Args:
@@ -134,6 +134,8 @@ def build_pattern(indptr: np.ndarray, indices: np.ndarray, num_nodes: int, *, gl
         num_nodes: nodes N.
         global_token: add token N, attending to and attended by every node (and itself).
         order: a permutation of ``range(N)``, the sequence order (default: node id order).
+        chain: add the chain (False: self loops + edges (+ the token) only, the pattern that engines
+            holding a part of the graph, ``dp``/``sar``, attend over).
     Returns:
         the :class:`AttentionPattern` (entries deduplicated; an edge that is also a chain pair is one entry, code 1).
     Raises:
@@ -158,7 +160,7 @@ def build_pattern(indptr: np.ndarray, indices: np.ndarray, num_nodes: int, *, gl
     if not is_sorted_rows(indptr, indices):  # the hop test needs ascending rows
         dst = np.repeat(np.arange(n, dtype=np.int64), np.diff(indptr))
         indices = indices[np.lexsort((indices, dst))]
-    rowptr, cols, codes = attention_pattern(indptr, indices, order, global_token)
+    rowptr, cols, codes = attention_pattern(indptr, indices, order, global_token, chain)
     csr = CSR(torch.from_numpy(rowptr), torch.from_numpy(cols), n + int(global_token), validate=False)
     return AttentionPattern(csr, torch.from_numpy(codes), n, bool(global_token), order)
 

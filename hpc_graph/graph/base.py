@@ -98,7 +98,9 @@ class GraphContext(ABC):
         :class:`~hpc_graph.graph.attention_pattern.AttentionPattern` (itself, its in-neighbours,
         its two neighbours in the sequence order, the global token); ``dense``: to every node
         token as well (exactly, without an S x S tensor). Same scale ``1/sqrt(d_k)`` and the same
-        max-subtracted softmax in both modes.
+        max-subtracted softmax in both modes. Engines holding part of the graph (``dp``, ``sar``,
+        ``sylvie``) run the sparse mode over self loops and in-edges only, through a K/V halo
+        exchange (``single``/``seqpar`` with ``engine.attention_chain: false`` give the same).
 
         Args:
             q, k: float[T, H, Dk]; v: float[T, H, Dv]; T = ``num_nodes`` (+ 1 with ``global_token``:
@@ -114,7 +116,7 @@ class GraphContext(ABC):
             float[T, H, Dv]; differentiable in q, k, v and bias.
         """
         raise NotImplementedError(f"{type(self).__name__}: graph-transformer attention runs on the 'single' and "
-                                  f"'seqpar' engines (engine.name: single or seqpar)")
+                                  f"'seqpar' engines (sparse layers also on dp, sar, sylvie)")
 
     def node_field(self, name: str) -> torch.Tensor:
         """The owned rows of an extra per-node dataset field, e.g. ``"lap_pe"`` (float[num_nodes, k]).

@@ -93,6 +93,22 @@ class HaloGraph(GraphContext):
                              attn_dropout=attn_dropout, seed=seed,
                              src_gid=dg.local_orig_id, dst_gid=dg.orig_id)
 
+    def attention(self, q, k, v, *, bias=None, mode="sparse", global_token=False):
+        """Sparse graph-transformer attention over self loops + in-edges: one K/V halo exchange (k and v of the
+        rows the peers need, in one message), then the fused kernels over ``[owned | halo]``. Equals ``single``
+        with ``engine.attention_chain: false``; dense mode and the global token need the whole sequence."""
+        from hpc_graph.ops.dot_attention import dot_attention
+        from hpc_graph.ops.graph_attention import code_bias
+
+        check_partial_attention(self, mode, bias, global_token, q)
+        n, H, dk = q.shape
+        halo, _ = self.halo(torch.cat([k.reshape(n, -1), v.reshape(n, -1)], 1))
+        k_all = torch.cat([k, halo[:, :H * dk].reshape(-1, H, dk)], 0)
+        v_all = torch.cat([v, halo[:, H * dk:].reshape(-1, H, v.shape[2])], 0)
+        g = self.dg.local_self_loops()
+        b = None if bias is None else code_bias(bias, self_loop_codes(g))
+        return dot_attention(g, q, k_all, v_all, b)
+
     def in_degree(self) -> torch.Tensor:
         return self.dg.in_degree
 
@@ -101,3 +117,26 @@ class HaloGraph(GraphContext):
 
     def all_reduce_sum(self, t: torch.Tensor) -> torch.Tensor:
         return all_reduce_sum(t, self.comm)
+
+
+def self_loop_codes(g) -> torch.Tensor:
+    """uint8[E] bias codes of a CSR whose every row ends with its self loop (``local_self_loops``): 0 (self)
+    for the loops, 1 (one hop) for the edges; built once per CSR."""
+    if "attention_codes" not in g._cache:
+        codes = torch.ones(g.num_edges, dtype=torch.uint8, device=g.device)
+        codes[g.indptr[1:] - 1] = 0
+        g._cache["attention_codes"] = codes
+    return g._cache["attention_codes"]
+
+
+def check_partial_attention(graph, mode: str, bias, global_token: bool, q: torch.Tensor) -> None:
+    """The checks of an engine that holds part of the graph (``dp``, ``sar``, ``sylvie``): sparse mode, no
+    global token, ``q`` of the owned rows, a valid bias table (``ValueError`` naming what to change)."""
+    from hpc_graph.graph.attention_pattern import check_attention_args
+
+    check_attention_args(mode, bias, q.shape[1])
+    if mode != "sparse" or global_token:
+        raise ValueError("attention: dense attention and the global token need the whole sequence (engine.name: "
+                         "single or seqpar); on this engine use model.attention: sparse, global_token: false")
+    if q.shape[0] != graph.num_nodes:
+        raise ValueError(f"attention: q has {q.shape[0]} rows, this rank owns {graph.num_nodes} nodes")

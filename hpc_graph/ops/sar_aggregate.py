@@ -393,3 +393,123 @@ def sar_gat(z: torch.Tensor, s_src: torch.Tensor, s_dst: torch.Tensor, dg: Any, 
     """float[n, H, D] GAT attention aggregation run block by block (see :class:`SARGat`)."""
     return SARGat.apply(z, s_src, s_dst, dg, comm, negative_slope, attn_dropout, seed,
                         add_self_loops, prefetch)
+
+
+# -- graph-transformer attention (dot products), block by block ------------------------------------
+def _pack_kv(k: torch.Tensor, v: torch.Tensor, rows: torch.Tensor | None = None) -> torch.Tensor:
+    """float[r, H*Dk + H*Dv]: rows of ``k`` float[n, H, Dk] and ``v`` float[n, H, Dv] in one message."""
+    if rows is not None:
+        k, v = k.index_select(0, rows), v.index_select(0, rows)
+    return torch.cat([k.reshape(k.shape[0], -1), v.reshape(v.shape[0], -1)], 1)
+
+
+def _unpack_kv(packed: torch.Tensor, heads: int, dk: int, dv: int) -> tuple[torch.Tensor, torch.Tensor]:
+    r = packed.shape[0]
+    return (packed[:, :heads * dk].reshape(r, heads, dk).contiguous(),
+            packed[:, heads * dk:].reshape(r, heads, dv).contiguous())
+
+
+def _code_rows(table: torch.Tensor | None, code: int, count: int) -> torch.Tensor | None:
+    """float[count, H]: every entry of a block gets the bias of one code (edges 1, self loops 0)."""
+    return None if table is None else table[code].expand(count, -1).contiguous()
+
+
+class SARDotAttention(torch.autograd.Function):
+    """``out = SARDotAttention.apply(q, k, v, table, dg, comm, prefetch)``: softmax dot-product attention of the
+    owned rows over their self loops and in-edges, block by block (the graph transformers' sparse layers).
+
+    Args:
+        q: float[n, H, Dk], k: float[n, H, Dk], v: float[n, H, Dv] of owned nodes.
+        table: float[C, H] per-head bias table (row 0 self loops, row 1 edges) or None.
+        dg, comm, prefetch: as for :class:`SARAggregate`.
+    Forward: the local block and the self loops, then each remote block's k/v rows fetched in the
+    rotation and folded into the online-softmax state. Backward (case 2): the remote rows are fetched
+    again, each block's gradients recomputed from the saved max/denominator, and the k/v gradients of
+    the remote rows sent back to their owners. Saves only local tensors.
+    """
+
+    @staticmethod
+    def forward(ctx, q, k, v, table, dg, comm, prefetch):
+        from hpc_graph.ops.dot_attention import accumulate as dot_accumulate
+        from hpc_graph.ops.dot_attention import finalize as dot_finalize
+        from hpc_graph.ops.dot_attention import init_state as dot_init
+
+        q, k, v = q.detach().contiguous(), k.detach().contiguous(), v.detach().contiguous()
+        tab = None if table is None else table.detach()
+        n, heads, dk = q.shape
+        dv = v.shape[2]
+        scale = 1.0 / float(dk) ** 0.5
+        state = dot_init(n, heads, dv, v.dtype, v.device)
+        local = dg.blocks[dg.part_id]
+        dot_accumulate(state, local, q, k, v, _code_rows(tab, 1, local.num_edges), scale)
+        dot_accumulate(state, dg.identity(), q, k, v, _code_rows(tab, 0, n), scale)
+        for _, src, rows in _fetch_rotation(dg, comm, lambda p: _pack_kv(k, v, dg.send_lid[p]),
+                                            (heads * (dk + dv),), v.dtype, prefetch):
+            if rows is not None:
+                k_q, v_q = _unpack_kv(rows, heads, dk, dv)
+                del rows
+                blk = dg.blocks[src]
+                dot_accumulate(state, blk, q, k_q, v_q, _code_rows(tab, 1, blk.num_edges), scale)
+                del k_q, v_q
+        out = dot_finalize(state)
+        ctx.save_for_backward(q, k, v, tab if tab is not None else torch.empty(0), state.m, state.l, out)
+        ctx.has_table, ctx.dg, ctx.comm, ctx.prefetch, ctx.scale = table is not None, dg, comm, prefetch, scale
+        return out
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        from hpc_graph.ops.dot_attention import backward_block as dot_backward
+        from hpc_graph.ops.dot_attention import output_delta as dot_delta
+
+        q, k, v, tab, m, l, out = ctx.saved_tensors
+        tab = tab if ctx.has_table else None
+        dg, scale = ctx.dg, ctx.scale
+        n, heads, dk = q.shape
+        dv = v.shape[2]
+        state = AttentionState(m, l, out, finalized=True)
+        g = grad_out.contiguous()
+        delta = dot_delta(state, g)
+        local = dg.blocks[dg.part_id]
+        gq, gk, gv, gb = dot_backward(state, g, delta, local, q, k, v, _code_rows(tab, 1, local.num_edges), scale)
+        gtab = None if tab is None else torch.zeros_like(tab)
+        if gtab is not None:
+            gtab[1] += gb.sum(0)
+        gq2, gk2, gv2, gb2 = dot_backward(state, g, delta, dg.identity(), q, k, v, _code_rows(tab, 0, n), scale)
+        gq += gq2
+        gk += gk2
+        gv += gv2
+        if gtab is not None:
+            gtab[0] += gb2.sum(0)
+        del gq2, gk2, gv2, gb2
+
+        def add(p: int, packed: torch.Tensor) -> None:  # gradients of the k/v rows we sent to p
+            gk_p, gv_p = _unpack_kv(packed, heads, dk, dv)
+            gk.index_add_(0, dg.send_lid[p], gk_p)
+            gv.index_add_(0, dg.send_lid[p], gv_p)
+
+        returns = _Returns(dg, ctx.comm, None, ctx.prefetch, feat=(heads * (dk + dv),), dtype=v.dtype,
+                           device=v.device, add=add)
+        for send_to, src, rows in _fetch_rotation(dg, ctx.comm, lambda p: _pack_kv(k, v, dg.send_lid[p]),
+                                                  (heads * (dk + dv),), v.dtype, ctx.prefetch):
+            grad_rows = None
+            if rows is not None:
+                k_q, v_q = _unpack_kv(rows, heads, dk, dv)
+                del rows
+                blk = dg.blocks[src]
+                gq3, gk_q, gv_q, gb3 = dot_backward(state, g, delta, blk, q, k_q, v_q,
+                                                    _code_rows(tab, 1, blk.num_edges), scale)
+                gq += gq3
+                if gtab is not None:
+                    gtab[1] += gb3.sum(0)
+                grad_rows = _pack_kv(gk_q, gv_q)
+                del k_q, v_q, gk_q, gv_q, gq3, gb3
+            returns.push(send_to, src, grad_rows)
+            del grad_rows
+        returns.close()
+        return gq, gk, gv, gtab, None, None, None
+
+
+def sar_dot_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, table: torch.Tensor | None, dg: Any,
+                      comm: Any, prefetch: bool = False) -> torch.Tensor:
+    """float[n, H, Dv]: sparse graph-transformer attention run block by block (see :class:`SARDotAttention`)."""
+    return SARDotAttention.apply(q, k, v, table, dg, comm, prefetch)

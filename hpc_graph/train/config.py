@@ -119,6 +119,11 @@ class EngineConfig:
                                "walks {0, b, 1.5b, 5b, 7b, 10b, 1} (b = the pattern's density) from b by the "
                                "smoothed loss-descent rate per second, with hysteresis, the same on every rank. "
                                "Changes time only, never results.")
+    attention_chain: bool = _field(True, _only(_BOOL, "single", "seqpar"),
+                                   "Graph transformers: the sparse pattern's chain through the sequence order (a "
+                                   "Hamiltonian path, TorchGT's expressiveness condition). `false`: self loops, "
+                                   "edges (and the global token) only: the pattern `dp`, `sar` and `sylvie` attend "
+                                   "over, so the engines agree.")
     cluster_size: int = _field(256, _only(_int(1), "single", "seqpar"),
                                "Nodes per cluster of the cluster-sparse layout (and of `sequence_order: metis`).")
     tuner_window: int = _field(10, _only(_int(2), "single", "seqpar"),
@@ -522,7 +527,16 @@ def _check_engine_fields(config: Config) -> None:
                 raise ConfigError(f"{section}.{f.name}: only used by engine {' or '.join(map(repr, engines))}, "
                                   f"but engine.name is {name!r}")
     if config.model.name in TRANSFORMERS and name not in ("single", "seqpar", "auto"):
-        raise ConfigError(f"model.name: {config.model.name!r} runs on engine.name 'single' or 'seqpar', not {name!r}")
+        mc = config.model
+        if mc.name != "gt" or name not in ("dp", "sar", "sylvie"):
+            raise ConfigError(f"model.name: {mc.name!r} runs on engine.name 'single' or 'seqpar'"
+                              + (" (gt also on 'dp', 'sar', 'sylvie')" if mc.name == "gt" else "")
+                              + f", not {name!r}")
+        if mc.attention != "sparse" or mc.global_token or mc.pe_dim:
+            raise ConfigError(f"model: gt on engine {name!r} runs sparse attention over self loops and edges (a K/V "
+                              "halo exchange): it needs model.attention: sparse, global_token: false, pe_dim: 0 "
+                              "(dense attention, the global token and the encodings need the whole sequence: "
+                              "engine single or seqpar)")
     if name == "seqpar" and config.model.name not in TRANSFORMERS:
         raise ConfigError(f"engine.name: 'seqpar' runs the graph transformers (model.name: "
                           f"{' or '.join(TRANSFORMERS)}), not {config.model.name!r}")

@@ -51,16 +51,17 @@ def is_sorted_rows(indptr, indices) -> bool:
 
 
 @njit(cache=True, nogil=True, inline="always")
-def _extras(i, n, pos, order, ex):
-    """The self loop and chain neighbours of node ``i``, ascending, deduplicated, into ``ex``; their count."""
+def _extras(i, n, pos, order, chain, ex):
+    """The self loop and (``chain``) the chain neighbours of node ``i``, ascending, deduplicated, into ``ex``;
+    their count."""
     k = 0
     ex[k] = i
     k += 1
     t = pos[i]
-    if t > 0:
+    if chain and t > 0:
         ex[k] = order[t - 1]
         k += 1
-    if t + 1 < n:
+    if chain and t + 1 < n:
         ex[k] = order[t + 1]
         k += 1
     for a in range(1, k):  # insertion sort of at most 3 values
@@ -79,9 +80,9 @@ def _extras(i, n, pos, order, ex):
 
 
 @njit(cache=True, nogil=True, inline="always")
-def _merge_row(indptr, indices, i, n, pos, order, glob, ex, out_idx, out_code, start, write):
+def _merge_row(indptr, indices, i, n, pos, order, glob, chain, ex, out_idx, out_code, start, write):
     """Merge row ``i``'s sorted neighbours with its extras; count (write False) or write entries and codes."""
-    m = _extras(i, n, pos, order, ex)
+    m = _extras(i, n, pos, order, chain, ex)
     a, b = indptr[i], indptr[i + 1]
     e = 0
     cnt = 0
@@ -116,23 +117,23 @@ def _merge_row(indptr, indices, i, n, pos, order, glob, ex, out_idx, out_code, s
 
 
 @njit(parallel=True, cache=True, nogil=True)
-def _pattern_counts(indptr, indices, pos, order, glob, counts):
+def _pattern_counts(indptr, indices, pos, order, glob, chain, counts):
     n = indptr.shape[0] - 1
     dummy_i = np.empty(0, np.int64)
     dummy_c = np.empty(0, np.uint8)
     for i in prange(n):
         ex = np.empty(3, np.int64)
-        counts[i] = _merge_row(indptr, indices, i, n, pos, order, glob, ex, dummy_i, dummy_c, 0, False)
+        counts[i] = _merge_row(indptr, indices, i, n, pos, order, glob, chain, ex, dummy_i, dummy_c, 0, False)
     if glob:
         counts[n] = n + 1
 
 
 @njit(parallel=True, cache=True, nogil=True)
-def _pattern_fill(indptr, indices, pos, order, glob, rowptr, out_idx, out_code):
+def _pattern_fill(indptr, indices, pos, order, glob, chain, rowptr, out_idx, out_code):
     n = indptr.shape[0] - 1
     for i in prange(n):
         ex = np.empty(3, np.int64)
-        _merge_row(indptr, indices, i, n, pos, order, glob, ex, out_idx, out_code, rowptr[i], True)
+        _merge_row(indptr, indices, i, n, pos, order, glob, chain, ex, out_idx, out_code, rowptr[i], True)
     if glob:
         s = rowptr[n]
         for j in range(n + 1):
@@ -140,11 +141,12 @@ def _pattern_fill(indptr, indices, pos, order, glob, rowptr, out_idx, out_code):
             out_code[s + j] = 4
 
 
-def attention_pattern(indptr, indices, order, global_token: bool):
+def attention_pattern(indptr, indices, order, global_token: bool, chain: bool = True):
     """The sparse attention pattern as a CSR with one code per entry (see ``hpc_graph.graph.attention_pattern``).
 
     Row ``i < N``: its in-neighbours (``indices`` row ``i``, ascending), itself, its predecessor and
-    successor in ``order``, and the global token ``N`` when ``global_token``; row ``N`` (global):
+    successor in ``order`` (unless ``chain`` is False), and the global token ``N`` when ``global_token``;
+    row ``N`` (global):
     every token. Entries ascending and unique. Codes: 0 self, 1 in-neighbour, 2 chain pair with a
     common neighbour, 3 other chain pair, 4 to or from the global token. Two passes (count,
     fill), nothing E-sized but the output.
@@ -157,12 +159,12 @@ def attention_pattern(indptr, indices, order, global_token: bool):
     pos[order] = np.arange(n, dtype=np.int64)
     t = n + int(bool(global_token))
     counts = np.zeros(t, np.int64)
-    _pattern_counts(indptr, indices, pos, order, bool(global_token), counts)
+    _pattern_counts(indptr, indices, pos, order, bool(global_token), bool(chain), counts)
     rowptr = np.zeros(t + 1, np.int64)
     np.cumsum(counts, out=rowptr[1:])
     cols = np.empty(int(rowptr[-1]), np.int64)
     codes = np.empty(int(rowptr[-1]), np.uint8)
-    _pattern_fill(indptr, indices, pos, order, bool(global_token), rowptr, cols, codes)
+    _pattern_fill(indptr, indices, pos, order, bool(global_token), bool(chain), rowptr, cols, codes)
     return rowptr, cols, codes
 
 

@@ -2,7 +2,8 @@
 
 One ``mpiexec`` launch per rank count runs every check (see
 ``scripts/engine_equivalence.py``): GCN, SAGE, GAT and the deep models
-(GCNII, JKNet, APPNP, SGC, DAGNN, R-GCN on the datasets' edge types, RevGCN, RevGAT); random and METIS
+(GCNII, JKNet, APPNP, SGC, DAGNN, R-GCN on the datasets' edge types, RevGCN, RevGAT) and GT's sparse
+attention (K/V halo exchange); random and METIS
 partitions of a random graph with isolated nodes, and a dataset with one
 training node (so some parts have none); dp, sar, sar with prefetch and sylvie
 with ``bits: 32`` (whose loss and gradients must also equal dp's within 1e-6).
@@ -22,4 +23,4 @@ from _run import SCRIPTS, run_mpi
 @pytest.mark.parametrize("nprocs", [2, 3, 4])
 def test_dp_sar_and_sylvie_match_single(tmp_path, nprocs):
     proc = run_mpi([SCRIPTS / "engine_equivalence.py", tmp_path / "work"], nprocs, timeout=240)
-    assert f"engine_equivalence: {nprocs} ranks, 132 cases per rank OK" in proc.stdout, proc.stdout
+    assert f"engine_equivalence: {nprocs} ranks, 144 cases per rank OK" in proc.stdout, proc.stdout

@@ -65,7 +65,16 @@ BAD = [
     ({"model": {"name": "graphormer", "dense_every": 0}}, "model.dense_every: must be a positive integer"),
     ({"model": {"name": "gcn", "pe_dim": 4}}, "model.pe_dim: only used by model 'gt'"),
     ({"model": {"name": "gt", "max_degree": 4}}, "model.max_degree: only used by model 'graphormer'"),
-    ({"model": {"name": "gt"}, "engine": {"name": "dp"}}, "model.name: 'gt' runs on engine.name 'single' or 'seqpar'"),
+    ({"model": {"name": "gt"}, "engine": {"name": "dp"}}, "it needs model.attention: sparse, global_token: false, "
+     "pe_dim: 0"),
+    ({"model": {"name": "gt"}, "engine": {"name": "minibatch"}}, "model.name: 'gt' runs on engine.name 'single' or "
+     "'seqpar' (gt also on 'dp', 'sar', 'sylvie')"),
+    ({"model": {"name": "graphormer"}, "engine": {"name": "sar"}}, "model.name: 'graphormer' runs on engine.name "
+     "'single' or 'seqpar', not 'sar'"),
+    ({"model": {"name": "gt"}, "engine": {"name": "dp", "attention_chain": False}},
+     "engine.attention_chain: only used by engine 'single' or 'seqpar'"),
+    ({"model": {"name": "gt"}, "engine": {"cluster_beta": 3}}, "engine.cluster_beta: must be null, 'auto' or a "
+     "number in [0, 1]"),
     ({"model": {"name": "gcn"}, "engine": {"name": "seqpar"}}, "engine.name: 'seqpar' runs the graph transformers"),
     ({"model": {"dropout": 1.0}}, "model.dropout: must be a number in [0, 1), got 1.0"),
     ({"model": {"attn_dropout": -0.1}}, "model.attn_dropout: must be a number in [0, 1)"),

@@ -7,7 +7,8 @@ parts (random and METIS); then every rank compares, for GCN, SAGE and GAT
 with a different combination and layer type per dataset, APPNP with K=3,
 SGC with K=2 (its cached propagation included), DAGNN with K=3, and R-GCN
 over the datasets' 3 edge types, with and without bases, and the reversible RevGCN
-(3 blocks) and RevGAT (2 blocks), whose backward recomputes through the engine), in float64:
+(3 blocks) and RevGAT (2 blocks), whose backward recomputes through the engine), and GT's sparse
+attention through a K/V halo exchange (against ``single`` without the sequence chain), in float64:
 
 * forward outputs of its owned rows with the single engine's rows ``orig_id``,
 * the loss (sum of CE over train nodes / global train count, all-reduced),
@@ -110,7 +111,8 @@ def _models(case: int) -> list[tuple[str, dict]]:
             ("appnp", {"hops": 3, "alpha": 0.2}), ("sgc", {"hops": 2}), ("dagnn", {"hops": 3}),
             ("rgcn", {"num_layers": 2, "num_bases": (None, 2, 1)[case]}),
             ("revgcn", {"num_layers": 3, "groups": (2, 3, 2)[case], "hidden": 6}),
-            ("revgat", {"num_layers": 2, "groups": 2, "heads": 1, "hidden": 4})]
+            ("revgat", {"num_layers": 2, "groups": 2, "heads": 1, "hidden": 4}),
+            ("gt", {"num_layers": 2, "heads": 2, "hidden": 4, "pe_dim": 0, "attention": "sparse"})]
 
 
 def _model(name: str, in_dim: int, classes: int, options: dict, relations: int) -> torch.nn.Module:
@@ -175,6 +177,13 @@ def _record_calls(graph) -> list:
         finally:
             inside.pop()
 
+    dot = graph.attention
+
+    def dot_attention(q, k, v, **kw):  # k and v of the halo rows travel; sar re-fetches them in backward
+        calls.append(("gat", int(np.prod(k.shape[1:])) + int(np.prod(v.shape[1:])), _grad(k, v)))
+        return dot(q, k, v, **kw)
+
+    graph.attention = dot_attention
     graph.aggregate, graph.gat, graph.gat_projected = aggregate, attention, projected
     graph.aggregate_relations, graph.aggregate_combine = aggregate_relations, combine
     return calls
@@ -229,7 +238,9 @@ def _expected_bytes(engine_name: str, dg, calls: list) -> int:
 
 
 def _reference(ds_path: Path, model_name: str, options: dict, local_comm) -> dict:
-    eng = create_engine("single", str(ds_path), local_comm, "cpu", torch.float64)
+    # graph transformers: the pattern the partitioned engines attend over (self loops + edges, no chain)
+    engine_options = {"attention_chain": False} if model_name == "gt" else {}
+    eng = create_engine("single", str(ds_path), local_comm, "cpu", torch.float64, engine_options)
     model = _model(model_name, eng.num_features, eng.num_classes, options, eng.graph.num_relations)
     start = copy.deepcopy(model)
     train_count = float(eng.masks["train"].sum())
