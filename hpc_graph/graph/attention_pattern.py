@@ -236,11 +236,14 @@ def attend(pattern: AttentionPattern, q: torch.Tensor, k: torch.Tensor, v: torch
         raise ValueError("attention: a graph batch has no dense mode over the whole sequence; "
                          "attend over its full pattern (build_graph_batch_pattern(full=True))")
     csr = pattern.csr if pattern.csr.device == q.device else pattern.csr.to(q.device)
-    m = None if bias is None else max_dist_of(bias)
-    return pattern_attention(csr, q, k, v,
-                             bias=None if bias is None else code_bias(bias, pattern.codes_for(m).to(q.device)),
-                             dense=dense, num_nodes=pattern.num_nodes,
-                             far_bias=bias[far_code(m)] if (dense and bias is not None) else None)
+    if bias is None:
+        return pattern_attention(csr, q, k, v, dense=dense, num_nodes=pattern.num_nodes)
+    m = max_dist_of(bias)
+    codes = pattern.codes_for(m).to(q.device)
+    if not dense:  # the table and 1-byte codes go into the kernels: no [E, H] bias is made or kept
+        return pattern_attention(csr, q, k, v, bias=bias, codes=codes)
+    return pattern_attention(csr, q, k, v, bias=code_bias(bias, codes), dense=True, num_nodes=pattern.num_nodes,
+                             far_bias=bias[far_code(m)])
 
 
 def check_graph_ptr(graph_ptr: np.ndarray, indptr: np.ndarray, indices: np.ndarray, where: str = "graph_ptr") -> None:

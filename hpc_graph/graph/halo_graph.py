@@ -98,7 +98,6 @@ class HaloGraph(GraphContext):
         rows the peers need, in one message), then the fused kernels over ``[owned | halo]``. Equals ``single``
         with ``engine.attention_chain: false``; dense mode and the global token need the whole sequence."""
         from hpc_graph.ops.dot_attention import dot_attention
-        from hpc_graph.ops.graph_attention import code_bias
 
         check_partial_attention(self, mode, bias, global_token, q)
         n, H, dk = q.shape
@@ -106,8 +105,7 @@ class HaloGraph(GraphContext):
         k_all = torch.cat([k, halo[:, :H * dk].reshape(-1, H, dk)], 0)
         v_all = torch.cat([v, halo[:, H * dk:].reshape(-1, H, v.shape[2])], 0)
         g = self.dg.local_self_loops()
-        b = None if bias is None else code_bias(bias, self_loop_codes(g))
-        return dot_attention(g, q, k_all, v_all, b)
+        return dot_attention(g, q, k_all, v_all, bias, codes=None if bias is None else self_loop_codes(g))
 
     def in_degree(self) -> torch.Tensor:
         return self.dg.in_degree

@@ -34,7 +34,8 @@ TILE = 1024
 
 def pattern_attention(pattern: CSR, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *,
                       bias: torch.Tensor | None = None, dense: bool = False, num_nodes: int | None = None,
-                      far_bias: torch.Tensor | None = None, tile: int | None = None) -> torch.Tensor:
+                      far_bias: torch.Tensor | None = None, tile: int | None = None,
+                      codes: torch.Tensor | None = None) -> torch.Tensor:
     """Attention of every token over its pattern entries (``dense=False``) or over all node pairs too.
 
     Args:
@@ -46,6 +47,8 @@ def pattern_attention(pattern: CSR, q: torch.Tensor, k: torch.Tensor, v: torch.T
             token) attend and are attended only through the pattern.
         far_bias: float[H] score bias of the pairs outside the pattern (dense only; default 0).
         tile: rows per dense tile (default :data:`TILE`).
+        codes: uint8[E] (sparse mode only): ``bias`` is then a per-head table float[C, H] and entry ``e``
+            gets ``bias[codes[e]]`` inside the kernels (1 byte kept per entry instead of H floats).
     Returns:
         float[T, H, Dv], differentiable in q, k, v, bias and far_bias.
     Raises:
@@ -61,6 +64,10 @@ def pattern_attention(pattern: CSR, q: torch.Tensor, k: torch.Tensor, v: torch.T
     H = v.shape[1]
     check_tensor("q", q, (T, H, None), v.dtype, v.device)
     check_tensor("k", k, (T, H, q.shape[2]), v.dtype, v.device)
+    if codes is not None:
+        if dense:
+            raise ValueError("pattern_attention: codes apply to the sparse mode only (gather the bias for dense)")
+        return dot_attention(pattern, q, k, v, bias, codes=codes)
     if bias is not None:
         check_tensor("bias", bias, (pattern.num_edges, H), v.dtype, v.device)
     if not dense:

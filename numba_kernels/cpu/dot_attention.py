@@ -10,7 +10,9 @@ For destination ``i``, in-edge ``e = (j -> i)`` (CSR position ``e``), head ``h``
 The state ``(m, l, acc)`` and the block-wise protocol are those of
 :mod:`numba_kernels.cpu.gat_attention` (``init_state``/``finalize``/``output_delta``
 are the same functions).  ``bias`` is float[E, H] in this block's CSR edge
-order, or ``None``.
+order, or ``None``; with ``codes`` (uint8[E]) it is a table float[C, H] and edge ``e``
+gets ``bias[codes[e], h]`` (a 1-byte index per edge instead of H floats), and the
+backward sums each code's gradients into ``grad_bias`` float[C, H].
 
 Backward, with ``p_e = exp(s_e - m_i)/l_i`` and ``delta_i = grad_out_i . out_i``::
 
@@ -23,6 +25,7 @@ All outputs are accumulated (``+=``) into caller-allocated arrays, except
 """
 from __future__ import annotations
 
+import numba
 import numpy as np
 from numba import njit, prange
 
@@ -39,8 +42,15 @@ def _bias_or_dummy(bias, q):
     return bias, True
 
 
+def _codes_or_dummy(codes):
+    """``(codes, True)``, or a 1-entry stand-in and ``False`` for ``None``."""
+    if codes is None:
+        return np.zeros(1, dtype=np.uint8), False
+    return codes, True
+
+
 @njit(parallel=True, cache=True, fastmath=FASTMATH)
-def _accumulate(bounds, indptr, indices, q, k, v, bias, has_bias, scale64, m, l, acc):
+def _accumulate(bounds, indptr, indices, q, k, v, bias, has_bias, codes, has_codes, scale64, m, l, acc):
     H = q.shape[1]
     Dk = q.shape[2]
     Dv = v.shape[2]
@@ -69,7 +79,7 @@ def _accumulate(bounds, indptr, indices, q, k, v, bias, has_bias, scale64, m, l,
                         s += q[i, h, d] * k[j, h, d]
                     s *= scale
                     if has_bias:
-                        s += bias[e, h]
+                        s += bias[codes[e] if has_codes else e, h]
                     scores[e - lo, h] = s
                     if s > mnew[h]:
                         mnew[h] = s
@@ -89,13 +99,14 @@ def _accumulate(bounds, indptr, indices, q, k, v, bias, has_bias, scale64, m, l,
                         acc[i, h, d] += w * v[j, h, d]
 
 
-def accumulate(indptr, indices, q, k, v, bias, scale: float, m, l, acc) -> None:
+def accumulate(indptr, indices, q, k, v, bias, scale: float, m, l, acc, codes=None) -> None:
     """Fold one block of sources into the state ``(m, l, acc)`` in place.
 
     Args:
         indptr: int64[num_dst+1], indices: int64[E]: block CSR (block-local source columns).
         q: float[num_dst, H, Dk]; k: float[num_src, H, Dk]; v: float[num_src, H, Dv].
-        bias: float[E, H] per-edge score bias in CSR order, or None.
+        bias: float[E, H] per-edge score bias in CSR order, or None; with ``codes`` a table float[C, H].
+        codes: uint8[E] the table row of each edge (values < C, unchecked here), or None.
         scale: score multiplier (usually ``1/sqrt(Dk)``).
         m, l: float[num_dst, H]; acc: float[num_dst, H, Dv]: state, updated in place.
     """
@@ -103,13 +114,15 @@ def accumulate(indptr, indices, q, k, v, bias, scale: float, m, l, acc) -> None:
     if n == 0 or indices.shape[0] == 0:
         return
     bias, has_bias = _bias_or_dummy(bias, q)
+    codes, has_codes = _codes_or_dummy(codes)
     work = indices.shape[0] * q.shape[1] * (q.shape[2] + v.shape[2])
-    run_parallel(_accumulate, indptr, work, indices, q, k, v, bias, has_bias, float(scale), m, l, acc)
+    run_parallel(_accumulate, indptr, work, indices, q, k, v, bias, has_bias, codes, has_codes, float(scale), m, l,
+                 acc)
 
 
 @njit(parallel=True, cache=True, fastmath=FASTMATH)
-def _backward_dst(bounds, indptr, indices, q, k, v, bias, has_bias, scale64, m, l, grad_out, delta, grad_q,
-                  grad_bias):
+def _backward_dst(bounds, indptr, indices, q, k, v, bias, has_bias, codes, has_codes, scale64, m, l, grad_out,
+                  delta, grad_q, grad_bias, grad_table):
     H = q.shape[1]
     Dk = q.shape[2]
     Dv = v.shape[2]
@@ -127,23 +140,27 @@ def _backward_dst(bounds, indptr, indices, q, k, v, bias, has_bias, scale64, m, 
                         s += q[i, h, d] * k[j, h, d]
                     s *= scale
                     if has_bias:
-                        s += bias[e, h]
+                        s += bias[codes[e] if has_codes else e, h]
                     prob = np.exp(s - m[i, h]) / l[i, h]
                     dot = zero
                     for d in range(Dv):
                         dot += grad_out[i, h, d] * v[j, h, d]
                     gs = prob * (dot - delta[i, h])
                     if has_bias:
-                        grad_bias[e, h] = gs
+                        if has_codes:
+                            grad_table[c, codes[e], h] += gs  # this chunk's partial sums, added up after
+                        else:
+                            grad_bias[e, h] = gs
                     gs *= scale
                     for d in range(Dk):
                         grad_q[i, h, d] += gs * k[j, h, d]
 
 
 def backward_dst(indptr, indices, q, k, v, bias, scale: float, m, l, grad_out, delta, grad_q,
-                 grad_bias) -> None:
+                 grad_bias, codes=None) -> None:
     """Row pass of one block's backward: accumulates ``grad_q`` float[num_dst, H, Dk] and
-    writes ``grad_bias`` float[E, H] (``None`` when ``bias`` is ``None``).
+    writes ``grad_bias`` float[E, H] (``None`` when ``bias`` is ``None``); with ``codes``,
+    accumulates each code's sum into ``grad_bias`` float[C, H].
 
     ``m``, ``l``: final state; ``grad_out`` float[num_dst, H, Dv]; ``delta``
     float[num_dst, H] from :func:`output_delta`.  Other arguments as in :func:`accumulate`.
@@ -152,15 +169,22 @@ def backward_dst(indptr, indices, q, k, v, bias, scale: float, m, l, grad_out, d
     if n == 0 or indices.shape[0] == 0:
         return
     bias, has_bias = _bias_or_dummy(bias, q)
+    codes, has_codes = _codes_or_dummy(codes)
     grad_bias = bias if grad_bias is None else grad_bias
     work = indices.shape[0] * q.shape[1] * (2 * q.shape[2] + v.shape[2])
-    run_parallel(_backward_dst, indptr, work, indices, q, k, v, bias, has_bias, float(scale), m, l, grad_out,
-                 delta, grad_q, grad_bias)
+    if has_codes and has_bias:  # one partial table per row chunk (run_parallel makes at most 8 per thread)
+        table = np.zeros((8 * numba.get_num_threads() + 1, bias.shape[0], bias.shape[1]), dtype=bias.dtype)
+        run_parallel(_backward_dst, indptr, work, indices, q, k, v, bias, has_bias, codes, has_codes, float(scale), m,
+                     l, grad_out, delta, grad_q, bias, table)
+        grad_bias += table.sum(0)
+    else:
+        run_parallel(_backward_dst, indptr, work, indices, q, k, v, bias, has_bias, codes, False, float(scale), m, l,
+                     grad_out, delta, grad_q, grad_bias, np.zeros((1, 1, 1), dtype=q.dtype))
 
 
 @njit(parallel=True, cache=True, fastmath=FASTMATH)
-def _backward_src(bounds, indptr_t, indices_t, perm, q, k, v, bias, has_bias, scale64, m, l, grad_out, delta,
-                  grad_k, grad_v):
+def _backward_src(bounds, indptr_t, indices_t, perm, q, k, v, bias, has_bias, codes, has_codes, scale64, m, l,
+                  grad_out, delta, grad_k, grad_v):
     H = q.shape[1]
     Dk = q.shape[2]
     Dv = v.shape[2]
@@ -178,7 +202,7 @@ def _backward_src(bounds, indptr_t, indices_t, perm, q, k, v, bias, has_bias, sc
                         s += q[i, h, d] * k[j, h, d]
                     s *= scale
                     if has_bias:
-                        s += bias[perm[t], h]
+                        s += bias[codes[perm[t]] if has_codes else perm[t], h]
                     prob = np.exp(s - m[i, h]) / l[i, h]
                     dot = zero
                     for d in range(Dv):
@@ -191,7 +215,7 @@ def _backward_src(bounds, indptr_t, indices_t, perm, q, k, v, bias, has_bias, sc
 
 
 def backward_src(indptr_t, indices_t, perm, q, k, v, bias, scale: float, m, l, grad_out, delta,
-                 grad_k, grad_v) -> None:
+                 grad_k, grad_v, codes=None) -> None:
     """Column pass of one block's backward over the transposed CSR.
 
     ``indptr_t`` int64[num_src+1], ``indices_t`` int64[E] destination of each
@@ -203,6 +227,7 @@ def backward_src(indptr_t, indices_t, perm, q, k, v, bias, scale: float, m, l, g
     if n == 0 or indices_t.shape[0] == 0:
         return
     bias, has_bias = _bias_or_dummy(bias, q)
+    codes, has_codes = _codes_or_dummy(codes)
     work = indices_t.shape[0] * q.shape[1] * (2 * q.shape[2] + 2 * v.shape[2])
-    run_parallel(_backward_src, indptr_t, work, indices_t, perm, q, k, v, bias, has_bias, float(scale), m, l,
-                 grad_out, delta, grad_k, grad_v)
+    run_parallel(_backward_src, indptr_t, work, indices_t, perm, q, k, v, bias, has_bias, codes, has_codes,
+                 float(scale), m, l, grad_out, delta, grad_k, grad_v)

@@ -113,6 +113,47 @@ def check_dot(dtype, with_bias, num_blocks):
         np.testing.assert_allclose(got, want.grad.numpy(), **TOL[dtype])
 
 
+def check_dot_codes(dtype):
+    """Code-indexed bias (uint8 codes into a [C, H] table) against the CPU twin, forward and backward."""
+    from numba_kernels.cpu import dot_attention as cpu
+
+    rng = np.random.default_rng(10)
+    g = awkward_graph(rng, 12, 10, 40)
+    H, Dk, Dv, scale, C = 2, 3, 2, 0.7, 4
+    q = rng.standard_normal((g.num_dst, H, Dk)).astype(dtype)
+    k = rng.standard_normal((g.num_src, H, Dk)).astype(dtype)
+    v = rng.standard_normal((g.num_src, H, Dv)).astype(dtype)
+    table = rng.standard_normal((C, H)).astype(dtype)
+    codes = rng.integers(0, C, g.num_edges).astype(np.uint8)
+    grad_out = rng.standard_normal((g.num_dst, H, Dv)).astype(dtype)
+    indptr, indices = g.indptr.numpy(), g.indices.numpy()
+    indptr_t, indices_t, perm = (a.numpy() for a in g.csc())
+    # CPU twin
+    m, l, out = cpu.init_state(g.num_dst, H, Dv, dtype)
+    cpu.accumulate(indptr, indices, q, k, v, table, scale, m, l, out, codes=codes)
+    cpu.finalize(m, l, out)
+    delta = np.empty_like(m)
+    cpu.output_delta(grad_out, out, delta)
+    want = [out, np.zeros_like(q), np.zeros_like(k), np.zeros_like(v), np.zeros_like(table)]
+    args = (q, k, v, table, scale, m, l, grad_out, delta)
+    cpu.backward_dst(indptr, indices, *args, want[1], want[4], codes=codes)
+    cpu.backward_src(indptr_t, indices_t, perm, *args, want[2], want[3], codes=codes)
+    # CUDA twin
+    dm, dl, dacc = K("dot_attention.init_state", "cuda")(g.num_dst, H, Dv, dtype)
+    dq, dk, dv, dt, dc = dev(q), dev(k), dev(v), dev(table), dev(codes)
+    K("dot_attention.accumulate", "cuda")(dev(indptr), dev(indices), dq, dk, dv, dt, scale, dm, dl, dacc, codes=dc)
+    K("dot_attention.finalize", "cuda")(dm, dl, dacc)
+    ddelta = cuda.device_array(dm.shape, dtype)
+    K("dot_attention.output_delta", "cuda")(dev(grad_out), dacc, ddelta)
+    gq, gk, gv, gt = (cuda.to_device(np.zeros_like(a)) for a in (q, k, v, table))
+    dargs = (dq, dk, dv, dt, scale, dm, dl, dev(grad_out), ddelta)
+    K("dot_attention.backward_dst", "cuda")(dev(indptr), dev(indices), *dargs, gq, gt, codes=dc)
+    K("dot_attention.backward_src", "cuda")(dev(indptr_t), dev(indices_t), dev(perm), *dargs, gk, gv, codes=dc)
+    got = [dacc.copy_to_host(), gq.copy_to_host(), gk.copy_to_host(), gv.copy_to_host(), gt.copy_to_host()]
+    for a, b in zip(got, want):
+        np.testing.assert_allclose(a, b, **TOL[dtype])
+
+
 def check_dropout_bits_match_cpu():
     """The CUDA hash keeps exactly the coefficients the CPU hash keeps."""
     rng = np.random.default_rng(9)
@@ -138,5 +179,6 @@ if __name__ == "__main__":
         check_gat(dtype, 0.3, 3)
         check_dot(dtype, False, 1)
         check_dot(dtype, True, 3)
+        check_dot_codes(dtype)
     check_dropout_bits_match_cpu()
     print("cudasim attention OK")

@@ -90,3 +90,34 @@ def test_large_scores_stay_finite():
     ref = dot_reference(g, *(torch.from_numpy(a).double() for a in (q, k, v)), None, 1.0)
     assert np.isfinite(acc).all()
     np.testing.assert_allclose(acc, ref.numpy(), rtol=1e-3, atol=1e-3)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_code_indexed_bias_equals_the_gathered_bias(dtype, chunking):
+    """``codes`` uint8[E] into a [C, H] table: the same scores as the gathered [E, H] bias, and the table's
+    gradient is the sum of the entries' gradients per code (partial sums per row chunk)."""
+    rng = np.random.default_rng(4)
+    g = awkward_graph(rng, 35, 30, 280)
+    heads, dk, dv, scale, C = 3, 4, 2, 0.5, 5
+    q, k, v, _ = _inputs(rng, g, heads, dk, dv, dtype, False)
+    table = rng.standard_normal((C, heads)).astype(dtype)
+    codes = rng.integers(0, C, g.num_edges).astype(np.uint8)
+    grad_out = rng.standard_normal((g.num_dst, heads, dv)).astype(dtype)
+    results = []
+    for mode in ("codes", "gathered"):
+        bias, cd = (table, codes) if mode == "codes" else (table[codes], None)
+        m, l, out = K.init_state(g.num_dst, heads, dv, dtype)
+        K.accumulate(g.indptr.numpy(), g.indices.numpy(), q, k, v, bias, scale, m, l, out, codes=cd)
+        K.finalize(m, l, out)
+        delta = np.empty_like(m)
+        K.output_delta(grad_out, out, delta)
+        gq, gk, gv, gb = np.zeros_like(q), np.zeros_like(k), np.zeros_like(v), np.zeros_like(bias)
+        args = (q, k, v, bias, scale, m, l, grad_out, delta)
+        K.backward_dst(g.indptr.numpy(), g.indices.numpy(), *args, gq, gb, codes=cd)
+        indptr_t, indices_t, perm = g.csc()
+        K.backward_src(indptr_t.numpy(), indices_t.numpy(), perm.numpy(), *args, gk, gv, codes=cd)
+        if mode == "gathered":  # sum the per-entry gradients per code: the table's gradient
+            gb = np.stack([gb[codes == c].sum(0) for c in range(C)])
+        results.append((out, gq, gk, gv, gb))
+    for got, want in zip(*results):
+        np.testing.assert_allclose(got, want, **TOL[dtype])

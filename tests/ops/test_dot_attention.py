@@ -98,3 +98,32 @@ def test_bad_inputs_raise_value_error():
     for args, name in cases:
         with pytest.raises(ValueError, match=name):
             A.dot_attention(g, *args)
+
+
+def test_code_indexed_bias_equals_gathered_bias_and_checks_codes():
+    from hpc_graph.ops.graph_attention import code_bias
+
+    rng = np.random.default_rng(11)
+    n, e, heads = 150, 1200, 4
+    dst = np.sort(rng.integers(0, n, e))
+    indptr = np.zeros(n + 1, np.int64)
+    np.cumsum(np.bincount(dst, minlength=n), out=indptr[1:])
+    g = CSR(torch.from_numpy(indptr), torch.from_numpy(rng.integers(0, n, e)), n)
+    gen = torch.Generator().manual_seed(3)
+    q, k, v = (torch.randn(n, heads, 6, dtype=torch.float64, generator=gen, requires_grad=True) for _ in range(3))
+    table = torch.randn(5, heads, dtype=torch.float64, generator=gen, requires_grad=True)
+    codes = torch.from_numpy(rng.integers(0, 5, e).astype(np.uint8))
+    dot_attention = A.dot_attention
+    a = dot_attention(g, q, k, v, table, codes=codes)
+    b = dot_attention(g, q, k, v, code_bias(table, codes))
+    torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-12)
+    w = torch.randn_like(a)
+    for x, y in zip(torch.autograd.grad((a * w).sum(), (q, k, v, table)),
+                    torch.autograd.grad((b * w).sum(), (q, k, v, table))):
+        torch.testing.assert_close(x, y, rtol=1e-10, atol=1e-12)
+    with pytest.raises(ValueError, match="no row in the 3-row bias table"):
+        dot_attention(g, q, k, v, table[:3], codes=codes)
+    with pytest.raises(ValueError, match="uint8"):
+        dot_attention(g, q, k, v, table, codes=codes.long())
+    with pytest.raises(ValueError, match="without a bias table"):
+        dot_attention(g, q, k, v, None, codes=codes)
