@@ -7,10 +7,10 @@ default sizes; Laplacian PE with k = 8 for REG3-CC), trains each configured run 
 config (``configs/single_*_{reg3cc,pathspd}.yaml``, the training seed = the data seed) and reports the
 test accuracy at the best validation epoch. Runs:
 
-* ``graphormer-spd`` REG3-CC: Graphormer, dense attention inside each graph, SPD bias (max_spd 6), 100 epochs;
+* ``graphormer-spd`` REG3-CC: Graphormer, dense attention inside each graph, SPD bias (max_spd 6), 60 epochs;
 * ``gt-lappe`` REG3-CC: GT with 8 Laplacian eigenvectors, sparse attention (edges + chain + token), 150 epochs;
 * ``gcn`` REG3-CC: GCN + mean readout, no positional encodings (the leak check: must stay at chance);
-* ``graphormer-spd`` PATH-SPD: Graphormer, dense attention, SPD bias (max_spd 8), 100 epochs.
+* ``graphormer-spd`` PATH-SPD: Graphormer, dense attention, SPD bias (max_spd 8), 60 epochs.
 
 Prints a Markdown table (mean +- std over seeds) and writes every run to ``--out``.
 """

@@ -45,6 +45,10 @@ class Graphormer(nn.Module):
             nn.init.zeros_(lin.bias)
         nn.init.normal_(self.z_in.weight, std=0.02)
         nn.init.normal_(self.z_out.weight, std=0.02)
+        # N(0, 1), as torch initialises an embedding: with equal starting values (zeros) the buckets of
+        # structurally different graphs weigh alike, and on symmetric inputs (REG3-CC: every node alike)
+        # training sat on a plateau for 50+ epochs or for good
+        nn.init.normal_(self.bias, std=1.0)
 
     def forward(self, graph: GraphContext, x: torch.Tensor) -> torch.Tensor:
         n = x.shape[0]
