@@ -410,8 +410,18 @@ def attend_layout(layout: ClusterLayout, codes: torch.Tensor, q: torch.Tensor, k
                              None if bias is None else code_bias(bias, codes.to(q.device)))
 
 
-#: TorchGT's ladder of thresholds, in units of beta_G (0 and 1 absolute)
-BETA_LADDER = (0.0, 1.0, 1.5, 5.0, 7.0, 10.0, None)
+#: the thresholds the tuner walks: TorchGT's multiples of beta_G, then absolute densities up to 1 (no tile)
+BETA_LADDER = (("abs", 0.0), ("rel", 1.0), ("rel", 5.0), ("rel", 10.0), ("abs", 0.05), ("abs", 0.2), ("abs", 1.0))
+
+
+def beta_ladder(beta_g: float) -> list[float]:
+    """The ascending, distinct thresholds of :data:`BETA_LADDER` for a pattern of density ``beta_g``."""
+    out: list[float] = []
+    for kind, x in BETA_LADDER:
+        b = min(1.0, x * float(beta_g) if kind == "rel" else x)
+        if not out or b > out[-1]:
+            out.append(b)
+    return out
 
 
 class BetaTuner:
@@ -419,10 +429,11 @@ class BetaTuner:
 
     TorchGT's auto tuner: a running loss ``F_t = 0.9 F_{t-1} + 0.1 L_t`` and the loss-descent rate
     ``LDR_t = (F_{t-1} - F_t) / e_t`` (``e_t`` the epoch's seconds). ``beta`` walks the ladder
-    ``{0, beta_G, 1.5, 5, 7, 10 beta_G, 1}`` starting at ``beta_G``; after every ``window`` epochs
-    at one value the window's mean LDR is compared with the previous window's: better by more than
-    ``hysteresis`` (relative) keeps walking in the same direction, worse by more reverses the
-    direction and steps back, anything in between stays (hysteresis: noise does not flip-flop it),
+    ``{0, beta_G, 5 beta_G, 10 beta_G, 0.05, 0.2, 1}`` (:func:`beta_ladder`) from its top, 1 (no dense
+    tile: the plain CSR kernels, never slower than where it starts), towards denser tiling. After every
+    ``window`` epochs at one value the window's mean LDR is compared with the previous window's: better
+    by more than ``hysteresis`` (relative) keeps walking in the same direction, worse by more reverses
+    the direction and steps back, anything in between stays (hysteresis: noise does not flip-flop it),
     and worse again right after turning back also stays (the loss flattening with time makes every
     later window look worse; without this the walk would oscillate between two values).
     The first epoch after a change is left out of the mean (it rebuilds the layout). Fed the same
@@ -430,14 +441,17 @@ class BetaTuner:
     same decisions. Each decision is logged; :attr:`history` keeps ``(epoch, beta)`` per epoch.
 
     Our layout is exact (a dense tile masks what is not an entry), so ``beta`` trades only time,
-    never accuracy: the walk settles where an epoch is fastest.
+    never accuracy: the walk settles where an epoch is fastest. TorchGT's beta has the opposite
+    sense (clusters *sparser* than it are rewired into compact blocks, which moves edges) and starts
+    at beta_G; with ours, beta_G tiles nearly every block, the slow end on a CPU.
     """
 
-    def __init__(self, beta_g: float, window: int = 10, hysteresis: float = 0.05, start: int = 1):
+    def __init__(self, beta_g: float, window: int = 10, hysteresis: float = 0.05, start: int | None = None):
         if isinstance(window, bool) or not isinstance(window, int) or window < 2:
             raise ValueError(f"engine.tuner_window: must be an integer >= 2, got {window!r}")
-        self.ladder = [0.0 if x == 0.0 else 1.0 if x is None else min(1.0, x * float(beta_g)) for x in BETA_LADDER]
-        self.index, self.direction = int(start), 1
+        self.ladder = beta_ladder(beta_g)
+        self.index = len(self.ladder) - 1 if start is None else int(start)
+        self.direction = -1  # towards denser tiling
         self.window, self.hysteresis = int(window), float(hysteresis)
         self.F: float | None = None
         self.rates: list[float] = []

@@ -87,30 +87,32 @@ def _losses(smoothed):
 # every later window is left out): betas[3], betas[6], ... are the values chosen there
 def test_tuner_walks_on_while_the_descent_rate_improves():
     t = BetaTuner(0.01, window=3)
-    assert t.beta == pytest.approx(0.01)
-    betas = _feed(t, _losses([100.0 - e for e in range(13)]), [1.0] * 4 + [0.5] * 3 + [0.25] * 3 + [0.1] * 3)
     L = t.ladder
-    assert [betas[3], betas[6], betas[9], betas[12]] == [L[2], L[3], L[4], L[5]]
-    assert [b for _, b in t.history][:5] == [L[1]] * 4 + [L[2]]
+    assert L == sorted(set(L)) and L[0] == 0.0 and L[-1] == 1.0 and 0.01 in L and t.beta == 1.0  # starts at CSR
+    betas = _feed(t, _losses([100.0 - e for e in range(13)]), [1.0] * 4 + [0.5] * 3 + [0.25] * 3 + [0.1] * 3)
+    top = len(L) - 1
+    assert [betas[3], betas[6], betas[9], betas[12]] == [L[top - 1], L[top - 2], L[top - 3], L[top - 4]]
+    assert [b for _, b in t.history][:5] == [1.0] * 4 + [L[top - 1]]
 
 
 def test_tuner_turns_back_then_settles_and_hysteresis_holds():
     t = BetaTuner(0.01, window=3)
     L = t.ladder
+    top = len(L) - 1
     # LDR 1 -> next value; LDR 0.5 there: worse, back; LDR 0.25: worse right after turning back: settles;
     # LDR 0.25 again: within the hysteresis band, stays
     betas = _feed(t, _losses([100.0 - e for e in range(13)]), [1.0] * 4 + [2.0] * 3 + [4.0] * 6)
-    assert [betas[3], betas[6], betas[9], betas[12]] == [L[2], L[1], L[1], L[1]]
+    assert [betas[3], betas[6], betas[9], betas[12]] == [L[top - 1], L[top], L[top], L[top]]
     t = BetaTuner(0.01, window=3, hysteresis=0.2)
     betas = _feed(t, _losses([100.0 - e for e in range(7)]), [1.0] * 4 + [1.1] * 3)  # 9 % slower: in the band
-    assert [betas[3], betas[6]] == [L[2], L[2]]
+    assert [betas[3], betas[6]] == [L[top - 1], L[top - 1]]
 
 
 def test_tuner_bounces_at_the_end_of_the_ladder_and_round_trips():
-    t = BetaTuner(0.01, window=2, start=6)
-    assert t.beta == 1.0
+    t = BetaTuner(0.01, window=2, start=0)
+    assert t.beta == 0.0
     betas = _feed(t, [10, 9, 8], [1.0, 1.0, 1.0])
-    assert betas[-1] == t.ladder[5]  # could not go further up: walked down
+    assert betas[-1] == t.ladder[1]  # could not go further down: walked up
     state = t.state_dict()
     t2 = BetaTuner(0.5, window=2)
     t2.load_state_dict(state)
@@ -120,7 +122,7 @@ def test_tuner_bounces_at_the_end_of_the_ladder_and_round_trips():
 
 def test_non_finite_loss_is_ignored():
     t = BetaTuner(0.01, window=2)
-    assert _feed(t, [float("nan"), float("inf")], [1.0, 1.0]) == [t.ladder[1]] * 2 and t.F is None
+    assert _feed(t, [float("nan"), float("inf")], [1.0, 1.0]) == [1.0] * 2 and t.F is None
 
 
 def test_bad_settings():
