@@ -212,7 +212,8 @@ class SeqParEngine(Engine):
             lo, hi = int(ranges[rank]), int(ranges[rank + 1])
             indptr, indices = ds.indptr(), ds.indices().astype(np.int64, copy=False)
             o = self.options
-            clusters = ClusterLayoutControl(o.get("cluster_beta"), o.get("cluster_size", 256), o.get("tuner_window", 10))
+            clusters = ClusterLayoutControl(o.get("cluster_beta"), o.get("cluster_size", 256),
+                                            o.get("tuner_window", 10))
             order, cluster_ptr = sequence_clusters(indptr, indices, n, str(o.get("sequence_order", "id")),
                                                    cluster_size=clusters.cluster_size, seed=int(o.get("seed", 0)))
             ids = order[lo:hi]  # this rank's nodes: a contiguous piece of the sequence

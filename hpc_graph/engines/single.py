@@ -76,7 +76,8 @@ class _SingleGraph(GraphContext):
         return self.csr._cache[key]
 
     def attention_pattern(self, global_token: bool):
-        """The sparse attention pattern of the whole graph (chain in ``sequence_order``), built once per ``global_token``."""
+        """The sparse attention pattern of the whole graph (chain in ``sequence_order``), built once per
+        ``global_token``."""
         from hpc_graph.graph.attention_pattern import build_pattern
 
         key = ("attention_pattern", bool(global_token), self.sequence_order, self.cluster_size, self.chain)
@@ -169,8 +170,8 @@ class SingleEngine(Engine):
     :func:`~hpc_graph.graph.attention_pattern.sequence_order`); ``cluster_beta``, ``cluster_size``,
     ``tuner_window`` (the cluster-sparse layout of sparse attention and its tuner,
     :class:`~hpc_graph.graph.attention_pattern.ClusterLayoutControl`); ``attention_chain`` (the pattern's
-    chain through the sequence; off, the pattern is the one ``dp``/``sar`` attend over); ``graph_batch_size`` (graph-level
-    data); ``prefetch`` is accepted and ignored; any other option is an error.
+    chain through the sequence; off, the pattern is the one ``dp``/``sar`` attend over);
+    ``graph_batch_size`` (graph-level data); ``prefetch`` is accepted and ignored; any other option is an error.
     Raises ``ValueError`` when ``comm`` has more than one rank.
     """
 

@@ -528,7 +528,8 @@ class ClusterLayoutControl:
         if cluster_beta is not None and cluster_beta != "auto":
             if isinstance(cluster_beta, bool) or not isinstance(cluster_beta, (int, float)) \
                     or not 0 <= cluster_beta <= 1:
-                raise ValueError(f"engine.cluster_beta: must be null, 'auto' or a number in [0, 1], got {cluster_beta!r}")
+                raise ValueError(f"engine.cluster_beta: must be null, 'auto' or a number in [0, 1], "
+                                 f"got {cluster_beta!r}")
         if isinstance(cluster_size, bool) or not isinstance(cluster_size, int) or cluster_size < 1:
             raise ValueError(f"engine.cluster_size: must be a positive integer, got {cluster_size!r}")
         self.setting, self.cluster_size, self.window = cluster_beta, int(cluster_size), tuner_window
