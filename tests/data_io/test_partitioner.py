@@ -176,9 +176,9 @@ def test_missing_source(tmp_path):
 
 
 def test_graph_level_dataset_refused(tmp_path):
-    g = random_graph(30, 60, seed=1)
-    g.task = "graph"
-    src = write(tmp_path, g)
+    from data_io.generators import generate_reg3cc
+
+    src = write(tmp_path, generate_reg3cc(8, 8, 12, seed=1))
     with pytest.raises(DataError, match="task='graph'"):
         partition_dataset(src, tmp_path / "p", 2)
     assert not (tmp_path / "p").exists()
