@@ -30,7 +30,7 @@ import torch
 from data_io.dataset import open_dataset
 from data_io.errors import FormatError
 from hpc_graph.engines.base import Engine
-from hpc_graph.graph.attention_pattern import ClusterLayoutControl, sequence_clusters
+from hpc_graph.graph.attention_pattern import ClusterLayoutControl, engine_attention_options, sequence_clusters
 from hpc_graph.graph.base import GraphContext
 from hpc_graph.ops.csr import CSR
 
@@ -142,14 +142,8 @@ class _SeqParGraph(GraphContext):
         else:
             qh, kh, vh = (_AllToAll.apply(t.contiguous(), self, True, global_token) for t in (q, k, v))
         b = None if bias is None else bias[:, self.rank * hp:(self.rank + 1) * hp]  # this rank's heads
-        if self.clusters is not None and self.clusters.enabled and mode == "sparse":
-            from hpc_graph.graph.attention_pattern import GRAPH_MAX_DIST, attend_layout, max_dist_of
-
-            layout = self.clusters.layout_for(pat, self.cluster_ptr)
-            codes = pat.codes_for(GRAPH_MAX_DIST if b is None else max_dist_of(b))
-            out = attend_layout(layout, codes, qh.contiguous(), kh.contiguous(), vh.contiguous(), b)
-        else:
-            out = attend(pat, qh.contiguous(), kh.contiguous(), vh.contiguous(), bias=b, mode=mode)
+        layout = None if self.clusters is None else self.clusters.layout_in(pat, self.cluster_ptr, mode)
+        out = attend(pat, qh.contiguous(), kh.contiguous(), vh.contiguous(), bias=b, mode=mode, layout=layout)
         return _AllToAll.apply(out, self, False, global_token)
 
     def aggregate(self, x, reduce="sum"):
@@ -212,8 +206,7 @@ class SeqParEngine(Engine):
             lo, hi = int(ranges[rank]), int(ranges[rank + 1])
             indptr, indices = ds.indptr(), ds.indices().astype(np.int64, copy=False)
             o = self.options
-            clusters = ClusterLayoutControl(o.get("cluster_beta"), o.get("cluster_size", 256),
-                                            o.get("tuner_window", 10))
+            clusters, chain = engine_attention_options(o)
             order, cluster_ptr = sequence_clusters(indptr, indices, n, str(o.get("sequence_order", "id")),
                                                    cluster_size=clusters.cluster_size, seed=int(o.get("seed", 0)))
             ids = order[lo:hi]  # this rank's nodes: a contiguous piece of the sequence
@@ -225,9 +218,6 @@ class SeqParEngine(Engine):
             lap_pe = ds.lap_pe()[ids] if ds.has("lap_pe") else None
             self.num_classes = int(ds.num_classes) or int(ds.label().max()) + 1
         self.graph = _SeqParGraph(csr, ranges, comm, ids, clusters, cluster_ptr)
-        chain = o.get("attention_chain", True)
-        if not isinstance(chain, bool):
-            raise ValueError(f"engine.attention_chain: must be true or false, got {chain!r}")
         self.graph.chain = chain
         if lap_pe is not None:
             self.graph.node_fields["lap_pe"] = torch.from_numpy(np.ascontiguousarray(lap_pe)).to(dtype=dtype)

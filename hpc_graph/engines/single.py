@@ -116,14 +116,8 @@ class _SingleGraph(GraphContext):
         if q.shape[0] != pat.num_tokens:
             raise ValueError(f"attention: q has {q.shape[0]} rows, the sequence has {pat.num_tokens} tokens "
                              f"({self.num_nodes} nodes{' + the global token' if global_token else ''})")
-        if self.clusters is not None and self.clusters.enabled and mode == "sparse":
-            from hpc_graph.graph.attention_pattern import attend_layout
-
-            check_attention_args(mode, bias, q.shape[1])
-            layout = self.clusters.layout_for(pat, self.sequence()[1])
-            codes = pat.codes_for(GRAPH_MAX_DIST if bias is None else max_dist_of(bias))
-            return attend_layout(layout, codes, q, k, v, bias)
-        return attend(pat, q, k, v, bias=bias, mode=mode)
+        layout = None if self.clusters is None else self.clusters.layout_in(pat, self.sequence()[1], mode)
+        return attend(pat, q, k, v, bias=bias, mode=mode, layout=layout)
 
     def with_self_loops(self) -> CSR:
         """The CSR with an edge ``i -> i`` appended to every row (after its in-edges), built once."""
@@ -275,16 +269,10 @@ class SingleEngine(Engine):
 
     # -- the cluster-sparse layout of the graph transformers' sparse attention --------------------
     def _set_clusters(self) -> None:
-        from hpc_graph.graph.attention_pattern import ClusterLayoutControl
+        from hpc_graph.graph.attention_pattern import engine_attention_options
 
-        o = self.options
-        self.graph.clusters = ClusterLayoutControl(o.get("cluster_beta"), o.get("cluster_size", 256),
-                                                   o.get("tuner_window", 10))
+        self.graph.clusters, self.graph.chain = engine_attention_options(self.options)
         self.graph.cluster_size = self.graph.clusters.cluster_size
-        chain = o.get("attention_chain", True)
-        if not isinstance(chain, bool):
-            raise ValueError(f"engine.attention_chain: must be true or false, got {chain!r}")
-        self.graph.chain = chain
 
     def end_epoch(self, epoch: int, loss: float, seconds: float) -> None:
         self.graph.clusters.end_epoch(epoch, loss, seconds)

@@ -221,17 +221,22 @@ def check_attention_args(mode: str, bias: torch.Tensor | None, heads: int) -> No
 
 
 def attend(pattern: AttentionPattern, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *,
-           bias: torch.Tensor | None = None, mode: str = "sparse") -> torch.Tensor:
+           bias: torch.Tensor | None = None, mode: str = "sparse", layout: "ClusterLayout | None" = None
+           ) -> torch.Tensor:
     """Attention of all ``pattern.num_tokens`` tokens (q, k, v float[T, H, d]) for an engine holding the whole
     sequence: the bias table float[max_dist + 4, H] gathered by the entries' codes
     (:meth:`AttentionPattern.codes_for`), the farther row for the pairs outside the pattern in dense mode
     (:func:`~hpc_graph.ops.graph_attention.pattern_attention`). A graph batch's pattern attends inside each
     graph only: pass its ``full`` pattern for dense attention (``mode`` must then be ``"sparse"``).
+    ``layout``: the pattern's :class:`ClusterLayout` to run sparse mode through (the same result).
     ``mode`` and ``bias`` as checked by :func:`check_attention_args`."""
     from hpc_graph.ops.graph_attention import code_bias, pattern_attention
 
     check_attention_args(mode, bias, q.shape[1])
     dense = mode == "dense"
+    if layout is not None and not dense:
+        return attend_layout(layout, pattern.codes_for(GRAPH_MAX_DIST if bias is None else max_dist_of(bias)),
+                             q, k, v, bias)
     if dense and pattern.graph_ptr is not None:
         raise ValueError("attention: a graph batch has no dense mode over the whole sequence; "
                          "attend over its full pattern (build_graph_batch_pattern(full=True))")
@@ -542,6 +547,10 @@ class ClusterLayoutControl:
     def enabled(self) -> bool:
         return self.setting is not None
 
+    def layout_in(self, pattern: AttentionPattern, cluster_ptr: np.ndarray, mode: str) -> ClusterLayout | None:
+        """The layout attention in ``mode`` runs through (:meth:`layout_for`), or None: off, or dense mode."""
+        return self.layout_for(pattern, cluster_ptr) if self.enabled and mode == "sparse" else None
+
     def layout_for(self, pattern: AttentionPattern, cluster_ptr: np.ndarray) -> ClusterLayout:
         """The layout of ``pattern`` at the current beta (built on first use after each change)."""
         if self.setting == "auto" and self.tuner is None:
@@ -574,3 +583,16 @@ class ClusterLayoutControl:
             self.tuner = BetaTuner(0.0, window=self.window)
             self.tuner.load_state_dict(state["tuner"])
             self.beta = self.tuner.beta
+
+
+def engine_attention_options(options: dict) -> tuple[ClusterLayoutControl, bool]:
+    """The graph-transformer options of the engines holding the whole sequence (``single``, ``seqpar``):
+    their :class:`ClusterLayoutControl` (``cluster_beta``, ``cluster_size``, ``tuner_window``) and whether
+    the pattern has its chain (``attention_chain``). ``ValueError`` naming the option otherwise."""
+    clusters = ClusterLayoutControl(options.get("cluster_beta"), options.get("cluster_size", 256),
+                                    options.get("tuner_window", 10))
+    chain = options.get("attention_chain", True)
+    if not isinstance(chain, bool):
+        raise ValueError(f"engine.attention_chain: must be true or false, got {chain!r}")
+    return clusters, chain
+
