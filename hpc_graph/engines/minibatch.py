@@ -50,8 +50,9 @@ import torch
 
 from hpc_graph.engines.base import Batch, Engine
 from hpc_graph.graph.block import Block, BlockStack
-from hpc_graph.graph.dist_graph import DistGraph, load_dist_graph, partition_tensors
+from hpc_graph.graph.dist_graph import dataset_as_partition, load_dist_graph, partition_tensors
 from hpc_graph.graph.halo_graph import HaloGraph
+from hpc_graph.graph.sampler import NeighborSampler, sample_key
 from hpc_graph.ops.csr import CSR
 from hpc_graph.store.feature_store import FeatureStore
 from hpc_graph.store.hec import HistoricalEmbeddingCache
@@ -59,22 +60,7 @@ from hpc_graph.store.hec import HistoricalEmbeddingCache
 log = logging.getLogger(__name__)
 
 MODES = ("exact", "drop", "hec")
-_MASK64 = (1 << 64) - 1
 # pushes of inner layer l travel on exchange channels 2l - 1 (row counts) and 2l (ids and rows)
-
-
-def _splitmix64(x: int) -> int:
-    x = (x + 0x9E3779B97F4A7C15) & _MASK64
-    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
-    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & _MASK64
-    return x ^ (x >> 31)
-
-
-def _key(*parts: int) -> int:
-    h = 0x5A17_B10C
-    for v in parts:
-        h = _splitmix64(h ^ (int(v) & _MASK64))
-    return h
 
 
 class _Push:
@@ -126,7 +112,7 @@ class MinibatchEngine(Engine):
             if int(comm.size) != 1:
                 raise ValueError(f"data.path: engine 'minibatch' on {comm.size} ranks needs a partition "
                                  f"directory, {self.source} is a dataset file")
-            dg, data = _whole_dataset(self.source, self.device, dtype)
+            dg, data = dataset_as_partition(self.source, self.device, dtype)
         else:
             dg, part = load_dist_graph(self.source, comm, self.device, dtype)
             data = partition_tensors(part, self.device, dtype, self.source)
@@ -139,7 +125,7 @@ class MinibatchEngine(Engine):
             self.feat = self.feat / torch.where(sums == 0, torch.ones_like(sums), sums)
         self.num_classes, self.num_features = data["num_classes"], data["num_features"]
         self.first, self.num_owned = dg.first_gid, dg.num_owned
-        self._build_sampling_csr()
+        self.sampler = NeighborSampler(dg, comm)
         self.owned_degree = dg.in_degree.to(torch.int64)
         self.halo_degree = self._halo_degrees()
         self.store = FeatureStore(self.feat, self.owned_degree, dg.node_ranges, comm)
@@ -161,20 +147,6 @@ class MinibatchEngine(Engine):
         self.reset_stats()
 
     # -- set-up -------------------------------------------------------------------------------------
-    def _build_sampling_csr(self) -> None:
-        """Owned rows' in-neighbours as global ids, each row in the order of the neighbours' source-dataset
-        ids: the sampler picks positions in a row, so this order (and the source-dataset id of the node
-        as the counter id) makes a node's sample independent of how the graph was partitioned."""
-        g = self.dg.local
-        indptr = g.indptr.cpu().numpy().astype(np.int64)
-        cols = g.indices.cpu().numpy()
-        gid = self.dg.local_gid.cpu().numpy()[cols]
-        orig = self.dg.local_orig_id.cpu().numpy()[cols]
-        rows = np.repeat(np.arange(self.dg.num_owned, dtype=np.int64), np.diff(indptr))
-        order = np.lexsort((orig, rows))
-        self.s_indptr, self.s_nbrs = indptr, np.ascontiguousarray(gid[order])
-        self.s_orig = self.dg.orig_id.cpu().numpy().astype(np.int64)
-
     def _halo_degrees(self) -> torch.Tensor:
         """Global in-degrees of the halo nodes (one exchange with the owners)."""
         dg = self.dg
@@ -219,7 +191,7 @@ class MinibatchEngine(Engine):
         return int(mine.item())
 
     def _order(self, epoch: int) -> torch.Tensor:
-        gen = torch.Generator().manual_seed(_key(self.seed, epoch, self.comm.rank) & (2**63 - 1))
+        gen = torch.Generator().manual_seed(sample_key(self.seed, epoch, self.comm.rank) & (2**63 - 1))
         return self.train_idx[torch.randperm(self.train_idx.numel(), generator=gen)]
 
     def batch_sizes(self, epoch: int, iterations: int) -> tuple[list[int], list[float]]:
@@ -267,69 +239,6 @@ class MinibatchEngine(Engine):
         return Batch(BlockStack(blocks), feat, self.label[seeds], seeds)
 
     # -- sampling ----------------------------------------------------------------------------------
-    def _local_sample(self, gids: np.ndarray, fanout: int, key: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """``(counts, nbrs, degree)`` of owned nodes ``gids`` (neighbours as global ids, flat, per node)."""
-        from numba_kernels.cpu.sample import sample_neighbors, sample_width
-
-        if gids.size == 0:
-            return np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros(0, np.int64)
-        rows = gids - self.first
-        width = sample_width(self.s_indptr, rows, fanout)
-        counts = np.empty(rows.shape[0], dtype=np.int64)
-        slots = np.empty(rows.shape[0] * max(width, 1), dtype=np.int64)
-        sample_neighbors(self.s_indptr, self.s_nbrs, rows, np.ascontiguousarray(self.s_orig[rows]), fanout,
-                         np.uint64(key), counts, slots)
-        keep = (np.arange(max(width, 1))[None, :] < counts[:, None]).reshape(-1)
-        deg = self.s_indptr[rows + 1] - self.s_indptr[rows]
-        return counts, slots[keep], deg
-
-    def _remote_sample(self, gids: np.ndarray, fanout: int, key: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """Sample other ranks' nodes at their owners (collective: one alltoallv of ids, one of answers).
-
-        Each answer is ``[degree, count, neighbours...]`` per asked node, in the order asked.
-        """
-        comm, size = self.comm, int(self.comm.size)
-        owner = np.searchsorted(self.dg.node_ranges, gids, side="right") - 1
-        order = np.argsort(owner, kind="stable")
-        b0 = comm.bytes_sent
-        asked, asked_counts = comm.alltoallv(torch.from_numpy(gids[order]),
-                                             np.bincount(owner, minlength=size).astype(np.int64))
-        c, nbrs, deg = self._local_sample(asked.numpy(), fanout, key)
-        answer, sizes = _pack_answers(deg, c, nbrs, asked_counts)
-        got, _ = comm.alltoallv(torch.from_numpy(answer), sizes)
-        self._s["bytes"]["sample"] += int(comm.bytes_sent - b0)
-        d_o, c_o, n_o = _unpack_answers(got.numpy(), gids.size)
-        # back from "by owner" to the caller's order
-        out_c = np.empty(gids.size, np.int64)
-        out_d = np.empty(gids.size, np.int64)
-        out_c[order], out_d[order] = c_o, d_o
-        # neighbours: from "by owner" order (answers) to the caller's order
-        src_start = np.cumsum(c_o) - c_o  # answer j's neighbours in n_o
-        dst_start = np.cumsum(out_c) - out_c  # node i's neighbours in the result
-        flat = np.empty(int(out_c.sum()), np.int64)
-        if flat.size:
-            flat[np.repeat(dst_start[order] - src_start, c_o) + np.arange(flat.size)] = n_o
-        return out_c, flat, out_d
-
-    def _hop(self, dst: np.ndarray, fanout: int, key: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """Sampled in-neighbours of every node of ``dst`` (``counts``, flat ``nbrs`` in dst order, degrees)."""
-        first, last = self.first, self.first + self.num_owned
-        if self.mode != "exact" or self.comm.size == 1:
-            return self._local_sample(dst, fanout, key)
-        mine = (dst >= first) & (dst < last)
-        lc, ln, ld = self._local_sample(dst[mine], fanout, key)
-        rc, rn, rd = self._remote_sample(dst[~mine], fanout, key)
-        counts = np.empty(dst.size, np.int64)
-        deg = np.empty(dst.size, np.int64)
-        counts[mine], counts[~mine], deg[mine], deg[~mine] = lc, rc, ld, rd
-        # merge the two flat lists back into dst order
-        nbrs = np.empty(int(counts.sum()), np.int64)
-        starts = np.cumsum(counts) - counts
-        for sel, flat, cnt in ((np.flatnonzero(mine), ln, lc), (np.flatnonzero(~mine), rn, rc)):
-            if sel.size:
-                nbrs[np.repeat(starts[sel] - (np.cumsum(cnt) - cnt), cnt) + np.arange(int(cnt.sum()))] = flat
-        return counts, nbrs, deg
-
     def _sample(self, seed_gid: torch.Tensor, epoch: int) -> tuple[list[Block], torch.Tensor]:
         """Blocks (input layer first) and the input features of block 0's sources (fetched as needed).
 
@@ -344,7 +253,10 @@ class MinibatchEngine(Engine):
         hops = []
         for hop, fanout in enumerate(self.fanouts):
             layer = L - 1 - hop
-            counts, nbrs, dst_deg = self._hop(dst, fanout, _key(self.seed, epoch, layer))
+            b0 = self.sampler.bytes_sent
+            counts, nbrs, dst_deg = self.sampler.hop(dst, fanout, sample_key(self.seed, epoch, layer),
+                                                     exact=self.mode == "exact")
+            self._s["bytes"]["sample"] += self.sampler.bytes_sent - b0
             self._s["sampled_edges"] += int(nbrs.size)
             remote = (nbrs < first) | (nbrs >= last)
             keep = None
@@ -390,7 +302,7 @@ class MinibatchEngine(Engine):
             src_t = torch.from_numpy(src)
             complete = self._completer(layer, src[:n_local], src[n_local:]) if self.mode == "hec" and layer > 0 \
                 else None
-            blocks_rev.append(Block(csr, src_t, self._orig_ids(src_t), torch.from_numpy(src_deg), self.comm,
+            blocks_rev.append(Block(csr, src_t, self.dg.orig_ids_of(src_t), torch.from_numpy(src_deg), self.comm,
                                     complete))
             prev_dst_deg = dst_deg
         return blocks_rev, feat
@@ -414,23 +326,6 @@ class MinibatchEngine(Engine):
         if gids.size and (pos.max() >= hg.size or not np.array_equal(hg[pos], gids)):
             raise RuntimeError("minibatch: a cached neighbour is not a halo node of this partition")
         return self.halo_degree.numpy()[pos]
-
-    def _orig_ids(self, gids: torch.Tensor) -> torch.Tensor:
-        """Source-dataset ids (attention dropout hash); relabelled ids stand in beyond the partition."""
-        dg = self.dg
-        if dg.orig_id is dg.gid:
-            return gids
-        out = gids.clone()
-        own = (gids >= self.first) & (gids < self.first + self.num_owned)
-        out[own] = dg.orig_id[gids[own] - self.first]
-        halo = ~own
-        if halo.any() and dg.halo_gid.numel():
-            hg = dg.halo_gid
-            pos = torch.searchsorted(hg, gids[halo]).clamp(max=hg.numel() - 1)
-            found = hg[pos] == gids[halo]
-            idx = halo.nonzero().squeeze(1)
-            out[idx[found]] = dg.halo_orig_id[pos[found]]
-        return out
 
     # -- historical embedding cache -------------------------------------------------------------
     def _hec_hits(self, layer: int, gids: np.ndarray) -> np.ndarray:
@@ -475,7 +370,7 @@ class MinibatchEngine(Engine):
         lids = gids - self.first
         hd = h.detach().contiguous()
         sends, count_sends = {}, {}
-        rng = np.random.default_rng(_key(self.seed, self._epoch, self._iteration, layer, self.comm.rank))
+        rng = np.random.default_rng(sample_key(self.seed, self._epoch, self._iteration, layer, self.comm.rank))
         for q in self.push_peers:
             cand = np.flatnonzero(self._is_halo_on[q].numpy()[lids])
             if cand.size > self.push_limit:
@@ -533,58 +428,3 @@ def _as_bytes(*parts: torch.Tensor) -> torch.Tensor:
         buf.copy_(t.reshape(-1))
         out.append(buf.view(torch.uint8))
     return torch.cat(out)
-
-
-def _pack_answers(deg: np.ndarray, counts: np.ndarray, nbrs: np.ndarray, per_rank: np.ndarray
-                  ) -> tuple[np.ndarray, np.ndarray]:
-    """``[deg, count, neighbours...]`` per node, concatenated; int64 sizes per asking rank."""
-    sizes_node = (2 + counts).astype(np.int64)
-    starts = np.cumsum(sizes_node) - sizes_node
-    out = np.empty(int(sizes_node.sum()), dtype=np.int64)
-    out[starts] = deg
-    out[starts + 1] = counts
-    if nbrs.size:
-        first_nbr = np.cumsum(counts) - counts
-        out[np.repeat(starts + 2 - first_nbr, counts) + np.arange(nbrs.size)] = nbrs
-    bounds = np.concatenate([[0], np.cumsum(per_rank)]).astype(np.int64)
-    node_end = np.concatenate([[0], np.cumsum(sizes_node)]).astype(np.int64)
-    return out, np.diff(node_end[bounds]).astype(np.int64)
-
-
-def _unpack_answers(buf: np.ndarray, n: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Inverse of :func:`_pack_answers` for ``n`` nodes: ``(degrees, counts, flat neighbours)``."""
-    deg = np.empty(n, np.int64)
-    cnt = np.empty(n, np.int64)
-    pos = 0
-    starts = np.empty(n, np.int64)
-    for i in range(n):  # counts vary: one pass to find the records
-        deg[i], cnt[i] = buf[pos], buf[pos + 1]
-        starts[i] = pos + 2
-        pos += 2 + int(buf[pos + 1])
-    idx = np.repeat(starts - (np.cumsum(cnt) - cnt), cnt) + np.arange(int(cnt.sum()))
-    return deg, cnt, buf[idx]
-
-
-def _whole_dataset(path: str, device: torch.device, dtype: torch.dtype) -> tuple[DistGraph, dict]:
-    """A dataset file as the single partition of a one-rank job."""
-    from data_io.dataset import open_dataset
-    from data_io.errors import FormatError
-
-    with open_dataset(path) as ds:
-        if not ds.has("feat"):
-            raise FormatError(path, "/node/feat", "missing (training needs node features)")
-        n = ds.num_nodes
-        indptr, indices = ds.indptr(), ds.indices().astype(np.int64, copy=False)
-        feat = ds.feat_rows(0, n)
-        label = ds.label() if ds.has("label") else np.full(n, -1, dtype=np.int64)
-        masks = {k: (ds.mask(f"{k}_mask") if ds.has(f"{k}_mask") else np.zeros(n, dtype=bool))
-                 for k in ("train", "val", "test")}
-        num_classes = int(ds.num_classes) or int(label.max()) + 1
-    dg = DistGraph(part_id=0, num_parts=1, node_ranges=np.array([0, n]), halo_gid=np.zeros(0, np.int64),
-                   halo_offsets=np.zeros(2, np.int64), indptr=indptr, indices=indices,
-                   send_offsets=np.zeros(2, np.int64), send_lid=np.zeros(0, np.int64), device=device, dtype=dtype)
-    data = {"feat": torch.from_numpy(np.asarray(feat)).to(device=device, dtype=dtype),
-            "label": torch.from_numpy(np.asarray(label, dtype=np.int64)).to(device),
-            "masks": {k: torch.from_numpy(np.asarray(v, dtype=bool)).to(device) for k, v in masks.items()},
-            "num_classes": num_classes, "num_features": int(feat.shape[1])}
-    return dg, data

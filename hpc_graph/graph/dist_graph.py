@@ -323,6 +323,23 @@ class DistGraph:
         t = self.send_lid.get(q)
         return 0 if t is None else int(t.shape[0])
 
+    def orig_ids_of(self, gids: torch.Tensor) -> torch.Tensor:
+        """Source-dataset ids (attention dropout hash); relabelled ids stand in beyond the partition."""
+        dg = self
+        if dg.orig_id is dg.gid:
+            return gids
+        out = gids.clone()
+        own = (gids >= dg.first_gid) & (gids < dg.first_gid + dg.num_owned)
+        out[own] = dg.orig_id[gids[own] - dg.first_gid]
+        halo = ~own
+        if halo.any() and dg.halo_gid.numel():
+            hg = dg.halo_gid
+            pos = torch.searchsorted(hg, gids[halo]).clamp(max=hg.numel() - 1)
+            found = hg[pos] == gids[halo]
+            idx = halo.nonzero().squeeze(1)
+            out[idx[found]] = dg.halo_orig_id[pos[found]]
+        return out
+
     def __repr__(self) -> str:
         return (f"DistGraph(part {self.part_id}/{self.num_parts}, owned={self.num_owned}, "
                 f"halo={self.num_halo}, edges={int(self.in_degree.sum())}, peers={sorted(self.recv_count)})")
@@ -379,3 +396,28 @@ def partition_tensors(part: Any, device: torch.device | str, dtype: torch.dtype,
                        else torch.as_tensor(np.asarray(m, dtype=np.bool_)).to(device))
     return {"feat": feat, "label": label, "masks": masks, "num_classes": int(part.num_classes),
             "num_features": int(feat.shape[1])}
+
+
+def dataset_as_partition(path: str, device: torch.device, dtype: torch.dtype) -> tuple[DistGraph, dict]:
+    """``(DistGraph, data)``: a dataset file as the single partition of a one-rank job (sampled engines)."""
+    from data_io.dataset import open_dataset
+    from data_io.errors import FormatError
+
+    with open_dataset(path) as ds:
+        if not ds.has("feat"):
+            raise FormatError(path, "/node/feat", "missing (training needs node features)")
+        n = ds.num_nodes
+        indptr, indices = ds.indptr(), ds.indices().astype(np.int64, copy=False)
+        feat = ds.feat_rows(0, n)
+        label = ds.label() if ds.has("label") else np.full(n, -1, dtype=np.int64)
+        masks = {k: (ds.mask(f"{k}_mask") if ds.has(f"{k}_mask") else np.zeros(n, dtype=bool))
+                 for k in ("train", "val", "test")}
+        num_classes = int(ds.num_classes) or int(label.max()) + 1
+    dg = DistGraph(part_id=0, num_parts=1, node_ranges=np.array([0, n]), halo_gid=np.zeros(0, np.int64),
+                   halo_offsets=np.zeros(2, np.int64), indptr=indptr, indices=indices,
+                   send_offsets=np.zeros(2, np.int64), send_lid=np.zeros(0, np.int64), device=device, dtype=dtype)
+    data = {"feat": torch.from_numpy(np.asarray(feat)).to(device=device, dtype=dtype),
+            "label": torch.from_numpy(np.asarray(label, dtype=np.int64)).to(device),
+            "masks": {k: torch.from_numpy(np.asarray(v, dtype=bool)).to(device) for k, v in masks.items()},
+            "num_classes": num_classes, "num_features": int(feat.shape[1])}
+    return dg, data

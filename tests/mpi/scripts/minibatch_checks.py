@@ -38,6 +38,7 @@ from data_io.dataset import GraphData, write_dataset
 from data_io.partitioner import partition_dataset
 from hpc_graph.comm import communicator as _communicator
 from hpc_graph.engines import create_engine
+from hpc_graph.graph.sampler import sample_key
 from hpc_graph.nn import build_model
 
 CPU = torch.device("cpu")
@@ -113,12 +114,12 @@ def check_placement(data: Path, pdir: Path, comm) -> int:
     for it in range(mb.iterations(3)):
         batch = mb.batch(3, it)
         for layer, block in enumerate(batch.graph.blocks):
-            key = __import__("hpc_graph.engines.minibatch", fromlist=["_key"])._key(0, 3, layer)
+            key = sample_key(0, 3, layer)
             gid = block.src_gid.numpy()
             bi, bc = block.csr.indptr.numpy(), block.csr.indices.numpy()
             dst_orig = to_orig[gid[:block.num_nodes]]
             fan = (3, 2)[len(batch.graph.blocks) - 1 - layer]
-            counts, nbrs, _ = whole._local_sample(dst_orig, fan, key)
+            counts, nbrs, _ = whole.sampler.local(dst_orig, fan, key)
             starts = np.cumsum(counts) - counts
             for i in range(block.num_nodes):
                 mine = sorted(to_orig[gid[bc[bi[i]:bi[i + 1]]]].tolist())

@@ -1,0 +1,167 @@
+"""``NeighborSampler``: exact neighbour sampling on a partitioned graph, shared by the sampled engines.
+
+A rank samples the in-edges of the nodes it owns from its partition's CSR, and
+asks the owners for the rest (one ``alltoallv`` of ids, one of answers). The
+sample of a node is drawn by :func:`numba_kernels.cpu.sample.sample_neighbors`
+from a key made of ``(seed, epoch, layer)`` and the node's source-dataset id,
+over its in-neighbours in source-dataset id order, so it never depends on the
+rank that draws it, the thread count or the partitioning: ``minibatch`` and
+every ``apt`` strategy train on the same samples.
+
+Counters: ``bytes_sent`` (payload bytes of remote sampling) and ``messages``
+(``alltoallv`` calls), both cumulative.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import torch
+
+_MASK64 = (1 << 64) - 1
+
+
+def _splitmix64(x: int) -> int:
+    x = (x + 0x9E3779B97F4A7C15) & _MASK64
+    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
+    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & _MASK64
+    return x ^ (x >> 31)
+
+
+def sample_key(*parts: int) -> int:
+    """A 64-bit key from integers (seed, epoch, layer, ...): the sampler's and the batch orders' RNG keys."""
+    h = 0x5A17_B10C
+    for v in parts:
+        h = _splitmix64(h ^ (int(v) & _MASK64))
+    return h
+
+
+class NeighborSampler:
+    """Uniform neighbour sampling without replacement over a :class:`~hpc_graph.graph.dist_graph.DistGraph`.
+
+    Args:
+        dg: this rank's partition (owned CSR rows, global ids, source-dataset ids).
+        comm: the communicator (remote sampling is collective).
+    """
+
+    def __init__(self, dg: Any, comm: Any):
+        self.dg, self.comm = dg, comm
+        self.first, self.num_owned = int(dg.first_gid), int(dg.num_owned)
+        self.node_ranges = np.asarray(dg.node_ranges, dtype=np.int64)
+        g = dg.local
+        indptr = g.indptr.cpu().numpy().astype(np.int64)
+        cols = g.indices.cpu().numpy()
+        gid = dg.local_gid.cpu().numpy()[cols]
+        orig = dg.local_orig_id.cpu().numpy()[cols]
+        rows = np.repeat(np.arange(self.num_owned, dtype=np.int64), np.diff(indptr))
+        order = np.lexsort((orig, rows))  # each row's neighbours in source-dataset id order
+        self.indptr, self.nbrs = indptr, np.ascontiguousarray(gid[order])
+        self.orig = dg.orig_id.cpu().numpy().astype(np.int64)
+        self.bytes_sent = 0
+        self.messages = 0
+
+    def owner(self, gids: np.ndarray) -> np.ndarray:
+        """int64 owning rank of each global id."""
+        return np.searchsorted(self.node_ranges, gids, side="right") - 1
+
+    def is_owned(self, gids: np.ndarray) -> np.ndarray:
+        return (gids >= self.first) & (gids < self.first + self.num_owned)
+
+    def degree(self, gids: np.ndarray) -> np.ndarray:
+        """In-degrees of owned nodes ``gids``."""
+        rows = gids - self.first
+        return self.indptr[rows + 1] - self.indptr[rows]
+
+    def local(self, gids: np.ndarray, fanout: int, key: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """``(counts, nbrs, degree)`` of owned nodes ``gids`` (neighbours as global ids, flat, node by node)."""
+        from numba_kernels.cpu.sample import sample_neighbors, sample_width
+
+        if gids.size == 0:
+            return np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros(0, np.int64)
+        rows = gids - self.first
+        width = sample_width(self.indptr, rows, fanout)
+        counts = np.empty(rows.shape[0], dtype=np.int64)
+        slots = np.empty(rows.shape[0] * max(width, 1), dtype=np.int64)
+        sample_neighbors(self.indptr, self.nbrs, rows, np.ascontiguousarray(self.orig[rows]), fanout,
+                         np.uint64(key), counts, slots)
+        keep = (np.arange(max(width, 1))[None, :] < counts[:, None]).reshape(-1)
+        return counts, slots[keep], self.indptr[rows + 1] - self.indptr[rows]
+
+    def remote(self, gids: np.ndarray, fanout: int, key: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Sample other ranks' nodes at their owners (collective: one alltoallv of ids, one of answers).
+
+        Each answer is ``[degree, count, neighbours...]`` per asked node, in the order asked.
+        """
+        comm, size = self.comm, int(self.comm.size)
+        owner = self.owner(gids)
+        order = np.argsort(owner, kind="stable")
+        b0 = comm.bytes_sent
+        asked, asked_counts = comm.alltoallv(torch.from_numpy(gids[order]),
+                                             np.bincount(owner, minlength=size).astype(np.int64))
+        c, nbrs, deg = self.local(asked.numpy(), fanout, key)
+        answer, sizes = _pack_answers(deg, c, nbrs, asked_counts)
+        got, _ = comm.alltoallv(torch.from_numpy(answer), sizes)
+        self.bytes_sent += int(comm.bytes_sent - b0)
+        self.messages += 2
+        d_o, c_o, n_o = _unpack_answers(got.numpy(), gids.size)
+        out_c = np.empty(gids.size, np.int64)
+        out_d = np.empty(gids.size, np.int64)
+        out_c[order], out_d[order] = c_o, d_o
+        src_start = np.cumsum(c_o) - c_o  # answer j's neighbours in n_o
+        dst_start = np.cumsum(out_c) - out_c  # node i's neighbours in the result
+        flat = np.empty(int(out_c.sum()), np.int64)
+        if flat.size:
+            flat[np.repeat(dst_start[order] - src_start, c_o) + np.arange(flat.size)] = n_o
+        return out_c, flat, out_d
+
+    def hop(self, dst: np.ndarray, fanout: int, key: int, exact: bool = True
+            ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Sampled in-neighbours of every node of ``dst`` (``counts``, flat ``nbrs`` in dst order, degrees).
+
+        ``exact``: remote nodes are sampled by their owners (collective); otherwise every node of
+        ``dst`` must be owned.
+        """
+        if not exact or self.comm.size == 1:
+            return self.local(dst, fanout, key)
+        mine = self.is_owned(dst)
+        lc, ln, ld = self.local(dst[mine], fanout, key)
+        rc, rn, rd = self.remote(dst[~mine], fanout, key)
+        counts = np.empty(dst.size, np.int64)
+        deg = np.empty(dst.size, np.int64)
+        counts[mine], counts[~mine], deg[mine], deg[~mine] = lc, rc, ld, rd
+        nbrs = np.empty(int(counts.sum()), np.int64)
+        starts = np.cumsum(counts) - counts
+        for sel, flat, cnt in ((np.flatnonzero(mine), ln, lc), (np.flatnonzero(~mine), rn, rc)):
+            if sel.size:
+                nbrs[np.repeat(starts[sel] - (np.cumsum(cnt) - cnt), cnt) + np.arange(int(cnt.sum()))] = flat
+        return counts, nbrs, deg
+
+
+def _pack_answers(deg: np.ndarray, counts: np.ndarray, nbrs: np.ndarray, per_rank: np.ndarray
+                  ) -> tuple[np.ndarray, np.ndarray]:
+    """``[deg, count, neighbours...]`` per node, concatenated; int64 sizes per asking rank."""
+    sizes_node = (2 + counts).astype(np.int64)
+    starts = np.cumsum(sizes_node) - sizes_node
+    out = np.empty(int(sizes_node.sum()), dtype=np.int64)
+    out[starts] = deg
+    out[starts + 1] = counts
+    if nbrs.size:
+        first_nbr = np.cumsum(counts) - counts
+        out[np.repeat(starts + 2 - first_nbr, counts) + np.arange(nbrs.size)] = nbrs
+    bounds = np.concatenate([[0], np.cumsum(per_rank)]).astype(np.int64)
+    node_end = np.concatenate([[0], np.cumsum(sizes_node)]).astype(np.int64)
+    return out, np.diff(node_end[bounds]).astype(np.int64)
+
+
+def _unpack_answers(buf: np.ndarray, n: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Inverse of :func:`_pack_answers` for ``n`` nodes: ``(degrees, counts, flat neighbours)``."""
+    deg = np.empty(n, np.int64)
+    cnt = np.empty(n, np.int64)
+    pos = 0
+    starts = np.empty(n, np.int64)
+    for i in range(n):  # counts vary: one pass to find the records
+        deg[i], cnt[i] = buf[pos], buf[pos + 1]
+        starts[i] = pos + 2
+        pos += 2 + int(buf[pos + 1])
+    idx = np.repeat(starts - (np.cumsum(cnt) - cnt), cnt) + np.arange(int(cnt.sum()))
+    return deg, cnt, buf[idx]
