@@ -40,7 +40,6 @@ remote sampling, pushes) and the seconds spent sampling, fetching and pushing.
 from __future__ import annotations
 
 import logging
-import math
 import time
 from pathlib import Path
 from typing import Any
@@ -52,7 +51,7 @@ from hpc_graph.engines.base import Batch, Engine
 from hpc_graph.graph.block import Block, BlockStack
 from hpc_graph.graph.dist_graph import dataset_as_partition, load_dist_graph, partition_tensors
 from hpc_graph.graph.halo_graph import HaloGraph
-from hpc_graph.graph.sampler import NeighborSampler, sample_key
+from hpc_graph.graph.sampler import NeighborSampler, SeedSchedule, sample_key
 from hpc_graph.ops.csr import CSR
 from hpc_graph.store.feature_store import FeatureStore
 from hpc_graph.store.hec import HistoricalEmbeddingCache
@@ -133,6 +132,7 @@ class MinibatchEngine(Engine):
             top = torch.argsort(self.halo_degree, descending=True)[:self.feature_cache]
             self.store.cache(dg.halo_gid[top])
         self.train_idx = (self.masks["train"] & (self.label >= 0)).nonzero().squeeze(1)
+        self.schedule = SeedSchedule(self.train_idx, self.batch_size, self.seed, comm)
         self.push_peers = sorted(q for q in dg.send_lid)  # ranks that hold some of my nodes as halo
         self.pull_peers = sorted(q for q in dg.recv_count)  # ranks whose nodes I hold as halo
         # send-list membership per peer: owned local id -> bool
@@ -185,27 +185,15 @@ class MinibatchEngine(Engine):
     # -- epochs and iterations ----------------------------------------------------------------------
     def iterations(self, epoch: int) -> int:
         """Iterations of every rank in ``epoch``: the smallest ``ceil(train nodes / batch_size)`` (collective)."""
-        mine = torch.tensor([math.ceil(self.train_idx.numel() / self.batch_size)], dtype=torch.float64)
-        if self.comm.size > 1:
-            self.comm.allreduce_(mine, "min")
-        return int(mine.item())
-
-    def _order(self, epoch: int) -> torch.Tensor:
-        gen = torch.Generator().manual_seed(sample_key(self.seed, epoch, self.comm.rank) & (2**63 - 1))
-        return self.train_idx[torch.randperm(self.train_idx.numel(), generator=gen)]
+        return self.schedule.iterations()
 
     def batch_sizes(self, epoch: int, iterations: int) -> tuple[list[int], list[float]]:
         """This rank's seeds per iteration and the global (all-reduced) batch of every iteration."""
-        n = self.train_idx.numel()
-        mine = [max(0, min(self.batch_size, n - it * self.batch_size)) for it in range(iterations)]
-        total = torch.tensor(mine, dtype=torch.float64)
-        if self.comm.size > 1 and iterations:
-            self.comm.allreduce_(total)
-        return mine, total.tolist()
+        return self.schedule.batch_sizes(iterations)
 
     def begin_epoch(self, epoch: int) -> None:
         self._epoch = int(epoch)
-        self._seeds = self._order(epoch)
+        self._seeds = self.schedule.order(epoch)
         self._iters = self.iterations(epoch)
         self._iteration = 0
         for cache in self.caches.values():

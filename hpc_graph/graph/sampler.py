@@ -165,3 +165,41 @@ def _unpack_answers(buf: np.ndarray, n: int) -> tuple[np.ndarray, np.ndarray, np
         pos += 2 + int(buf[pos + 1])
     idx = np.repeat(starts - (np.cumsum(cnt) - cnt), cnt) + np.arange(int(cnt.sum()))
     return deg, cnt, buf[idx]
+
+
+class SeedSchedule:
+    """Which training nodes each rank takes as seeds at each iteration of an epoch.
+
+    Every rank runs the same number of iterations (the smallest ``ceil(train nodes / batch_size)``, agreed
+    by an all-reduce); a rank's seeds are its training nodes in an order drawn from ``(seed, epoch, rank)``.
+
+    Args:
+        train_idx: int64[t] local ids of the rank's training nodes.
+        batch_size: seeds per rank per iteration.
+        seed: the training seed.
+        comm: the communicator.
+    """
+
+    def __init__(self, train_idx: torch.Tensor, batch_size: int, seed: int, comm: Any):
+        self.train_idx, self.batch_size, self.seed, self.comm = train_idx, int(batch_size), int(seed), comm
+
+    def iterations(self) -> int:
+        """Iterations of every rank per epoch (collective)."""
+        mine = torch.tensor([-(-self.train_idx.numel() // self.batch_size)], dtype=torch.float64)
+        if self.comm.size > 1:
+            self.comm.allreduce_(mine, "min")
+        return int(mine.item())
+
+    def order(self, epoch: int) -> torch.Tensor:
+        """The rank's training nodes (local ids) in epoch ``epoch``'s order."""
+        gen = torch.Generator().manual_seed(sample_key(self.seed, epoch, self.comm.rank) & (2**63 - 1))
+        return self.train_idx[torch.randperm(self.train_idx.numel(), generator=gen)]
+
+    def batch_sizes(self, iterations: int) -> tuple[list[int], list[float]]:
+        """This rank's seeds per iteration and the global (all-reduced) batch of every iteration."""
+        n = self.train_idx.numel()
+        mine = [max(0, min(self.batch_size, n - it * self.batch_size)) for it in range(iterations)]
+        total = torch.tensor(mine, dtype=torch.float64)
+        if self.comm.size > 1 and iterations:
+            self.comm.allreduce_(total)
+        return mine, total.tolist()
