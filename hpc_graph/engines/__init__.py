@@ -14,6 +14,7 @@ ENGINES = {
     "sar": "hpc_graph.engines.sar:SAREngine",
     "sylvie": "hpc_graph.engines.sylvie:SylvieEngine",
     "minibatch": "hpc_graph.engines.minibatch:MinibatchEngine",
+    "apt": "hpc_graph.engines.apt:APTEngine",
     "seqpar": "hpc_graph.engines.seqpar:SeqParEngine",
 }
 

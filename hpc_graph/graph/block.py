@@ -23,6 +23,7 @@ the sum is rescaled by ``deg_i`` over their number.
 """
 from __future__ import annotations
 
+import warnings
 from typing import Any, Callable
 
 import torch
@@ -77,7 +78,10 @@ class Block(GraphContext):
         if t.layout == torch.sparse_csr:  # the first n rows of a CSR matrix: a prefix of its arrays
             crow = t.crow_indices()[:n + 1]
             nnz = int(crow[-1])
-            return torch.sparse_csr_tensor(crow, t.col_indices()[:nnz], t.values()[:nnz], (n, t.shape[1]))
+            with warnings.catch_warnings():  # torch's one-time "sparse CSR support is in beta" notice
+                warnings.simplefilter("ignore", UserWarning)
+                return torch.sparse_csr_tensor(crow, t.col_indices()[:nnz], t.values()[:nnz], (n, t.shape[1]),
+                                               check_invariants=False)
         return t[:n]
 
     def aggregate(self, x: torch.Tensor, reduce: str = "sum") -> torch.Tensor:

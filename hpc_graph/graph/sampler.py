@@ -36,6 +36,16 @@ def sample_key(*parts: int) -> int:
     return h
 
 
+def relabel(dst: np.ndarray, nbrs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``(src, col)`` of a block: ``src`` = ``dst`` (distinct) then each new id of ``nbrs`` in order of first
+    appearance; ``src[col[i]] == nbrs[i]``."""
+    from numba_kernels.cpu.sample import unique_relabel
+
+    src = np.empty(dst.size + nbrs.size, dtype=np.int64)
+    col = np.empty(nbrs.size, dtype=np.int64)
+    return src[:unique_relabel(dst, nbrs, src, col)].copy(), col
+
+
 class NeighborSampler:
     """Uniform neighbour sampling without replacement over a :class:`~hpc_graph.graph.dist_graph.DistGraph`.
 
@@ -90,20 +100,21 @@ class NeighborSampler:
     def remote(self, gids: np.ndarray, fanout: int, key: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Sample other ranks' nodes at their owners (collective: one alltoallv of ids, one of answers).
 
-        Each answer is ``[degree, count, neighbours...]`` per asked node, in the order asked.
+        The answer to each asking rank is ``[degrees, counts, neighbours]`` of the nodes it asked (2 + count
+        int64 per node).
         """
         comm, size = self.comm, int(self.comm.size)
         owner = self.owner(gids)
         order = np.argsort(owner, kind="stable")
         b0 = comm.bytes_sent
-        asked, asked_counts = comm.alltoallv(torch.from_numpy(gids[order]),
-                                             np.bincount(owner, minlength=size).astype(np.int64))
+        ask = np.bincount(owner, minlength=size).astype(np.int64)
+        asked, asked_counts = comm.alltoallv(torch.from_numpy(gids[order]), ask)
         c, nbrs, deg = self.local(asked.numpy(), fanout, key)
         answer, sizes = _pack_answers(deg, c, nbrs, asked_counts)
-        got, _ = comm.alltoallv(torch.from_numpy(answer), sizes)
+        got, got_sizes = comm.alltoallv(torch.from_numpy(answer), sizes)
         self.bytes_sent += int(comm.bytes_sent - b0)
         self.messages += 2
-        d_o, c_o, n_o = _unpack_answers(got.numpy(), gids.size)
+        d_o, c_o, n_o = _unpack_answers(got.numpy(), ask, got_sizes)
         out_c = np.empty(gids.size, np.int64)
         out_d = np.empty(gids.size, np.int64)
         out_c[order], out_d[order] = c_o, d_o
@@ -139,32 +150,30 @@ class NeighborSampler:
 
 def _pack_answers(deg: np.ndarray, counts: np.ndarray, nbrs: np.ndarray, per_rank: np.ndarray
                   ) -> tuple[np.ndarray, np.ndarray]:
-    """``[deg, count, neighbours...]`` per node, concatenated; int64 sizes per asking rank."""
-    sizes_node = (2 + counts).astype(np.int64)
-    starts = np.cumsum(sizes_node) - sizes_node
-    out = np.empty(int(sizes_node.sum()), dtype=np.int64)
-    out[starts] = deg
-    out[starts + 1] = counts
-    if nbrs.size:
-        first_nbr = np.cumsum(counts) - counts
-        out[np.repeat(starts + 2 - first_nbr, counts) + np.arange(nbrs.size)] = nbrs
+    """The answers to each asking rank ``p`` (``per_rank[p]`` nodes, in order): ``[degrees, counts,
+    neighbours]`` of its nodes, concatenated over ``p``; int64 sizes per asking rank (``2 + count`` per node)."""
     bounds = np.concatenate([[0], np.cumsum(per_rank)]).astype(np.int64)
-    node_end = np.concatenate([[0], np.cumsum(sizes_node)]).astype(np.int64)
-    return out, np.diff(node_end[bounds]).astype(np.int64)
+    edge_bounds = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)[bounds]
+    parts = []
+    for p in range(per_rank.size):
+        lo, hi = bounds[p], bounds[p + 1]
+        parts += [deg[lo:hi], counts[lo:hi], nbrs[edge_bounds[p]:edge_bounds[p + 1]]]
+    out = np.concatenate(parts).astype(np.int64) if parts else np.zeros(0, np.int64)
+    return out, (2 * np.diff(bounds) + np.diff(edge_bounds)).astype(np.int64)
 
 
-def _unpack_answers(buf: np.ndarray, n: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Inverse of :func:`_pack_answers` for ``n`` nodes: ``(degrees, counts, flat neighbours)``."""
-    deg = np.empty(n, np.int64)
-    cnt = np.empty(n, np.int64)
-    pos = 0
-    starts = np.empty(n, np.int64)
-    for i in range(n):  # counts vary: one pass to find the records
-        deg[i], cnt[i] = buf[pos], buf[pos + 1]
-        starts[i] = pos + 2
-        pos += 2 + int(buf[pos + 1])
-    idx = np.repeat(starts - (np.cumsum(cnt) - cnt), cnt) + np.arange(int(cnt.sum()))
-    return deg, cnt, buf[idx]
+def _unpack_answers(buf: np.ndarray, asked: np.ndarray, sizes: np.ndarray) -> tuple[np.ndarray, ...]:
+    """Inverse of :func:`_pack_answers` at the asking rank: ``asked[q]`` nodes asked of rank ``q`` and the
+    ``sizes[q]`` int64 received from it -> ``(degrees, counts, flat neighbours)`` in the order asked."""
+    degs, cnts, nbrs, off = [], [], [], 0
+    for q in range(asked.size):
+        n, seg = int(asked[q]), buf[off:off + int(sizes[q])]
+        degs.append(seg[:n])
+        cnts.append(seg[n:2 * n])
+        nbrs.append(seg[2 * n:])
+        off += int(sizes[q])
+    cat = lambda xs: np.concatenate(xs) if xs else np.zeros(0, np.int64)  # noqa: E731
+    return cat(degs), cat(cnts), cat(nbrs)
 
 
 class SeedSchedule:

@@ -27,7 +27,7 @@ from typing import Any, Iterable
 
 import yaml
 
-ENGINE_NAMES = ("auto", "single", "dp", "sar", "sylvie", "minibatch", "seqpar")
+ENGINE_NAMES = ("auto", "single", "dp", "sar", "sylvie", "minibatch", "apt", "seqpar")
 BIT_WIDTHS = (1, 2, 4, 8, 32)
 
 
@@ -101,8 +101,9 @@ class EngineConfig:
     name: str = _field("auto", _choice(*ENGINE_NAMES),
                        "`single`: one process, whole graph; `dp`: halo exchange; `sar`: sequential aggregation "
                        "and rematerialisation; `sylvie`: halo exchange with low-bit quantised messages and an "
-                       "optional stale pipeline; `minibatch`: sampled mini-batches (sections `sampler`, `hec`). "
-                       "`seqpar`: sequence-parallel graph transformers (`gt`, `graphormer`). "
+                       "optional stale pipeline; `minibatch`: sampled mini-batches (sections `sampler`, `hec`); "
+                       "`apt`: sampled mini-batches with APT's four parallel strategies for the input layer "
+                       "(`engine.strategy`, docs/apt.md). `seqpar`: sequence-parallel graph transformers (`gt`, `graphormer`). "
                        "`auto`: `single` on one process with a dataset file, else `dp` (`seqpar` for the graph "
                        "transformers).")
     sequence_order: str = _field("id", _only(_choice("id", "rcm", "metis"), "single", "seqpar"),
@@ -132,6 +133,24 @@ class EngineConfig:
     graph_batch_size: int = _field(64, _only(_int(1), "single"),
                                    "Graph-level datasets (many small graphs, `/graphs/ptr`): graphs per optimiser "
                                    "step (shuffled every epoch); evaluation runs on all graphs at once.")
+    strategy: str = _field("auto", _only(_choice("auto", "gdp", "nfp", "snp", "dnp"), "apt"),
+                           "`apt`: how the input layer is parallelised. `gdp`: each rank loads its batch's "
+                           "input features (cache, owned, fetched); `nfp`: features split by columns, every rank "
+                           "projects its slice for every batch (gcn/sage only); `snp`: the owner of a source "
+                           "computes its partial aggregation; `dnp`: the owner of a destination computes its "
+                           "row. `auto`: a dry run and the cost model pick the fastest that fits (the table of "
+                           "predictions is logged).")
+    cache_mb: float = _field(0.0, _only(_float(0.0), "apt"),
+                             "`apt`: MiB per rank of remote input-feature rows cached, the hottest in the dry "
+                             "run for the chosen strategy. 0: no cache.")
+    dry_run_batches: int = _field(20, _only(_int(1), "apt"),
+                                  "`apt`: batches the dry run samples (with `strategy: auto` or a cache).")
+    profile_mb: float = _field(64.0, _only(_float(0.0, lo_open=True), "apt"),
+                               "`apt`: largest message (MiB) of the machine profile the cost model fits "
+                               "(alltoallv, exchange, all-reduce from 1 KiB up).")
+    memory_mb: float = _field(0.0, _only(_float(0.0), "apt"),
+                              "`apt`: memory per rank the cost model checks each strategy against (MiB); 0: this "
+                              "host's memory divided among its ranks.")
     prefetch: bool = _field(True, _BOOL, "`sar` only: fetch the next remote block while aggregating the "
                                          "current one (more memory, less waiting).")
     bits: Any = _field("auto", _only(_BITS, "sylvie"),
@@ -291,13 +310,13 @@ class CommConfig:
 
 @dataclasses.dataclass
 class SamplerConfig:
-    """Neighbour sampling for engine `minibatch` (docs/minibatch.md)."""
-    fanouts: Any = _field((15, 10, 5), _only(_FANOUTS, "minibatch"),
+    """Neighbour sampling for engines `minibatch` (docs/minibatch.md) and `apt` (docs/apt.md)."""
+    fanouts: Any = _field((15, 10, 5), _only(_FANOUTS, "minibatch", "apt"),
                           "Neighbours sampled per node at each hop, seed hop first (PyG's order: `[15, 10, 5]` "
                           "gives each seed 15 neighbours, and the input layer's nodes 5); -1 takes all. One "
                           "entry per message-passing layer of the model: `model.num_layers` (`gcn`, `sage`, `gat`, "
                           "`gcn2`, `jknet`) or K = `model.hops` (`appnp`, `sgc`, `dagnn`).")
-    batch_size: int = _field(1024, _only(_int(1), "minibatch"), "Seed (training) nodes per rank per iteration.")
+    batch_size: int = _field(1024, _only(_int(1), "minibatch", "apt"), "Seed (training) nodes per rank per iteration.")
     feature_cache: int = _field(0, _only(_int(0), "minibatch"),
                                 "Remote nodes whose input features each rank caches at start-up (the "
                                 "highest-degree halo nodes); the rest are fetched when a batch needs them.")
@@ -540,13 +559,27 @@ def _check_engine_fields(config: Config) -> None:
     if name == "seqpar" and config.model.name not in TRANSFORMERS:
         raise ConfigError(f"engine.name: 'seqpar' runs the graph transformers (model.name: "
                           f"{' or '.join(TRANSFORMERS)}), not {config.model.name!r}")
-    if name == "minibatch":
+    if name == "apt":
+        mc = config.model
+        if mc.name not in _STACKS:
+            raise ConfigError(f"model.name: engine 'apt' runs the layer stacks ({', '.join(_STACKS)}), not {mc.name!r}")
+        if mc.num_layers < 2:
+            raise ConfigError("model.num_layers: engine 'apt' parallelises the input layer and returns its rows to "
+                              "the next one: it needs at least 2 layers")
+        if mc.batchnorm and config.engine.strategy in ("nfp", "dnp"):
+            raise ConfigError(f"model.batchnorm: engine 'apt' with strategy {config.engine.strategy!r} computes "
+                              "layer 1's rows away from the seed's rank; batch statistics need strategy gdp or snp")
+        if config.engine.strategy == "nfp" and (mc.name not in ("gcn", "sage") or mc.residual):
+            raise ConfigError(f"engine.strategy: nfp splits the input features by columns, so layer 1 must be affine "
+                              f"in its input: model gcn or sage without residual (got {mc.name!r}"
+                              f"{', residual' if mc.residual else ''}); use gdp, snp or dnp")
+    if name in ("minibatch", "apt"):
         from hpc_graph.nn.models import DEFAULT_HOPS, message_passing_layers
 
         mc = config.model
         if mc.name in FULL_GRAPH_MODELS:
             raise ConfigError(f"model.name: {mc.name!r} needs a full-graph engine (single, dp, sar, sylvie), "
-                              "not engine.name 'minibatch'")
+                              f"not engine.name {name!r}")
         layers = message_passing_layers(mc.name, mc.num_layers, mc.hops)
         if mc.name not in DEFAULT_HOPS:
             field = "model.num_layers"

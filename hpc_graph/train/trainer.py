@@ -218,6 +218,11 @@ class Trainer:
                           for section in (config.data, config.engine, config.sampler, config.hec)
                           for k in engine_class(self.engine_name).OPTIONS if hasattr(section, k)}
         engine_options["seed"] = tc.seed
+        if self.engine_name == "apt":  # what the cost model (and NFP's check) needs to know of the model
+            mc = config.model
+            engine_options.update(model=mc.name, heads=mc.heads if mc.name == "gat" else 1,
+                                  hidden=mc.hidden * (mc.heads if mc.name == "gat" else 1))
+            engine_options["model_flags"] = tuple(f for f in ("residual", "batchnorm") if getattr(mc, f))
         self.engine: Engine = create_engine(self.engine_name, config.data.path, comm, self.device, self.dtype,
                                             engine_options)
         self.graph = self.engine.graph
@@ -333,12 +338,12 @@ class Trainer:
             if not path.is_file():
                 raise ConfigError(f"data.path: engine {self.engine_name!r} needs a dataset file, {path} is a directory")
             return
-        if self.engine_name == "minibatch" and path.is_file() and self.size == 1:
+        if self.engine_name in ("minibatch", "apt") and path.is_file() and self.size == 1:
             return  # one process may sample a whole dataset file
         if not path.is_dir():
             raise ConfigError(f"data.path: engine {self.engine_name!r} needs a partition directory "
                               f"(hpc-graph partition), {path} is a file"
-                              + (" (a dataset file works on one process)" if self.engine_name == "minibatch" else ""))
+                              + (" (a dataset file works on one process)" if self.engine_name in ("minibatch", "apt") else ""))
         from data_io.partition import part_file_name, read_partition_meta
         from hpc_graph.graph.dist_graph import check_ranks
 

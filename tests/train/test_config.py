@@ -88,8 +88,14 @@ BAD = [
     ({"data": {"path": ""}}, "data.path: must be a non-empty path string"),
     ({"data": {"path": 3}}, "data.path: must be a non-empty path string, got 3"),
     ({"data": {"feature_norm": "row"}, "drop_data_path": True}, "data.path: required"),
-    ({"engine": {"name": "ddp"}}, "engine.name: must be one of 'auto', 'single', 'dp', 'sar', 'sylvie', 'minibatch', "
-                                      "'seqpar', got 'ddp'"),
+    ({"engine": {"name": "ddp"}}, "engine.name: must be one of 'auto', 'single', 'dp', 'sar', 'sylvie', "
+                                  "'minibatch', 'apt', 'seqpar', got 'ddp'"),
+    ({"engine": {"name": "apt", "strategy": "p3"}}, "engine.strategy: must be one of 'auto', 'gdp', 'nfp', 'snp', "
+                                                    "'dnp', got 'p3'"),
+    ({"engine": {"name": "apt", "cache_mb": -1}}, "engine.cache_mb"),
+    ({"engine": {"name": "dp", "strategy": "gdp"}}, "engine.strategy"),
+    ({"engine": {"name": "apt", "strategy": "nfp"}, "model": {"name": "gat"}}, "engine.strategy: nfp splits"),
+    ({"engine": {"name": "apt"}, "model": {"name": "gcn2"}}, "engine 'apt' runs the layer stacks"),
     ({"engine": {"name": "sylvie", "bits": 3}}, "engine.bits: must be one of 'auto', 1, 2, 4, 8, 32, got 3"),
     ({"engine": {"name": "sylvie", "bits": "16"}}, "engine.bits: must be one of 'auto', 1, 2, 4, 8, 32, got '16'"),
     ({"engine": {"name": "sylvie", "bits": True}}, "engine.bits: must be one of 'auto', 1, 2, 4, 8, 32, got True"),

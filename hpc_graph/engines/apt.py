@@ -1,0 +1,443 @@
+"""``apt`` engine: sampled mini-batch training with four parallel strategies for the input layer (APT).
+
+Every rank samples blocks for its own seeds exactly as ``minibatch`` does in
+``exact`` mode (:class:`~hpc_graph.graph.sampler.NeighborSampler`: the sample of
+a node is keyed by (seed, epoch, layer, node), so every strategy trains on the
+same samples). Blocks 1 and above are the rank's own (data parallel); block 0,
+the input-most and largest, is laid out by ``engine.strategy``
+(:mod:`hpc_graph.graph.strategies`):
+
+* ``gdp`` (graph data parallel): the rank loads its block-0 sources' features
+  (owned rows, then its cache of remote rows, then a fetch from the owners).
+* ``nfp`` (node feature parallel, P3): each rank holds a slice of the feature
+  columns of every node; block-0 structures are all-broadcast, each rank
+  computes layer 1 on its slice for every rank's block and the partial rows
+  are summed at the seed rank. GCN/SAGE only (a layer affine in its input).
+* ``snp`` (source node parallel, GSplit): the owner of a source computes the
+  partial aggregation of its sources for every destination (a *virtual node*
+  of the seed rank) and sends it back, where partials are summed.
+* ``dnp`` (destination node parallel, new in APT): each block-0 destination is
+  sent to its owner, which samples it, loads its sources and computes its
+  layer-1 row once for every rank that asked, and returns it.
+
+``strategy: auto`` runs a dry run (sampling ``dry_run_batches`` batches once,
+counting for every strategy the bytes of each communication operation, the
+rows and edges each rank would compute, and how often each remote row is
+read) and a short profile of the machine (:mod:`hpc_graph.plan`), predicts an
+epoch of each strategy and takes the cheapest; a strategy that would not fit
+in memory is ruled out. ``cache_mb`` > 0 fills a per-rank cache of the hottest
+remote feature rows from the same dry run.
+
+Per-epoch ``engine_stats``: ``strategy``, ``bytes_by_op`` (``sample``,
+``structure``, ``load``, ``shuffle`` forward and ``shuffle_bwd``), cache hits
+and rows fetched, and the seconds spent building batches.
+"""
+from __future__ import annotations
+
+import logging
+import time
+import warnings
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from hpc_graph.engines.base import Batch, Engine
+from hpc_graph.graph.block import Block, BlockStack
+from hpc_graph.graph.dist_graph import dataset_as_partition, load_dist_graph, partition_tensors
+from hpc_graph.graph.halo_graph import HaloGraph
+from hpc_graph.graph.sampler import NeighborSampler, SeedSchedule, relabel, sample_key
+from hpc_graph.graph.strategies import DNPReturn, NFPBlock, NFPReduce, SNPContext
+from hpc_graph.ops.csr import CSR
+from hpc_graph.store.feature_store import FeatureStore
+
+log = logging.getLogger(__name__)
+
+STRATEGIES = ("gdp", "nfp", "snp", "dnp")
+AFFINE_MODELS = ("gcn", "sage")  # layer 1 affine in its input: NFP's partial sums are exact
+
+
+def _indptr(counts: np.ndarray) -> torch.Tensor:
+    out = np.zeros(counts.size + 1, dtype=np.int64)
+    np.cumsum(counts, out=out[1:])
+    return torch.from_numpy(out)
+
+
+class APTEngine(Engine):
+    """APT's four strategies on one model definition (module docstring). ``source``: a partition
+    directory, or a dataset file on one process.
+
+    Options: ``fanouts`` (seed hop first, >= 2 layers), ``batch_size``, ``strategy``
+    (``auto|gdp|nfp|snp|dnp``), ``cache_mb`` (remote feature rows cached per rank, MiB),
+    ``dry_run_batches``, ``model`` (the model's name: ``nfp`` needs gcn/sage, the cost model counts
+    attention traffic for gat), ``hidden`` (layer-1 output width d' the cost model uses),
+    ``memory_mb`` (per-rank memory the cost model checks; 0: this machine's memory / ranks per host),
+    ``profile_mb`` (largest message of the machine profile, MiB),
+    ``feature_norm``, ``seed``.
+    """
+
+    name = "apt"
+    kind = "minibatch"
+    OPTIONS = Engine.OPTIONS | frozenset({"fanouts", "batch_size", "strategy", "cache_mb", "dry_run_batches",
+                                          "model", "model_flags", "hidden", "heads", "memory_mb",
+                                          "profile_mb", "feature_norm"})
+
+    def __init__(self, source: str, comm: Any, device: torch.device, dtype: torch.dtype,
+                 options: dict[str, Any] | None = None):
+        super().__init__(source, comm, device, dtype, options)
+        o = self.options
+        fanouts = o.get("fanouts", (10, 5))
+        if (not isinstance(fanouts, (list, tuple)) or len(fanouts) < 2
+                or any(isinstance(f, bool) or not isinstance(f, int) or (f < 1 and f != -1) for f in fanouts)):
+            raise ValueError("sampler.fanouts: engine 'apt' needs one positive fan-out (or -1) per layer and at "
+                             f"least 2 layers, got {fanouts!r}")
+        self.fanouts = tuple(int(f) for f in fanouts)
+        bs = o.get("batch_size", 1024)
+        if isinstance(bs, bool) or not isinstance(bs, int) or bs < 1:
+            raise ValueError(f"sampler.batch_size: must be an integer >= 1, got {bs!r}")
+        self.batch_size = int(bs)
+        strategy = o.get("strategy", "gdp")
+        if strategy not in STRATEGIES + ("auto",):
+            raise ValueError(f"engine.strategy: must be one of auto, {', '.join(STRATEGIES)}; got {strategy!r}")
+        cache_mb = o.get("cache_mb", 0)
+        if isinstance(cache_mb, bool) or not isinstance(cache_mb, (int, float)) or not cache_mb >= 0:
+            raise ValueError(f"engine.cache_mb: must be a number >= 0 (MiB of remote feature rows per rank), "
+                             f"got {cache_mb!r}")
+        self.cache_mb = float(cache_mb)
+        dry = o.get("dry_run_batches", 20)
+        if isinstance(dry, bool) or not isinstance(dry, int) or dry < 1:
+            raise ValueError(f"engine.dry_run_batches: must be an integer >= 1, got {dry!r}")
+        self.dry_run_batches = int(dry)
+        self.model_name = str(o.get("model", "sage"))
+        self.hidden = int(o.get("hidden", 64))
+        self.memory_mb = float(o.get("memory_mb", 0) or 0)
+        profile_mb = o.get("profile_mb", 64)
+        if isinstance(profile_mb, bool) or not isinstance(profile_mb, (int, float)) or not profile_mb > 0:
+            raise ValueError(f"engine.profile_mb: must be a number > 0 (largest message of the profile, MiB), "
+                             f"got {profile_mb!r}")
+        self.profile_bytes = max(int(float(profile_mb) * (1 << 20)), 1 << 10)
+        self.model_flags = tuple(o.get("model_flags", ()))
+        self.ruled_out = self._rule_out()
+        if strategy in self.ruled_out:
+            raise ValueError(f"engine.strategy: {strategy} {self.ruled_out[strategy]}")
+        self.seed = int(o.get("seed", 0))
+        if device.type != "cpu":
+            raise ValueError("engine 'apt': the sampler runs on the CPU; use train.device cpu")
+
+        if Path(self.source).is_file():
+            if int(comm.size) != 1:
+                raise ValueError(f"data.path: engine 'apt' on {comm.size} ranks needs a partition directory, "
+                                 f"{self.source} is a dataset file")
+            dg, data = dataset_as_partition(self.source, self.device, dtype)
+        else:
+            dg, part = load_dist_graph(self.source, comm, self.device, dtype)
+            data = partition_tensors(part, self.device, dtype, self.source)
+            del part
+        self.dg = dg
+        self.graph = HaloGraph(dg, comm)  # evaluation: exact, full neighbourhoods
+        self.feat, self.label, self.masks = data["feat"], data["label"], data["masks"]
+        if o.get("feature_norm", "none") == "row":
+            sums = self.feat.sum(1, keepdim=True)
+            self.feat = self.feat / torch.where(sums == 0, torch.ones_like(sums), sums)
+        self.num_classes, self.num_features = data["num_classes"], data["num_features"]
+        self.first, self.num_owned = dg.first_gid, dg.num_owned
+        self.rank, self.size = int(comm.rank), int(comm.size)
+        self.sampler = NeighborSampler(dg, comm)
+        self.owned_degree = dg.in_degree.to(torch.int64)
+        self.store = FeatureStore(self.feat, self.owned_degree, dg.node_ranges, comm)
+        self.train_idx = (self.masks["train"] & (self.label >= 0)).nonzero().squeeze(1)
+        self.schedule = SeedSchedule(self.train_idx, self.batch_size, self.seed, comm)
+        self.counter: dict[str, int] = {}
+        self._nfp: dict[str, Any] | None = None
+        self.plan: Any = None
+        self._epoch = None
+        self.build_seconds = 0.0
+        if strategy == "auto" or self.cache_mb > 0:
+            self.run_dry_run(strategy)
+            if strategy == "auto":
+                strategy = self.plan.choice
+        self.strategy = strategy
+        if self.cache_mb > 0:
+            self._fill_cache(self.plan.hot_rows(self.strategy, self._cache_rows()))
+        if self.strategy == "nfp":
+            self._setup_nfp()
+        self.reset_stats()
+
+    def run_dry_run(self, requested: str = "auto") -> Any:
+        """Run the dry run and cost model (collective; :mod:`hpc_graph.plan.dry_run`), keep and return the
+        :class:`~hpc_graph.plan.dry_run.Plan`. The engine's counters are left as they were."""
+        from hpc_graph.plan.dry_run import dry_run
+
+        self.plan = dry_run(self, requested)
+        return self.plan
+
+    def _rule_out(self) -> dict[str, str]:
+        """Strategies this model cannot run exactly, with the reason."""
+        out = {}
+        if self.model_name not in AFFINE_MODELS or "residual" in self.model_flags or "batchnorm" in self.model_flags:
+            out["nfp"] = ("splits the input features by columns, so layer 1 must be affine in its input (gcn or "
+                          f"sage without residual or batchnorm), not {self.model_name}"
+                          + "".join(f" with {f}" for f in self.model_flags) + ": use gdp, snp or dnp")
+        if "batchnorm" in self.model_flags:
+            out["dnp"] = ("computes layer 1's rows at their owners, once for every rank that asks: batch "
+                          "statistics (model.batchnorm) need gdp or snp")
+        return out
+
+    # -- set-up -------------------------------------------------------------------------------------
+    def _cache_rows(self) -> int:
+        row = self.num_features * self.feat.element_size() + 8
+        return int(self.cache_mb * (1 << 20) // row)
+
+    def _fill_cache(self, gids: np.ndarray) -> None:
+        """Cache the rows of ``gids`` (remote nodes, hottest first; collective)."""
+        self.store.cache(torch.from_numpy(np.asarray(gids, dtype=np.int64)))
+        log.info("apt: rank %d caches %d remote feature rows (%.1f MiB)", self.rank, self.store.cache_gid.size,
+                 self.store.cache_gid.size * (self.num_features * self.feat.element_size() + 8) / 2**20)
+
+    def column_bounds(self) -> np.ndarray:
+        """int64[P+1]: rank r holds feature columns ``bounds[r]:bounds[r+1]`` under NFP."""
+        return np.linspace(0, self.num_features, self.size + 1).round().astype(np.int64)
+
+    def _setup_nfp(self) -> None:
+        """Redistribute the features by columns (every node's slice of this rank's columns) and gather every
+        node's in-degree (collective)."""
+        bounds = self.column_bounds()
+        ranges = np.asarray(self.dg.node_ranges, dtype=np.int64)
+        parts = [self.feat[:, bounds[q]:bounds[q + 1]].contiguous().reshape(-1) for q in range(self.size)]
+        got, _ = self.comm.alltoallv(torch.cat(parts), np.array([p.numel() for p in parts], dtype=np.int64))
+        width = int(bounds[self.rank + 1] - bounds[self.rank])
+        cols = got.view(int(ranges[-1]), width)
+        deg, _ = self.comm.alltoallv(self.owned_degree.repeat(self.size), np.full(self.size, self.num_owned))
+        self._nfp = {"bounds": bounds, "cols": cols, "degree": deg, "lo": int(bounds[self.rank]), "width": width}
+
+    # -- statistics ---------------------------------------------------------------------------------
+    def reset_stats(self) -> None:
+        super().reset_stats()
+        if hasattr(self, "store"):
+            self.counter = {}
+            self.store.reset_stats()
+            self.build_seconds = 0.0
+            self._iterations_done = 0
+
+    def stats(self) -> dict[str, Any]:
+        out: dict[str, Any] = dict(super().stats())
+        st = self.store.stats()
+        out["strategy"] = self.strategy
+        out["bytes_by_op"] = {k: int(self.counter.get(k, 0))
+                              for k in ("sample", "structure", "load", "shuffle", "shuffle_bwd")}
+        remote = st["cached"] + st["fetched"]
+        out["cache_hit_rate"] = st["cached"] / remote if remote else None
+        out["rows_fetched"] = st["fetched"]
+        out["rows_cached"] = int(self.store.cache_gid.size)
+        out["build_seconds"] = self.build_seconds
+        out["iterations"] = self._iterations_done
+        if self.plan is not None:
+            out["predicted_epoch_seconds"] = self.plan.predicted(self.strategy)
+        return out
+
+    # -- epochs and iterations ----------------------------------------------------------------------
+    def iterations(self, epoch: int) -> int:
+        return self.schedule.iterations()
+
+    def batch_sizes(self, epoch: int, iterations: int) -> tuple[list[int], list[float]]:
+        return self.schedule.batch_sizes(iterations)
+
+    def begin_epoch(self, epoch: int) -> None:
+        self._epoch = int(epoch)
+        self._seeds = self.schedule.order(epoch)
+
+    def seeds(self, epoch: int, iteration: int) -> torch.Tensor:
+        """Local ids of this rank's seeds at ``iteration`` of ``epoch``."""
+        if self._epoch != epoch:
+            self.begin_epoch(epoch)
+        return self._seeds[iteration * self.batch_size:(iteration + 1) * self.batch_size]
+
+    def batch(self, epoch: int, iteration: int) -> Batch:
+        """Sample and lay out iteration ``iteration`` of ``epoch`` (collective)."""
+        seeds = self.seeds(epoch, iteration)
+        t0 = time.perf_counter()
+        upper, dst = self.sample_upper(seeds + self.first, epoch)
+        block0, feat, hook, dst_deg = getattr(self, "_build_" + self.strategy)(dst, epoch)
+        blocks = [block0] + self.upper_blocks(upper, dst_deg, hook)
+        self.build_seconds += time.perf_counter() - t0
+        self._iterations_done += 1
+        return Batch(BlockStack(blocks), feat, self.label[seeds], seeds)
+
+    # -- sampling (shared by every strategy and the dry run) ----------------------------------------
+    def _count(self, op: str, nbytes: int) -> None:
+        self.counter[op] = self.counter.get(op, 0) + int(nbytes)
+
+    def _hop(self, dst: np.ndarray, layer: int, epoch: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        b0 = self.sampler.bytes_sent
+        fanout = self.fanouts[len(self.fanouts) - 1 - layer]
+        out = self.sampler.hop(dst, fanout, sample_key(self.seed, epoch, layer))
+        self._count("sample", self.sampler.bytes_sent - b0)
+        return out
+
+    def sample_upper(self, seed_gid: torch.Tensor, epoch: int) -> tuple[list[tuple], np.ndarray]:
+        """Hops of layers L-1 .. 1 from the seeds: ``[(layer, dst, dst_deg, counts, col, src)]`` (seed hop
+        first) and the block-0 destinations (block 1's sources)."""
+        dst = seed_gid.numpy().astype(np.int64)
+        hops = []
+        for layer in range(len(self.fanouts) - 1, 0, -1):
+            counts, nbrs, deg = self._hop(dst, layer, epoch)
+            src, col = relabel(dst, nbrs)
+            hops.append((layer, dst, deg, counts, col, src))
+            dst = src
+        return hops, dst
+
+    def upper_blocks(self, hops: list[tuple], dst_deg0: np.ndarray, hook: Any) -> list[Block]:
+        """Blocks 1 .. L-1 (input layer first); block 1 completes its input with ``hook``."""
+        blocks = []
+        src_deg = dst_deg0
+        for i, (layer, dst, deg, counts, col, src) in enumerate(reversed(hops)):
+            csr = CSR(_indptr(counts), torch.from_numpy(col), int(src.size), validate=False)
+            src_t = torch.from_numpy(src)
+            blocks.append(Block(csr, src_t, self.dg.orig_ids_of(src_t), torch.from_numpy(np.asarray(src_deg)),
+                                self.comm, hook if i == 0 else None))
+            src_deg = deg
+        return blocks
+
+    def _load(self, gids: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
+        """Features and degrees of ``gids``: owned, cached, fetched (collective)."""
+        b0 = self.store.stats()["bytes_sent"]
+        feat, deg = self.store.fetch(torch.from_numpy(gids))
+        self._count("load", self.store.stats()["bytes_sent"] - b0)
+        return feat, deg
+
+    # -- the four strategies: block 0, its input rows, block 1's hook, block 1's source degrees -----
+    def _build_gdp(self, dst: np.ndarray, epoch: int):
+        counts, nbrs, deg = self._hop(dst, 0, epoch)
+        src, col = relabel(dst, nbrs)
+        feat, src_deg = self._load(src)
+        src_t = torch.from_numpy(src)
+        block = Block(CSR(_indptr(counts), torch.from_numpy(col), int(src.size), validate=False), src_t,
+                      self.dg.orig_ids_of(src_t), src_deg, self.comm)
+        return block, feat, None, deg
+
+    def _broadcast(self, payload: np.ndarray) -> list[np.ndarray]:
+        """Every rank's ``payload`` (int64), in rank order (an all-broadcast through one alltoallv)."""
+        P, r = self.size, self.rank
+        counts = np.full(P, payload.size, dtype=np.int64)
+        counts[r] = 0
+        b0 = self.comm.bytes_sent
+        got, got_counts = self.comm.alltoallv(torch.from_numpy(np.tile(payload, P - 1)), counts)
+        self._count("structure", self.comm.bytes_sent - b0)
+        out, pos = [], 0
+        g = got.numpy()
+        for q in range(P):
+            if q == r:
+                out.append(payload)
+            else:
+                out.append(g[pos:pos + got_counts[q]])
+                pos += int(got_counts[q])
+        return out
+
+    def _build_nfp(self, dst: np.ndarray, epoch: int):
+        if self._nfp is None:
+            self._setup_nfp()
+        nfp = self._nfp
+        counts, nbrs, deg = self._hop(dst, 0, epoch)
+        src, col = relabel(dst, nbrs)
+        mine = np.concatenate([[dst.size, src.size, col.size], src, counts, col]).astype(np.int64)
+        blocks = []
+        for buf in self._broadcast(mine):
+            nd, ns, ne = (int(v) for v in buf[:3])
+            s = buf[3:3 + ns]
+            blocks.append((nd, s, buf[3 + ns:3 + ns + nd], buf[3 + ns + nd:3 + ns + nd + ne]))
+        nds = np.array([b[0] for b in blocks], dtype=np.int64)
+        extras = np.array([b[1].size - b[0] for b in blocks], dtype=np.int64)
+        d_off = np.concatenate([[0], np.cumsum(nds)])
+        phantom = int(d_off[-1])
+        x_off = phantom + 1 + np.concatenate([[0], np.cumsum(extras)])
+        u_src = np.concatenate([b[1][:b[0]] for b in blocks] + [np.array([-1])] + [b[1][b[0]:] for b in blocks])
+        u_counts = np.concatenate([b[2] for b in blocks] + [np.zeros(1, np.int64)])
+        u_col = np.concatenate([np.where(b[3] < b[0], d_off[q] + b[3], x_off[q] + b[3] - b[0])
+                                for q, b in enumerate(blocks)]).astype(np.int64)
+        rows = u_src.size
+        gid = np.where(u_src < 0, 0, u_src)
+        values = nfp["cols"][torch.from_numpy(gid)]
+        values[phantom] = 0
+        w, lo = nfp["width"], nfp["lo"]
+        crow = torch.arange(rows + 1, dtype=torch.int64) * w
+        colidx = (torch.arange(w, dtype=torch.int64) + lo).repeat(rows)
+        with warnings.catch_warnings():  # torch's one-time "sparse CSR support is in beta" notice
+            warnings.simplefilter("ignore", UserWarning)
+            x = torch.sparse_csr_tensor(crow, colidx, values.reshape(-1), (rows, self.num_features),
+                                        check_invariants=False)
+        degree = nfp["degree"][torch.from_numpy(gid)].clone()
+        degree[phantom] = 0
+        src_t = torch.from_numpy(u_src.copy())
+        block = NFPBlock(CSR(_indptr(u_counts), torch.from_numpy(u_col), rows, validate=False), src_t, src_t,
+                         degree, self.comm)
+        return block, x, NFPReduce(nds, self.comm, self.counter), deg
+
+    def _build_snp(self, dst: np.ndarray, epoch: int):
+        P, r = self.size, self.rank
+        counts, nbrs, deg = self._hop(dst, 0, epoch)
+        n = dst.size
+        rows = np.repeat(np.arange(n, dtype=np.int64), counts)
+        own = self.sampler.owner(nbrs) if nbrs.size else np.zeros(0, np.int64)
+        order = np.lexsort((rows, own))  # edges by owner of the source, then destination
+        o_rows, o_nbrs, o_own = rows[order], nbrs[order], own[order]
+        # virtual nodes: (owner q != r, destination i) pairs, grouped by q
+        key = o_own * max(n, 1) + o_rows
+        first = np.ones(key.size, dtype=bool)
+        first[1:] = key[1:] != key[:-1]
+        v_own, v_row = o_own[first], o_rows[first]
+        v_cnt = np.diff(np.append(np.flatnonzero(first), key.size))
+        remote_v = v_own != r
+        remote_e = o_own != r
+        v_counts_q = np.bincount(v_own[remote_v], minlength=P).astype(np.int64)
+        e_counts_q = np.bincount(o_own[remote_e], minlength=P).astype(np.int64)
+        b0 = self.comm.bytes_sent
+        got_vc, got_vq = self.comm.alltoallv(torch.from_numpy(v_cnt[remote_v].astype(np.int64)), v_counts_q)
+        got_u, _ = self.comm.alltoallv(torch.from_numpy(o_nbrs[remote_e]), e_counts_q)
+        self._count("structure", self.comm.bytes_sent - b0)
+        local_e = o_own == r
+        loc_rows, loc_u = o_rows[local_e], o_nbrs[local_e]
+        u = np.unique(np.concatenate([loc_u, got_u.numpy()]))
+        loc_counts = np.bincount(loc_rows, minlength=n).astype(np.int64)
+        loc_order = np.argsort(loc_rows, kind="stable")
+        cols = n + np.searchsorted(u, np.concatenate([loc_u[loc_order], got_u.numpy()]))
+        all_counts = np.concatenate([loc_counts, got_vc.numpy()])
+        csr = CSR(_indptr(all_counts), torch.from_numpy(cols.astype(np.int64)), n + u.size, validate=False)
+        feat_d, deg_d = self._load(dst)
+        lid = torch.from_numpy(u - self.first)
+        x = torch.cat([feat_d, self.feat[lid]], 0)
+        degree = torch.cat([deg_d, self.owned_degree[lid]])
+        gids = torch.from_numpy(np.concatenate([dst, u]))
+        vq = np.zeros(P, np.int64)
+        vq[:] = v_counts_q
+        ctx = SNPContext(csr, n, counts, degree, gids, got_vq, v_row[remote_v], vq, self.comm, self.counter)
+        return ctx, x, None, deg
+
+    def _build_dnp(self, dst: np.ndarray, epoch: int):
+        P, r = self.size, self.rank
+        own = self.sampler.owner(dst)
+        mine = own == r
+        own_pos = np.flatnonzero(mine)
+        rpos = np.flatnonzero(~mine)
+        rpos = rpos[np.argsort(own[rpos], kind="stable")]
+        b0 = self.comm.bytes_sent
+        asked, asked_counts = self.comm.alltoallv(torch.from_numpy(dst[rpos]),
+                                                  np.bincount(own[rpos], minlength=P).astype(np.int64))
+        asked = asked.numpy()
+        nodes = np.concatenate([dst[own_pos], asked])
+        uniq, inverse = np.unique(nodes, return_inverse=True)
+        fanout = self.fanouts[-1]
+        c, nb, dg = self.sampler.local(uniq, fanout, sample_key(self.seed, epoch, 0))
+        got_deg, _ = self.comm.alltoallv(torch.from_numpy(dg[inverse[own_pos.size:]].astype(np.int64)), asked_counts)
+        self._count("sample", self.comm.bytes_sent - b0)
+        deg = np.empty(dst.size, np.int64)
+        deg[own_pos] = dg[inverse[:own_pos.size]]
+        deg[rpos] = got_deg.numpy()
+        src, col = relabel(uniq, nb)
+        feat, src_deg = self._load(src)
+        src_t = torch.from_numpy(src)
+        block = Block(CSR(_indptr(c), torch.from_numpy(col), int(src.size), validate=False), src_t,
+                      self.dg.orig_ids_of(src_t), src_deg, self.comm)
+        hook = DNPReturn(own_pos, inverse[:own_pos.size], inverse[own_pos.size:], asked_counts, rpos, dst.size,
+                         self.comm, self.counter)
+        return block, feat, hook, deg

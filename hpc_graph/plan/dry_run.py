@@ -1,0 +1,324 @@
+"""The ``apt`` engine's dry run and cost model: which strategy to run, and what each would cost.
+
+:func:`dry_run` samples ``dry_run_batches`` batches of two never-trained epochs once (the samples of
+every strategy are the same), and counts for every strategy, on every rank:
+
+* bytes and calls of each communication operation: ``sample`` (remote sampling; DNP's last hop only
+  sends ids and returns degrees), ``structure`` (NFP's all-broadcast of block 0, SNP's virtual nodes),
+  ``load`` (feature rows fetched from their owners: ``8`` bytes per id asked, ``F * itemsize + 8`` per
+  row served; rows in the cache are not fetched), ``shuffle`` (hidden rows of layer 1 and their
+  gradients: NFP ``d'`` per destination of every other rank; SNP ``d'`` per virtual node; DNP ``d'``
+  per destination computed by its owner) and the gradient all-reduce;
+* rows projected and edges aggregated per layer (GEMM and SpMM work), and how often each remote row
+  is read (*hotness*, which fills the feature cache).
+
+Unlike APT, the prediction includes compute and memory: ``epoch = build + load + shuffle + compute``
+with the :mod:`~hpc_graph.plan.profile` fits (``alpha * calls + bytes / beta`` per operation; the
+sampling work measured in the dry run itself; GEMM and SpMM work over the measured rates, three
+times the forward pass for forward + backward), the slowest rank's total per strategy. A strategy
+whose predicted peak memory exceeds the per-rank limit is ruled out, with the reason shown.
+"""
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+import time
+from typing import Any
+
+import numpy as np
+import torch
+
+from hpc_graph.graph.sampler import relabel, sample_key
+from hpc_graph.plan.profile import Profile, profile_machine
+
+log = logging.getLogger(__name__)
+
+STRATEGIES = ("gdp", "nfp", "snp", "dnp")
+DRY_EPOCH = 1 << 40  # the dry run samples "epochs" 2**40, 2**40 + 1, ..., never trained on
+FOLDS = 8  # dry-run epochs (folds of the cache cross-validation)
+OPS = ("sample", "structure", "load", "shuffle", "shuffle_bwd", "allreduce")
+
+
+@dataclasses.dataclass
+class StrategyCost:
+    """One strategy's prediction on this rank (``bytes``/``calls`` per op and epoch, ``seconds`` per
+    term) and the slowest rank's ``total`` and ``memory_mb``."""
+
+    name: str
+    bytes: dict[str, float]
+    calls: dict[str, float]
+    seconds: dict[str, float]
+    memory_mb: float
+    total: float = 0.0
+    fits: bool = True
+    reason: str = ""
+
+
+@dataclasses.dataclass
+class Plan:
+    """The dry run's result: ``costs`` per strategy, the ``choice``, hotness, and what the plan cost."""
+
+    costs: dict[str, StrategyCost]
+    choice: str
+    profile: Profile
+    batches: int
+    iterations: int
+    dry_seconds: float
+    hot: dict[str, tuple[np.ndarray, np.ndarray]]
+    remote_nodes: np.ndarray
+    limit_mb: float
+
+    def predicted(self, strategy: str) -> float:
+        return float(self.costs[strategy].total)
+
+    def predicted_bytes(self, strategy: str) -> dict[str, float]:
+        """Bytes this rank sends per epoch, by operation."""
+        return dict(self.costs[strategy].bytes)
+
+    def hot_rows(self, strategy: str, n: int) -> np.ndarray:
+        """Up to ``n`` remote global ids to cache for ``strategy``: the rows it read most in the dry run, then
+        (with room left) every other remote row."""
+        gids, counts = self.hot.get(strategy, (np.zeros(0, np.int64), np.zeros(0, np.int64)))
+        order = np.lexsort((gids, -counts))
+        out = gids[order][:n]
+        if out.size < n:
+            rest = np.setdiff1d(self.remote_nodes, out, assume_unique=False)
+            out = np.concatenate([out, rest[:n - out.size]])
+        return out
+
+    def table(self) -> str:
+        """The predictions as a text table (one row per strategy), and the choice."""
+        head = f"{'strategy':>8} {'build s':>9} {'load s':>9} {'shuffle s':>9} {'compute s':>9} {'epoch s':>9} " \
+               f"{'memory MB':>10}  note"
+        lines = [head]
+        for s in STRATEGIES:
+            c = self.costs[s]
+            sec = c.seconds
+            note = ("<- chosen" if s == self.choice else "") if c.fits else f"ruled out: {c.reason}"
+            lines.append(f"{s:>8} {sec['build']:9.3f} {sec['load']:9.3f} {sec['shuffle']:9.3f} "
+                         f"{sec['compute']:9.3f} {c.total:9.3f} {c.memory_mb:10.1f}  {note}")
+        lines.append(f"dry run: {self.batches} of {self.iterations} batches, {self.dry_seconds:.2f} s "
+                     f"(profile {self.profile.seconds:.2f} s); memory limit {self.limit_mb:.0f} MB per rank")
+        return "\n".join(lines)
+
+
+def memory_limit_mb(comm: Any) -> float:
+    """This host's physical memory divided among the ranks that share it (MB)."""
+    try:
+        total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        return float("inf")
+    return total / max(int(getattr(comm, "local_size", 1) or 1), 1) / 2**20
+
+
+def dry_run(engine: Any, requested: str = "auto", profile: Profile | None = None) -> Plan:
+    """Sample, count, profile and predict (collective; see the module docstring). ``engine``: an
+    ``apt`` engine after its data are loaded (its sampler, store, schedule and options are used)."""
+
+    comm, P, r = engine.comm, int(engine.size), int(engine.rank)
+    t_start = time.perf_counter()
+    sampler, first = engine.sampler, engine.first
+    iters = engine.schedule.iterations()
+    nb = min(engine.dry_run_batches, FOLDS * iters)
+    # batches cycle through FOLDS never-trained epochs: a node's sample is fixed within an epoch, so the
+    # cache's hit rate is cross-validated across them (chosen on the others, scored on one)
+    dry_epochs = tuple(DRY_EPOCH + f for f in range(FOLDS))
+    L = len(engine.fanouts)
+    acc: dict[str, float] = {k: 0.0 for k in (
+        "sample", "sample_up", "nd", "rows1", "edges1", "up_rows", "up_edges", "up_dst", "nfp_struct",
+        "snp_struct", "snp_local_edges", "dnp_rows1", "dnp_edges1", "dnp_asked", "dnp_remote", "dnp_sample",
+        "max_rows1", "max_dnp_rows1", "max_up_rows", "local_sample_s", "seeds")}
+    loads: dict[str, list[np.ndarray]] = {s: [] for s in ("gdp", "snp", "dnp")}
+    snp_v = np.zeros(P, np.int64)
+    snp_e = np.zeros(P, np.int64)
+    dnp_req = np.zeros(P, np.int64)
+    saved_counter = dict(engine.counter)
+    for it in range(nb):
+        t0, c0 = time.perf_counter(), comm.comm_seconds
+        epoch = dry_epochs[it % FOLDS]
+        seeds = engine.seeds(epoch, (it // FOLDS) % max(iters, 1))
+        acc["seeds"] += seeds.numel()
+        s0 = engine.counter.get("sample", 0)
+        upper, D = engine.sample_upper(seeds + first, epoch)
+        s_up = engine.counter.get("sample", 0) - s0
+        counts, nbrs, deg = engine._hop(D, 0, epoch)
+        s_all = engine.counter.get("sample", 0) - s0
+        src, col = relabel(D, nbrs)
+        acc["local_sample_s"] += (time.perf_counter() - t0) - (comm.comm_seconds - c0)
+        acc["sample"] += s_all
+        acc["sample_up"] += s_up
+        for (_, dst, _, c, _, s) in upper:
+            acc["up_rows"] += s.size
+            acc["up_edges"] += int(c.sum())
+            acc["up_dst"] += dst.size
+        acc["max_up_rows"] = max(acc["max_up_rows"], sum(h[5].size for h in upper))
+        nd = D.size
+        acc["nd"] += nd
+        acc["rows1"] += src.size
+        acc["edges1"] += nbrs.size
+        acc["max_rows1"] = max(acc["max_rows1"], src.size)
+        loads["gdp"].append(src[~sampler.is_owned(src)])
+        # NFP: block 0 all-broadcast
+        acc["nfp_struct"] += (P - 1) * 8 * (3 + src.size + nd + nbrs.size)
+        # SNP: virtual nodes and edges per source owner
+        own = sampler.owner(nbrs) if nbrs.size else np.zeros(0, np.int64)
+        rows = np.repeat(np.arange(nd, dtype=np.int64), counts)
+        pairs = np.unique(own * max(nd, 1) + rows)
+        v = np.bincount(pairs // max(nd, 1), minlength=P).astype(np.int64)
+        e = np.bincount(own, minlength=P).astype(np.int64)
+        v[r], e[r] = 0, 0
+        snp_v += v
+        snp_e += e
+        acc["snp_struct"] += 8 * (int(v.sum()) + int(e.sum()))
+        acc["snp_local_edges"] += int((own == r).sum())
+        loads["snp"].append(D[~sampler.is_owned(D)])
+        # DNP: destinations to their owners (collective, as in training), who sample and load their sources
+        downer = sampler.owner(D)
+        mine = downer == r
+        rpos = np.flatnonzero(~mine)
+        rpos = rpos[np.argsort(downer[rpos], kind="stable")]
+        req = np.bincount(downer[rpos], minlength=P).astype(np.int64)
+        dnp_req += req
+        asked, _ = comm.alltoallv(torch.from_numpy(D[rpos]), req)
+        uniq = np.unique(np.concatenate([D[mine], asked.numpy()]))
+        c_d, nb_d, _ = sampler.local(uniq, engine.fanouts[-1], sample_key(engine.seed, epoch, 0))
+        src_d, _ = relabel(uniq, nb_d)
+        loads["dnp"].append(src_d[~sampler.is_owned(src_d)])
+        acc["dnp_rows1"] += src_d.size
+        acc["dnp_edges1"] += nb_d.size
+        acc["max_dnp_rows1"] = max(acc["max_dnp_rows1"], src_d.size)
+        acc["dnp_asked"] += asked.shape[0]
+        acc["dnp_remote"] += rpos.size
+        acc["dnp_sample"] += s_up + 8 * (rpos.size + asked.shape[0])
+    engine.counter = saved_counter
+    engine._epoch = None
+    # what the other ranks counted
+    row_bytes = engine.num_features * engine.feat.element_size() + 8
+    cache_rows = engine._cache_rows() if engine.cache_mb > 0 else 0
+    remote_nodes = np.concatenate([np.arange(engine.dg.node_ranges[0], first),
+                                   np.arange(first + engine.num_owned, engine.dg.node_ranges[-1])]).astype(np.int64)
+    hot, fetch_by_owner = {}, {}
+    for s, lst in loads.items():
+        allg = np.concatenate(lst) if lst else np.zeros(0, np.int64)
+        gids, cnt = np.unique(allg, return_counts=True)
+        hot[s] = (gids, cnt)
+        if not cache_rows:
+            unc = allg
+        else:
+            # the cache is chosen from every dry-run batch; its hit rate on an epoch it was not chosen from is
+            # estimated by cross-validation across the dry-run epochs (choosing and scoring on the same
+            # epoch flatters it: a node's sample is the same all epoch long)
+            unc_parts = []
+            for fold in range(FOLDS):
+                pick = [a for i, a in enumerate(lst) if i % FOLDS != fold]
+                score = [a for i, a in enumerate(lst) if i % FOLDS == fold]
+                if not score:
+                    continue
+                pg = np.concatenate(pick) if pick else np.zeros(0, np.int64)
+                g_h, c_h = np.unique(pg, return_counts=True)
+                cached = (np.sort(g_h[np.lexsort((g_h, -c_h))][:cache_rows]) if cache_rows < remote_nodes.size
+                          else remote_nodes)
+                sg = np.concatenate(score)
+                unc_parts.append(sg[~np.isin(sg, cached)])
+            unc = np.concatenate(unc_parts) if unc_parts else np.zeros(0, np.int64)
+            fetch_by_owner[s] = (np.bincount(sampler.owner(unc), minlength=P) if unc.size
+                                 else np.zeros(P)).astype(np.float64)
+            continue
+        fetch_by_owner[s] = (np.bincount(sampler.owner(unc), minlength=P) if unc.size
+                             else np.zeros(P)).astype(np.float64)
+    # counts scale to an epoch by seeds (an epoch's last batch may be short; the dry run's are full)
+    k = min(engine.train_idx.numel(), iters * engine.batch_size) / max(acc["seeds"], 1)
+    mine_info = {"nd": acc["nd"] * k, "rows1": acc["rows1"] * k, "edges1": acc["edges1"] * k,
+                 "snp_v": (snp_v * k).tolist(), "snp_e": (snp_e * k).tolist(),
+                 "fetch": {s: (v * k).tolist() for s, v in fetch_by_owner.items()}, "max_rows1": acc["max_rows1"]}
+    every = comm.allgather_object(mine_info) if P > 1 else [mine_info]  # per epoch, each rank's own scale
+    prof = profile if profile is not None else profile_machine(comm, engine.dtype, max_bytes=engine.profile_bytes,
+                                                               width=max(engine.hidden, 1))
+    item = engine.feat.element_size()
+    F, dp, heads = engine.num_features, engine.hidden, max(int(engine.options.get("heads", 1)), 1)
+    gat = engine.model_name == "gat"
+    C = engine.num_classes
+    params = 2 * (F * dp + max(L - 2, 0) * dp * dp + dp * C)
+    costs = {}
+    limit = engine.memory_mb or memory_limit_mb(comm)
+    owned_bytes = engine.num_owned * (F * item + 8)
+    N = int(engine.dg.node_ranges[-1])
+    for s in STRATEGIES:
+        b = {op: 0.0 for op in OPS}
+        calls = {op: 0.0 for op in OPS}
+        b["allreduce"], calls["allreduce"] = params * item * iters, iters
+        b["sample"] = (acc["dnp_sample"] if s == "dnp" else acc["sample"]) * k
+        calls["sample"] = 2 * L * iters
+        if s in ("gdp", "snp", "dnp"):
+            f = every[r]["fetch"][s]
+            asked_of_me = sum(every[p]["fetch"][s][r] for p in range(P) if p != r)
+            b["load"] = 8 * (sum(f) - f[r]) + row_bytes * asked_of_me
+            calls["load"] = 2 * iters
+        rows1, edges1, csr_rows1 = acc["rows1"] * k, acc["edges1"] * k, 0.0
+        if s == "nfp":
+            b["structure"], calls["structure"] = acc["nfp_struct"] * k, iters
+            others = sum(every[p]["nd"] for p in range(P) if p != r)
+            b["shuffle"] = dp * item * others
+            b["shuffle_bwd"] = dp * item * (P - 1) * acc["nd"] * k
+            calls["shuffle"] = calls["shuffle_bwd"] = iters
+            csr_rows1 = sum(e["rows1"] for e in every)
+            rows1, edges1 = 0.0, sum(e["edges1"] for e in every)
+        elif s == "snp":
+            b["structure"], calls["structure"] = acc["snp_struct"] * k, 2 * iters
+            on_me = sum(every[p]["snp_v"][r] for p in range(P))
+            mine_v = float(snp_v.sum()) * k
+            w = heads * (dp // heads + 2) if gat else dp
+            b["shuffle"] = item * (w * on_me + (heads * mine_v if gat else 0))
+            b["shuffle_bwd"] = item * (w * mine_v + (heads * on_me if gat else 0))
+            calls["shuffle"] = calls["shuffle_bwd"] = (2 if gat else 1) * iters
+            edges1 = acc["snp_local_edges"] * k + sum(every[p]["snp_e"][r] for p in range(P))
+            rows1 = acc["nd"] * k + edges1
+        elif s == "dnp":
+            b["shuffle"] = dp * item * acc["dnp_asked"] * k
+            b["shuffle_bwd"] = dp * item * acc["dnp_remote"] * k
+            calls["shuffle"] = calls["shuffle_bwd"] = iters
+            rows1, edges1 = acc["dnp_rows1"] * k, acc["dnp_edges1"] * k
+        sec = {}
+        sec["build"] = acc["local_sample_s"] * k + prof.comm_time("alltoallv", calls["sample"] + calls["structure"],
+                                                                 b["sample"] + b["structure"])
+        sec["load"] = prof.comm_time("alltoallv", calls["load"], b["load"])
+        sec["shuffle"] = prof.comm_time("alltoallv", calls["shuffle"] + calls["shuffle_bwd"],
+                                        b["shuffle"] + b["shuffle_bwd"])
+        att = 3.0 if gat else 1.0
+        gemm = 2.0 * rows1 * F * dp + 2.0 * (acc["up_rows"] + acc["up_dst"]) * k * dp * dp
+        spmm = att * (edges1 + acc["up_edges"] * k) * dp
+        csr = 2.0 * csr_rows1 * (F / P) * dp
+        sec["compute"] = 3.0 * (gemm / prof.gemm_flops + csr / prof.csr_flops + spmm / prof.spmm_rate) \
+            + prof.comm_time("allreduce", calls["allreduce"], b["allreduce"])
+        # memory: stored features (+ NFP's column slices, + cache), the largest batch's layer-1 input and activations
+        store = owned_bytes + (cache_rows * row_bytes if s != "nfp" else 0)
+        if s == "nfp":
+            store += N * ((F // P + 1) * item + 8)
+            batch_rows = sum(e["max_rows1"] for e in every)
+            batch = batch_rows * ((F // P + 1) * (item + 8) + 4 * dp * item)
+        else:
+            batch_rows = acc["max_dnp_rows1"] if s == "dnp" else acc["max_rows1"]
+            batch = batch_rows * (F * item + 4 * dp * item)
+        batch += acc["max_up_rows"] * 4 * dp * item * (heads if gat else 1)
+        costs[s] = StrategyCost(s, b, calls, sec, (store + batch) / 2**20)
+    # the slowest rank decides every strategy's epoch; memory: the largest rank
+    vec = torch.tensor([sum(costs[s].seconds.values()) for s in STRATEGIES]
+                       + [costs[s].memory_mb for s in STRATEGIES], dtype=torch.float64)
+    if P > 1:
+        comm.allreduce_(vec, "max")
+    for i, s in enumerate(STRATEGIES):
+        costs[s].total, costs[s].memory_mb = float(vec[i]), float(vec[len(STRATEGIES) + i])
+        if costs[s].memory_mb > limit:
+            costs[s].fits, costs[s].reason = False, f"needs {costs[s].memory_mb:.0f} MB > {limit:.0f} MB per rank"
+    for s, why in engine.ruled_out.items():
+        costs[s].fits, costs[s].reason = False, f"{s} {why.split(':')[0]}"
+    fitting = [s for s in STRATEGIES if costs[s].fits]
+    choice = min(fitting, key=lambda s: costs[s].total) if fitting else "gdp"
+    dry = time.perf_counter() - t_start - prof.seconds if profile is None else time.perf_counter() - t_start
+    plan = Plan(costs, choice, prof, nb, iters, dry, hot, remote_nodes, limit)
+    if requested == "auto":
+        log.info("apt: predicted epoch per strategy\n%s", plan.table())
+        if not fitting:
+            log.warning("apt: no strategy fits in %.0f MB per rank; running gdp", limit)
+    return plan

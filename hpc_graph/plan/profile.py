@@ -1,0 +1,139 @@
+"""``profile_machine``: alpha-beta fits of the communication operations and compute rates, measured here.
+
+For each operation (``alltoallv``: ``n`` bytes to every peer; ``exchange``: ``n`` bytes point-to-point
+to every peer; ``allreduce``: ``n`` bytes) the median time of a few calls at sizes from 1 KiB to
+``max_bytes`` is fitted by least squares to ``t(n) = alpha + n / beta`` (per call; ``n`` the bytes a
+rank sends). Compute rates: dense GEMM (flop/s), a CSR-input projection (flop/s over the stored
+entries, what NFP's column slices cost) and SpMM (edge x feature products per second), each from one
+timed call of a representative size after a warm-up. Collective: every rank takes part; the result
+(the slowest rank's times) is the same on every rank.
+"""
+from __future__ import annotations
+
+import dataclasses
+import logging
+import time
+import warnings
+from typing import Any
+
+import numpy as np
+import torch
+
+log = logging.getLogger(__name__)
+
+OPS = ("alltoallv", "exchange", "allreduce")
+
+
+@dataclasses.dataclass
+class Profile:
+    """``alpha`` (seconds per call) and ``beta`` (bytes per second) per operation, compute rates, and the
+    seconds the profile took."""
+
+    alpha: dict[str, float]
+    beta: dict[str, float]
+    gemm_flops: float
+    csr_flops: float
+    spmm_rate: float
+    seconds: float
+    samples: dict[str, list[tuple[int, float]]] = dataclasses.field(default_factory=dict)
+
+    def comm_time(self, op: str, calls: float, nbytes: float) -> float:
+        """Predicted seconds of ``calls`` calls of ``op`` moving ``nbytes`` in all (per rank)."""
+        if calls <= 0 and nbytes <= 0:
+            return 0.0
+        return calls * self.alpha[op] + nbytes / self.beta[op]
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"alpha": self.alpha, "beta": self.beta, "gemm_flops": self.gemm_flops, "csr_flops": self.csr_flops,
+                "spmm_rate": self.spmm_rate, "seconds": self.seconds}
+
+
+def fit_alpha_beta(sizes: np.ndarray, times: np.ndarray) -> tuple[float, float]:
+    """Least-squares ``t = alpha + n / beta`` (alpha >= 0; beta > 0)."""
+    A = np.stack([np.ones_like(sizes, dtype=np.float64), sizes.astype(np.float64)], 1)
+    (a, b), *_ = np.linalg.lstsq(A, times.astype(np.float64), rcond=None)
+    if b <= 0:  # flat or noisy: bandwidth from the largest message
+        b = max(float(times[-1]) / float(sizes[-1]), 1e-15)
+    return max(float(a), 0.0), 1.0 / float(b)
+
+
+def _time(fn, reps: int) -> float:
+    ts = []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        fn()
+        ts.append(time.perf_counter() - t0)
+    return float(np.median(ts))
+
+
+def _slowest(comm: Any, value: float) -> float:
+    if comm.size == 1:
+        return value
+    t = torch.tensor([value], dtype=torch.float64)
+    comm.allreduce_(t, "max")
+    return float(t.item())
+
+
+def profile_machine(comm: Any, dtype: torch.dtype = torch.float32, max_bytes: int = 64 << 20, reps: int = 3,
+                    width: int = 64) -> Profile:
+    """Measure the alpha-beta fits and compute rates (collective; see the module docstring)."""
+    t_start = time.perf_counter()
+    P = int(comm.size)
+    sizes = [1 << 10]
+    while sizes[-1] * 8 <= max_bytes:
+        sizes.append(sizes[-1] * 8)
+    if sizes[-1] != max_bytes and max_bytes > sizes[-1]:
+        sizes.append(max_bytes)
+    alpha, beta, samples = {}, {}, {}
+    for op in OPS:
+        pts = []
+        for n in sizes:
+            if P == 1:
+                pts.append((n, 0.0))
+                continue
+            buf = torch.zeros(max(n // 8, 1), dtype=torch.float64)
+            if op == "alltoallv":
+                send = buf.repeat(P)
+                counts = np.full(P, buf.numel(), dtype=np.int64)
+                fn = lambda: comm.alltoallv(send, counts)  # noqa: E731
+            elif op == "exchange":
+                peers = [q for q in range(P) if q != comm.rank]
+                fn = lambda: comm.exchange({q: buf for q in peers},  # noqa: E731
+                                           {q: ((buf.numel(),), torch.float64) for q in peers})
+            else:
+                fn = lambda: comm.allreduce_(buf)  # noqa: E731
+            fn()
+            comm.barrier()
+            pts.append((n, _slowest(comm, _time(fn, reps))))
+        s, t = np.array([p[0] for p in pts]), np.array([p[1] for p in pts])
+        alpha[op], beta[op] = (0.0, float("inf")) if P == 1 else fit_alpha_beta(s, t)
+        samples[op] = pts
+    # compute rates (this rank's cores; every rank measures at once, as in training)
+    gen = torch.Generator().manual_seed(0)
+    a = torch.randn(8192, 256, generator=gen, dtype=dtype)
+    w = torch.randn(width, 256, generator=gen, dtype=dtype)
+    torch.nn.functional.linear(a, w)
+    t = _slowest(comm, _time(lambda: torch.nn.functional.linear(a, w), reps))
+    gemm = 2.0 * a.shape[0] * a.shape[1] * width / max(t, 1e-9)
+    cols = 256 // max(P, 1)
+    crow = torch.arange(a.shape[0] + 1, dtype=torch.int64) * cols
+    col = torch.arange(cols, dtype=torch.int64).repeat(a.shape[0])
+    with warnings.catch_warnings():  # torch's one-time "sparse CSR support is in beta" notice
+        warnings.simplefilter("ignore", UserWarning)
+        xs = torch.sparse_csr_tensor(crow, col, a[:, :cols].reshape(-1), (a.shape[0], 256), check_invariants=False)
+    torch.sparse.mm(xs, w.t())
+    t = _slowest(comm, _time(lambda: torch.sparse.mm(xs, w.t()), reps))
+    csr = 2.0 * a.shape[0] * cols * width / max(t, 1e-9)
+    from hpc_graph.ops.csr import CSR
+    from hpc_graph.ops.spmm import spmm
+
+    n, deg = 50_000, 10
+    g = CSR(torch.arange(n + 1, dtype=torch.int64) * deg, torch.randint(0, n, (n * deg,), generator=gen), n)
+    x = torch.randn(n, width, generator=gen, dtype=dtype)
+    spmm(g, x, "sum")
+    t = _slowest(comm, _time(lambda: spmm(g, x, "sum"), reps))
+    rate = n * deg * width / max(t, 1e-9)
+    prof = Profile(alpha, beta, gemm, csr, rate, 0.0, samples)
+    prof.seconds = _slowest(comm, time.perf_counter() - t_start)
+    log.info("profile: %s", {k: (f"{alpha[k] * 1e6:.0f} us", f"{beta[k] / 1e9:.2f} GB/s") for k in OPS})
+    return prof

@@ -1,0 +1,147 @@
+"""``apt`` on one process: every strategy reproduces the full graph with all neighbours sampled; the options
+are checked; the dry run's table and choice; the alpha-beta fit. Multi-rank behaviour (equal gradients of
+the four strategies, bytes per operation, cache, dry-run predictions) is in tests/mpi/test_apt.py."""
+from __future__ import annotations
+
+import logging
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+
+from data_io.dataset import GraphData, write_dataset
+from hpc_graph.comm import get_communicator
+from hpc_graph.engines import create_engine
+from hpc_graph.nn import build_model
+from hpc_graph.plan.profile import fit_alpha_beta
+
+CPU = torch.device("cpu")
+
+
+@pytest.fixture(scope="module")
+def graph_file(tmp_path_factory):
+    rng = np.random.default_rng(1)
+    n, e = 150, 900
+    w = 1.0 / np.arange(1, n + 1) ** 0.7
+    src = rng.choice(n, e, p=w / w.sum())
+    dst = rng.integers(0, n, e)
+    keep = src != dst
+    pairs = np.unique(np.stack([dst[keep], src[keep]], 1), axis=0)
+    indptr = np.zeros(n + 1, dtype=np.int64)
+    np.cumsum(np.bincount(pairs[:, 0], minlength=n), out=indptr[1:])
+    split = rng.random(n)
+    path = tmp_path_factory.mktemp("apt") / "g.h5"
+    write_dataset(path, GraphData(indptr=indptr, indices=pairs[:, 1].astype(np.int64),
+                                  feat=rng.standard_normal((n, 7)).astype(np.float32),
+                                  label=rng.integers(0, 3, n).astype(np.int64), train_mask=split < 0.6,
+                                  val_mask=split >= 0.6, test_mask=split >= 0.8, name="apt", num_classes=3,
+                                  directed=True))
+    return str(path)
+
+
+def _apt(path, strategy, **opts):
+    o = {"fanouts": (-1, -1), "batch_size": 20, "strategy": strategy, "model": "sage", "hidden": 5}
+    o.update(opts)
+    return create_engine("apt", path, get_communicator("local"), CPU, torch.float64, o)
+
+
+@pytest.mark.parametrize("model_name, strategy", [(m, s) for m in ("gcn", "sage", "gat")
+                                                    for s in ("gdp", "nfp", "snp", "dnp") if (m, s) != ("gat", "nfp")])
+def test_all_neighbours_give_the_full_graph(graph_file, model_name, strategy):
+    """With every neighbour sampled, a batch's output rows, loss and gradients are the full graph's (GAT on
+    NFP is refused: test_nfp_refuses_attention)."""
+    single = create_engine("single", graph_file, get_communicator("local"), CPU, torch.float64)
+    eng = _apt(graph_file, strategy, model=model_name)
+    torch.manual_seed(3)
+    model = build_model(model_name, 7, 5, 3, num_layers=2, dropout=0.0, heads=2).double()
+    full = model(single.graph, single.feat)
+    batch = eng.batch(1, 0)
+    out = model(batch.graph, batch.feat)
+    torch.testing.assert_close(out, full[batch.seeds], rtol=1e-10, atol=1e-10)
+    loss = F.cross_entropy(out, batch.label)
+    grads = torch.autograd.grad(loss, list(model.parameters()))
+    ref = torch.autograd.grad(F.cross_entropy(full[batch.seeds], single.label[batch.seeds]),
+                              list(model.parameters()))
+    for g, r in zip(grads, ref):
+        torch.testing.assert_close(g, r, rtol=1e-9, atol=1e-10)
+
+
+def test_strategies_sample_the_same_blocks(graph_file):
+    """Sampled (fan-outs 3, 2): every strategy's batch gives GDP's output rows (same keyed samples)."""
+    torch.manual_seed(5)
+    model = build_model("sage", 7, 5, 3, num_layers=2, dropout=0.0).double()
+    outs = {}
+    for s in ("gdp", "nfp", "snp", "dnp"):
+        eng = _apt(graph_file, s, fanouts=(3, 2))
+        batch = eng.batch(2, 1)
+        outs[s] = model(batch.graph, batch.feat)
+    for s in ("nfp", "snp", "dnp"):
+        torch.testing.assert_close(outs[s], outs["gdp"], rtol=1e-10, atol=1e-12)
+
+
+@pytest.mark.parametrize("opts, match", [
+    ({"strategy": "p3"}, "engine.strategy"),
+    ({"cache_mb": -1}, "engine.cache_mb"),
+    ({"cache_mb": "big"}, "engine.cache_mb"),
+    ({"dry_run_batches": 0}, "engine.dry_run_batches"),
+    ({"fanouts": (5,)}, "sampler.fanouts"),
+    ({"batch_size": 0}, "sampler.batch_size"),
+    ({"strategy": "nfp", "model": "gat"}, "engine.strategy: nfp"),
+    ({"strategy": "nfp", "model": "sage", "model_flags": ("residual",)}, "engine.strategy: nfp"),
+    ({"strategy": "dnp", "model_flags": ("batchnorm",)}, "batch statistics"),
+])
+def test_bad_options_are_refused(graph_file, opts, match):
+    with pytest.raises(ValueError, match=match):
+        _apt(graph_file, opts.pop("strategy", "gdp"), **opts)
+
+
+def test_nfp_refuses_attention(graph_file):
+    """An NFP block refuses GAT itself (the engine cannot see a model built by hand)."""
+    eng = _apt(graph_file, "nfp", model="sage")
+    model = build_model("gat", 7, 5, 3, num_layers=2, dropout=0.0, heads=2).double()
+    batch = eng.batch(1, 0)
+    with pytest.raises(ValueError, match="attention models"):
+        model(batch.graph, batch.feat)
+
+
+def test_auto_runs_the_dry_run_and_logs_the_table(graph_file, caplog):
+    with caplog.at_level(logging.INFO, logger="hpc_graph.plan.dry_run"):
+        eng = _apt(graph_file, "auto", fanouts=(3, 2), dry_run_batches=4)
+    plan = eng.plan
+    assert eng.strategy == plan.choice
+    assert plan.choice == min((s for s in plan.costs if plan.costs[s].fits), key=plan.predicted)
+    table = plan.table()
+    for s in ("gdp", "nfp", "snp", "dnp"):
+        assert s in table
+    assert "<- chosen" in caplog.text
+    # one process: nothing to send, so no strategy moves bytes
+    for s in plan.costs:
+        assert sum(v for op, v in plan.predicted_bytes(s).items() if op != "allreduce") == 0
+
+
+def test_memory_limit_rules_strategies_out(graph_file, caplog):
+    eng = _apt(graph_file, "auto", fanouts=(3, 2), dry_run_batches=2, memory_mb=1e-6, model="gat")
+    table = eng.plan.table()
+    assert table.count("ruled out") == 4 and "MB per rank" in table
+    assert "nfp splits the input features" in eng.plan.costs["nfp"].reason or "MB" in eng.plan.costs["nfp"].reason
+    assert eng.strategy == "gdp"  # nothing fits: the plan falls back to gdp (with a warning)
+
+
+def test_cache_holds_the_hottest_remote_rows_only():
+    """hot_rows: most-read first, then any other remote row; never more than asked."""
+    from hpc_graph.plan.dry_run import Plan
+
+    gids = np.array([10, 11, 12, 13])
+    counts = np.array([1, 5, 3, 5])
+    plan = Plan({}, "gdp", None, 1, 1, 0.0, {"gdp": (gids, counts)}, np.array([10, 11, 12, 13, 14, 15]), 1.0)
+    assert plan.hot_rows("gdp", 3).tolist() == [11, 13, 12]
+    assert sorted(plan.hot_rows("gdp", 10).tolist()) == [10, 11, 12, 13, 14, 15]
+
+
+def test_alpha_beta_fit_recovers_a_line():
+    rng = np.random.default_rng(0)
+    alpha, beta = rng.uniform(1e-6, 1e-4), rng.uniform(1e8, 1e10)
+    sizes = np.array([2.0 ** k for k in range(10, 27, 3)])
+    a, b = fit_alpha_beta(sizes, alpha + sizes / beta)
+    assert abs(a - alpha) < 1e-3 * alpha + 1e-12 and abs(b - beta) < 1e-6 * beta
