@@ -36,7 +36,6 @@ from __future__ import annotations
 
 import logging
 import time
-import warnings
 from pathlib import Path
 from typing import Any
 
@@ -49,7 +48,7 @@ from hpc_graph.graph.dist_graph import dataset_as_partition, load_dist_graph, pa
 from hpc_graph.graph.halo_graph import HaloGraph
 from hpc_graph.graph.sampler import NeighborSampler, SeedSchedule, relabel, sample_key
 from hpc_graph.graph.strategies import DNPReturn, NFPBlock, NFPReduce, SNPContext
-from hpc_graph.ops.csr import CSR
+from hpc_graph.ops.csr import CSR, column_slice_csr
 from hpc_graph.store.feature_store import FeatureStore
 
 log = logging.getLogger(__name__)
@@ -112,7 +111,7 @@ class APTEngine(Engine):
         self.model_name = str(o.get("model", "sage"))
         self.hidden = int(o.get("hidden", 64))
         self.memory_mb = float(o.get("memory_mb", 0) or 0)
-        profile_mb = o.get("profile_mb", 64)
+        profile_mb = o.get("profile_mb", 16)
         if isinstance(profile_mb, bool) or not isinstance(profile_mb, (int, float)) or not profile_mb > 0:
             raise ValueError(f"engine.profile_mb: must be a number > 0 (largest message of the profile, MiB), "
                              f"got {profile_mb!r}")
@@ -157,10 +156,20 @@ class APTEngine(Engine):
             self.run_dry_run(strategy)
             if strategy == "auto":
                 strategy = self.plan.choice
+        self.strategy = ""
+        self.use_strategy(strategy)
+
+    def use_strategy(self, strategy: str) -> None:
+        """Switch to ``strategy`` (collective): refill the cache with its hottest rows from the dry run, lay the
+        features out by columns for ``nfp``, zero the counters. Benchmarks compare strategies this way."""
+        if strategy not in STRATEGIES:
+            raise ValueError(f"engine.strategy: must be one of {', '.join(STRATEGIES)}, got {strategy!r}")
+        if strategy in self.ruled_out:
+            raise ValueError(f"engine.strategy: {strategy} {self.ruled_out[strategy]}")
         self.strategy = strategy
         if self.cache_mb > 0:
-            self._fill_cache(self.plan.hot_rows(self.strategy, self._cache_rows()))
-        if self.strategy == "nfp":
+            self._fill_cache(self.plan.hot_rows(strategy, self._cache_rows()))
+        if strategy == "nfp" and self._nfp is None:
             self._setup_nfp()
         self.reset_stats()
 
@@ -359,13 +368,7 @@ class APTEngine(Engine):
         gid = np.where(u_src < 0, 0, u_src)
         values = nfp["cols"][torch.from_numpy(gid)]
         values[phantom] = 0
-        w, lo = nfp["width"], nfp["lo"]
-        crow = torch.arange(rows + 1, dtype=torch.int64) * w
-        colidx = (torch.arange(w, dtype=torch.int64) + lo).repeat(rows)
-        with warnings.catch_warnings():  # torch's one-time "sparse CSR support is in beta" notice
-            warnings.simplefilter("ignore", UserWarning)
-            x = torch.sparse_csr_tensor(crow, colidx, values.reshape(-1), (rows, self.num_features),
-                                        check_invariants=False)
+        x = column_slice_csr(values, nfp["lo"], self.num_features)
         degree = nfp["degree"][torch.from_numpy(gid)].clone()
         degree[phantom] = 0
         src_t = torch.from_numpy(u_src.copy())

@@ -30,7 +30,7 @@ import torch
 
 from hpc_graph.graph.base import GraphContext
 from hpc_graph.ops.all_reduce import all_reduce_sum
-from hpc_graph.ops.csr import CSR
+from hpc_graph.ops.csr import CSR, column_slice_csr, dense_columns
 
 
 class Block(GraphContext):
@@ -75,6 +75,9 @@ class Block(GraphContext):
         n = self.num_nodes
         if t.layout == torch.strided:
             return t.narrow(0, 0, n)
+        if t.layout == torch.sparse_csr and dense_columns(t) is not None:  # a column slice stays one
+            lo, values = dense_columns(t)
+            return column_slice_csr(values[:n], lo, t.shape[1])
         if t.layout == torch.sparse_csr:  # the first n rows of a CSR matrix: a prefix of its arrays
             crow = t.crow_indices()[:n + 1]
             nnz = int(crow[-1])

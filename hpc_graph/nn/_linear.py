@@ -15,6 +15,8 @@ import warnings
 import torch
 from torch.nn import functional as F
 
+from hpc_graph.ops.csr import dense_columns
+
 _PLAN = "_hpc_csr_transpose"
 
 
@@ -66,6 +68,10 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
         return F.linear(x, weight, bias)
     if x.layout != torch.sparse_csr:
         raise ValueError(f"linear: input layout must be dense or sparse CSR, got {x.layout}")
+    block = dense_columns(x)
+    if block is not None:  # a dense column slice (NFP's input): one GEMM over the slice's columns
+        lo, values = block
+        return F.linear(values, weight[:, lo:lo + values.shape[1]], bias)
     out = _CSRLinear.apply(x, weight)
     return out if bias is None else out + bias
 

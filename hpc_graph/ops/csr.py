@@ -186,3 +186,31 @@ def relational_csr(indptr, indices, edge_type, num_relations: int, num_src: int 
     np.cumsum(np.bincount(key, minlength=n * r), out=rel_indptr[1:])
     return CSR(rel_indptr, indices[order].astype(np.int64, copy=False), n if num_src is None else num_src,
                validate=False)
+
+
+_DENSE_COLUMNS = "_hpc_dense_columns"
+
+
+def column_slice_csr(values: torch.Tensor, lo: int, num_cols: int) -> torch.Tensor:
+    """A sparse CSR tensor [rows, num_cols] holding the dense block ``values`` [rows, w] in columns
+    ``lo .. lo + w - 1`` and zeros elsewhere (a rank's column slice of the input features under NFP).
+
+    It is an ordinary CSR tensor (every operation gives the right result), marked so that
+    :func:`dense_columns` can hand the dense block to a projection instead: ``x @ W^T`` is then
+    ``values @ W[:, lo:lo+w]^T``, a dense GEMM.
+    """
+    import warnings
+
+    rows, w = int(values.shape[0]), int(values.shape[1])
+    crow = torch.arange(rows + 1, dtype=torch.int64, device=values.device) * w
+    col = (torch.arange(w, dtype=torch.int64, device=values.device) + int(lo)).repeat(rows)
+    with warnings.catch_warnings():  # torch's one-time "sparse CSR support is in beta" notice
+        warnings.simplefilter("ignore", UserWarning)
+        x = torch.sparse_csr_tensor(crow, col, values.reshape(-1), (rows, int(num_cols)), check_invariants=False)
+    setattr(x, _DENSE_COLUMNS, (int(lo), values))
+    return x
+
+
+def dense_columns(x: torch.Tensor) -> tuple[int, torch.Tensor] | None:
+    """``(lo, values)`` of a tensor made by :func:`column_slice_csr`, else None."""
+    return getattr(x, _DENSE_COLUMNS, None) if x.layout == torch.sparse_csr else None

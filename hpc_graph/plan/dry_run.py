@@ -30,7 +30,7 @@ import numpy as np
 import torch
 
 from hpc_graph.graph.sampler import relabel, sample_key
-from hpc_graph.plan.profile import Profile, profile_machine
+from hpc_graph.plan.profile import Profile, profile_machine, time_layer
 
 log = logging.getLogger(__name__)
 
@@ -98,7 +98,7 @@ class Plan:
             note = ("<- chosen" if s == self.choice else "") if c.fits else f"ruled out: {c.reason}"
             lines.append(f"{s:>8} {sec['build']:9.3f} {sec['load']:9.3f} {sec['shuffle']:9.3f} "
                          f"{sec['compute']:9.3f} {c.total:9.3f} {c.memory_mb:10.1f}  {note}")
-        lines.append(f"dry run: {self.batches} of {self.iterations} batches, {self.dry_seconds:.2f} s "
+        lines.append(f"dry run: {self.batches} batches (an epoch has {self.iterations}), {self.dry_seconds:.2f} s "
                      f"(profile {self.profile.seconds:.2f} s); memory limit {self.limit_mb:.0f} MB per rank")
         return "\n".join(lines)
 
@@ -110,6 +110,37 @@ def memory_limit_mb(comm: Any) -> float:
     except (ValueError, OSError, AttributeError):
         return float("inf")
     return total / max(int(getattr(comm, "local_size", 1) or 1), 1) / 2**20
+
+
+def _time_builds(engine: Any, strategies: list[str], iters: int, epoch: int, batches: int = 2) -> dict[str, float]:
+    """Seconds per epoch of each strategy's batch building (sampling, structure, input rows, blocks; no model),
+    timed over ``batches`` batches after one warm-up, without a cache (collective). The engine's state is
+    restored; NFP's column layout is kept only if the engine already had it."""
+    saved = (engine.strategy if hasattr(engine, "strategy") else "", dict(engine.counter), engine.build_seconds,
+             engine._iterations_done if hasattr(engine, "_iterations_done") else 0, engine._nfp,
+             engine.store.cache_gid, engine.store.cache_feat, engine.store.cache_degree)
+    engine.store.cache_gid = np.zeros(0, np.int64)
+    engine._iterations_done = 0
+    out = {}
+    n = min(batches + 1, max(iters, 1))
+    try:
+        for s in strategies:
+            engine.strategy = s
+            times = []
+            for it in range(n):
+                t0 = time.perf_counter()
+                engine.batch(epoch, it % max(iters, 1))
+                times.append(time.perf_counter() - t0)
+            t = torch.tensor([float(np.median(times[1:] if n > 1 else times))], dtype=torch.float64)
+            if engine.size > 1:
+                engine.comm.allreduce_(t, "max")
+            out[s] = float(t.item()) * iters
+    finally:
+        (engine.strategy, engine.counter, engine.build_seconds, engine._iterations_done, engine._nfp,
+         engine.store.cache_gid, engine.store.cache_feat, engine.store.cache_degree) = saved
+        engine._epoch = None
+        engine.store.reset_stats()
+    return out
 
 
 def dry_run(engine: Any, requested: str = "auto", profile: Profile | None = None) -> Plan:
@@ -132,8 +163,11 @@ def dry_run(engine: Any, requested: str = "auto", profile: Profile | None = None
     loads: dict[str, list[np.ndarray]] = {s: [] for s in ("gdp", "snp", "dnp")}
     snp_v = np.zeros(P, np.int64)
     snp_e = np.zeros(P, np.int64)
+    snp_u = np.zeros(P, np.int64)
     dnp_req = np.zeros(P, np.int64)
     saved_counter = dict(engine.counter)
+    local_times: list[float] = []  # per batch: sampling work outside communication
+    gather_rows: list[tuple[int, int]] = []  # per batch: input rows gathered here, input rows in all
     for it in range(nb):
         t0, c0 = time.perf_counter(), comm.comm_seconds
         epoch = dry_epochs[it % FOLDS]
@@ -145,7 +179,19 @@ def dry_run(engine: Any, requested: str = "auto", profile: Profile | None = None
         counts, nbrs, deg = engine._hop(D, 0, epoch)
         s_all = engine.counter.get("sample", 0) - s0
         src, col = relabel(D, nbrs)
-        acc["local_sample_s"] += (time.perf_counter() - t0) - (comm.comm_seconds - c0)
+        # the rest of a GDP batch's local work: blocks, and the input rows gathered (owned rows here)
+        from hpc_graph.graph.block import Block
+        from hpc_graph.ops.csr import CSR
+
+        blocks = engine.upper_blocks(upper, deg, None)
+        csr0 = CSR(torch.from_numpy(np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)),
+                   torch.from_numpy(col), int(src.size), validate=False)
+        src_t = torch.from_numpy(src)
+        own_src = src[sampler.is_owned(src)]
+        Block(csr0, src_t, engine.dg.orig_ids_of(src_t), torch.zeros(src.size, dtype=torch.int64), comm)
+        engine.feat.index_select(0, torch.from_numpy(own_src - first))
+        local_times.append((time.perf_counter() - t0) - (comm.comm_seconds - c0))
+        gather_rows.append((own_src.size, src.size))
         acc["sample"] += s_all
         acc["sample_up"] += s_up
         for (_, dst, _, c, _, s) in upper:
@@ -167,6 +213,9 @@ def dry_run(engine: Any, requested: str = "auto", profile: Profile | None = None
         pairs = np.unique(own * max(nd, 1) + rows)
         v = np.bincount(pairs // max(nd, 1), minlength=P).astype(np.int64)
         e = np.bincount(own, minlength=P).astype(np.int64)
+        u = np.bincount(sampler.owner(np.unique(nbrs)), minlength=P).astype(np.int64) if nbrs.size \
+            else np.zeros(P, np.int64)  # distinct sources per owner: the rows each owner projects for me
+        snp_u += u
         v[r], e[r] = 0, 0
         snp_v += v
         snp_e += e
@@ -198,9 +247,11 @@ def dry_run(engine: Any, requested: str = "auto", profile: Profile | None = None
     cache_rows = engine._cache_rows() if engine.cache_mb > 0 else 0
     remote_nodes = np.concatenate([np.arange(engine.dg.node_ranges[0], first),
                                    np.arange(first + engine.num_owned, engine.dg.node_ranges[-1])]).astype(np.int64)
-    hot, fetch_by_owner = {}, {}
+    hot, fetch_by_owner, fetch_nocache = {}, {}, {}
     for s, lst in loads.items():
         allg = np.concatenate(lst) if lst else np.zeros(0, np.int64)
+        fetch_nocache[s] = (np.bincount(sampler.owner(allg), minlength=P) if allg.size
+                            else np.zeros(P)).astype(np.float64)
         gids, cnt = np.unique(allg, return_counts=True)
         hot[s] = (gids, cnt)
         if not cache_rows:
@@ -227,23 +278,44 @@ def dry_run(engine: Any, requested: str = "auto", profile: Profile | None = None
             continue
         fetch_by_owner[s] = (np.bincount(sampler.owner(unc), minlength=P) if unc.size
                              else np.zeros(P)).astype(np.float64)
+    # sampling work per batch: the median (the first batches pay one-time loading of the kernels)
+    acc["local_sample_s"] = float(np.median(local_times)) * nb if local_times else 0.0
+    # the model's work at this batch's real shapes: layer 1 (block 0) and the upper layers
+    F, dp, C = engine.num_features, max(engine.hidden, 1), engine.num_classes
+    t_gemm1 = t_spmm1 = t_up = 0.0
+    if nb:
+        t_gemm1, t_spmm1 = time_layer(csr0, engine.num_features, max(engine.hidden, 1), engine.dtype)
+        for blk in blocks:
+            g, a = time_layer(blk.csr, max(engine.hidden, 1), max(engine.hidden, 1), engine.dtype)
+            t_up += g + a
+        last_rows1, last_edges1 = float(src.size), float(max(nbrs.size, 1))
+    # the optimiser's step over the model's parameters (Adam: a few passes over them)
+    params = 2 * (F * dp + max(L - 2, 0) * dp * dp + dp * C)
+    weights = torch.zeros(params, dtype=engine.dtype, requires_grad=True)
+    weights.grad = torch.zeros_like(weights)
+    opt = torch.optim.Adam([weights])
+    opt.step()
+    t0 = time.perf_counter()
+    opt.step()
+    t_step = time.perf_counter() - t0
     # counts scale to an epoch by seeds (an epoch's last batch may be short; the dry run's are full)
     k = min(engine.train_idx.numel(), iters * engine.batch_size) / max(acc["seeds"], 1)
     mine_info = {"nd": acc["nd"] * k, "rows1": acc["rows1"] * k, "edges1": acc["edges1"] * k,
-                 "snp_v": (snp_v * k).tolist(), "snp_e": (snp_e * k).tolist(),
-                 "fetch": {s: (v * k).tolist() for s, v in fetch_by_owner.items()}, "max_rows1": acc["max_rows1"]}
+                 "snp_v": (snp_v * k).tolist(), "snp_e": (snp_e * k).tolist(), "snp_u": (snp_u * k).tolist(),
+                 "fetch": {s: (v * k).tolist() for s, v in fetch_by_owner.items()},
+                 "fetch0": {s: (v * k).tolist() for s, v in fetch_nocache.items()}, "max_rows1": acc["max_rows1"]}
     every = comm.allgather_object(mine_info) if P > 1 else [mine_info]  # per epoch, each rank's own scale
     prof = profile if profile is not None else profile_machine(comm, engine.dtype, max_bytes=engine.profile_bytes,
                                                                width=max(engine.hidden, 1))
     item = engine.feat.element_size()
-    F, dp, heads = engine.num_features, engine.hidden, max(int(engine.options.get("heads", 1)), 1)
+    heads = max(int(engine.options.get("heads", 1)), 1)
     gat = engine.model_name == "gat"
-    C = engine.num_classes
-    params = 2 * (F * dp + max(L - 2, 0) * dp * dp + dp * C)
     costs = {}
     limit = engine.memory_mb or memory_limit_mb(comm)
     owned_bytes = engine.num_owned * (F * item + 8)
     N = int(engine.dg.node_ranges[-1])
+    load_nocache: dict[str, float] = {}
+    built = _time_builds(engine, [s for s in STRATEGIES if s not in engine.ruled_out], iters, dry_epochs[0])
     for s in STRATEGIES:
         b = {op: 0.0 for op in OPS}
         calls = {op: 0.0 for op in OPS}
@@ -254,6 +326,9 @@ def dry_run(engine: Any, requested: str = "auto", profile: Profile | None = None
             f = every[r]["fetch"][s]
             asked_of_me = sum(every[p]["fetch"][s][r] for p in range(P) if p != r)
             b["load"] = 8 * (sum(f) - f[r]) + row_bytes * asked_of_me
+            f0 = every[r]["fetch0"][s]
+            load_nocache[s] = 8 * (sum(f0) - f0[r]) + row_bytes * sum(every[p]["fetch0"][s][r] for p in range(P)
+                                                                       if p != r)
             calls["load"] = 2 * iters
         rows1, edges1, csr_rows1 = acc["rows1"] * k, acc["edges1"] * k, 0.0
         if s == "nfp":
@@ -273,23 +348,32 @@ def dry_run(engine: Any, requested: str = "auto", profile: Profile | None = None
             b["shuffle_bwd"] = item * (w * mine_v + (heads * on_me if gat else 0))
             calls["shuffle"] = calls["shuffle_bwd"] = (2 if gat else 1) * iters
             edges1 = acc["snp_local_edges"] * k + sum(every[p]["snp_e"][r] for p in range(P))
-            rows1 = acc["nd"] * k + edges1
+            rows1 = acc["nd"] * k + sum(every[p]["snp_u"][r] for p in range(P))
         elif s == "dnp":
             b["shuffle"] = dp * item * acc["dnp_asked"] * k
             b["shuffle_bwd"] = dp * item * acc["dnp_remote"] * k
             calls["shuffle"] = calls["shuffle_bwd"] = iters
             rows1, edges1 = acc["dnp_rows1"] * k, acc["dnp_edges1"] * k
         sec = {}
-        sec["build"] = acc["local_sample_s"] * k + prof.comm_time("alltoallv", calls["sample"] + calls["structure"],
-                                                                 b["sample"] + b["structure"])
+        # build (sampling, structure, loading the input rows, blocks): timed in the dry run, without a cache;
+        # the cache's saving is the alpha-beta time of the rows it keeps from being fetched
         sec["load"] = prof.comm_time("alltoallv", calls["load"], b["load"])
+        if s in built:
+            sec["build"] = built[s] - (prof.comm_time("alltoallv", calls["load"], load_nocache[s]) - sec["load"]
+                                       if s in load_nocache else 0.0)
+        else:
+            sec["build"] = acc["local_sample_s"] * iters / max(nb, 1) + prof.comm_time(
+                "alltoallv", calls["sample"] + calls["structure"], b["sample"] + b["structure"]) + sec["load"]
         sec["shuffle"] = prof.comm_time("alltoallv", calls["shuffle"] + calls["shuffle_bwd"],
                                         b["shuffle"] + b["shuffle_bwd"])
+        # compute: the measured layer times of one dry-run batch, scaled by each strategy's rows and edges
         att = 3.0 if gat else 1.0
-        gemm = 2.0 * rows1 * F * dp + 2.0 * (acc["up_rows"] + acc["up_dst"]) * k * dp * dp
-        spmm = att * (edges1 + acc["up_edges"] * k) * dp
-        csr = 2.0 * csr_rows1 * (F / P) * dp
-        sec["compute"] = 3.0 * (gemm / prof.gemm_flops + csr / prof.csr_flops + spmm / prof.spmm_rate) \
+        per_it = iters
+        rows_it = (rows1 + (csr_rows1 / P if s == "nfp" else 0.0)) / per_it
+        edges_it = edges1 / per_it
+        sec["compute"] = per_it * (t_gemm1 * rows_it / max(last_rows1, 1.0)
+                                   + att * t_spmm1 * edges_it / last_edges1 + att * t_up + t_step
+                                   + t_gemm1 * acc["nd"] * k / per_it / max(last_rows1, 1.0)) \
             + prof.comm_time("allreduce", calls["allreduce"], b["allreduce"])
         # memory: stored features (+ NFP's column slices, + cache), the largest batch's layer-1 input and activations
         store = owned_bytes + (cache_rows * row_bytes if s != "nfp" else 0)
@@ -317,8 +401,9 @@ def dry_run(engine: Any, requested: str = "auto", profile: Profile | None = None
     choice = min(fitting, key=lambda s: costs[s].total) if fitting else "gdp"
     dry = time.perf_counter() - t_start - prof.seconds if profile is None else time.perf_counter() - t_start
     plan = Plan(costs, choice, prof, nb, iters, dry, hot, remote_nodes, limit)
-    if requested == "auto":
+    log.debug("apt: rank %d predicted terms %s", r, {s: c.seconds for s, c in costs.items()})
+    if requested == "auto" and r == 0:
         log.info("apt: predicted epoch per strategy\n%s", plan.table())
-        if not fitting:
-            log.warning("apt: no strategy fits in %.0f MB per rank; running gdp", limit)
+    if requested == "auto" and not fitting:
+        log.warning("apt: no strategy fits in %.0f MB per rank; running gdp", limit)
     return plan

@@ -1,0 +1,212 @@
+"""Benchmark: the ``apt`` engine's four strategies, the cost model's predictions and ``auto``'s regret.
+
+    python benchmarks/bench_apt.py prepare --scale 18 --work results/apt
+    mpiexec -n 2 python benchmarks/bench_apt.py run --work results/apt --out results/bench_apt_r2.jsonl
+    mpiexec -n 4 python benchmarks/bench_apt.py run --work results/apt --out results/bench_apt_r4.jsonl --bytes-only
+    python benchmarks/bench_apt.py report results/bench_apt_r2.jsonl
+
+``prepare``: R-MAT graphs (``hpc-graph generate rmat``, input width d = 128 and 512) and their METIS and
+random partitions into 2 and 4 parts.
+
+``run`` (under ``mpiexec``; one line of JSON per configuration): for every configuration (d, hidden d',
+cache 0 or 10 % of the remote rows, METIS or random parts), a 2-layer GraphSAGE (mean) with fan-outs
+10, 5 and 1024 seeds per rank and iteration: the engine's dry run and profile (timed), its prediction for
+every strategy, then for every strategy ``--iters`` training iterations (forward, backward, gradient
+all-reduce, Adam step) after one warm-up, timed on every rank; the measured epoch is the slowest rank's
+median iteration times the iterations of an epoch. Bytes per operation measured over the timed iterations
+are scaled to an epoch the same way. ``--bytes-only`` skips the timings (the 4-rank byte check).
+
+``report``: the table of measured and predicted epochs, prediction errors, the winner, ``auto``'s choice
+and regret, and its speed-up over always-GDP. The plan's cost is shown twice: ``plan_seconds`` (the
+first plan of the process: profile, loading the kernels, dry run) and ``warm_plan_seconds`` (a second
+dry run, the profile reused: what the plan costs once the process is warm).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+STRATS = ("gdp", "nfp", "snp", "dnp")
+
+
+def prepare(args) -> None:
+    work = Path(args.work)
+    work.mkdir(parents=True, exist_ok=True)
+    env = dict(os.environ, PYTHONPATH=str(REPO))
+    for d in args.dims:
+        h5 = work / f"rmat{args.scale}_d{d}.h5"
+        if not h5.exists():
+            subprocess.run(["hpc-graph", "generate", "rmat", "--scale", str(args.scale), "--feat-dim", str(d),
+                            "-o", str(h5), "--seed", "1"], check=True, env=env)
+        for parts in args.parts:
+            for method in ("metis", "random"):
+                out = work / f"rmat{args.scale}_d{d}_{method}{parts}"
+                if not out.exists():
+                    subprocess.run(["hpc-graph", "partition", str(h5), "-o", str(out), "-n", str(parts),
+                                    "--method", method], check=True, env=env)
+
+
+def _configs(args, size: int):
+    work = Path(args.work)
+    for d in args.dims:
+        for hidden in args.hidden:
+            for cache in args.cache:
+                for method in args.methods:
+                    path = work / f"rmat{args.scale}_d{d}_{method}{size}"
+                    if path.exists():
+                        yield {"d": d, "hidden": hidden, "cache": cache, "method": method, "path": str(path)}
+
+
+def run(args) -> None:
+    import numpy as np
+    import torch
+    import torch.nn.functional as F
+
+    from hpc_graph.comm import communicator as _communicator
+    from hpc_graph.comm.threads import configure_threads
+    from hpc_graph.engines import create_engine
+    from hpc_graph.nn import build_model
+
+    comm = _communicator.get_communicator("mpi")
+    configure_threads(comm=comm, world=True)
+    rank, size = comm.rank, comm.size
+    out = open(args.out, "a") if rank == 0 else None
+    for cfg in _configs(args, size):
+        # cache: a fraction of this rank's remote rows, in MiB
+        row = cfg["d"] * 4 + 8
+        t0 = time.perf_counter()
+        eng = create_engine("apt", cfg["path"], comm, torch.device("cpu"), torch.float32,
+                            {"fanouts": (10, 5), "batch_size": args.batch, "strategy": "auto", "model": "sage",
+                             "hidden": cfg["hidden"], "seed": 0, "dry_run_batches": args.dry_batches,
+                             "cache_mb": 0.0})
+        if cfg["cache"] > 0:  # the cache size depends on the graph: re-plan with it
+            remote = int(eng.dg.node_ranges[-1]) - eng.num_owned
+            eng.cache_mb = cfg["cache"] * remote * row / 2**20
+            eng.run_dry_run("auto")
+        plan = eng.plan
+        plan_seconds = plan.dry_seconds + plan.profile.seconds  # the first plan of the process pays the profile
+        t1 = time.perf_counter()
+        warm = eng.run_dry_run("auto")  # again, warm (kernels loaded, profile kept): what a long job pays
+        warm_seconds = time.perf_counter() - t1
+        eng.plan = plan
+        iters = eng.iterations(1)
+        del warm
+        rec = {**cfg, "ranks": size, "iterations": iters, "plan_seconds": plan_seconds, "warm_plan_seconds": warm_seconds,
+               "dry_seconds": plan.dry_seconds, "profile_seconds": plan.profile.seconds, "choice": plan.choice,
+               "predicted": {s: plan.predicted(s) for s in STRATS},
+               "predicted_terms": {s: plan.costs[s].seconds for s in STRATS},
+               "predicted_bytes": {s: plan.costs[s].bytes for s in STRATS},
+               "fits": {s: plan.costs[s].fits for s in STRATS}, "measured": {}, "measured_bytes": {},
+               "cache_hit_rate": {}}
+        _, sizes = eng.batch_sizes(1, iters)
+        for s in STRATS:
+            if not plan.costs[s].fits:
+                continue
+            eng.use_strategy(s)
+            torch.manual_seed(0)
+            model = build_model("sage", eng.num_features, cfg["hidden"], eng.num_classes, num_layers=2, dropout=0.0)
+            opt = torch.optim.Adam(model.parameters(), lr=0.01)
+            params = list(model.parameters())
+            times = []
+            n = min(args.iters + 1, iters)
+            for it in range(n):
+                comm.barrier()
+                t = time.perf_counter()
+                opt.zero_grad()
+                batch = eng.batch(1, it)
+                loss = F.cross_entropy(model(batch.graph, batch.feat), batch.label, reduction="sum") / sizes[it]
+                loss.backward()
+                for p in params:
+                    if p.grad is None:
+                        p.grad = torch.zeros_like(p)
+                comm.allreduce_bucketed_([p.grad for p in params])
+                opt.step()
+                times.append(time.perf_counter() - t)
+                if it == 0:
+                    eng.reset_stats()  # the warm-up's bytes and cache counts do not count
+            med = torch.tensor([statistics.median(times[1:]) if len(times) > 1 else times[0]], dtype=torch.float64)
+            comm.allreduce_(med, "max")
+            st = eng.stats()
+            scale = iters / max(n - 1, 1)
+            rec["measured"][s] = float(med.item()) * iters
+            rec["measured_bytes"][s] = {k: v * scale for k, v in st["bytes_by_op"].items()}
+            rec["cache_hit_rate"][s] = st["cache_hit_rate"]
+            rec.setdefault("measured_build", {})[s] = st["build_seconds"] * scale
+        if rank == 0:
+            out.write(json.dumps(rec) + "\n")
+            out.flush()
+            best = min(rec["measured"], key=rec["measured"].get)
+            print(f"d={cfg['d']} d'={cfg['hidden']} cache={cfg['cache']} {cfg['method']}: measured "
+                  + " ".join(f"{s} {v:.1f}" for s, v in rec["measured"].items())
+                  + " | predicted " + " ".join(f"{s} {v:.1f}" for s, v in rec["predicted"].items())
+                  + f" | auto {rec['choice']} best {best} plan {plan_seconds:.1f}s", flush=True)
+            print("   build measured " + " ".join(f"{s} {v:.2f}" for s, v in rec["measured_build"].items())
+                  + " | predicted terms " + " ".join(f"{s} " + "/".join(f"{v:.2f}" for v in rec["predicted_terms"][s].values())
+                                                    for s in rec["measured"]), flush=True)
+        del eng
+
+
+def report(args) -> None:
+    rows = [json.loads(line) for f in args.files for line in open(f) if line.strip()]
+    errs, regrets, speedups, overheads = [], [], [], []
+    print("| d | d' | cache | parts | GDP s | NFP s | SNP s | DNP s | predicted GDP/NFP/SNP/DNP s | best | auto "
+          "| regret | auto vs GDP | plan / epoch |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+    for r in rows:
+        m, p = r["measured"], r["predicted"]
+        if not m:
+            continue
+        best = min(m, key=m.get)
+        for s in m:
+            errs.append(abs(p[s] - m[s]) / m[s])
+        regret = m.get(r["choice"], float("nan")) / m[best]
+        regrets.append(regret)
+        speedups.append(m["gdp"] / m.get(r["choice"], float("nan")))
+        overheads.append(r["warm_plan_seconds"] / m.get(r["choice"], float("nan")))
+        cells = [f"{m[s]:.1f}" if s in m else "-" for s in STRATS]
+        print(f"| {r['d']} | {r['hidden']} | {r['cache']:.0%} | {r['method']} | " + " | ".join(cells)
+              + " | " + "/".join(f"{p[s]:.1f}" for s in STRATS) + f" | {best} | {r['choice']} | {regret:.2f} | "
+              f"{speedups[-1]:.2f}x | {overheads[-1]:.1%} |")
+    if errs:
+        print(f"\nprediction error: median {statistics.median(errs):.1%}, max {max(errs):.1%} over {len(errs)} "
+              f"strategy runs; regret of auto: median {statistics.median(regrets):.2f}, max {max(regrets):.2f}; "
+              f"auto vs always-GDP: median {statistics.median(speedups):.2f}x; warm plan (dry run) / epoch: "
+              f"median {statistics.median(overheads):.1%}, max {max(overheads):.1%}")
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    pp = sub.add_parser("prepare")
+    pp.add_argument("--scale", type=int, default=18)
+    pp.add_argument("--dims", type=int, nargs="+", default=[128, 512])
+    pp.add_argument("--parts", type=int, nargs="+", default=[2, 4])
+    pp.add_argument("--work", default="results/apt")
+    rp = sub.add_parser("run")
+    rp.add_argument("--work", default="results/apt")
+    rp.add_argument("--scale", type=int, default=18)
+    rp.add_argument("--dims", type=int, nargs="+", default=[128, 512])
+    rp.add_argument("--hidden", type=int, nargs="+", default=[16, 64, 256])
+    rp.add_argument("--cache", type=float, nargs="+", default=[0.0, 0.1])
+    rp.add_argument("--methods", nargs="+", default=["metis", "random"])
+    rp.add_argument("--batch", type=int, default=1024)
+    rp.add_argument("--iters", type=int, default=6)
+    rp.add_argument("--dry-batches", type=int, default=20)
+    rp.add_argument("--out", required=True)
+    rp.add_argument("--bytes-only", action="store_true")
+    rr = sub.add_parser("report")
+    rr.add_argument("files", nargs="+")
+    args = ap.parse_args()
+    {"prepare": prepare, "run": run, "report": report}[args.cmd](args)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
