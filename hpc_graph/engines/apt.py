@@ -236,7 +236,7 @@ class APTEngine(Engine):
         out["bytes_by_op"] = {k: int(self.counter.get(k, 0))
                               for k in ("sample", "structure", "load", "shuffle", "shuffle_bwd")}
         remote = st["cached"] + st["fetched"]
-        out["cache_hit_rate"] = st["cached"] / remote if remote else None
+        out["cache_hit_rate"] = st["cached"] / remote if remote and self.store.cache_gid.size else None
         out["rows_fetched"] = st["fetched"]
         out["rows_cached"] = int(self.store.cache_gid.size)
         out["build_seconds"] = self.build_seconds

@@ -262,7 +262,9 @@ def summarize(run: Run) -> dict[str, Any]:
     ``median_comm_seconds_per_rank``, ``peak_rss_mb_per_rank`` (MiB),
     ``bytes_per_epoch_per_rank``; ``compute_share``, ``comm_share`` (fractions of
     compute + communication seconds), ``max_peak_rss_mb``, ``bytes_per_epoch``
-    (sum over ranks).
+    (sum over ranks); for the sampled engines ``bytes_by_op_per_epoch`` (engine_stats'
+    ``bytes_by_op``, summed over ranks, mean per epoch), ``strategy`` and ``cache_hit_rate`` (``apt``),
+    None where absent.
     """
     epochs = run.epochs
     loss = _first_valid(run.table("loss"))
@@ -303,6 +305,24 @@ def summarize(run: Run) -> dict[str, Any]:
     per_rank_bytes = _col_reduce(sent, np.mean)
     out["bytes_per_epoch_per_rank"] = _nums(per_rank_bytes)
     out["bytes_per_epoch"] = _num(np.nansum(per_rank_bytes)) if np.any(~np.isnan(per_rank_bytes)) else None
+    # sampled engines: bytes by operation (engine_stats.bytes_by_op), mean per epoch, summed over ranks
+    by_op: dict[str, list[float]] = {}
+    strategies, hits = set(), []
+    for row in run.rows:
+        st = row.get("engine_stats")
+        if not isinstance(st, dict):
+            continue
+        for op, v in (st.get("bytes_by_op") or {}).items():
+            if _is_number(v):
+                by_op.setdefault(op, []).append(float(v))
+        if st.get("strategy"):
+            strategies.add(str(st["strategy"]))
+        if _is_number(st.get("cache_hit_rate")):
+            hits.append(float(st["cache_hit_rate"]))
+    n_epochs = max(len(epochs), 1)
+    out["bytes_by_op_per_epoch"] = {op: sum(v) / n_epochs for op, v in sorted(by_op.items())} or None
+    out["strategy"] = ", ".join(sorted(strategies)) or None
+    out["cache_hit_rate"] = _num(float(np.mean(hits))) if hits else None
     return out
 
 
@@ -357,6 +377,12 @@ def format_summary(summary: dict[str, Any], label: str | None = None) -> list[st
         f"{r}: {_fmt(v, '.1f')} MiB" for r, v in zip(ranks, s["peak_rss_mb_per_rank"])))
     lines.append(f"  bytes sent per epoch: {format_bytes(s['bytes_per_epoch'])} in all; per rank: " + ", ".join(
         f"{r}: {format_bytes(v)}" for r, v in zip(ranks, s["bytes_per_epoch_per_rank"])))
+    if s.get("bytes_by_op_per_epoch"):
+        lines.append("  by operation (all ranks, per epoch): " + ", ".join(
+            f"{op} {format_bytes(v)}" for op, v in s["bytes_by_op_per_epoch"].items()))
+    if s.get("strategy"):
+        hit = s.get("cache_hit_rate")
+        lines.append(f"  strategy {s['strategy']}" + (f", cache hit rate {100 * hit:.1f}%" if hit is not None else ""))
     return lines
 
 

@@ -326,3 +326,29 @@ def test_bad_input_one_line_exit_2(tmp_path, capsys, make):
     assert message in err, err
     assert captured.out == ""
     assert not list(tmp_path.rglob("*.png"))  # nothing written
+
+
+def test_bytes_by_operation_and_strategy(tmp_path, capsys):
+    """Sampled engines' engine_stats.bytes_by_op: summed over ranks, mean per epoch; strategy and hit rate."""
+    m = _random_run(seed=9, ranks=3, epochs=4)
+    run_dir = _write_run(tmp_path / "run", m, engine="apt")
+    rng = np.random.default_rng(3)
+    ops = rng.integers(0, 10**6, (4, 3, 2))
+    hit = rng.uniform(0, 1, (4, 3))
+    rows = []
+    for r in range(3):
+        path = run_dir / f"metrics.rank{r}.jsonl"
+        lines = [json.loads(x) for x in path.read_text().splitlines() if x.strip()]
+        for e, line in enumerate(lines):
+            line["engine_stats"] = {"strategy": "dnp", "cache_hit_rate": float(hit[e, r]),
+                                    "bytes_by_op": {"load": int(ops[e, r, 0]), "shuffle": int(ops[e, r, 1])}}
+        rows.append(lines)
+        path.write_text("".join(json.dumps(x) + "\n" for x in lines))
+    s = summarize(load_run(run_dir))
+    assert s["bytes_by_op_per_epoch"]["load"] == pytest.approx(ops[..., 0].sum() / 4)
+    assert s["bytes_by_op_per_epoch"]["shuffle"] == pytest.approx(ops[..., 1].sum() / 4)
+    assert s["strategy"] == "dnp" and s["cache_hit_rate"] == pytest.approx(hit.mean())
+    from hpc_graph.train.report import format_summary
+
+    text = "\n".join(format_summary(s))
+    assert "by operation" in text and "strategy dnp" in text
