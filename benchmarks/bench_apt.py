@@ -174,11 +174,43 @@ def report(args) -> None:
         print(f"| {r['d']} | {r['hidden']} | {r['cache']:.0%} | {r['method']} | " + " | ".join(cells)
               + " | " + "/".join(f"{p[s]:.1f}" for s in STRATS) + f" | {best} | {r['choice']} | {regret:.2f} | "
               f"{speedups[-1]:.2f}x | {overheads[-1]:.1%} |")
+    if args.plot and rows:
+        _plot([r for r in rows if r["measured"]], args.plot)
     if errs:
         print(f"\nprediction error: median {statistics.median(errs):.1%}, max {max(errs):.1%} over {len(errs)} "
               f"strategy runs; regret of auto: median {statistics.median(regrets):.2f}, max {max(regrets):.2f}; "
               f"auto vs always-GDP: median {statistics.median(speedups):.2f}x; warm plan (dry run) / epoch: "
               f"median {statistics.median(overheads):.1%}, max {max(overheads):.1%}")
+
+
+def _plot(rows, path) -> None:
+    """Measured epoch of every strategy per configuration (bars), the prediction (ticks) and auto's choice."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(max(8, 0.9 * len(rows)), 4.5), dpi=110)
+    colors = {"gdp": "#4c72b0", "nfp": "#dd8452", "snp": "#55a868", "dnp": "#c44e52"}
+    width = 0.2
+    for i, r in enumerate(rows):
+        best = min(r["measured"].values())
+        for j, s in enumerate(STRATS):
+            if s not in r["measured"]:
+                continue
+            x = i + (j - 1.5) * width
+            ax.bar(x, r["measured"][s] / best, width, color=colors[s], label=s.upper() if i == 0 else None,
+                   edgecolor="black" if s == r["choice"] else None, linewidth=1.5 if s == r["choice"] else 0)
+            ax.plot([x - width / 2, x + width / 2], [r["predicted"][s] / best] * 2, color="black", lw=1)
+    ax.set_xticks(range(len(rows)))
+    ax.set_xticklabels([f"d={r['d']}\nd'={r['hidden']}\n{r['cache']:.0%} {r['method'][:1].upper()}" for r in rows],
+                       fontsize=7)
+    ax.set_ylabel("epoch / best strategy's epoch")
+    ax.set_title("apt: measured epoch per strategy (bars; outlined: auto's choice), prediction (ticks)")
+    ax.legend(ncol=4, fontsize=8)
+    ax.set_ylim(0.8, None)
+    fig.tight_layout()
+    fig.savefig(path)
+    print(f"wrote {path}")
 
 
 def main() -> int:
@@ -202,6 +234,7 @@ def main() -> int:
     rp.add_argument("--out", required=True)
     rr = sub.add_parser("report")
     rr.add_argument("files", nargs="+")
+    rr.add_argument("--plot", help="write the figure of measured and predicted epochs here (PNG)")
     args = ap.parse_args()
     {"prepare": prepare, "run": run, "report": report}[args.cmd](args)
     return 0

@@ -36,7 +36,6 @@ from __future__ import annotations
 
 import logging
 import time
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -44,7 +43,7 @@ import torch
 
 from hpc_graph.engines.base import Batch, Engine
 from hpc_graph.graph.block import Block, BlockStack
-from hpc_graph.graph.dist_graph import dataset_as_partition, load_dist_graph, partition_tensors
+from hpc_graph.graph.dist_graph import load_sampled_data
 from hpc_graph.graph.halo_graph import HaloGraph
 from hpc_graph.graph.sampler import NeighborSampler, SeedSchedule, relabel, sample_key
 from hpc_graph.graph.strategies import DNPReturn, NFPBlock, NFPReduce, SNPContext
@@ -124,21 +123,11 @@ class APTEngine(Engine):
         if device.type != "cpu":
             raise ValueError("engine 'apt': the sampler runs on the CPU; use train.device cpu")
 
-        if Path(self.source).is_file():
-            if int(comm.size) != 1:
-                raise ValueError(f"data.path: engine 'apt' on {comm.size} ranks needs a partition directory, "
-                                 f"{self.source} is a dataset file")
-            dg, data = dataset_as_partition(self.source, self.device, dtype)
-        else:
-            dg, part = load_dist_graph(self.source, comm, self.device, dtype)
-            data = partition_tensors(part, self.device, dtype, self.source)
-            del part
+        dg, data = load_sampled_data(self.source, comm, self.device, dtype, self.name,
+                                     o.get("feature_norm", "none"))
         self.dg = dg
         self.graph = HaloGraph(dg, comm)  # evaluation: exact, full neighbourhoods
         self.feat, self.label, self.masks = data["feat"], data["label"], data["masks"]
-        if o.get("feature_norm", "none") == "row":
-            sums = self.feat.sum(1, keepdim=True)
-            self.feat = self.feat / torch.where(sums == 0, torch.ones_like(sums), sums)
         self.num_classes, self.num_features = data["num_classes"], data["num_features"]
         self.first, self.num_owned = dg.first_gid, dg.num_owned
         self.rank, self.size = int(comm.rank), int(comm.size)
@@ -244,6 +233,16 @@ class APTEngine(Engine):
         if self.plan is not None:
             out["predicted_epoch_seconds"] = self.plan.predicted(self.strategy)
         return out
+
+    def state_dict(self) -> dict[str, Any]:
+        """The strategy in use (a resumed run keeps it instead of planning again)."""
+        return {"strategy": self.strategy}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        strategy = state.get("strategy")
+        if strategy and strategy != self.strategy:
+            log.info("apt: resuming with strategy %s (the checkpoint's)", strategy)
+            self.use_strategy(strategy)
 
     # -- epochs and iterations ----------------------------------------------------------------------
     def iterations(self, epoch: int) -> int:
@@ -411,9 +410,7 @@ class APTEngine(Engine):
         x = torch.cat([feat_d, self.feat[lid]], 0)
         degree = torch.cat([deg_d, self.owned_degree[lid]])
         gids = torch.from_numpy(np.concatenate([dst, u]))
-        vq = np.zeros(P, np.int64)
-        vq[:] = v_counts_q
-        ctx = SNPContext(csr, n, counts, degree, gids, got_vq, v_row[remote_v], vq, self.comm, self.counter)
+        ctx = SNPContext(csr, n, counts, degree, gids, got_vq, v_row[remote_v], v_counts_q, self.comm, self.counter)
         return ctx, x, None, deg
 
     def _build_dnp(self, dst: np.ndarray, epoch: int):

@@ -41,7 +41,6 @@ from __future__ import annotations
 
 import logging
 import time
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -49,7 +48,7 @@ import torch
 
 from hpc_graph.engines.base import Batch, Engine
 from hpc_graph.graph.block import Block, BlockStack
-from hpc_graph.graph.dist_graph import dataset_as_partition, load_dist_graph, partition_tensors
+from hpc_graph.graph.dist_graph import load_sampled_data
 from hpc_graph.graph.halo_graph import HaloGraph
 from hpc_graph.graph.sampler import NeighborSampler, SeedSchedule, sample_key
 from hpc_graph.ops.csr import CSR
@@ -107,21 +106,11 @@ class MinibatchEngine(Engine):
         if device.type != "cpu":
             raise ValueError("engine 'minibatch': the sampler runs on the CPU; use train.device cpu")
 
-        if Path(self.source).is_file():
-            if int(comm.size) != 1:
-                raise ValueError(f"data.path: engine 'minibatch' on {comm.size} ranks needs a partition "
-                                 f"directory, {self.source} is a dataset file")
-            dg, data = dataset_as_partition(self.source, self.device, dtype)
-        else:
-            dg, part = load_dist_graph(self.source, comm, self.device, dtype)
-            data = partition_tensors(part, self.device, dtype, self.source)
-            del part
+        dg, data = load_sampled_data(self.source, comm, self.device, dtype, self.name,
+                                     o.get("feature_norm", "none"))
         self.dg = dg
         self.graph = HaloGraph(dg, comm)  # evaluation: exact, full neighbourhoods
         self.feat, self.label, self.masks = data["feat"], data["label"], data["masks"]
-        if o.get("feature_norm", "none") == "row":
-            sums = self.feat.sum(1, keepdim=True)
-            self.feat = self.feat / torch.where(sums == 0, torch.ones_like(sums), sums)
         self.num_classes, self.num_features = data["num_classes"], data["num_features"]
         self.first, self.num_owned = dg.first_gid, dg.num_owned
         self.sampler = NeighborSampler(dg, comm)

@@ -421,3 +421,25 @@ def dataset_as_partition(path: str, device: torch.device, dtype: torch.dtype) ->
             "masks": {k: torch.from_numpy(np.asarray(v, dtype=bool)).to(device) for k, v in masks.items()},
             "num_classes": num_classes, "num_features": int(feat.shape[1])}
     return dg, data
+
+
+def load_sampled_data(source: str, comm: Any, device: torch.device, dtype: torch.dtype, engine: str,
+                      feature_norm: str = "none") -> tuple[DistGraph, dict]:
+    """``(DistGraph, data)`` for a sampled engine: a partition directory, or a dataset file on one process.
+
+    ``data``: ``feat`` (divided by its row sums with ``feature_norm="row"``, so rows fetched by other
+    ranks or cached are normalised too), ``label``, ``masks``, ``num_classes``, ``num_features``.
+    """
+    if os.path.isfile(source):
+        if int(comm.size) != 1:
+            raise ValueError(f"data.path: engine {engine!r} on {comm.size} ranks needs a partition directory, "
+                             f"{source} is a dataset file")
+        dg, data = dataset_as_partition(source, device, dtype)
+    else:
+        dg, part = load_dist_graph(source, comm, device, dtype)
+        data = partition_tensors(part, device, dtype, source)
+        del part
+    if feature_norm == "row":
+        sums = data["feat"].sum(1, keepdim=True)
+        data["feat"] = data["feat"] / torch.where(sums == 0, torch.ones_like(sums), sums)
+    return dg, data

@@ -145,3 +145,10 @@ def test_alpha_beta_fit_recovers_a_line():
     sizes = np.array([2.0 ** k for k in range(10, 27, 3)])
     a, b = fit_alpha_beta(sizes, alpha + sizes / beta)
     assert abs(a - alpha) < 1e-3 * alpha + 1e-12 and abs(b - beta) < 1e-6 * beta
+
+
+def test_checkpoint_keeps_the_strategy(graph_file):
+    eng = _apt(graph_file, "snp", fanouts=(3, 2))
+    other = _apt(graph_file, "gdp", fanouts=(3, 2))
+    other.load_state_dict(eng.state_dict())
+    assert other.strategy == "snp" and other.stats()["strategy"] == "snp"
