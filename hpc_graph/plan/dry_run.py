@@ -282,13 +282,20 @@ def dry_run(engine: Any, requested: str = "auto", profile: Profile | None = None
     acc["local_sample_s"] = float(np.median(local_times)) * nb if local_times else 0.0
     # the model's work at this batch's real shapes: layer 1 (block 0) and the upper layers
     F, dp, C = engine.num_features, max(engine.hidden, 1), engine.num_classes
-    t_gemm1 = t_spmm1 = t_up = 0.0
+    # GraphSAGE aggregates before projecting when the layer widens (nn/sage_conv.py): its aggregation then
+    # runs at the input width, and SNP's partial sums travel at that width
+    agg_first = engine.model_name == "sage" and dp > F
+    t_gemm1 = t_spmm1 = t_gemm1_pf = t_spmm1_pf = t_up = 0.0
     if nb:
-        t_gemm1, t_spmm1 = time_layer(csr0, engine.num_features, max(engine.hidden, 1), engine.dtype)
-        for blk in blocks:
-            g, a = time_layer(blk.csr, max(engine.hidden, 1), max(engine.hidden, 1), engine.dtype)
+        t_gemm1, t_spmm1 = time_layer(csr0, F, dp, engine.dtype, aggregate_first=agg_first)
+        # NFP's input is a column slice (a CSR matrix): SAGE projects it first whatever the widths
+        t_gemm1_pf, t_spmm1_pf = time_layer(csr0, F, dp, engine.dtype) if agg_first else (t_gemm1, t_spmm1)
+        for i, blk in enumerate(blocks):
+            fout = C if i == len(blocks) - 1 else dp
+            g, a = time_layer(blk.csr, dp, fout, engine.dtype,
+                              aggregate_first=engine.model_name == "sage" and fout > dp)
             t_up += g + a
-        last_rows1, last_edges1 = float(src.size), float(max(nbrs.size, 1))
+        last_rows1, last_edges1, last_nd = float(src.size), float(max(nbrs.size, 1)), float(D.size)
     # the optimiser's step over the model's parameters (Adam: a few passes over them)
     params = 2 * (F * dp + max(L - 2, 0) * dp * dp + dp * C)
     weights = torch.zeros(params, dtype=engine.dtype, requires_grad=True)
@@ -343,7 +350,7 @@ def dry_run(engine: Any, requested: str = "auto", profile: Profile | None = None
             b["structure"], calls["structure"] = acc["snp_struct"] * k, 2 * iters
             on_me = sum(every[p]["snp_v"][r] for p in range(P))
             mine_v = float(snp_v.sum()) * k
-            w = heads * (dp // heads + 2) if gat else dp
+            w = heads * (dp // heads + 2) if gat else (F if agg_first else dp)
             b["shuffle"] = item * (w * on_me + (heads * mine_v if gat else 0))
             b["shuffle_bwd"] = item * (w * mine_v + (heads * on_me if gat else 0))
             calls["shuffle"] = calls["shuffle_bwd"] = (2 if gat else 1) * iters
@@ -371,9 +378,14 @@ def dry_run(engine: Any, requested: str = "auto", profile: Profile | None = None
         per_it = iters
         rows_it = (rows1 + (csr_rows1 / P if s == "nfp" else 0.0)) / per_it
         edges_it = edges1 / per_it
-        sec["compute"] = per_it * (t_gemm1 * rows_it / max(last_rows1, 1.0)
-                                   + att * t_spmm1 * edges_it / last_edges1 + att * t_up + t_step
-                                   + t_gemm1 * acc["nd"] * k / per_it / max(last_rows1, 1.0)) \
+        # projections scale with the rows projected (all input rows, or the destinations when SAGE
+        # aggregates first; NFP always projects its column slice first), aggregation with the edges
+        tg, ts = (t_gemm1_pf, t_spmm1_pf) if s == "nfp" else (t_gemm1, t_spmm1)
+        if agg_first and s != "nfp":
+            gemm_scale = 1.0
+        else:
+            gemm_scale = (rows_it + acc["nd"] * k / per_it) / max(last_rows1 + last_nd, 1.0)
+        sec["compute"] = per_it * (tg * gemm_scale + att * ts * edges_it / last_edges1 + att * t_up + t_step) \
             + prof.comm_time("allreduce", calls["allreduce"], b["allreduce"])
         # memory: stored features (+ NFP's column slices, + cache), the largest batch's layer-1 input and activations
         store = owned_bytes + (cache_rows * row_bytes if s != "nfp" else 0)

@@ -150,21 +150,26 @@ def profile_machine(comm: Any, dtype: torch.dtype = torch.float32, max_bytes: in
     return prof
 
 
-def time_layer(csr: Any, fin: int, fout: int, dtype: torch.dtype = torch.float32, reps: int = 3
-               ) -> tuple[float, float]:
-    """Seconds of one forward + backward of a projection ``[csr.num_src, fin] -> [.., fout]`` and of a sum
-    aggregation over ``csr`` at width ``fout``: the real kernels at a batch's real shapes (the dry run
-    times its own block 0 and upper blocks this way). Median of ``reps`` after a warm-up."""
+def time_layer(csr: Any, fin: int, fout: int, dtype: torch.dtype = torch.float32, reps: int = 3,
+               aggregate_first: bool = False) -> tuple[float, float]:
+    """Seconds of one forward + backward of a message-passing layer's two parts at a batch's real shapes:
+    ``(projections, aggregation)``. Project first (``fin -> fout`` on every input row and on the
+    destination rows, then a sum aggregation over ``csr`` at width ``fout``), or with
+    ``aggregate_first`` (GraphSAGE when ``fout > fin``) aggregate at width ``fin``, then project the
+    aggregated and the destination rows. The fastest of ``reps`` after a warm-up (the others carry
+    noise from whatever else ran)."""
     from hpc_graph.ops.spmm import spmm
 
     gen = torch.Generator().manual_seed(1)
-    x = torch.randn(int(csr.num_src), int(fin), generator=gen, dtype=dtype)
+    n_src, n_dst = int(csr.num_src), int(csr.num_dst)
+    rows = 2 * n_dst if aggregate_first else n_src + n_dst
+    x = torch.randn(rows, int(fin), generator=gen, dtype=dtype)
     w = torch.randn(int(fout), int(fin), generator=gen, dtype=dtype, requires_grad=True)
 
     def gemm():
         torch.nn.functional.linear(x, w).sum().backward()
 
-    t = torch.randn(int(csr.num_src), int(fout), generator=gen, dtype=dtype, requires_grad=True)
+    t = torch.randn(n_src, int(fin if aggregate_first else fout), generator=gen, dtype=dtype, requires_grad=True)
 
     def agg():
         spmm(csr, t, "sum").sum().backward()
