@@ -3,7 +3,8 @@
     python benchmarks/bench_apt.py prepare --scale 18 --work results/apt
     mpiexec -n 2 python benchmarks/bench_apt.py run --work results/apt --out results/bench_apt_r2.jsonl
     mpiexec -n 4 python benchmarks/bench_apt.py run --work results/apt --out results/bench_apt_r4.jsonl --iters 2
-    python benchmarks/bench_apt.py report results/bench_apt_r2.jsonl
+    python benchmarks/bench_apt.py report results/bench_apt_r2.jsonl --plot docs/img/apt_strategies.png
+    python benchmarks/bench_apt.py accuracy --out results/bench_apt_accuracy.json
 
 ``prepare``: R-MAT graphs (``hpc-graph generate rmat``, input width d = 128 and 512) and their METIS and
 random partitions into 2 and 4 parts.
@@ -174,6 +175,18 @@ def report(args) -> None:
         print(f"| {r['d']} | {r['hidden']} | {r['cache']:.0%} | {r['method']} | " + " | ".join(cells)
               + " | " + "/".join(f"{p[s]:.1f}" for s in STRATS) + f" | {best} | {r['choice']} | {regret:.2f} | "
               f"{speedups[-1]:.2f}x | {overheads[-1]:.1%} |")
+    byte_errs = []
+    for r in rows:
+        for s_, got in r.get("measured_bytes", {}).items():
+            want = r["predicted_bytes"][s_]
+            tot_g = sum(got.values())
+            tot_w = sum(v for op, v in want.items() if op in got)
+            if tot_w:
+                byte_errs.append(abs(tot_g - tot_w) / tot_w)
+    if byte_errs:
+        print(f"\nbytes per epoch (all operations but the all-reduce), prediction vs measured over the timed "
+              f"iterations: median error {statistics.median(byte_errs):.1%}, max {max(byte_errs):.1%} "
+              f"({len(byte_errs)} strategy runs)")
     if args.plot and rows:
         _plot([r for r in rows if r["measured"]], args.plot)
     if errs:
@@ -213,6 +226,41 @@ def _plot(rows, path) -> None:
     print(f"wrote {path}")
 
 
+def accuracy(args) -> None:
+    """Cora on 2 ranks: every strategy (and ``minibatch`` exact, the GDP reference) over seeds; test accuracy
+    at the best validation epoch. Same samples, same model: the strategies should agree."""
+    work = Path(args.work)
+    work.mkdir(parents=True, exist_ok=True)
+    env = dict(os.environ, PYTHONPATH=str(REPO))
+    h5, parts = work / "cora.h5", work / "cora-2parts"
+    if not h5.exists():
+        subprocess.run(["hpc-graph", "convert", "npz", str(REPO / "tests/data/cora.npz"), "-o", str(h5)], check=True,
+                       env=env)
+    if not parts.exists():
+        subprocess.run(["hpc-graph", "partition", str(h5), "-o", str(parts), "-n", "2"], check=True, env=env)
+    results = {}
+    runs = [("minibatch-exact", ["engine.name=minibatch", "hec.mode=exact"])] + \
+        [(s, [f"engine.strategy={s}"]) for s in STRATS]
+    for name, sets in runs:
+        accs = []
+        for seed in range(args.seeds):
+            run_dir = work / f"cora_{name}_{seed}"
+            cmd = ["mpiexec", "-n", "2", sys.executable, "-m", "hpc_graph.cli", "train", "--config",
+                   str(REPO / "configs/apt_sage.yaml"), "--set", f"data.path={parts}", "--set",
+                   f"train.run_dir={run_dir}", "--set", f"train.seed={seed}", "--set", "train.progress=false",
+                   "--set", f"model.dropout={args.dropout}"]
+            for kv in sets:
+                cmd += ["--set", kv]
+            if name == "minibatch-exact":
+                cmd = [c for c in cmd if not c.startswith("engine.strategy")]
+            subprocess.run(cmd, check=True, env=env, capture_output=True)
+            summary = json.loads((run_dir / "summary.json").read_text())
+            accs.append(summary["test_acc_at_best"] if "test_acc_at_best" in summary else summary["test_acc"])
+        results[name] = accs
+        print(f"{name}: test acc {statistics.mean(accs):.4f} +- {statistics.pstdev(accs):.4f} ({accs})", flush=True)
+    Path(args.out).write_text(json.dumps(results))
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = ap.add_subparsers(dest="cmd", required=True)
@@ -232,11 +280,16 @@ def main() -> int:
     rp.add_argument("--iters", type=int, default=6)
     rp.add_argument("--dry-batches", type=int, default=20)
     rp.add_argument("--out", required=True)
+    ap_ = sub.add_parser("accuracy")
+    ap_.add_argument("--work", default="results/apt")
+    ap_.add_argument("--seeds", type=int, default=5)
+    ap_.add_argument("--dropout", type=float, default=0.5)
+    ap_.add_argument("--out", default="results/bench_apt_accuracy.json")
     rr = sub.add_parser("report")
     rr.add_argument("files", nargs="+")
     rr.add_argument("--plot", help="write the figure of measured and predicted epochs here (PNG)")
     args = ap.parse_args()
-    {"prepare": prepare, "run": run, "report": report}[args.cmd](args)
+    {"prepare": prepare, "run": run, "report": report, "accuracy": accuracy}[args.cmd](args)
     return 0
 
 

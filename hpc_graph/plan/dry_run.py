@@ -352,8 +352,10 @@ def dry_run(engine: Any, requested: str = "auto", profile: Profile | None = None
             mine_v = float(snp_v.sum()) * k
             w = heads * (dp // heads + 2) if gat else (F if agg_first else dp)
             b["shuffle"] = item * (w * on_me + (heads * mine_v if gat else 0))
-            b["shuffle_bwd"] = item * (w * mine_v + (heads * on_me if gat else 0))
-            calls["shuffle"] = calls["shuffle_bwd"] = (2 if gat else 1) * iters
+            # aggregating the raw inputs first (SAGE widening), the partials need no gradient
+            b["shuffle_bwd"] = 0.0 if agg_first else item * (w * mine_v + (heads * on_me if gat else 0))
+            calls["shuffle"] = (2 if gat else 1) * iters
+            calls["shuffle_bwd"] = 0 if agg_first else calls["shuffle"]
             edges1 = acc["snp_local_edges"] * k + sum(every[p]["snp_e"][r] for p in range(P))
             rows1 = acc["nd"] * k + sum(every[p]["snp_u"][r] for p in range(P))
         elif s == "dnp":
