@@ -110,7 +110,7 @@ class APTEngine(Engine):
         self.model_name = str(o.get("model", "sage"))
         self.hidden = int(o.get("hidden", 64))
         self.memory_mb = float(o.get("memory_mb", 0) or 0)
-        profile_mb = o.get("profile_mb", 16)
+        profile_mb = o.get("profile_mb", 64)
         if isinstance(profile_mb, bool) or not isinstance(profile_mb, (int, float)) or not profile_mb > 0:
             raise ValueError(f"engine.profile_mb: must be a number > 0 (largest message of the profile, MiB), "
                              f"got {profile_mb!r}")

@@ -145,7 +145,7 @@ class EngineConfig:
                              "run for the chosen strategy. 0: no cache.")
     dry_run_batches: int = _field(20, _only(_int(1), "apt"),
                                   "`apt`: batches the dry run samples (with `strategy: auto` or a cache).")
-    profile_mb: float = _field(16.0, _only(_float(0.0, lo_open=True), "apt"),
+    profile_mb: float = _field(64.0, _only(_float(0.0, lo_open=True), "apt"),
                                "`apt`: largest message (MiB) of the machine profile the cost model fits "
                                "(alltoallv, exchange, all-reduce from 1 KiB up).")
     memory_mb: float = _field(0.0, _only(_float(0.0), "apt"),
