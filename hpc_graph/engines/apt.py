@@ -160,6 +160,8 @@ class APTEngine(Engine):
             self._fill_cache(self.plan.hot_rows(strategy, self._cache_rows()))
         if strategy == "nfp" and self._nfp is None:
             self._setup_nfp()
+        elif strategy != "nfp":
+            self._nfp = None  # every node's column slice: not kept for the other strategies
         self.reset_stats()
 
     def run_dry_run(self, requested: str = "auto") -> Any:
