@@ -223,6 +223,8 @@ def check_hec_trainer(pdir: Path, work: Path, comm) -> dict:
 def main() -> int:
     work = Path(sys.argv[1])
     comm = _communicator.get_communicator("mpi")
+    from hpc_graph.comm.threads import configure_threads
+    configure_threads(comm=comm, world=True)  # one thread per rank on shared cores, as a user's job
     from hpc_graph.comm import install_abort_handler
     install_abort_handler(comm)
     data, pdir = work / "g.h5", work / f"parts-{comm.size}"

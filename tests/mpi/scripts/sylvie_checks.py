@@ -221,6 +221,8 @@ def check_policy(pdir: Path, work: Path, comm) -> tuple[int, int]:
 def main() -> int:
     work = Path(sys.argv[1])
     comm = _communicator.get_communicator("mpi")
+    from hpc_graph.comm.threads import configure_threads
+    configure_threads(comm=comm, world=True)  # one thread per rank on shared cores, as a user's job
     from hpc_graph.comm import install_abort_handler
     install_abort_handler(comm)
     n = comm.size
