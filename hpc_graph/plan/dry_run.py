@@ -158,7 +158,7 @@ def dry_run(engine: Any, requested: str = "auto", profile: Profile | None = None
     L = len(engine.fanouts)
     acc: dict[str, float] = {k: 0.0 for k in (
         "sample", "sample_up", "nd", "rows1", "edges1", "up_rows", "up_edges", "up_dst", "nfp_struct",
-        "snp_struct", "snp_local_edges", "dnp_rows1", "dnp_edges1", "dnp_asked", "dnp_remote", "dnp_sample",
+        "snp_struct", "snp_local_edges", "dnp_rows1", "dnp_edges1", "dnp_dst", "dnp_asked", "dnp_remote", "dnp_sample",
         "max_rows1", "max_dnp_rows1", "max_up_rows", "local_sample_s", "seeds")}
     loads: dict[str, list[np.ndarray]] = {s: [] for s in ("gdp", "snp", "dnp")}
     snp_v = np.zeros(P, np.int64)
@@ -235,6 +235,7 @@ def dry_run(engine: Any, requested: str = "auto", profile: Profile | None = None
         src_d, _ = relabel(uniq, nb_d)
         loads["dnp"].append(src_d[~sampler.is_owned(src_d)])
         acc["dnp_rows1"] += src_d.size
+        acc["dnp_dst"] += uniq.size  # the destinations this rank computes for everyone
         acc["dnp_edges1"] += nb_d.size
         acc["max_dnp_rows1"] = max(acc["max_dnp_rows1"], src_d.size)
         acc["dnp_asked"] += asked.shape[0]
@@ -383,10 +384,12 @@ def dry_run(engine: Any, requested: str = "auto", profile: Profile | None = None
         # projections scale with the rows projected (all input rows, or the destinations when SAGE
         # aggregates first; NFP always projects its column slice first), aggregation with the edges
         tg, ts = (t_gemm1_pf, t_spmm1_pf) if s == "nfp" else (t_gemm1, t_spmm1)
+        # destination rows projected here: DNP's owner computes the destinations every rank asked for
+        dst_it = (acc["dnp_dst"] if s == "dnp" else acc["nd"]) * k / per_it
         if agg_first and s != "nfp":
-            gemm_scale = 1.0
+            gemm_scale = dst_it / max(last_nd, 1.0)
         else:
-            gemm_scale = (rows_it + acc["nd"] * k / per_it) / max(last_rows1 + last_nd, 1.0)
+            gemm_scale = (rows_it + dst_it) / max(last_rows1 + last_nd, 1.0)
         sec["compute"] = per_it * (tg * gemm_scale + att * ts * edges_it / last_edges1 + att * t_up + t_step) \
             + prof.comm_time("allreduce", calls["allreduce"], b["allreduce"])
         # memory: stored features (+ NFP's column slices, + cache), the largest batch's layer-1 input and activations
