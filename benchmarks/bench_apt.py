@@ -66,7 +66,6 @@ def _configs(args, size: int):
 
 
 def run(args) -> None:
-    import numpy as np
     import torch
     import torch.nn.functional as F
 

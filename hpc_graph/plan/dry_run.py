@@ -29,7 +29,9 @@ from typing import Any
 import numpy as np
 import torch
 
+from hpc_graph.graph.block import Block
 from hpc_graph.graph.sampler import relabel, sample_key
+from hpc_graph.ops.csr import CSR
 from hpc_graph.plan.profile import Profile, profile_machine, time_layer
 
 log = logging.getLogger(__name__)
@@ -116,6 +118,8 @@ def _time_builds(engine: Any, strategies: list[str], iters: int, epoch: int, bat
     """Seconds per epoch of each strategy's batch building (sampling, structure, input rows, blocks; no model),
     timed over ``batches`` batches after one warm-up, without a cache (collective). The engine's state is
     restored; NFP's column layout is kept only if the engine already had it."""
+    if iters == 0:
+        return {}
     saved = (engine.strategy if hasattr(engine, "strategy") else "", dict(engine.counter), engine.build_seconds,
              engine._iterations_done if hasattr(engine, "_iterations_done") else 0, engine._nfp,
              engine.store.cache_gid, engine.store.cache_feat, engine.store.cache_degree)
@@ -157,17 +161,15 @@ def dry_run(engine: Any, requested: str = "auto", profile: Profile | None = None
     dry_epochs = tuple(DRY_EPOCH + f for f in range(FOLDS))
     L = len(engine.fanouts)
     acc: dict[str, float] = {k: 0.0 for k in (
-        "sample", "sample_up", "nd", "rows1", "edges1", "up_rows", "up_edges", "up_dst", "nfp_struct",
+        "sample", "nd", "rows1", "edges1", "up_rows", "up_edges", "up_dst", "nfp_struct",
         "snp_struct", "snp_local_edges", "dnp_rows1", "dnp_edges1", "dnp_dst", "dnp_asked", "dnp_remote", "dnp_sample",
         "max_rows1", "max_dnp_rows1", "max_up_rows", "local_sample_s", "seeds")}
     loads: dict[str, list[np.ndarray]] = {s: [] for s in ("gdp", "snp", "dnp")}
     snp_v = np.zeros(P, np.int64)
     snp_e = np.zeros(P, np.int64)
     snp_u = np.zeros(P, np.int64)
-    dnp_req = np.zeros(P, np.int64)
     saved_counter = dict(engine.counter)
     local_times: list[float] = []  # per batch: sampling work outside communication
-    gather_rows: list[tuple[int, int]] = []  # per batch: input rows gathered here, input rows in all
     for it in range(nb):
         t0, c0 = time.perf_counter(), comm.comm_seconds
         epoch = dry_epochs[it % FOLDS]
@@ -180,9 +182,6 @@ def dry_run(engine: Any, requested: str = "auto", profile: Profile | None = None
         s_all = engine.counter.get("sample", 0) - s0
         src, col = relabel(D, nbrs)
         # the rest of a GDP batch's local work: blocks, and the input rows gathered (owned rows here)
-        from hpc_graph.graph.block import Block
-        from hpc_graph.ops.csr import CSR
-
         blocks = engine.upper_blocks(upper, deg, None)
         csr0 = CSR(torch.from_numpy(np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)),
                    torch.from_numpy(col), int(src.size), validate=False)
@@ -191,9 +190,7 @@ def dry_run(engine: Any, requested: str = "auto", profile: Profile | None = None
         Block(csr0, src_t, engine.dg.orig_ids_of(src_t), torch.zeros(src.size, dtype=torch.int64), comm)
         engine.feat.index_select(0, torch.from_numpy(own_src - first))
         local_times.append((time.perf_counter() - t0) - (comm.comm_seconds - c0))
-        gather_rows.append((own_src.size, src.size))
         acc["sample"] += s_all
-        acc["sample_up"] += s_up
         for (_, dst, _, c, _, s) in upper:
             acc["up_rows"] += s.size
             acc["up_edges"] += int(c.sum())
@@ -228,7 +225,6 @@ def dry_run(engine: Any, requested: str = "auto", profile: Profile | None = None
         rpos = np.flatnonzero(~mine)
         rpos = rpos[np.argsort(downer[rpos], kind="stable")]
         req = np.bincount(downer[rpos], minlength=P).astype(np.int64)
-        dnp_req += req
         asked, _ = comm.alltoallv(torch.from_numpy(D[rpos]), req)
         uniq = np.unique(np.concatenate([D[mine], asked.numpy()]))
         c_d, nb_d, _ = sampler.local(uniq, engine.fanouts[-1], sample_key(engine.seed, epoch, 0))
@@ -287,6 +283,7 @@ def dry_run(engine: Any, requested: str = "auto", profile: Profile | None = None
     # runs at the input width, and SNP's partial sums travel at that width
     agg_first = engine.model_name == "sage" and dp > F
     t_gemm1 = t_spmm1 = t_gemm1_pf = t_spmm1_pf = t_up = 0.0
+    last_rows1 = last_edges1 = last_nd = 1.0
     if nb:
         t_gemm1, t_spmm1 = time_layer(csr0, F, dp, engine.dtype, aggregate_first=agg_first)
         # NFP's input is a column slice (a CSR matrix): SAGE projects it first whatever the widths
