@@ -21,6 +21,7 @@ COMMANDS = {
     "info": "inspect",
     "check": "inspect",
     "train": "train",
+    "plan": "plan",
     "bench": "bench",
     "report": "report",
     "demo": "demo",

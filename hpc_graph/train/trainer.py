@@ -165,6 +165,23 @@ def choose_engine(name: str, size: int, data_path: str, model: str | None = None
     return name
 
 
+def engine_options_from_config(config: Any, engine_name: str) -> dict[str, Any]:
+    """The options engine ``engine_name`` takes from a config: its ``OPTIONS`` found in the sections
+    ``data``, ``engine``, ``sampler``, ``hec``, the training seed, and for ``apt`` what its cost model (and
+    NFP's check) must know of the model."""
+    from hpc_graph.engines import engine_class
+
+    options = {k: getattr(section, k) for section in (config.data, config.engine, config.sampler, config.hec)
+               for k in engine_class(engine_name).OPTIONS if hasattr(section, k)}
+    options["seed"] = config.train.seed
+    if engine_name == "apt":
+        mc = config.model
+        gat = mc.name == "gat"
+        options.update(model=mc.name, heads=mc.heads if gat else 1, hidden=mc.hidden * (mc.heads if gat else 1),
+                       model_flags=tuple(f for f in ("residual", "batchnorm") if getattr(mc, f)))
+    return options
+
+
 class Trainer:
     """Train ``config.model`` on ``config.data`` with the configured engine.
 
@@ -213,16 +230,7 @@ class Trainer:
             comm.set_link(link)
             if self.rank == 0:
                 log.info("trainer: modelled network link %s", link.describe())
-        from hpc_graph.engines import engine_class
-        engine_options = {k: getattr(section, k)
-                          for section in (config.data, config.engine, config.sampler, config.hec)
-                          for k in engine_class(self.engine_name).OPTIONS if hasattr(section, k)}
-        engine_options["seed"] = tc.seed
-        if self.engine_name == "apt":  # what the cost model (and NFP's check) needs to know of the model
-            mc = config.model
-            engine_options.update(model=mc.name, heads=mc.heads if mc.name == "gat" else 1,
-                                  hidden=mc.hidden * (mc.heads if mc.name == "gat" else 1))
-            engine_options["model_flags"] = tuple(f for f in ("residual", "batchnorm") if getattr(mc, f))
+        engine_options = engine_options_from_config(config, self.engine_name)
         self.engine: Engine = create_engine(self.engine_name, config.data.path, comm, self.device, self.dtype,
                                             engine_options)
         self.graph = self.engine.graph
