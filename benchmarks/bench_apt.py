@@ -1,6 +1,7 @@
 """Benchmark: the ``apt`` engine's four strategies, the cost model's predictions and ``auto``'s regret.
 
     python benchmarks/bench_apt.py prepare --scale 18 --work results/apt
+    python benchmarks/bench_apt.py prepare --graph csbm --dims 128 --parts 2 --work results/apt
     mpiexec -n 2 python benchmarks/bench_apt.py run --work results/apt --out results/bench_apt_r2.jsonl
     mpiexec -n 4 python benchmarks/bench_apt.py run --work results/apt --out results/bench_apt_r4.jsonl --iters 2
     python benchmarks/bench_apt.py report results/bench_apt_r2.jsonl --plot docs/img/apt_strategies.png
@@ -37,18 +38,27 @@ REPO = Path(__file__).resolve().parents[1]
 STRATS = ("gdp", "nfp", "snp", "dnp")
 
 
+def _name(args) -> str:
+    return f"rmat{args.scale}" if args.graph == "rmat" else f"csbm{args.csbm_nodes}"
+
+
 def prepare(args) -> None:
     work = Path(args.work)
     work.mkdir(parents=True, exist_ok=True)
     env = dict(os.environ, PYTHONPATH=str(REPO))
     for d in args.dims:
-        h5 = work / f"rmat{args.scale}_d{d}.h5"
+        h5 = work / f"{_name(args)}_d{d}.h5"
         if not h5.exists():
-            subprocess.run(["hpc-graph", "generate", "rmat", "--scale", str(args.scale), "--feat-dim", str(d),
-                            "-o", str(h5), "--seed", "1"], check=True, env=env)
+            if args.graph == "rmat":
+                gen = ["rmat", "--scale", str(args.scale)]
+            else:  # power-law degrees, neighbours matter (the minibatch benchmark's CSBM, larger)
+                gen = ["csbm", "--num-nodes", str(args.csbm_nodes), "--avg-degree", "15", "--power-law", "2.5",
+                       "--homophily", "0.6", "--snr", "0.6"]
+            subprocess.run(["hpc-graph", "generate", *gen, "--feat-dim", str(d), "-o", str(h5), "--seed", "1"],
+                           check=True, env=env)
         for parts in args.parts:
             for method in ("metis", "random"):
-                out = work / f"rmat{args.scale}_d{d}_{method}{parts}"
+                out = work / f"{_name(args)}_d{d}_{method}{parts}"
                 if not out.exists():
                     subprocess.run(["hpc-graph", "partition", str(h5), "-o", str(out), "-n", str(parts),
                                     "--method", method], check=True, env=env)
@@ -60,7 +70,7 @@ def _configs(args, size: int):
         for hidden in args.hidden:
             for cache in args.cache:
                 for method in args.methods:
-                    path = work / f"rmat{args.scale}_d{d}_{method}{size}"
+                    path = work / f"{_name(args)}_d{d}_{method}{size}"
                     if path.exists():
                         yield {"d": d, "hidden": hidden, "cache": cache, "method": method, "path": str(path)}
 
@@ -265,12 +275,16 @@ def main() -> int:
     sub = ap.add_subparsers(dest="cmd", required=True)
     pp = sub.add_parser("prepare")
     pp.add_argument("--scale", type=int, default=18)
+    pp.add_argument("--graph", choices=("rmat", "csbm"), default="rmat")
+    pp.add_argument("--csbm-nodes", type=int, default=200_000)
     pp.add_argument("--dims", type=int, nargs="+", default=[128, 512])
     pp.add_argument("--parts", type=int, nargs="+", default=[2, 4])
     pp.add_argument("--work", default="results/apt")
     rp = sub.add_parser("run")
     rp.add_argument("--work", default="results/apt")
     rp.add_argument("--scale", type=int, default=18)
+    rp.add_argument("--graph", choices=("rmat", "csbm"), default="rmat")
+    rp.add_argument("--csbm-nodes", type=int, default=200_000)
     rp.add_argument("--dims", type=int, nargs="+", default=[128, 512])
     rp.add_argument("--hidden", type=int, nargs="+", default=[16, 64, 256])
     rp.add_argument("--cache", type=float, nargs="+", default=[0.0, 0.1])
