@@ -71,7 +71,8 @@ class APTEngine(Engine):
     ``dry_run_batches``, ``model`` (the model's name: ``nfp`` needs gcn/sage, the cost model counts
     attention traffic for gat), ``hidden`` (layer-1 output width d' the cost model uses),
     ``memory_mb`` (per-rank memory the cost model checks; 0: this machine's memory / ranks per host),
-    ``profile_mb`` (largest message of the machine profile, MiB),
+    ``profile_mb`` (largest message of the machine profile, MiB), ``profile_file`` (a JSON file keeping the
+    profile between jobs of the same launch),
     ``feature_norm``, ``seed``.
     """
 
@@ -79,7 +80,7 @@ class APTEngine(Engine):
     kind = "minibatch"
     OPTIONS = Engine.OPTIONS | frozenset({"fanouts", "batch_size", "strategy", "cache_mb", "dry_run_batches",
                                           "model", "model_flags", "hidden", "heads", "memory_mb",
-                                          "profile_mb", "feature_norm"})
+                                          "profile_mb", "profile_file", "feature_norm"})
 
     def __init__(self, source: str, comm: Any, device: torch.device, dtype: torch.dtype,
                  options: dict[str, Any] | None = None):

@@ -311,7 +311,8 @@ def dry_run(engine: Any, requested: str = "auto", profile: Profile | None = None
                  "fetch0": {s: (v * k).tolist() for s, v in fetch_nocache.items()}, "max_rows1": acc["max_rows1"]}
     every = comm.allgather_object(mine_info) if P > 1 else [mine_info]  # per epoch, each rank's own scale
     prof = profile if profile is not None else profile_machine(comm, engine.dtype, max_bytes=engine.profile_bytes,
-                                                               width=max(engine.hidden, 1))
+                                                               width=max(engine.hidden, 1),
+                                                               path=engine.options.get("profile_file") or None)
     item = engine.feat.element_size()
     heads = max(int(engine.options.get("heads", 1)), 1)
     gat = engine.model_name == "gat"

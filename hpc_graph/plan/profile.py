@@ -77,16 +77,62 @@ def _slowest(comm: Any, value: float) -> float:
 _CACHE: dict[tuple, Profile] = {}
 
 
+def _key_text(key: tuple) -> str:
+    return "ranks={} dtype={} max_bytes={} reps={} width={}".format(*key)
+
+
+def _load_file(path: str, key: tuple) -> Profile | None:
+    """The profile saved in ``path`` for ``key`` (None when the file is missing, unreadable or for another
+    launch: other ranks, dtype or sizes)."""
+    import json
+
+    try:
+        with open(path, encoding="utf-8") as fh:
+            raw = json.load(fh)
+    except (OSError, ValueError):
+        return None
+    if raw.get("key") != _key_text(key):
+        log.info("profile: %s was measured for %s, not %s: measuring again", path, raw.get("key"), _key_text(key))
+        return None
+    try:
+        return Profile(alpha=dict(raw["alpha"]), beta=dict(raw["beta"]), gemm_flops=float(raw["gemm_flops"]),
+                       csr_flops=float(raw["csr_flops"]), spmm_rate=float(raw["spmm_rate"]), seconds=0.0)
+    except (KeyError, TypeError, ValueError):
+        return None
+
+
+def _save_file(path: str, key: tuple, prof: Profile) -> None:
+    """Write ``prof`` to ``path`` atomically (a temporary file renamed over it)."""
+    import json
+    import os
+
+    data = {**prof.as_dict(), "key": _key_text(key)}
+    data["beta"] = {k: (v if v != float("inf") else 1e300) for k, v in data["beta"].items()}
+    tmp = f"{path}.tmp{os.getpid()}"
+    with open(tmp, "w", encoding="utf-8") as fh:
+        json.dump(data, fh, indent=1)
+    os.replace(tmp, path)
+
+
 def profile_machine(comm: Any, dtype: torch.dtype = torch.float32, max_bytes: int = 64 << 20, reps: int = 3,
-                    width: int = 64, reuse: bool = True) -> Profile:
+                    width: int = 64, reuse: bool = True, path: str | None = None) -> Profile:
     """Measure the alpha-beta fits and compute rates (collective; see the module docstring).
 
     ``reuse``: a process measures once per (ranks, dtype, sizes, width); later calls return that
-    profile (with ``seconds`` 0: it cost nothing this time).
+    profile (with ``seconds`` 0: it cost nothing this time). ``path``: a JSON file that keeps the profile
+    between jobs: read when it was measured for the same launch (ranks, dtype, sizes, width; rank 0 reads
+    and broadcasts), else measured and written there by rank 0.
     """
     key = (int(comm.size), str(dtype), int(max_bytes), int(reps), int(width))
     if reuse and key in _CACHE:
         return dataclasses.replace(_CACHE[key], seconds=0.0)
+    if path:
+        loaded = _load_file(path, key) if comm.rank == 0 else None
+        loaded = comm.bcast_object(loaded, 0) if comm.size > 1 else loaded
+        if loaded is not None:
+            _CACHE[key] = loaded
+            log.info("profile: read from %s", path)
+            return loaded
     t_start = time.perf_counter()
     P = int(comm.size)
     sizes = [1 << 10]
@@ -146,6 +192,11 @@ def profile_machine(comm: Any, dtype: torch.dtype = torch.float32, max_bytes: in
     prof = Profile(alpha, beta, gemm, csr, rate, 0.0, samples)
     prof.seconds = _slowest(comm, time.perf_counter() - t_start)
     _CACHE[key] = prof
+    if path and comm.rank == 0:
+        try:
+            _save_file(path, key, prof)
+        except OSError as exc:
+            log.warning("profile: could not write %s (%s); it will be measured again next time", path, exc)
     log.info("profile: %s", {k: (f"{alpha[k] * 1e6:.0f} us", f"{beta[k] / 1e9:.2f} GB/s") for k in OPS})
     return prof
 

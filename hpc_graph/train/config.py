@@ -148,6 +148,10 @@ class EngineConfig:
     profile_mb: float = _field(64.0, _only(_float(0.0, lo_open=True), "apt"),
                                "`apt`: largest message (MiB) of the machine profile the cost model fits "
                                "(alltoallv, exchange, all-reduce from 1 KiB up).")
+    profile_file: Any = _field(None, _only(_OPT_PATH, "apt"),
+                               "`apt`: a JSON file that keeps the machine profile between jobs: read when it was "
+                               "measured for the same launch (ranks, dtype, sizes), else measured and written "
+                               "there. `null`: measured in every job.")
     memory_mb: float = _field(0.0, _only(_float(0.0), "apt"),
                               "`apt`: memory per rank the cost model checks each strategy against (MiB); 0: this "
                               "host's memory divided among its ranks.")

@@ -152,3 +152,30 @@ def test_checkpoint_keeps_the_strategy(graph_file):
     other = _apt(graph_file, "gdp", fanouts=(3, 2))
     other.load_state_dict(eng.state_dict())
     assert other.strategy == "snp" and other.stats()["strategy"] == "snp"
+
+
+def test_profile_file_is_written_and_reused(graph_file, tmp_path):
+    """The machine profile is kept in engine.profile_file between jobs of the same launch; a file measured for
+    another launch (or a broken one) is measured again and overwritten."""
+    import json
+
+    from hpc_graph.plan import profile as prof_mod
+
+    path = tmp_path / "profile.json"
+    prof_mod._CACHE.clear()
+    first = _apt(graph_file, "auto", fanouts=(3, 2), dry_run_batches=2, profile_mb=0.01, profile_file=str(path))
+    saved = json.loads(path.read_text())
+    assert first.plan.profile.seconds > 0 and saved["key"].startswith("ranks=1 ")
+    prof_mod._CACHE.clear()  # a new job
+    second = _apt(graph_file, "auto", fanouts=(3, 2), dry_run_batches=2, profile_mb=0.01, profile_file=str(path))
+    assert second.plan.profile.seconds == 0
+    assert second.plan.profile.gemm_flops == pytest.approx(first.plan.profile.gemm_flops)
+    saved["key"] = "ranks=64 dtype=torch.float32 max_bytes=1 reps=3 width=5"
+    path.write_text(json.dumps(saved))
+    prof_mod._CACHE.clear()
+    third = _apt(graph_file, "auto", fanouts=(3, 2), dry_run_batches=2, profile_mb=0.01, profile_file=str(path))
+    assert third.plan.profile.seconds > 0 and json.loads(path.read_text())["key"].startswith("ranks=1 ")
+    path.write_text("{not json")
+    prof_mod._CACHE.clear()
+    assert _apt(graph_file, "auto", fanouts=(3, 2), dry_run_batches=2, profile_mb=0.01,
+                profile_file=str(path)).plan.profile.seconds > 0
