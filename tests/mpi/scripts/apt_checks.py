@@ -214,6 +214,20 @@ def check_dry_run(data_dir, comm) -> int:
     return n
 
 
+def check_profile_file(pdir, work, comm) -> int:
+    """The machine profile kept in a file: measured and written once, then read by rank 0 and broadcast."""
+    from hpc_graph.plan import profile as prof_mod
+
+    path = str(work / "profile.json")
+    prof_mod._CACHE.clear()
+    first = _engine(pdir, comm, "auto", profile_file=path).plan.profile
+    prof_mod._CACHE.clear()
+    second = _engine(pdir, comm, "auto", profile_file=path).plan.profile
+    if not (first.seconds > 0 and second.seconds == 0 and second.alpha == first.alpha):
+        raise AssertionError(f"rank {comm.rank}: profile file not reused ({first.seconds}, {second.seconds})")
+    return 1
+
+
 def main() -> int:
     work = Path(sys.argv[1])
     comm = _communicator.get_communicator("mpi")
@@ -236,6 +250,7 @@ def main() -> int:
         n += check_bytes(pdir, comm)
         t2 = time.perf_counter()
         n += check_dry_run(bdir, comm)
+        n += check_profile_file(pdir, work, comm)
         if comm.rank == 0:
             print(f"seconds: gradients {t1 - t0:.1f}, bytes {t2 - t1:.1f}, dry run {time.perf_counter() - t2:.1f}")
     except Exception:
