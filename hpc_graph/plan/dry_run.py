@@ -1,22 +1,27 @@
 """The ``apt`` engine's dry run and cost model: which strategy to run, and what each would cost.
 
-:func:`dry_run` samples ``dry_run_batches`` batches of two never-trained epochs once (the samples of
-every strategy are the same), and counts for every strategy, on every rank:
+:func:`dry_run` samples ``dry_run_batches`` batches once, spread over :data:`FOLDS` never-trained
+epochs (the samples of every strategy are the same), and counts for every strategy, on every rank:
 
 * bytes and calls of each communication operation: ``sample`` (remote sampling; DNP's last hop only
   sends ids and returns degrees), ``structure`` (NFP's all-broadcast of block 0, SNP's virtual nodes),
   ``load`` (feature rows fetched from their owners: ``8`` bytes per id asked, ``F * itemsize + 8`` per
-  row served; rows in the cache are not fetched), ``shuffle`` (hidden rows of layer 1 and their
-  gradients: NFP ``d'`` per destination of every other rank; SNP ``d'`` per virtual node; DNP ``d'``
-  per destination computed by its owner) and the gradient all-reduce;
-* rows projected and edges aggregated per layer (GEMM and SpMM work), and how often each remote row
-  is read (*hotness*, which fills the feature cache).
+  row served; rows in the cache are not fetched, the cache's hit rate cross-validated across the
+  dry-run epochs), ``shuffle`` / ``shuffle_bwd`` (hidden rows of layer 1 and their gradients: NFP
+  ``d'`` per destination of every other rank; SNP ``d'`` per virtual node, or the input width and no
+  gradient when GraphSAGE aggregates its raw inputs first; DNP ``d'`` per destination computed by its
+  owner) and the gradient all-reduce;
+* rows projected and edges aggregated in layer 1 (the upper layers are the same for every strategy),
+  and how often each remote row is read (*hotness*, which fills the feature cache).
 
-Unlike APT, the prediction includes compute and memory: ``epoch = build + load + shuffle + compute``
-with the :mod:`~hpc_graph.plan.profile` fits (``alpha * calls + bytes / beta`` per operation; the
-sampling work measured in the dry run itself; GEMM and SpMM work over the measured rates, three
-times the forward pass for forward + backward), the slowest rank's total per strategy. A strategy
-whose predicted peak memory exceeds the per-rank limit is ruled out, with the reason shown.
+Unlike APT, the prediction includes compute and memory, and times what it can instead of modelling
+it: ``epoch = build + load + shuffle + compute`` for the slowest rank, where ``build`` (sampling,
+structure, loading the input rows, blocks) is each strategy's batch building timed on a few batches,
+``load`` and ``shuffle`` are ``alpha * calls + bytes / beta`` with the :mod:`~hpc_graph.plan.profile`
+fits (the cache's saving taken off the timed build), and ``compute`` is the model's kernels timed at
+the dry run's own batch shapes (:func:`~hpc_graph.plan.profile.time_layer`, forward and backward)
+scaled by each strategy's rows and edges, plus the optimiser step and the gradient all-reduce. A
+strategy whose predicted peak memory exceeds the per-rank limit is ruled out, with the reason shown.
 """
 from __future__ import annotations
 
