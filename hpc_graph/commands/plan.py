@@ -51,7 +51,7 @@ def run(args: argparse.Namespace) -> int:
         import torch
 
         from hpc_graph.engines import create_engine
-        from hpc_graph.train.trainer import engine_options_from_config
+        from hpc_graph.train.trainer import _DTYPES, engine_options_from_config
 
         import logging
 
@@ -59,8 +59,8 @@ def run(args: argparse.Namespace) -> int:
         comm = get_communicator(config.train.comm_backend)
         options = engine_options_from_config(config, "apt")
         options["strategy"] = "auto"
-        dtype = {"float32": torch.float32, "float64": torch.float64}[config.train.dtype]
-        engine = create_engine("apt", config.data.path, comm, torch.device("cpu"), dtype, options)
+        engine = create_engine("apt", config.data.path, comm, torch.device("cpu"), _DTYPES[config.train.dtype],
+                               options)
     except (ConfigError, ValueError, OSError) as exc:
         raise CLIError(str(exc)) from exc
     plan = engine.plan

@@ -45,21 +45,16 @@ from hpc_graph.engines.base import Batch, Engine
 from hpc_graph.graph.block import Block, BlockStack
 from hpc_graph.graph.dist_graph import load_sampled_data
 from hpc_graph.graph.halo_graph import HaloGraph
-from hpc_graph.graph.sampler import NeighborSampler, SeedSchedule, relabel, sample_key
+from hpc_graph.graph.sampler import (NeighborSampler, SeedSchedule, block_csr, check_fanouts, relabel,
+                                     sample_key)
 from hpc_graph.graph.strategies import DNPReturn, NFPBlock, NFPReduce, SNPContext
-from hpc_graph.ops.csr import CSR, column_slice_csr
+from hpc_graph.ops.csr import column_slice_csr
 from hpc_graph.store.feature_store import FeatureStore
 
 log = logging.getLogger(__name__)
 
 STRATEGIES = ("gdp", "nfp", "snp", "dnp")
 AFFINE_MODELS = ("gcn", "sage")  # layer 1 affine in its input: NFP's partial sums are exact
-
-
-def _indptr(counts: np.ndarray) -> torch.Tensor:
-    out = np.zeros(counts.size + 1, dtype=np.int64)
-    np.cumsum(counts, out=out[1:])
-    return torch.from_numpy(out)
 
 
 class APTEngine(Engine):
@@ -86,12 +81,7 @@ class APTEngine(Engine):
                  options: dict[str, Any] | None = None):
         super().__init__(source, comm, device, dtype, options)
         o = self.options
-        fanouts = o.get("fanouts", (10, 5))
-        if (not isinstance(fanouts, (list, tuple)) or len(fanouts) < 2
-                or any(isinstance(f, bool) or not isinstance(f, int) or (f < 1 and f != -1) for f in fanouts)):
-            raise ValueError("sampler.fanouts: engine 'apt' needs one positive fan-out (or -1) per layer and at "
-                             f"least 2 layers, got {fanouts!r}")
-        self.fanouts = tuple(int(f) for f in fanouts)
+        self.fanouts = check_fanouts(o.get("fanouts", (10, 5)), "apt", min_layers=2)
         bs = o.get("batch_size", 1024)
         if isinstance(bs, bool) or not isinstance(bs, int) or bs < 1:
             raise ValueError(f"sampler.batch_size: must be an integer >= 1, got {bs!r}")
@@ -303,7 +293,7 @@ class APTEngine(Engine):
         blocks = []
         src_deg = dst_deg0
         for i, (layer, dst, deg, counts, col, src) in enumerate(reversed(hops)):
-            csr = CSR(_indptr(counts), torch.from_numpy(col), int(src.size), validate=False)
+            csr = block_csr(counts, col, src.size)
             src_t = torch.from_numpy(src)
             blocks.append(Block(csr, src_t, self.dg.orig_ids_of(src_t), torch.from_numpy(np.asarray(src_deg)),
                                 self.comm, hook if i == 0 else None))
@@ -323,7 +313,7 @@ class APTEngine(Engine):
         src, col = relabel(dst, nbrs)
         feat, src_deg = self._load(src)
         src_t = torch.from_numpy(src)
-        block = Block(CSR(_indptr(counts), torch.from_numpy(col), int(src.size), validate=False), src_t,
+        block = Block(block_csr(counts, col, src.size), src_t,
                       self.dg.orig_ids_of(src_t), src_deg, self.comm)
         return block, feat, None, deg
 
@@ -374,7 +364,7 @@ class APTEngine(Engine):
         degree = nfp["degree"][torch.from_numpy(gid)].clone()
         degree[phantom] = 0
         src_t = torch.from_numpy(u_src.copy())
-        block = NFPBlock(CSR(_indptr(u_counts), torch.from_numpy(u_col), rows, validate=False), src_t, src_t,
+        block = NFPBlock(block_csr(u_counts, u_col, rows), src_t, src_t,
                          degree, self.comm)
         return block, x, NFPReduce(nds, self.comm, self.counter), deg
 
@@ -407,7 +397,7 @@ class APTEngine(Engine):
         loc_order = np.argsort(loc_rows, kind="stable")
         cols = n + np.searchsorted(u, np.concatenate([loc_u[loc_order], got_u.numpy()]))
         all_counts = np.concatenate([loc_counts, got_vc.numpy()])
-        csr = CSR(_indptr(all_counts), torch.from_numpy(cols.astype(np.int64)), n + u.size, validate=False)
+        csr = block_csr(all_counts, cols, n + u.size)
         feat_d, deg_d = self._load(dst)
         lid = torch.from_numpy(u - self.first)
         x = torch.cat([feat_d, self.feat[lid]], 0)
@@ -439,7 +429,7 @@ class APTEngine(Engine):
         src, col = relabel(uniq, nb)
         feat, src_deg = self._load(src)
         src_t = torch.from_numpy(src)
-        block = Block(CSR(_indptr(c), torch.from_numpy(col), int(src.size), validate=False), src_t,
+        block = Block(block_csr(c, col, src.size), src_t,
                       self.dg.orig_ids_of(src_t), src_deg, self.comm)
         hook = DNPReturn(own_pos, inverse[:own_pos.size], inverse[own_pos.size:], asked_counts, rpos, dst.size,
                          self.comm, self.counter)

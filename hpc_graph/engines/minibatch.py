@@ -50,8 +50,7 @@ from hpc_graph.engines.base import Batch, Engine
 from hpc_graph.graph.block import Block, BlockStack
 from hpc_graph.graph.dist_graph import load_sampled_data
 from hpc_graph.graph.halo_graph import HaloGraph
-from hpc_graph.graph.sampler import NeighborSampler, SeedSchedule, sample_key
-from hpc_graph.ops.csr import CSR
+from hpc_graph.graph.sampler import NeighborSampler, SeedSchedule, block_csr, check_fanouts, sample_key
 from hpc_graph.store.feature_store import FeatureStore
 from hpc_graph.store.hec import HistoricalEmbeddingCache
 
@@ -86,11 +85,7 @@ class MinibatchEngine(Engine):
                  options: dict[str, Any] | None = None):
         super().__init__(source, comm, device, dtype, options)
         o = self.options
-        fanouts = o.get("fanouts", (15, 10, 5))
-        if (not isinstance(fanouts, (list, tuple)) or not fanouts
-                or any(isinstance(f, bool) or not isinstance(f, int) or (f < 1 and f != -1) for f in fanouts)):
-            raise ValueError(f"sampler.fanouts: must be a non-empty list of positive integers (or -1), got {fanouts!r}")
-        self.fanouts = tuple(int(f) for f in fanouts)
+        self.fanouts = check_fanouts(o.get("fanouts", (15, 10, 5)), "minibatch")
         for name, lo in (("batch_size", 1), ("feature_cache", 0), ("size", 1), ("lifespan", 0), ("push_limit", 0),
                          ("delay", 1)):
             v = o.get(name, {"batch_size": 1024, "feature_cache": 0, "size": 1_000_000, "lifespan": 2,
@@ -273,9 +268,7 @@ class MinibatchEngine(Engine):
                 src_deg[:n_local] = prev_dst_deg
                 if src.size > n_local:
                     src_deg[n_local:] = self._halo_degree_of(src[n_local:])
-            indptr = np.zeros(dst_.size + 1, dtype=np.int64)
-            np.cumsum(counts, out=indptr[1:])
-            csr = CSR(torch.from_numpy(indptr), torch.from_numpy(col), int(src.size), validate=False)
+            csr = block_csr(counts, col, src.size)
             src_t = torch.from_numpy(src)
             complete = self._completer(layer, src[:n_local], src[n_local:]) if self.mode == "hec" and layer > 0 \
                 else None

@@ -36,6 +36,27 @@ def sample_key(*parts: int) -> int:
     return h
 
 
+def check_fanouts(fanouts: Any, engine: str, min_layers: int = 1) -> tuple[int, ...]:
+    """``sampler.fanouts`` as a tuple of ints (positive, or -1 for every neighbour), at least ``min_layers``
+    of them; ``ValueError`` naming the option otherwise."""
+    if (not isinstance(fanouts, (list, tuple)) or len(fanouts) < max(min_layers, 1)
+            or any(isinstance(f, bool) or not isinstance(f, int) or (f < 1 and f != -1) for f in fanouts)):
+        need = f"at least {min_layers} " if min_layers > 1 else "a non-empty list of "
+        raise ValueError(f"sampler.fanouts: engine {engine!r} needs {need}positive integers (or -1), one per "
+                         f"layer, got {fanouts!r}")
+    return tuple(int(f) for f in fanouts)
+
+
+def block_csr(counts: np.ndarray, col: np.ndarray, num_src: int) -> Any:
+    """The CSR of a sampled block: ``counts[i]`` sampled in-edges of destination ``i``, columns ``col``."""
+    from hpc_graph.ops.csr import CSR
+
+    indptr = np.zeros(counts.size + 1, dtype=np.int64)
+    np.cumsum(counts, out=indptr[1:])
+    return CSR(torch.from_numpy(indptr), torch.from_numpy(np.asarray(col, dtype=np.int64)), int(num_src),
+               validate=False)
+
+
 def relabel(dst: np.ndarray, nbrs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """``(src, col)`` of a block: ``src`` = ``dst`` (distinct) then each new id of ``nbrs`` in order of first
     appearance; ``src[col[i]] == nbrs[i]``."""

@@ -35,8 +35,7 @@ import numpy as np
 import torch
 
 from hpc_graph.graph.block import Block
-from hpc_graph.graph.sampler import relabel, sample_key
-from hpc_graph.ops.csr import CSR
+from hpc_graph.graph.sampler import block_csr, relabel, sample_key
 from hpc_graph.plan.profile import Profile, profile_machine, time_layer
 
 log = logging.getLogger(__name__)
@@ -188,8 +187,7 @@ def dry_run(engine: Any, requested: str = "auto", profile: Profile | None = None
         src, col = relabel(D, nbrs)
         # the rest of a GDP batch's local work: blocks, and the input rows gathered (owned rows here)
         blocks = engine.upper_blocks(upper, deg, None)
-        csr0 = CSR(torch.from_numpy(np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)),
-                   torch.from_numpy(col), int(src.size), validate=False)
+        csr0 = block_csr(counts, col, src.size)
         src_t = torch.from_numpy(src)
         own_src = src[sampler.is_owned(src)]
         Block(csr0, src_t, engine.dg.orig_ids_of(src_t), torch.zeros(src.size, dtype=torch.int64), comm)
