@@ -573,6 +573,37 @@ class Dataset:
         except (OSError, RuntimeError) as exc:
             raise FormatError(self.path, "/node/feat", f"unreadable ({exc})") from None
 
+    def graph_rows(self, start: int, stop: int) -> tuple[np.ndarray, np.ndarray, np.ndarray | None,
+                                                         np.ndarray | None]:
+        """Rows ``[start, stop)`` of the CSR without reading the rest (a distributed reader's slice).
+
+        Returns ``(indptr int64[k+1] starting at 0, indices[E_k], edge_weight[E_k] | None,
+        edge_type[E_k] | None)``; indices are checked to lie in ``[0, num_nodes)``.
+        """
+        try:
+            ptr = np.asarray(self._fields["indptr"][start:stop + 1], dtype=np.int64)
+            e0, e1 = int(ptr[0]), int(ptr[-1])
+            out = [np.asarray(self._fields[f][e0:e1]) if f in self._fields else None
+                   for f in ("indices", "edge_weight", "edge_type")]
+        except (OSError, RuntimeError) as exc:
+            raise FormatError(self.path, "/graph", f"unreadable ({exc})") from None
+        if np.any(np.diff(ptr) < 0):
+            raise FormatError(self.path, "/graph/indptr", f"decreasing within rows {start}..{stop}")
+        idx = out[0]
+        if len(idx) and (int(idx.min()) < 0 or int(idx.max()) >= self.num_nodes):
+            raise FormatError(self.path, "/graph/indices",
+                              f"index out of range [0, {self.num_nodes}) in rows {start}..{stop}")
+        return ptr - e0, idx, out[1], out[2]
+
+    def node_rows(self, field: str, start: int, stop: int) -> np.ndarray:
+        """Rows ``[start, stop)`` of ``label`` or a mask."""
+        if field not in self._fields:
+            raise FormatError(self.path, f"/node/{field}", "missing")
+        try:
+            return np.asarray(self._fields[field][start:stop])
+        except (OSError, RuntimeError) as exc:
+            raise FormatError(self.path, f"/node/{field}", f"unreadable ({exc})") from None
+
     def feat_take(self, ids: np.ndarray) -> np.ndarray:
         """Feature rows of arbitrary node ids (int64[k]) as float32[k, F], read in sorted blocks."""
         ids = np.asarray(ids, dtype=np.int64)
