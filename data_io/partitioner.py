@@ -356,19 +356,28 @@ class _Plan:
 def _meta(ds: Dataset, src: Path, plan: _Plan, node: dict[str, np.ndarray], method: str, seed: int) -> dict:
     """The content of ``partition.json`` (without the checksum and timings)."""
     P = plan.num_parts
-    nodes = np.diff(plan.node_ranges)
     edges = np.array([plan.indptr[hi] - plan.indptr[lo] for lo, hi in map(plan.range, range(P))], dtype=np.int64)
     halo = np.array([len(h) for h in plan.halos], dtype=np.int64)
+    so = plan.halo_offsets  # send count of p = sum over q of q's halo block for p
+    send = np.array([sum(so[q][p + 1] - so[q][p] for q in range(P)) for p in range(P)], dtype=np.int64)
     train_mask = node.get("train_mask")
     train = (np.bincount(plan.parts[train_mask], minlength=P) if train_mask is not None
              else np.zeros(P, dtype=np.int64))
+    return build_meta(ds, src, plan.node_ranges, edges, halo, send, train, plan.cut, method, seed)
+
+
+def build_meta(ds: Dataset, src: Path, node_ranges: np.ndarray, edges: np.ndarray, halo: np.ndarray,
+               send: np.ndarray, train: np.ndarray, cut: np.ndarray, method: str, seed: int) -> dict:
+    """``partition.json`` from per-part counts (int64[P] each: in-edges, halo rows, rows sent, training
+    nodes, in-edges from other parts); shared by the serial and the distributed partitioner."""
+    P = len(node_ranges) - 1
+    nodes = np.diff(node_ranges)
     fields = [f for f in ("edge_weight", "edge_type", "feat", "label") + MASKS if ds.has(f)]
     parts = []
     for p in range(P):
-        so = plan.halo_offsets  # send count of p = sum over q of q's halo block for p
         parts.append(dict(part_id=p, file=part_file_name(p), num_nodes=int(nodes[p]), num_edges=int(edges[p]),
-                          num_halo=int(halo[p]), num_send=int(sum(so[q][p + 1] - so[q][p] for q in range(P))),
-                          num_train=int(train[p]), cut_edges=int(plan.cut[p]),
+                          num_halo=int(halo[p]), num_send=int(send[p]),
+                          num_train=int(train[p]), cut_edges=int(cut[p]),
                           replication=round(float(halo[p] / nodes[p]), 6) if nodes[p] else 0.0))
     e = max(1, ds.num_edges)
     return {
@@ -377,11 +386,11 @@ def _meta(ds: Dataset, src: Path, plan: _Plan, node: dict[str, np.ndarray], meth
         "global_num_nodes": ds.num_nodes, "global_num_edges": ds.num_edges,
         "feat_dim": ds.feat_dim, "num_classes": ds.num_classes, "fields": fields,
         "num_train": int(train.sum()),
-        "edge_cut": int(plan.cut.sum()), "edge_cut_fraction": round(float(plan.cut.sum() / e), 6),
+        "edge_cut": int(cut.sum()), "edge_cut_fraction": round(float(cut.sum() / e), 6),
         "replication_factor": round(float(halo.sum() / ds.num_nodes), 6),
         "balance": {"nodes": round(_max_over_mean(nodes), 6), "edges": round(_max_over_mean(edges), 6),
                     "train": round(_max_over_mean(train), 6)},
-        "node_ranges": [int(x) for x in plan.node_ranges],
+        "node_ranges": [int(x) for x in node_ranges],
         "parts": parts,
         "source": {"path": str(src.resolve()), "size_bytes": src.stat().st_size,
                    "checksum": "sha256 of the whole source file", "sha256": None},
