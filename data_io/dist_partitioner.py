@@ -67,8 +67,14 @@ def _agree(comm: Any, fn: Callable[[], Any], what: str) -> Any:
     bad = [(r, e) for r, e in enumerate(errors) if e is not None]
     if bad:
         r, e = bad[0]
-        more = f" (and {len(bad) - 1} more rank(s))" if len(bad) > 1 else ""
-        raise DataError(e if comm.size == 1 else f"rank {r}: {e}{more}")
+        if comm.size == 1 or (len(bad) == comm.size and all(x == e for _, x in bad)):
+            text = e  # the same on every rank
+        else:
+            more = f" (and {len(bad) - 1} more rank(s))" if len(bad) > 1 else ""
+            text = f"rank {r}: {e}{more}"
+        err = DataError(text)
+        err.collective = True  # the same error on every rank: the CLI prints it once (rank 0)
+        raise err
     return value
 
 

@@ -59,18 +59,39 @@ class ParMetisLibrary:
         return not self.scotch
 
 
+def _resolve(name: str) -> str | None:
+    """A soname as ``ctypes.util.find_library`` gives it -> the file the loader would open."""
+    if os.path.isabs(name):
+        return name if os.path.exists(name) else None
+    import subprocess
+
+    try:
+        out = subprocess.run(["ldconfig", "-p"], capture_output=True, text=True, timeout=30).stdout
+    except (OSError, subprocess.TimeoutExpired):
+        out = ""
+    for line in out.splitlines():
+        left, _, right = line.partition("=>")
+        if left.strip().split(" ")[0] == name and right.strip():
+            return right.strip()
+    for d in ("/usr/lib/x86_64-linux-gnu", "/usr/lib64", "/usr/lib", "/usr/local/lib"):
+        if os.path.exists(os.path.join(d, name)):
+            return os.path.join(d, name)
+    return None
+
+
 def _linked_mpi(path: str) -> str:
-    """Which MPI a shared library was linked with, from the ``libmpi`` soname it names."""
+    """Which MPI a shared library was linked with, from the ``libmpi`` soname it names ("none" when it
+    names none, "unreadable" when the file cannot be read)."""
     try:
         with open(os.path.realpath(path), "rb") as fh:
             data = fh.read()
     except OSError:
-        return "unknown"
+        return "unreadable"
     if b"libmpi.so.40" in data:
         return "openmpi"
     if b"libmpi.so.12" in data or b"libmpich" in data:
         return "mpich"
-    return "unknown"
+    return "none"
 
 
 def process_mpi() -> str:
@@ -103,8 +124,9 @@ def _candidates() -> list[tuple[str, int, list[str]]]:
             out.append((lib[0], 64, pre))
     for name in ("ptscotchparmetisv3", "parmetis"):
         found = ctypes.util.find_library(name)
-        if found:
-            out.append((found, 32 if "scotch" in name else 64, []))
+        path = _resolve(found) if found else None
+        if path and all(os.path.realpath(path) != os.path.realpath(c[0]) for c in out):
+            out.append((path, 32 if "scotch" in name else 64, []))
     return out
 
 
@@ -122,7 +144,10 @@ def load_library() -> ParMetisLibrary:
         if path in _LOADED:
             return _LOADED[path]
         linked = _linked_mpi(path)
-        if linked != "unknown" and mine != "unknown" and linked != mine:
+        if linked == "unreadable":  # loading a library built for another MPI would kill the process
+            problems.append(f"{path}: cannot be read to check which MPI it needs")
+            continue
+        if linked != "none" and mine != "unknown" and linked != mine:
             problems.append(f"{path} is built against {linked} but this process runs {mine}")
             continue
         try:
@@ -144,9 +169,9 @@ def load_library() -> ParMetisLibrary:
     detail = "; ".join(problems)
     if mine == "mpich" and any("openmpi" in p for p in problems):
         raise ParMetisUnavailable(
-            f"the ParMETIS API library here is built for Open MPI, but this process was started by MPICH "
-            f"({detail}): launch with Open MPI's launcher instead, e.g. `mpiexec.openmpi -n 4 hpc-graph "
-            f"partition --distributed ...` (docs/partitioning.md), or {INSTALL_HINT}")
+            f"the ParMETIS API library here ({cands[0][0]}) is built for Open MPI but this launch runs MPICH: "
+            f"start it with Open MPI's launcher (mpiexec.openmpi -n R hpc-graph partition --distributed ...; "
+            f"docs/partitioning.md) or drop --distributed for the serial path")
     raise ParMetisUnavailable(f"no usable ParMETIS-API library ({detail}): {INSTALL_HINT}")
 
 

@@ -14,6 +14,10 @@ import os
 # a 3-layer GCN epoch on R-MAT scale 18 takes ~1.7 s instead of ~1.25 s (docs/benchmarks.md §8).
 os.environ.setdefault("THP_MEM_ALLOC_ENABLE", "1")
 
+from hpc_graph.comm.env import select_mpi_library as _select_mpi_library  # noqa: E402
+
+_select_mpi_library()  # ranks started by Open MPI's mpiexec load Open MPI (before anything imports mpi4py)
+
 __version__ = "0.1.0"
 
 logging.getLogger(__name__).addHandler(logging.NullHandler())

@@ -103,11 +103,21 @@ def main(argv: list[str] | None = None) -> int:
         _configure_threads(args)
         return int(args.func(args) or 0)
     except (CLIError, DataError, ThreadSettingError) as exc:
-        _error_line(f"hpc-graph {args.command}: error: {exc}")
+        if not getattr(exc, "collective", False) or _launch_rank() == 0:  # a collective error: printed once
+            _error_line(f"hpc-graph {args.command}: error: {exc}")
         return 2
     except KeyboardInterrupt:
         _error_line(f"hpc-graph {args.command}: interrupted")
         return 130
+
+
+def _launch_rank() -> int:
+    from hpc_graph.comm.env import detect_rank_size
+
+    try:
+        return detect_rank_size()[0]
+    except ValueError:
+        return 0
 
 
 def _error_line(text: str) -> None:

@@ -33,7 +33,7 @@ import sys
 from typing import Any, Mapping
 
 __all__ = ["detect_rank_size", "detect_local_rank", "detect_local_size", "launcher_name",
-           "describe_environment", "local_device"]
+           "describe_environment", "local_device", "select_mpi_library"]
 
 # Variables shown by describe_environment(): exact names and prefixes.
 _SHOWN_PREFIXES = ("OMPI_COMM_WORLD_", "OMPI_MCA_", "MV2_", "PMI_", "PMIX_RANK", "PMIX_NAMESPACE",
@@ -286,3 +286,27 @@ def describe_environment(env: Mapping[str, str] | None = None) -> dict[str, Any]
         "mpiexec": shutil.which("mpiexec"),
         "env": _shown_variables(env),
     }
+
+
+def select_mpi_library(environ: dict | None = None) -> str | None:
+    """Make mpi4py load Open MPI's library when Open MPI's launcher started this process.
+
+    The mpi4py wheel carries one extension per MPI ABI and, unless told otherwise, loads the first
+    ``libmpi`` it finds beside Python: with the ``mpich`` wheel installed that is MPICH's, and ranks
+    started by ``mpiexec.openmpi`` would then each come up as a world of one. When Open MPI's launcher
+    variables are set (``OMPI_COMM_WORLD_SIZE``), mpi4py has not been imported yet and the user chose
+    no library (``MPI4PY_LIBMPI`` / ``MPI4PY_MPIABI``), this sets ``MPI4PY_LIBMPI`` to the system's
+    Open MPI library (``libmpi.so.40``). That is what lets PT-Scotch's ParMETIS API (built against
+    Open MPI on Debian/Ubuntu) run in our processes (docs/partitioning.md). Returns the library chosen,
+    or None when nothing was changed.
+    """
+    env = os.environ if environ is None else environ
+    if "OMPI_COMM_WORLD_SIZE" not in env or "MPI4PY_LIBMPI" in env or "MPI4PY_MPIABI" in env:
+        return None
+    if "mpi4py.MPI" in sys.modules:
+        return None
+    import ctypes.util
+
+    found = ctypes.util.find_library("mpi") or "libmpi.so.40"
+    env["MPI4PY_LIBMPI"] = found
+    return found

@@ -4,6 +4,13 @@
 
 Prints the statistics (edge cut, replication factor, balance, per-part table);
 ``--json`` prints ``partition.json`` instead. Progress goes to the log.
+
+``--distributed`` partitions with every MPI rank of the launch taking part: each reads only its
+slice of the graph, the graph is partitioned in parallel through the ParMETIS API (PT-Scotch's, found
+at run time: docs/partitioning.md) and each part file is written by the rank that holds it; the
+number of parts need not equal the number of ranks::
+
+    mpiexec.openmpi -n 4 hpc-graph partition rmat22.h5 -o rmat22-8 -n 8 --distributed
 """
 from __future__ import annotations
 
@@ -29,6 +36,11 @@ def add_parser(subparsers) -> None:
     p.add_argument("--balance-edges", action="store_true",
                    help="METIS: also balance in-edges per part (even work and graph memory per rank on "
                         "power-law graphs, at the cost of a larger edge cut)")
+    p.add_argument("--distributed", action="store_true",
+                   help="partition with all MPI ranks of this launch (each reads a slice; ParMETIS API for "
+                        "--method metis; run under mpiexec, see docs/partitioning.md)")
+    p.add_argument("--imbalance", type=float, default=1.05, metavar="X",
+                   help="--distributed: allowed max/mean nodes and training nodes per part (default: %(default)s)")
     p.add_argument("--force", action="store_true", help="replace DIR if it exists")
     p.add_argument("--json", action="store_true", help="print the statistics as JSON")
     add_threads_option(p)
@@ -65,6 +77,8 @@ def run(args: argparse.Namespace) -> int:
         raise CLIError(f"--num-parts: must be >= 1, got {args.num_parts}")
     if args.balance_edges and args.method != "metis":
         raise CLIError(f"--balance-edges: only with --method metis, not {args.method}")
+    if args.distributed:
+        return _run_distributed(args)
     meta = partition_dataset(args.src, args.output, args.num_parts, method=args.method, seed=args.seed,
                              force=args.force, balance_edges=args.balance_edges)
     if args.json:
@@ -72,4 +86,29 @@ def run(args: argparse.Namespace) -> int:
     else:
         print(f"{args.output}:")
         print(format_partition_stats(meta))
+    return 0
+
+
+def _run_distributed(args: argparse.Namespace) -> int:
+    if args.balance_edges:
+        raise CLIError("--balance-edges: not available with --distributed (the ParMETIS API of PT-Scotch "
+                       "honours one balance constraint); use the serial path")
+    if not 1.0 < args.imbalance < 2.0:
+        raise CLIError(f"--imbalance: expected a number in (1, 2), got {args.imbalance}")
+    from mpi4py import MPI
+
+    from data_io.dist_partitioner import partition_distributed
+
+    comm = MPI.COMM_WORLD
+    meta = partition_distributed(args.src, args.output, args.num_parts, comm, method=args.method, seed=args.seed,
+                                 force=args.force, imbalance=args.imbalance)
+    if comm.rank == 0:
+        if args.json:
+            print(json.dumps(meta, indent=1))
+        else:
+            d = meta["distributed"]
+            print(f"{args.output}: partitioned on {d['ranks']} rank(s)"
+                  + (f" with {d['library']}" if d["library"] else ""))
+            print(format_partition_stats(meta))
+            print("peak memory per rank (MB): " + ", ".join(f"{x:.0f}" for x in d["peak_rss_mb_per_rank"]))
     return 0
