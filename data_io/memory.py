@@ -30,8 +30,9 @@ from data_io.errors import DataError
 log = logging.getLogger(__name__)
 
 ENV_VAR = "HPC_GRAPH_MEMORY_LIMIT"
+MIB = 1 << 20
 
-__all__ = ["ENV_VAR", "MemoryRefusal", "available_bytes", "estimate_partition_bytes", "format_bytes",
+__all__ = ["ENV_VAR", "MIB", "MemoryRefusal", "available_bytes", "estimate_partition_bytes", "format_bytes",
            "parse_bytes", "require_memory"]
 
 

@@ -22,6 +22,7 @@ import numpy as np
 
 from data_io.dataset import MASKS, GraphData, write_dataset
 from data_io.errors import check_output
+from data_io.memory import MIB, require_memory
 from data_io.generators._common import (STREAM_EDGES, STREAM_LABEL, STREAM_SPLIT, GeneratorParamError,
                                         check_int, check_seed, check_split, rng_for)
 
@@ -210,9 +211,43 @@ def generate_pathspd(num_graphs: int = 2000, min_nodes: int = 8, max_nodes: int 
     return _assemble(graphs, labels, max_dist, fractions, seed, "pathspd")
 
 
+def estimate_graph_task_bytes(generator: str, num_graphs: int = 2000, min_nodes: int = 8,
+                              max_nodes: int = 32) -> int:
+    """Peak memory of :func:`write_graph_task` above the interpreter's own, in bytes.
+
+    With G graphs of (min_nodes + max_nodes) / 2 nodes on average, N nodes in all and E
+    directed edges (3 N for ``reg3cc``, 3-regular; 2 (N - G) for ``pathspd``, trees), the
+    block-diagonal assembly (``_assemble``) dominates: per edge the per-graph source and
+    destination pieces and their concatenations, the lexsort order and the sorted copies
+    (about 7 int64 arrays: 56 E); per node the features, indptr and bincount (32 N); per
+    graph the small arrays and tuples Python keeps for it (~1 KiB); plus 4 MiB:
+    ``56 E + 32 N + 1024 G + 4 MiB``.
+
+    Measured (peak RSS minus RSS before the call, default node counts): reg3cc 2000 graphs:
+    11.5 MiB measured, 15 MiB estimated (+31 %); reg3cc 10 000: 49.7 vs 59.5 MiB (+20 %);
+    pathspd 10 000: 26.8 vs 34.6 MiB (+29 %).
+    """
+    g = int(num_graphs)
+    n = int(round(g * (int(min_nodes) + int(max_nodes)) / 2))
+    e = 3 * n if generator == "reg3cc" else 2 * max(0, n - g)
+    return 56 * e + 32 * n + 1024 * g + 4 * MIB
+
+
 def write_graph_task(path: str, generator: str, *, force: bool = False, **kwargs) -> dict[str, int]:
-    """Generate ``reg3cc`` or ``pathspd`` with ``kwargs`` and write it to ``path`` (atomically)."""
+    """Generate ``reg3cc`` or ``pathspd`` with ``kwargs`` and write it to ``path`` (atomically).
+
+    The peak memory (:func:`estimate_graph_task_bytes`) is checked first:
+    :class:`~data_io.memory.MemoryRefusal` when it exceeds :func:`~data_io.memory.available_bytes`,
+    unless ``force`` (which also replaces an existing ``path``).
+    """
     check_output(path, force)
+    if generator in GRAPH_GENERATORS:
+        defaults = {"reg3cc": (2000, 16, 32), "pathspd": (2000, 8, 24)}[generator]
+        sizes = [kwargs.get(k, d) for k, d in zip(("num_graphs", "min_nodes", "max_nodes"), defaults)]
+        if all(isinstance(v, (int, np.integer)) and not isinstance(v, bool) and v > 0 for v in sizes):
+            require_memory(estimate_graph_task_bytes(generator, *sizes),
+                           f"generate {generator} --num-graphs {sizes[0]} --max-nodes {sizes[2]}", force=force,
+                           hint="use a smaller --num-graphs or --max-nodes")
     if generator == "reg3cc":
         data = generate_reg3cc(**kwargs)
     elif generator == "pathspd":

@@ -5,7 +5,10 @@
     hpc-graph generate reg3cc -o reg3cc.h5 --num-graphs 2000          # graph-level: one label per graph
     hpc-graph generate pathspd -o pathspd.h5 --num-graphs 2000 --max-dist 6
 
-Prints one summary line (nodes, edges, seconds); progress goes to the log.
+Prints one summary line (nodes, edges, seconds); progress goes to the log. Before anything is
+allocated the generator's peak memory is estimated and the command refuses (one line, exit
+status 2) when it exceeds the available memory (``HPC_GRAPH_MEMORY_LIMIT`` overrides what is
+available; ``--force`` skips the check).
 """
 from __future__ import annotations
 
@@ -18,7 +21,9 @@ from hpc_graph.cli import add_threads_option
 
 def _add_common(p: argparse.ArgumentParser, feat_dim: int, num_classes: int) -> None:
     p.add_argument("-o", "--output", required=True, metavar="OUT.h5", help="dataset file to write")
-    p.add_argument("--force", action="store_true", help="overwrite OUT.h5 if it exists")
+    p.add_argument("--force", action="store_true",
+                   help="overwrite OUT.h5 if it exists, and skip the memory check "
+                        "(start even when the estimated peak memory exceeds the available memory)")
     p.add_argument("--seed", type=int, default=0, help="random seed (default: %(default)s)")
     p.add_argument("--feat-dim", type=int, default=feat_dim, help="feature width (default: %(default)s)")
     p.add_argument("--num-classes", type=int, default=num_classes,
@@ -85,7 +90,9 @@ def add_parser(subparsers) -> None:
     t.add_argument("--max-dist", type=int, default=6, help="largest distance = classes (default: %(default)s)")
     for sub in (g, t):
         sub.add_argument("-o", "--output", required=True, metavar="OUT.h5", help="dataset file to write")
-        sub.add_argument("--force", action="store_true", help="overwrite OUT.h5 if it exists")
+        sub.add_argument("--force", action="store_true",
+                         help="overwrite OUT.h5 if it exists, and skip the memory check "
+                              "(start even when the estimated peak memory exceeds the available memory)")
         sub.add_argument("--seed", type=int, default=0, help="random seed (default: %(default)s)")
         sub.add_argument("--train-frac", type=float, default=0.6, help="training graphs (default: %(default)s)")
         sub.add_argument("--val-frac", type=float, default=0.2, help="validation graphs (default: %(default)s)")
