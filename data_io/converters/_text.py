@@ -54,6 +54,83 @@ def open_binary(path: str | os.PathLike) -> BinaryIO:
     return gzip.open(path, "rb") if path.suffix == ".gz" else open(path, "rb")  # noqa: SIM115
 
 
+@dataclass
+class TextSample:
+    """What :func:`sample_rows` learned about a numeric text file without reading all of it.
+
+    ``rows``: estimated data rows in the whole file (an over-estimate when the sampled lines
+    are shorter than the average); ``ncols``: columns of the first data row (0: none seen);
+    ``max_value``: the largest number in the first two columns of the sampled rows (-1: none);
+    ``text_bytes``: estimated size of the uncompressed text.
+    """
+
+    rows: int
+    ncols: int
+    max_value: int
+    text_bytes: int
+
+
+def sample_rows(path: str | os.PathLike, *, csv: bool = False, comments: bytes = b"#%",
+                sample_bytes: int = 256 << 10) -> TextSample:
+    """Estimate the row count of a numeric text file from a few samples of it.
+
+    A plain file is sampled at its start, middle and end (``sample_bytes`` each); the densest
+    sample (most data lines per byte) is scaled to the file size. A ``.gz`` file is sampled at
+    its start only: its first ``sample_bytes`` compressed bytes give the compression ratio, and
+    so the text size. Exact when the file fits in one sample.
+
+    Raises:
+        DataError: the file is missing or unreadable.
+    """
+    import zlib as _zlib
+
+    path = Path(path)
+    if not path.is_file():
+        raise DataError(f"{path}: no such file")
+    size = path.stat().st_size
+    samples: list[bytes] = []
+    try:
+        with open(path, "rb") as f:
+            if path.suffix == ".gz":
+                raw = f.read(sample_bytes)
+                d = _zlib.decompressobj(16 + _zlib.MAX_WBITS)
+                text = d.decompress(raw)
+                consumed = len(raw) - len(d.unused_data)
+                text_bytes = len(text) if d.eof or consumed >= size else int(len(text) * size / max(1, consumed))
+                samples.append(text if d.eof else text[:text.rfind(b"\n") + 1])
+            else:
+                text_bytes = size
+                starts = [0] if size <= 3 * sample_bytes else [0, size // 2, max(0, size - sample_bytes)]
+                for start in starts:
+                    f.seek(start)
+                    block = f.read(sample_bytes if len(starts) > 1 else size)
+                    if start:  # drop the partial first line
+                        block = block[block.find(b"\n") + 1:]
+                    if len(starts) > 1 and start + sample_bytes < size:
+                        block = block[:block.rfind(b"\n") + 1]
+                    samples.append(block)
+    except (OSError, EOFError, _zlib.error) as exc:
+        raise DataError(f"{path}: read failed: {exc}") from None
+    density, ncols, max_value = 0.0, 0, -1
+    for block in samples:
+        lines = [ln.strip() for ln in block.split(b"\n")]
+        data = [ln for ln in lines if ln and ln[0] not in comments]
+        if not block:
+            continue
+        density = max(density, len(data) / len(block))
+        for ln in data:
+            fields = (ln.replace(b",", b" ") if csv else ln).split()
+            if not ncols:
+                ncols = len(fields)
+            for tok in fields[:2]:
+                try:
+                    max_value = max(max_value, int(float(tok)))
+                except (ValueError, OverflowError):
+                    pass
+    return TextSample(rows=int(round(density * text_bytes)), ncols=ncols, max_value=max_value,
+                      text_bytes=int(text_bytes))
+
+
 def _read_blocks(f: BinaryIO, path: Path, chunk_bytes: int) -> Iterator[tuple[bytes, int]]:
     """Yield ``(block, first_line)``: blocks that end with a newline, about ``chunk_bytes`` long."""
     rest = b""
