@@ -61,13 +61,15 @@ class TextSample:
     ``rows``: estimated data rows in the whole file (an over-estimate when the sampled lines
     are shorter than the average); ``ncols``: columns of the first data row (0: none seen);
     ``max_value``: the largest number in the first two columns of the sampled rows (-1: none);
-    ``text_bytes``: estimated size of the uncompressed text.
+    ``text_bytes``: estimated size of the uncompressed text; ``comments``: a sample held a
+    comment line.
     """
 
     rows: int
     ncols: int
     max_value: int
     text_bytes: int
+    comments: bool = False
 
 
 def sample_rows(path: str | os.PathLike, *, csv: bool = False, comments: bytes = b"#%",
@@ -111,10 +113,11 @@ def sample_rows(path: str | os.PathLike, *, csv: bool = False, comments: bytes =
                     samples.append(block)
     except (OSError, EOFError, _zlib.error) as exc:
         raise DataError(f"{path}: read failed: {exc}") from None
-    density, ncols, max_value = 0.0, 0, -1
+    density, ncols, max_value, has_comments = 0.0, 0, -1, False
     for block in samples:
         lines = [ln.strip() for ln in block.split(b"\n")]
         data = [ln for ln in lines if ln and ln[0] not in comments]
+        has_comments = has_comments or any(ln and ln[0] in comments for ln in lines)
         if not block:
             continue
         density = max(density, len(data) / len(block))
@@ -128,7 +131,21 @@ def sample_rows(path: str | os.PathLike, *, csv: bool = False, comments: bytes =
                 except (ValueError, OverflowError):
                     pass
     return TextSample(rows=int(round(density * text_bytes)), ncols=ncols, max_value=max_value,
-                      text_bytes=int(text_bytes))
+                      text_bytes=int(text_bytes), comments=has_comments)
+
+
+def block_parse_bytes(block_bytes: int, block_rows: int, ncols: int, *, csv: bool = False,
+                      comments: bool = True) -> int:
+    """Memory of parsing one text block of B bytes, R rows and c columns (:func:`_parse_block`).
+
+    Per byte about 4 bytes (whitespace and token-start masks, the newline scan; a CSV block one
+    more for its comma-free copy); per value 20 bytes (token offset and int64/float64 value) on
+    the fast path, 40 when the block holds comments (line of each token, kept-token masks,
+    the blanked copy): ``(4 | 5) B + (20 | 40) R c``. Measured on 8 MiB gzip CSV blocks: edges
+    (2 columns) 67 MiB measured vs 67 MiB; features (16 columns) 47 vs 56 MiB (+20 %).
+    """
+    per_byte = 5 if csv else 4
+    return per_byte * int(block_bytes) + (40 if comments else 20) * int(block_rows) * max(1, int(ncols))
 
 
 def _read_blocks(f: BinaryIO, path: Path, chunk_bytes: int) -> Iterator[tuple[bytes, int]]:

@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 
 from data_io.converters._csr import build_csr, is_symmetric, unique_ids
-from data_io.converters._text import DEFAULT_CHUNK_BYTES, _Block, iter_rows, sample_rows
+from data_io.converters._text import DEFAULT_CHUNK_BYTES, _Block, block_parse_bytes, iter_rows, sample_rows
 from data_io.dataset import MASKS, DatasetWriter
 from data_io.errors import DataError, FormatError, check_output
 from data_io.memory import MIB, require_memory
@@ -124,18 +124,17 @@ def _parse_split(split: tuple[float, float, float]) -> tuple[float, float, float
 
 def edgelist_csr_bytes(num_edges: int, num_nodes: int, *, weighted: bool = False, symmetrize: bool = False,
                        remove_self_loops: bool = False, dedup: bool = False, check_symmetry: bool = True,
-                       relabel: bool | None = None, num_nodes_given: bool = False,
-                       block_bytes: int = DEFAULT_CHUNK_BYTES, block_rows: int | None = None) -> int:
+                       relabel: bool | None = None, num_nodes_given: bool = False, parse_bytes: int | None = None
+                       ) -> int:
     """Peak memory of reading E edges of text into a CSR (:func:`read_edgelist`, the relabelling,
     :func:`~data_io.converters._csr.build_csr` and :func:`~data_io.converters._csr.is_symmetric`).
 
     Ids are kept as uint32 (4 bytes), weights as float32; E' = 2 E with ``symmetrize``. Phases:
 
-    * reading: the parse of one block of B text bytes and R rows (per byte about 4 bytes of
-      masks and copies, per row 40 bytes per column of token offsets, line numbers and int64 or
-      float64 values; a block with comments takes the slow path that needs all of them), or the
-      kept ids and their concatenation, whichever is larger: ``max(4 B + 40 c R, 12 E)``
-      (``20 E`` weighted);
+    * reading: the parse of one block (``parse_bytes``, from
+      :func:`~data_io.converters._text.block_parse_bytes`; default: an 8 MiB block of 10-byte
+      lines with comments), or the kept ids and their concatenation, whichever is larger:
+      ``max(parse, 12 E)`` (``20 E`` weighted);
     * finding the distinct ids (``relabel`` None or True, no ``num_nodes``): a sorted copy of the
       sources and of the destinations and the sorted union, U <= min(2 E, N) ids: ``8 E + 5 E + 26 U``;
     * relabelling: searchsorted's int64 result and its uint32 copy per side: ``8 E + 12 E + 4 U``;
@@ -149,8 +148,9 @@ def edgelist_csr_bytes(num_edges: int, num_nodes: int, *, weighted: bool = False
     """
     e, n = int(num_edges), int(num_nodes)
     ep = 2 * e if symmetrize else e
-    rows = int(block_rows) if block_rows is not None else int(block_bytes) // 10
-    phases = [max(4 * int(block_bytes) + (120 if weighted else 80) * rows, (20 if weighted else 12) * e)]
+    if parse_bytes is None:
+        parse_bytes = block_parse_bytes(DEFAULT_CHUNK_BYTES, DEFAULT_CHUNK_BYTES // 10, 3 if weighted else 2)
+    phases = [max(int(parse_bytes), (20 if weighted else 12) * e)]
     if relabel is None and num_nodes_given:
         relabel = False
     if relabel is None or relabel:
@@ -198,8 +198,9 @@ def estimate_edgelist_bytes(src: str | os.PathLike, *, symmetrize: bool = False,
     block = min(int(chunk_bytes), sample.text_bytes)
     csr = edgelist_csr_bytes(e, n, weighted=weighted, symmetrize=symmetrize, remove_self_loops=remove_self_loops,
                              dedup=dedup, relabel=relabel,
-                             num_nodes_given=num_nodes is not None, block_bytes=block,
-                             block_rows=int(block * sample.rows / max(1, sample.text_bytes)) + 1)
+                             num_nodes_given=num_nodes is not None,
+                             parse_bytes=block_parse_bytes(block, block * sample.rows // max(1, sample.text_bytes) + 1,
+                                                           sample.ncols, comments=True))
     write = (24 * n + (8 if weighted else 4) * ep + min(4 * ep, 64 * MIB) + (25 * n if num_classes else 0)
              + (48 * MIB if random_features else 0))
     return max(csr, write) + 16 * MIB

@@ -21,10 +21,11 @@ from pathlib import Path
 import numpy as np
 
 from data_io.converters._csr import build_csr, is_symmetric
-from data_io.converters._text import DEFAULT_CHUNK_BYTES, iter_rows
-from data_io.converters.edgelist import read_edgelist
+from data_io.converters._text import DEFAULT_CHUNK_BYTES, block_parse_bytes, iter_rows, sample_rows
+from data_io.converters.edgelist import edgelist_csr_bytes, read_edgelist
 from data_io.dataset import DatasetWriter
 from data_io.errors import DataError, FormatError, check_output
+from data_io.memory import MIB, require_memory
 
 log = logging.getLogger(__name__)
 
@@ -109,6 +110,71 @@ def _split_dir(root: Path, split: str | None) -> Path | None:
     return base / names[0] if names else None
 
 
+def _ogb_num_nodes(raw: Path, chunk_bytes: int) -> int | None:
+    """N from ``num-node-list`` (a one-line file, read whole), else None."""
+    nn_file = _find(raw, "num-node-list", required=False)
+    if nn_file is None:
+        return None
+    counts, _ = _read_column(nn_file, chunk_bytes, "node count")
+    return int(counts[0]) if len(counts) == 1 and counts[0] > 0 else None
+
+
+def estimate_ogb_bytes(src_dir: str | os.PathLike, *, symmetrize: bool = False, remove_self_loops: bool = False,
+                       dedup: bool = False, chunk_bytes: int = DEFAULT_CHUNK_BYTES) -> int:
+    """Peak memory of :func:`convert_ogb` above the interpreter's own, in bytes (an estimate).
+
+    Sizes come from the folder without reading it: N from ``num-node-list`` (one line), else
+    the label file's estimated rows, else the largest sampled edge id + 1; E and the feature
+    width F from :func:`~data_io.converters._text.sample_rows` of ``edge.csv*`` (2 % added)
+    and ``node-feat.csv*``. With E' = 2 E under ``symmetrize``, the peak is the largest of:
+
+    * the labels: values and line numbers (16 N), NaN and check masks and the int64 copy
+      (18 N): ``34 N``;
+    * the edges read into the CSR (:func:`~data_io.converters.edgelist.edgelist_csr_bytes`,
+      no relabelling) beside the labels (8 N);
+    * the features, streamed: the CSR (8 N + 4 E'), labels and masks (11 N) and one block of
+      features parsed (:func:`~data_io.converters._text.block_parse_bytes`) and converted to
+      float32 with a finiteness mask (6 bytes a value);
+    * the final validation: the CSR, labels and masks, indptr and its diff and the labels
+      read back (24 N) and up to 64 MiB of indices;
+
+    plus 16 MiB.
+
+    Measured (peak RSS minus RSS before the call; gzip files, 8 MiB blocks): N = 100 000,
+    E = 1 000 000, F = 16: 69 MiB measured, 84 MiB estimated (+21 %); the same with ``symmetrize``
+    and ``dedup``: 71 vs 87.5 MiB (+24 %); N = 20 000, E = 200 000, F = 100: 70 vs 79 MiB (+13 %).
+    """
+    root = Path(src_dir)
+    if not root.is_dir():
+        raise DataError(f"{root}: no such directory")
+    raw = root / "raw"
+    edge = sample_rows(_find(raw, "edge"), csv=True)
+    e = int(edge.rows * 1.02) + 1
+    n = _ogb_num_nodes(raw, chunk_bytes)
+    label_file = _find(raw, "node-label", required=False)
+    if n is None and label_file is not None:
+        n = sample_rows(label_file, csv=True).rows
+    if n is None:
+        n = min(max(1, edge.max_value + 1), 2 * e)
+    ep = 2 * e if symmetrize else e
+    block = min(int(chunk_bytes), edge.text_bytes)
+    csr = edgelist_csr_bytes(e, n, symmetrize=symmetrize, remove_self_loops=remove_self_loops, dedup=dedup,
+                             relabel=False, num_nodes_given=True,
+                             parse_bytes=block_parse_bytes(block, block * edge.rows // max(1, edge.text_bytes) + 1,
+                                                           2, csv=True, comments=edge.comments))
+    phases = [34 * n, csr + 8 * n]
+    feat_file = _find(raw, "node-feat", required=False)
+    kept = 8 * (n + 1) + 4 * ep + 11 * n
+    if feat_file is not None:
+        feat = sample_rows(feat_file, csv=True)
+        fblock = min(int(chunk_bytes), feat.text_bytes)
+        frows = int(fblock * feat.rows / max(1, feat.text_bytes)) + 1
+        phases.append(kept + block_parse_bytes(fblock, frows, feat.ncols, csv=True, comments=feat.comments)
+                      + 6 * frows * feat.ncols)
+    phases.append(kept + 24 * n + min(4 * ep, 64 * MIB))
+    return max(phases) + 16 * MIB
+
+
 def convert_ogb(src_dir: str | os.PathLike, out: str | os.PathLike, *, force: bool = False,
                 name: str | None = None, split: str | None = None, symmetrize: bool = False,
                 remove_self_loops: bool = False, dedup: bool = False,
@@ -118,7 +184,9 @@ def convert_ogb(src_dir: str | os.PathLike, out: str | os.PathLike, *, force: bo
     Args:
         src_dir: the dataset folder holding ``raw/`` (and ``split/``).
         out: dataset file to write (atomically).
-        force: overwrite ``out`` when it exists.
+        force: overwrite ``out`` when it exists, and only warn when the estimated peak memory
+            (:func:`estimate_ogb_bytes`) exceeds :func:`~data_io.memory.available_bytes`
+            (without ``force``: :class:`~data_io.memory.MemoryRefusal` before reading the data).
         name: dataset name (default: the folder name).
         split: which ``split/<name>`` to use (default: the only one).
         symmetrize, remove_self_loops, dedup: as in :func:`~data_io.converters.convert_edgelist`.
@@ -134,6 +202,9 @@ def convert_ogb(src_dir: str | os.PathLike, out: str | os.PathLike, *, force: bo
     raw = root / "raw"
     edge_file = _find(raw, "edge")
     assert edge_file is not None
+    require_memory(estimate_ogb_bytes(root, symmetrize=symmetrize, remove_self_loops=remove_self_loops,
+                                      dedup=dedup, chunk_bytes=chunk_bytes),
+                   f"convert ogb {root}", force=force)
     n = None
     nn_file = _find(raw, "num-node-list", required=False)
     if nn_file is not None:
