@@ -8,3 +8,20 @@ install_hpc_graph() {
   fi
   python3 -m pip install -q -e ".[$1]"
 }
+
+# Open MPI and PT-Scotch's ParMETIS API, for `hpc-graph partition --distributed --method metis` and its
+# tests (docs/partitioning.md). Installed with apt-get when missing and this is a root shell on
+# Debian/Ubuntu (as in CI); elsewhere a note says what to install. Nothing else needs them.
+install_parmetis_api() {
+  if command -v mpiexec.openmpi >/dev/null 2>&1 && ls /usr/lib/*/scotch-int64/libptscotchparmetisv3*.so* >/dev/null 2>&1; then
+    return 0
+  fi
+  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+    export DEBIAN_FRONTEND=noninteractive
+    apt-get update -qq >/dev/null
+    apt-get install -y -qq --no-install-recommends openmpi-bin libscotchparmetis-dev libptscotch-dev >/dev/null
+  else
+    echo "note: install openmpi-bin libscotchparmetis-dev libptscotch-dev (Debian/Ubuntu) for the" \
+         "distributed partitioner's tests (tests/mpi/test_dist_partition.py)" >&2
+  fi
+}

@@ -5,5 +5,6 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/_install.sh
 install_hpc_graph dev
+install_parmetis_api
 # no thread variables: every process decides its threads as a user's would (hpc_graph.comm.threads)
 python3 -m pytest -q tests "$@"

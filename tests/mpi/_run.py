@@ -49,7 +49,23 @@ def _launcher() -> list[str]:
     return cmd
 
 
-def _command(script_or_args, nprocs: int) -> list[str]:
+def openmpi_launcher() -> list[str]:
+    """Open MPI's ``mpiexec`` (Debian's ``mpiexec.openmpi``) with the flags a test box needs, for the
+    runs that must use Open MPI (PT-Scotch's ParMETIS API is built against it); the ranks select Open
+    MPI in mpi4py themselves (``hpc_graph.comm.env.select_mpi_library``)."""
+    import shutil
+
+    exe = os.environ.get("HPC_GRAPH_OPENMPI_MPIEXEC") or shutil.which("mpiexec.openmpi") or shutil.which("orterun")
+    if not exe:
+        raise AssertionError("Open MPI's mpiexec (mpiexec.openmpi) not found: install openmpi-bin and "
+                             "libscotchparmetis-dev (scripts/test.sh does so when run as root on Debian/Ubuntu)")
+    cmd = [exe, "--oversubscribe", "--mca", "mpi_yield_when_idle", "1"]
+    if hasattr(os, "geteuid") and os.geteuid() == 0:
+        cmd += ["--allow-run-as-root"]
+    return cmd
+
+
+def _command(script_or_args, nprocs: int, launcher: Sequence[str] | None = None) -> list[str]:
     if isinstance(script_or_args, (str, os.PathLike)):
         args = [os.fspath(script_or_args)]
     else:
@@ -58,7 +74,7 @@ def _command(script_or_args, nprocs: int) -> list[str]:
         raise ValueError("run_mpi: empty command")
     if args[0].endswith(".py") or args[0] == "-m" or args[0] == "-c":
         args = [sys.executable] + args
-    return _launcher() + ["-n", str(int(nprocs))] + args
+    return list(launcher or _launcher()) + ["-n", str(int(nprocs))] + args
 
 
 def _tail(text: str) -> str:
@@ -74,8 +90,8 @@ def _as_text(data) -> str:
 
 def run_mpi(script_or_args: str | os.PathLike | Sequence[str | os.PathLike], nprocs: int,
             timeout: float = 120, env: Mapping[str, str | None] | None = None, *,
-            check: bool = True, cwd: str | os.PathLike | None = None
-            ) -> subprocess.CompletedProcess:
+            check: bool = True, cwd: str | os.PathLike | None = None,
+            launcher: Sequence[str] | None = None) -> subprocess.CompletedProcess:
     """Run ``mpiexec -n nprocs`` on a Python script (or a full argument list).
 
     ``script_or_args``: a ``.py`` path, or a list whose first item is a ``.py``
@@ -83,9 +99,10 @@ def run_mpi(script_or_args: str | os.PathLike | Sequence[str | os.PathLike], npr
     (``None``: removed from) a copy of the current environment. ``timeout`` is in seconds. Returns the
     ``CompletedProcess`` (text stdout/stderr, plus ``.elapsed`` seconds); raises
     ``AssertionError`` with both streams on timeout, or on a non-zero exit
-    status when ``check`` is true.
+    status when ``check`` is true. ``launcher`` replaces the default ``mpiexec`` command
+    (e.g. :func:`openmpi_launcher`).
     """
-    cmd = _command(script_or_args, nprocs)
+    cmd = _command(script_or_args, nprocs, launcher)
     full_env = dict(os.environ)
     full_env["PYTHONUNBUFFERED"] = "1"
     path = full_env.get("PYTHONPATH", "")
