@@ -1,4 +1,9 @@
-"""``hpc-graph convert {npz,edgelist,ogb,ogb-mag} SRC -o OUT.h5``: other graph formats to a dataset file."""
+"""``hpc-graph convert {npz,edgelist,ogb,ogb-mag} SRC -o OUT.h5``: other graph formats to a dataset file.
+
+Before reading the data, each converter estimates its peak memory from the source's sizes and
+refuses (one line, exit status 2) when it exceeds the available memory (``HPC_GRAPH_MEMORY_LIMIT``
+overrides what is available; ``--force`` skips the check).
+"""
 from __future__ import annotations
 
 import argparse
@@ -19,7 +24,9 @@ def _fractions(text: str) -> tuple[float, float, float]:
 def _common(p: argparse.ArgumentParser, src_help: str) -> None:
     p.add_argument("src", metavar="SRC", help=src_help)
     p.add_argument("-o", "--output", required=True, metavar="OUT.h5", help="dataset file to write")
-    p.add_argument("--force", action="store_true", help="overwrite OUT.h5 if it exists")
+    p.add_argument("--force", action="store_true",
+                   help="overwrite OUT.h5 if it exists, and skip the memory check (start even when the "
+                        "estimated peak memory exceeds the available memory)")
     p.add_argument("--name", default=None, help="dataset name (default: from SRC)")
 
 
