@@ -1,3 +1,4 @@
+# shellcheck shell=bash
 # Sourced by quickstart.sh and test.sh: installs hpc_graph and its dependencies.
 # Usage: install_hpc_graph EXTRAS   (e.g. "mpich" or "dev")
 install_hpc_graph() {
