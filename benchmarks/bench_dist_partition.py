@@ -1,0 +1,101 @@
+"""Benchmark: distributed vs serial partitioning of R-MAT graphs (wall time, peak memory per rank, edge cut).
+
+    python benchmarks/bench_dist_partition.py --scales 20 22 --ranks 1 2 4 --parts 4
+
+For each scale the R-MAT dataset (edge factor 16, 128 features) is generated once into ``--workdir``.
+Serial: ``hpc-graph partition`` (METIS through pymetis) in a child process, its peak RSS from
+``os.wait4``. Distributed: ``mpiexec.openmpi -n R hpc-graph partition --distributed`` (PT-Scotch's
+ParMETIS API), peak RSS of every rank as each rank measured it (``partition.json``:
+``distributed.peak_rss_mb_per_rank``), wall time of the launch. Every output is validated with
+``hpc-graph check`` before it is counted. Writes ``results/bench_dist_partition.json`` and prints a
+markdown table.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _env() -> dict:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), env.get("PYTHONPATH", "")) if p)
+    return env
+
+
+def _timed(cmd: list[str]) -> tuple[float, float]:
+    """Run ``cmd``; return (wall seconds, peak RSS MB of the child tree's largest process)."""
+    t0 = time.perf_counter()
+    proc = subprocess.Popen(cmd, env=_env(), cwd=str(ROOT), stdout=subprocess.DEVNULL)
+    _, status, usage = os.wait4(proc.pid, 0)
+    if os.waitstatus_to_exitcode(status) != 0:
+        raise SystemExit(f"failed: {' '.join(cmd)}")
+    return time.perf_counter() - t0, usage.ru_maxrss / 1024.0
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--scales", type=int, nargs="+", default=[20, 22])
+    ap.add_argument("--ranks", type=int, nargs="+", default=[1, 2, 4])
+    ap.add_argument("--parts", type=int, default=4)
+    ap.add_argument("--feat-dim", type=int, default=128)
+    ap.add_argument("--workdir", type=Path, default=ROOT / "results" / "bench_dist_partition")
+    ap.add_argument("--out", type=Path, default=ROOT / "results" / "bench_dist_partition.json")
+    ap.add_argument("--skip-serial", action="store_true")
+    args = ap.parse_args(argv)
+    args.workdir.mkdir(parents=True, exist_ok=True)
+    cli = [sys.executable, "-m", "hpc_graph.cli", "-q"]
+    mpiexec = shutil.which("mpiexec.openmpi")
+    if not mpiexec:
+        raise SystemExit("mpiexec.openmpi not found: apt-get install openmpi-bin libscotchparmetis-dev")
+    launch = [mpiexec, "--oversubscribe", "--mca", "mpi_yield_when_idle", "1"]
+    if os.geteuid() == 0:
+        launch.append("--allow-run-as-root")
+    records = json.loads(args.out.read_text()) if args.out.exists() else []
+    for scale in args.scales:
+        src = args.workdir / f"rmat{scale}.h5"
+        if not src.exists():
+            subprocess.run(cli + ["generate", "rmat", "--scale", str(scale), "--feat-dim", str(args.feat_dim),
+                                  "-o", str(src)], check=True, env=_env())
+        runs = [] if args.skip_serial else [("serial", 1)]
+        runs += [("distributed", r) for r in args.ranks]
+        for mode, r in runs:
+            out = args.workdir / f"rmat{scale}-{mode}-{r}"
+            cmd = cli + ["partition", str(src), "-o", str(out), "-n", str(args.parts), "--force"]
+            if mode == "distributed":
+                cmd = launch + ["-n", str(r)] + cmd + ["--distributed"]
+            wall, peak = _timed(cmd)
+            subprocess.run(cli + ["check", str(out)], check=True, env=_env(), stdout=subprocess.DEVNULL)
+            meta = json.loads((out / "partition.json").read_text())
+            per_rank = meta.get("distributed", {}).get("peak_rss_mb_per_rank", [peak])
+            rec = dict(scale=scale, mode=mode, ranks=r, parts=args.parts, wall_s=round(wall, 2),
+                       peak_mb_max=round(max(per_rank), 1), peak_mb_per_rank=per_rank,
+                       edge_cut=meta["edge_cut"], edge_cut_fraction=meta["edge_cut_fraction"],
+                       balance=meta["balance"], timings_s=meta.get("timings_s"),
+                       nodes=meta["global_num_nodes"], edges=meta["global_num_edges"])
+            records = [x for x in records if not (x["scale"] == scale and x["mode"] == mode and x["ranks"] == r
+                                                  and x["parts"] == args.parts)] + [rec]
+            args.out.parent.mkdir(parents=True, exist_ok=True)
+            args.out.write_text(json.dumps(records, indent=1))
+            print(f"scale {scale} {mode} R={r}: {wall:.1f} s, peak {max(per_rank):.0f} MB/rank, "
+                  f"cut {meta['edge_cut_fraction']:.4f}, balance {meta['balance']}", flush=True)
+            shutil.rmtree(out, ignore_errors=True)
+    print("\n| scale | mode | ranks | wall (s) | peak MB per rank (max) | edge cut | cut vs serial | node balance |")
+    print("|---|---|---|---|---|---|---|---|")
+    for rec in sorted(records, key=lambda x: (x["scale"], x["mode"] != "serial", x["ranks"])):
+        ser = [x for x in records if x["scale"] == rec["scale"] and x["mode"] == "serial" and x["parts"] == rec["parts"]]
+        rel = f"{rec['edge_cut'] / ser[0]['edge_cut']:.2f}x" if ser and ser[0]["edge_cut"] else "-"
+        print(f"| {rec['scale']} | {rec['mode']} | {rec['ranks']} | {rec['wall_s']:.1f} | {rec['peak_mb_max']:.0f} | "
+              f"{100 * rec['edge_cut_fraction']:.2f} % | {rel} | {rec['balance']['nodes']:.3f} |")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
