@@ -204,6 +204,19 @@ def _max_over_mean(x: np.ndarray) -> float:
     return float(np.max(x) / m) if m > 0 else 1.0
 
 
+def _check_memory(src: Path, num_parts, method: str, force: bool) -> None:
+    """Refuse (MemoryRefusal) when the estimated peak memory exceeds what is available; reads the header only."""
+    from data_io.memory import estimate_partition_bytes, require_memory
+
+    with open_dataset(src, check_values=False) as hdr:
+        parts = int(num_parts) if isinstance(num_parts, (int, np.integer)) and not isinstance(num_parts, bool) else 1
+        need = estimate_partition_bytes(hdr.num_nodes, hdr.num_edges, hdr.feat_dim, parts, method=method,
+                                        directed=hdr.directed, index_bytes=hdr._fields["indices"].dtype.itemsize,
+                                        edge_weight=hdr.has("edge_weight"), edge_type=hdr.has("edge_type"))
+    require_memory(need, f"partition {src} into {num_parts} parts", force=force,
+                   hint="partition it with --distributed over several nodes")
+
+
 def partition_dataset(src_h5: str | os.PathLike, out_dir: str | os.PathLike, num_parts: int,
                       method: str = "metis", seed: int = 0, force: bool = False,
                       balance_edges: bool = False) -> dict:
@@ -215,7 +228,10 @@ def partition_dataset(src_h5: str | os.PathLike, out_dir: str | os.PathLike, num
         num_parts: number of parts, ``1 <= num_parts <= num_nodes``.
         method: ``"metis"`` or ``"random"``.
         seed: seed of METIS or of the random assignment.
-        force: replace an existing ``out_dir``.
+        force: replace an existing ``out_dir``, and start even when the estimated peak memory
+            (:func:`data_io.memory.estimate_partition_bytes`, from the file's header) exceeds
+            :func:`data_io.memory.available_bytes` (then only a warning is logged); without
+            ``force`` that raises :class:`data_io.memory.MemoryRefusal` before any array is read.
         balance_edges: METIS only: also balance in-edges per part (see :func:`assign_parts`).
     Returns:
         The statistics written to ``partition.json`` (edge cut, replication factor,
@@ -230,6 +246,7 @@ def partition_dataset(src_h5: str | os.PathLike, out_dir: str | os.PathLike, num
     if balance_edges and method != "metis":
         raise DataError(f"balance_edges: only with method 'metis', not {method!r}")
     check_output(out, force)
+    _check_memory(src, num_parts, method, force)
     timings: dict[str, float] = {}
     t_start = time.perf_counter()
     with open_dataset(src) as ds:
