@@ -76,7 +76,10 @@ def parse_bytes(text: str | int) -> int:
     factor = _UNITS.get(unit.lower())
     if factor is None:
         raise ValueError(f"{text!r}: unknown unit {unit!r} (use B, KB, MB, GB, TB, PB or KiB, MiB, GiB, TiB, PiB)")
-    value = float(number) * (10.0 ** int(exponent) if exponent else 1.0) * factor
+    try:
+        value = float(number) * (10.0 ** int(exponent) if exponent else 1.0) * factor
+    except OverflowError:
+        value = float("inf")
     if value != value or value > 2 ** 62:
         raise ValueError(f"{text!r}: size too large")
     return int(value)
