@@ -104,3 +104,45 @@ def test_console_exit_status(tmp_path):
     res = subprocess.run([sys.executable, "-m", "hpc_graph.cli", "generate", "rmat", "-o", str(path),
                           "--scale", "-1"], capture_output=True, text=True, timeout=120)
     assert res.returncode == 2 and "--scale" in res.stderr and not path.exists()
+
+
+# -- memory check before starting ----------------------------------------------------------------
+
+def test_impossible_size_is_refused_in_one_line(tmp_path, capsys, monkeypatch):
+    monkeypatch.delenv("HPC_GRAPH_MEMORY_LIMIT", raising=False)
+    path = tmp_path / "x.h5"
+    rc, out, err = _run(["generate", "rmat", "--scale", "40", "-o", str(path)], capsys)
+    lines = err.strip().splitlines()
+    assert rc == 2 and out == "" and len(lines) == 1
+    assert "generate rmat --scale 40" in lines[0] and "needs about" in lines[0] and "--force" in lines[0]
+    assert "TiB" in lines[0] and "Traceback" not in err
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_impossible_size_console(tmp_path):
+    path = tmp_path / "x.h5"
+    res = subprocess.run([sys.executable, "-m", "hpc_graph.cli", "-q", "generate", "rmat", "--scale", "40",
+                          "-o", str(path)], capture_output=True, text=True, timeout=120)
+    lines = res.stderr.strip().splitlines()
+    assert res.returncode == 2 and len(lines) == 1 and "--force" in lines[0] and "Traceback" not in res.stderr
+    assert not path.exists()
+
+
+@pytest.mark.parametrize("argv", [
+    ["rmat", "--scale", "6", "--edge-factor", "4", "--feat-dim", "4"],
+    ["csbm", "--num-nodes", "200", "--feat-dim", "4", "--edge-types", "2"],
+    ["reg3cc", "--num-graphs", "20"],
+    ["pathspd", "--num-graphs", "20"],
+])
+def test_low_memory_limit_refuses_then_force_runs(tmp_path, capsys, monkeypatch, caplog, argv):
+    monkeypatch.setenv("HPC_GRAPH_MEMORY_LIMIT", "1MB")
+    path = tmp_path / "g.h5"
+    rc, out, err = _run(["generate", argv[0], "-o", str(path), *argv[1:]], capsys)
+    lines = err.strip().splitlines()
+    assert rc == 2 and out == "" and len(lines) == 1
+    assert f"generate {argv[0]}" in lines[0] and "HPC_GRAPH_MEMORY_LIMIT" in lines[0] and "--force" in lines[0]
+    assert list(tmp_path.iterdir()) == []
+    with caplog.at_level("WARNING", logger="data_io.memory"):
+        rc, out, _ = _run(["generate", argv[0], "-o", str(path), *argv[1:], "--force"], capsys)
+    assert rc == 0 and validate_dataset(path) == []
+    assert any("going on because of --force" in r.getMessage() for r in caplog.records)

@@ -291,3 +291,18 @@ def test_large_id_space_path(tmp_path, monkeypatch, symmetrize, dedup):
     np.testing.assert_array_equal(g.indices, indices)
     np.testing.assert_array_equal(g.edge_weight, weight)
     assert bool(attrs["directed"]) == (not symmetrize)
+
+
+def test_memory_check_refuses_then_force(tmp_path, capsys, monkeypatch):
+    rng = np.random.default_rng(9)
+    src, dst = _random_edges(rng, 30, 120)
+    _write(tmp_path / "g.txt", src, dst)
+    out = tmp_path / "g.h5"
+    monkeypatch.setenv("HPC_GRAPH_MEMORY_LIMIT", "1MB")
+    rc = main(["convert", "edgelist", str(tmp_path / "g.txt"), "-o", str(out), "--num-nodes", "30"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert rc == 2 and len(err) == 1 and "convert edgelist" in err[0] and "--force" in err[0]
+    assert not out.exists()
+    assert main(["convert", "edgelist", str(tmp_path / "g.txt"), "-o", str(out), "--num-nodes", "30", "--force"]) == 0
+    g, _ = _load(out)
+    assert g.num_nodes == 30

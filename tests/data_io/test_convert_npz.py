@@ -156,3 +156,16 @@ def test_force_and_cli(tmp_path, capsys):
     err = capsys.readouterr().err.strip().splitlines()
     assert rc != 0 and len(err) == 1 and "bad.npz: y:" in err[0]
     assert not (tmp_path / "bad.h5").exists()
+
+
+def test_memory_check_refuses_then_force(tmp_path, capsys, monkeypatch):
+    _random_npz(tmp_path / "r.npz", 9)
+    out = tmp_path / "r.h5"
+    monkeypatch.setenv("HPC_GRAPH_MEMORY_LIMIT", "1MB")
+    rc = main(["convert", "npz", str(tmp_path / "r.npz"), "-o", str(out)])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert rc == 2 and len(err) == 1 and "convert npz" in err[0] and "needs about" in err[0] and "--force" in err[0]
+    assert not out.exists()
+    assert main(["convert", "npz", str(tmp_path / "r.npz"), "-o", str(out), "--force"]) == 0
+    with open_dataset(out) as ds:
+        assert ds.num_nodes == 50

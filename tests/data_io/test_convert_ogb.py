@@ -175,3 +175,17 @@ def test_cli(tmp_path, capsys):
     err = capsys.readouterr().err.strip().splitlines()
     assert rc != 0 and len(err) == 1 and "edge.csv.gz: missing" in err[0]
     assert not (tmp_path / "y.h5").exists()
+
+
+def test_memory_check_refuses_then_force(tmp_path, capsys, monkeypatch):
+    root = tmp_path / "ogbn_tiny"
+    _make_ogb(root, seed=5)
+    out = tmp_path / "o.h5"
+    monkeypatch.setenv("HPC_GRAPH_MEMORY_LIMIT", "1MB")
+    rc = main(["convert", "ogb", str(root), "-o", str(out)])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert rc == 2 and len(err) == 1 and "convert ogb" in err[0] and "--force" in err[0]
+    assert not out.exists()
+    assert main(["convert", "ogb", str(root), "-o", str(out), "--force"]) == 0
+    with open_dataset(out) as ds:
+        assert ds.num_nodes == 40

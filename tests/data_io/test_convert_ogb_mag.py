@@ -109,3 +109,16 @@ def test_bad_inputs_leave_nothing(tmp_path):
     assert not any(tmp_path.glob("*.h5"))
     with pytest.raises(DataError, match="no such directory"):
         convert_ogb_mag(tmp_path / "nothing", tmp_path / "d.h5")
+
+
+def test_memory_check_refuses_then_force(tmp_path, capsys, monkeypatch):
+    ref = _make_mag(tmp_path / "mag", seed=3)
+    out = tmp_path / "m.h5"
+    monkeypatch.setenv("HPC_GRAPH_MEMORY_LIMIT", "1MB")
+    rc = main(["convert", "ogb-mag", str(tmp_path / "mag"), "-o", str(out)])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert rc == 2 and len(err) == 1 and "convert ogb-mag" in err[0] and "--force" in err[0]
+    assert not out.exists()
+    assert main(["convert", "ogb-mag", str(tmp_path / "mag"), "-o", str(out), "--force"]) == 0
+    with open_dataset(out) as ds:
+        assert ds.num_nodes == sum(ref["counts"])
