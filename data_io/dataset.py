@@ -595,6 +595,13 @@ class Dataset:
                               f"index out of range [0, {self.num_nodes}) in rows {start}..{stop}")
         return ptr - e0, idx, out[1], out[2]
 
+    def edges_in_rows(self, start: int, stop: int) -> int:
+        """Number of edges into rows ``[start, stop)`` (two reads of ``/graph/indptr``)."""
+        try:
+            return int(self._fields["indptr"][stop]) - int(self._fields["indptr"][start])
+        except (OSError, RuntimeError) as exc:
+            raise FormatError(self.path, "/graph/indptr", f"unreadable ({exc})") from None
+
     def node_rows(self, field: str, start: int, stop: int) -> np.ndarray:
         """Rows ``[start, stop)`` of ``label`` or a mask."""
         if field not in self._fields:

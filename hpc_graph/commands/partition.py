@@ -41,7 +41,8 @@ def add_parser(subparsers) -> None:
                         "--method metis; run under mpiexec, see docs/partitioning.md)")
     p.add_argument("--imbalance", type=float, default=1.05, metavar="X",
                    help="--distributed: allowed max/mean nodes and training nodes per part (default: %(default)s)")
-    p.add_argument("--force", action="store_true", help="replace DIR if it exists")
+    p.add_argument("--force", action="store_true",
+                   help="replace DIR if it exists, and skip the check that the job fits in memory")
     p.add_argument("--json", action="store_true", help="print the statistics as JSON")
     add_threads_option(p)
     p.set_defaults(func=run)

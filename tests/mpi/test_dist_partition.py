@@ -137,3 +137,27 @@ def test_missing_source_and_existing_output(graphs, tmp_path):
     run_mpi(CLI + ["partition", str(graphs["cora"]), "-o", str(tmp_path / "q"), "-n", "2",
                    "--distributed", "--method", "random", "--force"], 2, timeout=TIMEOUT)
     _same_as_source(graphs["cora"], tmp_path / "q")
+
+
+def test_memory_refusal_and_force(graphs, tmp_path):
+    """Each rank's estimate times the ranks on its node against the memory: refused, nothing written;
+    --force goes on."""
+    out = tmp_path / "p"
+    args = CLI + ["partition", str(graphs["rmat14"]), "-o", str(out), "-n", "2", "--distributed", "--method", "random"]
+    proc = run_mpi(args, 2, timeout=TIMEOUT, check=False, env={"HPC_GRAPH_MEMORY_LIMIT": "1MB"})
+    assert proc.returncode == 2 and "needs about" in proc.stderr and "--force" in proc.stderr, proc.stderr
+    assert proc.stderr.count("error:") == 1 and not out.exists()
+    run_mpi(args + ["--force"], 2, timeout=TIMEOUT, env={"HPC_GRAPH_MEMORY_LIMIT": "1MB"})
+    _same_as_source(graphs["rmat14"], out)
+
+
+def test_estimate_covers_the_arrays():
+    """The per-rank model is at least the arrays a rank provably holds at once (its slice as int64 pairs,
+    sent and received) and grows with the edges and the features."""
+    from data_io.dist_partitioner import estimate_rank_bytes
+
+    k, e, F = 10_000, 300_000, 64
+    est = estimate_rank_bytes(k, e, F, "metis")
+    assert est >= 2 * 16 * e + 4 * F * k
+    assert estimate_rank_bytes(k, 2 * e, F, "metis") > est > estimate_rank_bytes(k, e, F, "random")
+    assert estimate_rank_bytes(k, e, 2 * F, "metis") > est
