@@ -59,7 +59,8 @@ def openmpi_launcher() -> list[str]:
     if not exe:
         raise AssertionError("Open MPI's mpiexec (mpiexec.openmpi) not found: install openmpi-bin and "
                              "libscotchparmetis-dev (scripts/test.sh does so when run as root on Debian/Ubuntu)")
-    cmd = [exe, "--oversubscribe", "--mca", "mpi_yield_when_idle", "1"]
+    # one node: no remote-shell agent is needed (a machine without ssh would otherwise refuse to start)
+    cmd = [exe, "--oversubscribe", "--mca", "mpi_yield_when_idle", "1", "--mca", "plm_rsh_agent", "false"]
     if hasattr(os, "geteuid") and os.geteuid() == 0:
         cmd += ["--allow-run-as-root"]
     return cmd
