@@ -48,6 +48,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--feat-dim", type=int, default=128)
     ap.add_argument("--workdir", type=Path, default=ROOT / "results" / "bench_dist_partition")
     ap.add_argument("--out", type=Path, default=ROOT / "results" / "bench_dist_partition.json")
+    ap.add_argument("--methods", nargs="+", default=["metis"], choices=["metis", "random"],
+                    help="methods of the distributed runs (the serial run is METIS)")
     ap.add_argument("--skip-serial", action="store_true")
     args = ap.parse_args(argv)
     args.workdir.mkdir(parents=True, exist_ok=True)
@@ -64,35 +66,36 @@ def main(argv: list[str] | None = None) -> int:
         if not src.exists():
             subprocess.run(cli + ["generate", "rmat", "--scale", str(scale), "--feat-dim", str(args.feat_dim),
                                   "-o", str(src)], check=True, env=_env())
-        runs = [] if args.skip_serial else [("serial", 1)]
-        runs += [("distributed", r) for r in args.ranks]
-        for mode, r in runs:
+        runs = [] if args.skip_serial else [("serial", 1, "metis")]
+        runs += [("distributed", r, m) for m in args.methods for r in args.ranks]
+        for mode, r, method in runs:
             out = args.workdir / f"rmat{scale}-{mode}-{r}"
-            cmd = cli + ["partition", str(src), "-o", str(out), "-n", str(args.parts), "--force"]
+            cmd = cli + ["partition", str(src), "-o", str(out), "-n", str(args.parts), "--force", "--method", method]
             if mode == "distributed":
                 cmd = launch + ["-n", str(r)] + cmd + ["--distributed"]
             wall, peak = _timed(cmd)
             subprocess.run(cli + ["check", str(out)], check=True, env=_env(), stdout=subprocess.DEVNULL)
             meta = json.loads((out / "partition.json").read_text())
             per_rank = meta.get("distributed", {}).get("peak_rss_mb_per_rank", [peak])
-            rec = dict(scale=scale, mode=mode, ranks=r, parts=args.parts, wall_s=round(wall, 2),
+            rec = dict(scale=scale, mode=mode, method=method, ranks=r, parts=args.parts, wall_s=round(wall, 2),
                        peak_mb_max=round(max(per_rank), 1), peak_mb_per_rank=per_rank,
                        edge_cut=meta["edge_cut"], edge_cut_fraction=meta["edge_cut_fraction"],
                        balance=meta["balance"], timings_s=meta.get("timings_s"),
                        nodes=meta["global_num_nodes"], edges=meta["global_num_edges"])
             records = [x for x in records if not (x["scale"] == scale and x["mode"] == mode and x["ranks"] == r
-                                                  and x["parts"] == args.parts)] + [rec]
+                                                  and x["parts"] == args.parts and x.get("method") == method)]
+            records.append(rec)
             args.out.parent.mkdir(parents=True, exist_ok=True)
             args.out.write_text(json.dumps(records, indent=1))
-            print(f"scale {scale} {mode} R={r}: {wall:.1f} s, peak {max(per_rank):.0f} MB/rank, "
+            print(f"scale {scale} {mode} {method} R={r}: {wall:.1f} s, peak {max(per_rank):.0f} MB/rank, "
                   f"cut {meta['edge_cut_fraction']:.4f}, balance {meta['balance']}", flush=True)
             shutil.rmtree(out, ignore_errors=True)
-    print("\n| scale | mode | ranks | wall (s) | peak MB per rank (max) | edge cut | cut vs serial | node balance |")
-    print("|---|---|---|---|---|---|---|---|")
-    for rec in sorted(records, key=lambda x: (x["scale"], x["mode"] != "serial", x["ranks"])):
+    print("\n| scale | mode | method | ranks | wall (s) | peak MB per rank (max) | edge cut | cut vs serial | node balance |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    for rec in sorted(records, key=lambda x: (x["scale"], x["mode"] != "serial", x.get("method", ""), x["ranks"])):
         ser = [x for x in records if x["scale"] == rec["scale"] and x["mode"] == "serial" and x["parts"] == rec["parts"]]
         rel = f"{rec['edge_cut'] / ser[0]['edge_cut']:.2f}x" if ser and ser[0]["edge_cut"] else "-"
-        print(f"| {rec['scale']} | {rec['mode']} | {rec['ranks']} | {rec['wall_s']:.1f} | {rec['peak_mb_max']:.0f} | "
+        print(f"| {rec['scale']} | {rec['mode']} | {rec.get('method', 'metis')} | {rec['ranks']} | {rec['wall_s']:.1f} | {rec['peak_mb_max']:.0f} | "
               f"{100 * rec['edge_cut_fraction']:.2f} % | {rel} | {rec['balance']['nodes']:.3f} |")
     return 0
 
