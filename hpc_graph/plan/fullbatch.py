@@ -1,0 +1,1366 @@
+"""Predicted peak memory and epoch time per rank of the full-batch engines (``single``, ``dp``, ``sar``).
+
+How it works: one training step (forward, loss, backward, gradient all-reduce, optimiser step) is
+*walked* for one rank the way the engine runs it, tensor by tensor, from the sizes alone. Every
+allocation and free is recorded on a :class:`_Tape`, which keeps the live bytes and their high-water
+mark by component; every kernel call, GEMM, elementwise pass and message is recorded as work, which
+the machine's measured rates turn into seconds. Nothing is allocated and nothing is timed here, so a
+plan for ogbn-papers100M on 256 ranks costs milliseconds.
+
+Inputs:
+
+* :class:`GraphShape`: nodes, stored edges (CSR entries: an undirected graph counts both
+  directions), features, classes, training nodes, directed or not;
+* a :class:`Layout` per rank count: what each rank holds (:class:`RankShape`: owned nodes,
+  in-edges, edges from owned sources, halo rows per peer, rows sent per peer), read from a partition
+  directory (:func:`layout_from_partition`) or from the *cut model* (:func:`layout_from_cut_model`);
+* :class:`ModelSpec`: model, widths, layers, heads, dropout, dtype, optimiser (GCN, SAGE, GAT and
+  MLP; every other model is refused by name, see :data:`MODELS`);
+* :class:`Rates`: kernel and link rates from :mod:`hpc_graph.plan.profile` (only for time).
+
+What a rank holds (bytes; ``I = 8``: every index is int64 in memory; ``d``: dtype bytes; ``n`` owned
+rows, ``h`` halo rows, ``E`` in-edges, ``E_p`` edges from owned sources, ``S`` rows sent, ``r`` peers):
+
+* graph: ``single`` the CSR (``(N+1) I + E I``), its transpose when the graph is not symmetric, node
+  ids; GAT a self-loop copy of the CSR and its transpose; ``dp`` the ``[owned | halo]`` CSR and its
+  transpose, node ids of owned and halo nodes (6 id vectors), send lists; ``sar`` one CSR block per
+  source partition (``(r+1)(n+1) I + E I``) and their transposes (GCN/SAGE) or the remote blocks'
+  transposes and an identity block (GAT); column-blocked copies of any CSR whose source rows outgrow
+  the cache (``hpc_graph.ops.spmm.BLOCK_BYTES``; int32 indices);
+* features ``n F d`` (twice with ``data.feature_norm: row``), labels, masks, training ids;
+* parameters, their gradients and the optimiser state (Adam: 2x), and the best-validation copy;
+* what autograd keeps for the backward pass, per layer, exactly as the layers save it (the counts
+  of ``torch.autograd.graph.saved_tensors_hooks``);
+* halo buffers (send, receive and concatenated rows) and other temporaries, live only around the
+  operation that makes them;
+* the process floor (Python, torch, numba and its compiled kernels, MPI), measured at plan time.
+
+The peak is also taken over the loading phase (reading the part; ``sar`` splitting its CSR into
+blocks keeps the CSR, a running count and the blocks at once, 25 bytes per edge).
+
+Epoch time of a rank = compute (SpMM and attention kernels at edges x width, GEMM flops, memory
+passes of elementwise ops, each at the measured rate) + halo exchange (``alpha`` per message +
+bytes / ``beta``) + gradient all-reduce, at the threads the rank gets; the epoch is the slowest
+rank's. See docs/plan.md for the assumptions and the accuracy measured against real runs.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import math
+import os
+from pathlib import Path
+from typing import Any, Callable, Iterable
+
+log = logging.getLogger(__name__)
+
+ENGINES = ("single", "dp", "sar")
+#: models whose layer shapes this planner describes (GNN stacks without residuals or batch norm, MLP)
+MODELS = ("gcn", "sage", "gat", "mlp")
+DTYPE_BYTES = {"float32": 4, "float64": 8}
+IDX = 8  # every index array is int64 in memory (read as int32 or int64 from disk)
+#: what the process floor is when it cannot be measured: Python, torch, numba with the compiled kernels
+#: and MPI, measured by a 3-epoch training run on a 1024-node graph on the development machine
+DEFAULT_FLOOR_BYTES = 480 << 20
+#: resident memory the compiled kernels add to a process that imported torch and numba (measured:
+#: ~290 MiB after the imports, ~450-480 MiB after a training epoch on a tiny graph)
+KERNEL_ALLOWANCE_BYTES = 170 << 20
+COMPONENTS = ("floor", "graph", "features", "params", "activations", "halo", "workspace")
+
+
+# -- inputs -------------------------------------------------------------------------------------------
+@dataclasses.dataclass(frozen=True)
+class GraphShape:
+    """The whole graph.
+
+    Attributes:
+        nodes: N. edges: E, stored in-edges (CSR entries; an undirected graph counts both directions).
+        features: F, input feature width. classes: C. train_nodes: labelled training nodes.
+        directed: the CSR is not its own transpose (an undirected graph stored with ascending rows is).
+        disk_index_bytes: bytes per stored index in the dataset file (4: int32; read as int64).
+        name: for messages.
+    """
+
+    nodes: int
+    edges: int
+    features: int
+    classes: int
+    train_nodes: int = 0
+    directed: bool = False
+    disk_index_bytes: int = 4
+    name: str = "graph"
+
+
+@dataclasses.dataclass(frozen=True)
+class RankShape:
+    """What one rank of a partitioned graph holds (the sizes the engines allocate from).
+
+    Attributes:
+        rank: part id p. owned: n owned nodes. edges: E in-edges of owned nodes.
+        local_edges: in-edges whose source is owned too (E minus the cut edges into p).
+        halo: h distinct remote sources. send: S rows sent per halo exchange (sum over peers).
+        train: training nodes owned.
+        halo_from: rows of part q in this rank's halo, per q (len P; 0 for q == p).
+        send_to: rows this rank sends to part q, per q (len P).
+    """
+
+    rank: int
+    owned: int
+    edges: int
+    local_edges: int
+    halo: int
+    send: int
+    train: int
+    halo_from: tuple[int, ...]
+    send_to: tuple[int, ...]
+
+    @property
+    def peers(self) -> int:
+        """Parts this rank receives halo rows from (SAR: remote blocks)."""
+        return sum(1 for c in self.halo_from if c > 0)
+
+    @property
+    def send_peers(self) -> int:
+        return sum(1 for c in self.send_to if c > 0)
+
+
+@dataclasses.dataclass
+class Layout:
+    """The ranks of one rank count: ``parts`` (every rank of a partition, or the bottleneck rank of
+    the cut model standing for all ``ranks``) and where the numbers come from (``source``)."""
+
+    ranks: int
+    parts: list[RankShape]
+    source: str
+    cut_fraction: float
+    notes: list[str] = dataclasses.field(default_factory=list)
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelSpec:
+    """A model as the trainer builds it (``hpc_graph.nn.build_model``) and trains it.
+
+    Attributes:
+        name: one of :data:`MODELS`. in_dim: input width (features, plus classes with label
+        augmentation). hidden: hidden width (per head for GAT). classes: output width. layers: layers.
+        heads, out_heads: GAT heads of hidden / output layers. dropout: feature dropout.
+        dtype: ``float32`` or ``float64``. optimizer: ``adam`` or ``sgd`` (momentum: SGD buffers).
+        feature_copies: 2 with ``data.feature_norm: row`` (the engine's and the normalised copy).
+    """
+
+    name: str
+    in_dim: int
+    hidden: int
+    classes: int
+    layers: int = 2
+    heads: int = 1
+    out_heads: int = 1
+    dropout: float = 0.5
+    dtype: str = "float32"
+    optimizer: str = "adam"
+    momentum: float = 0.0
+    feature_copies: int = 1
+
+    @property
+    def dbytes(self) -> int:
+        return DTYPE_BYTES[self.dtype]
+
+    def layer_dims(self) -> list[tuple[int, int, int, int]]:
+        """``(fin, fout, heads, dim)`` per layer; ``fout = heads * dim`` (GAT output layer: heads
+        averaged, ``fout = dim``)."""
+        out, width = [], self.in_dim
+        for layer in range(self.layers):
+            last = layer == self.layers - 1
+            if self.name == "gat":
+                heads = self.out_heads if last else self.heads
+                dim = self.classes if last else self.hidden
+                fout = dim if last else heads * dim
+            else:
+                heads, dim = 1, (self.classes if last else self.hidden)
+                fout = dim
+            out.append((width, fout, heads, dim))
+            width = fout
+        return out
+
+    def num_params(self) -> int:
+        total = 0
+        for fin, fout, heads, dim in self.layer_dims():
+            if self.name == "gcn":
+                total += fin * fout + fout
+            elif self.name == "sage":
+                total += 2 * fin * fout + fout
+            elif self.name == "gat":
+                total += fin * heads * dim + 2 * heads * dim + fout
+            else:  # mlp
+                total += fin * fout + fout
+        return total
+
+
+def model_spec(model: Any, num_features: int, num_classes: int, *, dtype: str = "float32",
+               optimizer: str = "adam", momentum: float = 0.0, feature_norm: str = "none",
+               label_aug: float = 0.0) -> ModelSpec:
+    """A :class:`ModelSpec` from a config's ``model`` section (any object with its fields).
+
+    Raises:
+        ValueError naming ``model.<field>`` for a model or option the planner does not describe.
+    """
+    name = str(model.name)
+    if name not in MODELS:
+        raise ValueError(f"model.name: the planner describes models {', '.join(MODELS)}, not {name!r} "
+                         "(its layer shapes are not modelled)")
+    for flag in ("residual", "batchnorm"):
+        if getattr(model, flag, False):
+            raise ValueError(f"model.{flag}: not modelled by the planner (GNN stacks without residuals and "
+                             "batch norm)")
+    if dtype not in DTYPE_BYTES:
+        raise ValueError(f"train.dtype: must be one of {', '.join(DTYPE_BYTES)}, got {dtype!r}")
+    in_dim = int(num_features) + (int(num_classes) if label_aug and label_aug > 0 else 0)
+    return ModelSpec(name=name, in_dim=in_dim, hidden=int(model.hidden), classes=int(num_classes),
+                     layers=int(model.num_layers), heads=int(getattr(model, "heads", 1)),
+                     out_heads=int(getattr(model, "out_heads", 1)), dropout=float(model.dropout), dtype=dtype,
+                     optimizer=str(optimizer), momentum=float(momentum),
+                     feature_copies=2 if feature_norm == "row" else 1)
+
+
+# -- graph statistics -----------------------------------------------------------------------------------
+def graph_from_dataset(path: str | os.PathLike) -> GraphShape:
+    """The :class:`GraphShape` of a dataset file, from its header (nothing but the masks is read).
+
+    Raises:
+        data_io.errors.DataError naming the file.
+    """
+    import numpy as np
+
+    from data_io.dataset import open_dataset
+
+    with open_dataset(path, check_values=False) as ds:
+        train = int(np.count_nonzero(ds.mask("train_mask"))) if ds.has("train_mask") else 0
+        fields = getattr(ds, "_fields", {})
+        disk = int(fields["indices"].dtype.itemsize) if "indices" in fields else 4
+        return GraphShape(nodes=int(ds.num_nodes), edges=int(ds.num_edges), features=int(ds.feat_dim),
+                          classes=int(ds.num_classes), train_nodes=train, directed=bool(ds.directed),
+                          disk_index_bytes=disk, name=str(ds.name))
+
+
+def graph_from_partition(directory: str | os.PathLike) -> GraphShape:
+    """The :class:`GraphShape` of the graph a partition directory was made from (``partition.json``)."""
+    from data_io.partition import read_partition_meta
+
+    meta = read_partition_meta(directory)
+    return GraphShape(nodes=int(meta["global_num_nodes"]), edges=int(meta["global_num_edges"]),
+                      features=int(meta.get("feat_dim") or 0), classes=int(meta.get("num_classes") or 0),
+                      train_nodes=int(meta.get("num_train") or 0), directed=bool(meta.get("directed", False)),
+                      disk_index_bytes=8, name=str(meta.get("name", Path(directory).name)))
+
+
+def _peer_counts(directory: Path, part: dict, num_parts: int) -> tuple[tuple[int, ...], tuple[int, ...]] | None:
+    """Halo rows per source part and rows sent per peer of one part file (``/halo/offsets`` and
+    ``/send/offsets``, two int64[P+1] arrays: see docs/file-format.md), or None when unreadable."""
+    try:
+        import h5py
+        import numpy as np
+
+        with h5py.File(directory / part["file"], "r") as f:
+            halo = np.diff(np.asarray(f["halo/offsets"][...], dtype=np.int64))
+            send = np.diff(np.asarray(f["send/offsets"][...], dtype=np.int64))
+    except (OSError, KeyError, ValueError, TypeError):
+        return None
+    if halo.shape != (num_parts,) or send.shape != (num_parts,):
+        return None
+    return tuple(int(x) for x in halo), tuple(int(x) for x in send)
+
+
+def layout_from_partition(directory: str | os.PathLike) -> Layout:
+    """Every rank's :class:`RankShape` from a partition directory: ``partition.json`` (owned nodes,
+    in-edges, halo and send rows, cut edges per part) and each part file's halo/send offsets (per peer).
+
+    Raises:
+        data_io.errors.DataError naming the directory or file.
+    """
+    from data_io.partition import read_partition_meta
+
+    directory = Path(directory)
+    meta = read_partition_meta(directory)
+    P = int(meta["num_parts"])
+    parts, notes = [], []
+    for info in meta["parts"]:
+        p = int(info["part_id"])
+        h, s = int(info["num_halo"]), int(info["num_send"])
+        counts = _peer_counts(directory, info, P)
+        if counts is None:
+            if not notes:
+                notes.append("per-peer halo counts unreadable: halo spread evenly over the other parts")
+            halo_from, send_to = _even(h, p, P), _even(s, p, P)
+        else:
+            halo_from, send_to = counts
+        e = int(info["num_edges"])
+        parts.append(RankShape(rank=p, owned=int(info["num_nodes"]), edges=e,
+                               local_edges=max(0, e - int(info.get("cut_edges", 0))), halo=h, send=s,
+                               train=int(info.get("num_train", 0)), halo_from=halo_from, send_to=send_to))
+    cut = float(meta.get("edge_cut_fraction") or 0.0)
+    return Layout(ranks=P, parts=parts, source=f"partition {directory} ({meta.get('method', '?')}, {P} parts)",
+                  cut_fraction=cut, notes=notes)
+
+
+def _even(total: int, p: int, P: int) -> tuple[int, ...]:
+    if P <= 1:
+        return (0,)
+    base, extra = divmod(int(total), P - 1)
+    out, k = [], 0
+    for q in range(P):
+        if q == p:
+            out.append(0)
+            continue
+        out.append(base + (1 if k < extra else 0))
+        k += 1
+    return tuple(out)
+
+
+def cut_fraction_at(ranks: int, cut: float, at: int | None) -> float:
+    """The edge-cut fraction at ``ranks`` parts.
+
+    ``at`` None: ``cut`` at every rank count above 1 (0 on one rank). ``at = P0``: ``cut`` was
+    measured at P0 parts, and every doubling of the parts is assumed to cut the same fraction of the
+    edges still inside a part (recursive bisection): ``1 - (1 - cut) ** (log2 ranks / log2 P0)``,
+    which is exactly ``1 - 1/P`` for a random partition.
+    """
+    if ranks <= 1:
+        return 0.0
+    cut = min(max(float(cut), 0.0), 1.0)
+    if at is None or at <= 1:
+        return cut
+    return 1.0 - (1.0 - cut) ** (math.log2(ranks) / math.log2(at))
+
+
+def expected_halo(cut_edges: float, remote_nodes: int, out_degrees: Any = None, total_out: float = 0.0) -> float:
+    """Expected distinct sources of ``cut_edges`` in-edges drawn from ``remote_nodes`` nodes.
+
+    Without degrees: every remote node equally likely (Poisson), ``R (1 - exp(-X / R))``, an upper
+    bound for skewed (power-law) graphs, whose cut edges concentrate on hubs. With ``out_degrees``
+    (a NumPy array of the remote nodes' out-degrees, summing to ``total_out``): node ``v`` is a source
+    with probability proportional to its out-degree, ``sum_v 1 - exp(-X d_v / sum d)``.
+    """
+    x = max(float(cut_edges), 0.0)
+    if remote_nodes <= 0 or x <= 0:
+        return 0.0
+    if out_degrees is None or total_out <= 0:
+        r = float(remote_nodes)
+        return r * (1.0 - math.exp(-x / r))
+    import numpy as np
+
+    d = np.asarray(out_degrees, dtype=np.float64)
+    return float(np.sum(-np.expm1(-x * d / float(total_out))))
+
+
+def layout_from_cut_model(graph: GraphShape, ranks: int, cut: float, *, at: int | None = None,
+                          edge_imbalance: float = 1.0, out_degrees: Any = None) -> Layout:
+    """The bottleneck rank of ``ranks`` ranks from the cut model (no partition needed).
+
+    Assumptions (printed by ``hpc-graph plan``): nodes split evenly (``n = ceil(N/P)``); the
+    bottleneck rank holds ``edge_imbalance x E/P`` in-edges, of which a fraction ``c`` (the edge-cut
+    fraction at P parts, :func:`cut_fraction_at`) comes from other parts; its halo is the expected
+    number of distinct sources of those edges (:func:`expected_halo`, uniform sources unless the
+    degree distribution is given); it sends as many rows as it receives (``S = h``: the sum over
+    ranks is equal for an undirected graph); every other part is a peer with an equal share.
+    """
+    P = int(ranks)
+    c = cut_fraction_at(P, cut, at)
+    n = -(-graph.nodes // P)
+    e = int(round(min(float(graph.edges), graph.edges / P * max(edge_imbalance, 1.0))))
+    x = c * e
+    remote = graph.nodes - n
+    if out_degrees is not None:
+        import numpy as np
+
+        d = np.asarray(out_degrees, dtype=np.float64)
+        # the remote nodes of an average part: every node is remote with probability (P-1)/P
+        h = expected_halo(x, remote, d, float(d.sum())) * (P - 1) / P if P > 1 else 0.0
+        how = "degree-weighted sources (the dataset's degrees)"
+    else:
+        h = expected_halo(x, remote)
+        how = "uniform sources"
+    h = int(round(min(h, remote, x)))
+    part = RankShape(rank=0, owned=n, edges=e, local_edges=int(round(e - x)), halo=h, send=h,
+                     train=-(-graph.train_nodes // P), halo_from=_even(h, 0, P), send_to=_even(h, 0, P))
+    src = (f"cut model: c = {c:.3f}" + (f" (from {cut:.3f} at {at} parts, recursive bisection)" if at and P > 1
+                                        and at != P else "")
+           + f", halo = expected distinct sources of c x E_p cut edges, {how}; S = h; edges x {edge_imbalance:g}"
+           + " on the bottleneck rank")
+    return Layout(ranks=P, parts=[part], source=src, cut_fraction=c)
+
+
+def single_layout(graph: GraphShape) -> Layout:
+    """One rank holding the whole graph."""
+    part = RankShape(rank=0, owned=graph.nodes, edges=graph.edges, local_edges=graph.edges, halo=0, send=0,
+                     train=graph.train_nodes, halo_from=(0,), send_to=(0,))
+    return Layout(ranks=1, parts=[part], source="the whole graph on one rank", cut_fraction=0.0)
+
+
+# -- rates --------------------------------------------------------------------------------------------
+@dataclasses.dataclass
+class Rates:
+    """Seconds per unit of work, and the links. All per rank at ``threads`` threads.
+
+    ``spmm_fwd``/``spmm_bwd``: ``(a, b)``, an SpMM over E edges at width w takes ``E (a + b w)``
+    seconds (forward over the CSR, backward over its transpose). ``gat_fwd``/``gat_bwd``: the same for
+    the fused attention kernels with ``w = H D``. ``gemm_flops``: flop/s of a dense GEMM.
+    ``stream``: bytes/s of an elementwise pass (reads + writes). ``parallel``: fraction of the
+    kernels' time that scales with threads (Amdahl), measured at 1 and ``threads`` threads.
+    ``exchange``/``allreduce``: ``(alpha s, beta bytes/s)`` or None (no measured link: ``link`` used).
+    ``link``: a :class:`~hpc_graph.comm.link.LinkModel` (a modelled network, or the default).
+    ``sources``: where each number came from (printed).
+    """
+
+    spmm_fwd: tuple[float, float]
+    spmm_bwd: tuple[float, float]
+    gat_fwd: tuple[float, float]
+    gat_bwd: tuple[float, float]
+    gemm_flops: float
+    stream: float
+    threads: int = 1
+    parallel: float = 1.0
+    exchange: tuple[float, float] | None = None
+    allreduce: tuple[float, float] | None = None
+    link: Any = None
+    sources: dict[str, str] = dataclasses.field(default_factory=dict)
+
+    def slowdown(self, threads: int, cores_share: float) -> float:
+        """Factor on the measured kernel times for a rank running ``threads`` threads on
+        ``cores_share`` cores (less than its threads when ranks oversubscribe a node)."""
+        f = min(max(self.parallel, 0.0), 1.0)
+
+        def t(k: float) -> float:
+            return (1.0 - f) + f / max(k, 1e-9)
+
+        t_here = t(self.threads)
+        t_rank = t(max(1, threads))
+        over = max(1.0, threads / cores_share) if cores_share > 0 else 1.0
+        return t_rank / t_here * over
+
+    def exchange_time(self, out_bytes: float, in_bytes: float, peers: int) -> float:
+        if peers <= 0 or (out_bytes <= 0 and in_bytes <= 0):
+            return 0.0
+        if self.link is not None:
+            t = self.link.cost(int(out_bytes), int(in_bytes), peers)
+            if self.exchange is not None:  # a modelled link sleeps until its time has passed
+                t = max(t, self.exchange[0] + max(out_bytes, in_bytes) / self.exchange[1])
+            return t
+        if self.exchange is None:
+            return 0.0
+        alpha, beta = self.exchange
+        return alpha + max(out_bytes, in_bytes) / beta
+
+    def allreduce_time(self, nbytes: float, size: int, calls: int) -> float:
+        if size <= 1 or nbytes <= 0:
+            return 0.0
+        if self.link is not None:
+            t = self.link.allreduce_cost(int(nbytes), size)
+            if self.allreduce is not None:
+                t = max(t, calls * self.allreduce[0] + nbytes / self.allreduce[1])
+            return t
+        if self.allreduce is None:
+            return 0.0
+        return calls * self.allreduce[0] + nbytes / self.allreduce[1]
+
+
+# -- the walk of one step ------------------------------------------------------------------------------
+class _Tape:
+    """Live bytes of one rank over a training step and their high-water mark by component."""
+
+    def __init__(self, base: dict[str, int]):
+        self.base = dict(base)
+        self.live: dict[str, tuple[int, str]] = {}
+        self.where = "load"
+        self.peak = -1
+        self.peak_parts: dict[str, int] = {}
+        self.peak_where = ""
+        self._n = 0
+        self._check()
+
+    def _check(self) -> None:
+        total = sum(self.base.values()) + sum(b for b, _ in self.live.values())
+        if total > self.peak:
+            self.peak = total
+            parts = dict(self.base)
+            for nbytes, comp in self.live.values():
+                parts[comp] = parts.get(comp, 0) + nbytes
+            self.peak_parts, self.peak_where = parts, self.where
+
+    def new(self, nbytes: float, comp: str = "workspace", name: str | None = None) -> str:
+        if name is None:
+            self._n += 1
+            name = f"t{self._n}"
+        self.live[name] = (int(max(nbytes, 0)), comp)
+        self._check()
+        return name
+
+    def free(self, *names: str | None) -> None:
+        for name in names:
+            if name is not None:
+                self.live.pop(name, None)
+
+    def keep(self, name: str | None) -> None:
+        """``name`` is saved for the backward pass from now on (component ``activations``)."""
+        if name is not None and name in self.live:
+            nbytes, _ = self.live[name]
+            self.live[name] = (nbytes, "activations")
+
+    def persist(self, comp: str, nbytes: float) -> None:
+        """Something built now that stays for the rest of the run (a transpose, a cache)."""
+        self.base[comp] = self.base.get(comp, 0) + int(nbytes)
+        self._check()
+
+    def total(self, comp: str) -> int:
+        return self.base.get(comp, 0) + sum(b for b, c in self.live.values() if c == comp)
+
+
+@dataclasses.dataclass
+class _Work:
+    spmm_fwd: list[tuple[float, float]] = dataclasses.field(default_factory=list)  # (edges, width)
+    spmm_bwd: list[tuple[float, float]] = dataclasses.field(default_factory=list)
+    gat_fwd: list[tuple[float, float]] = dataclasses.field(default_factory=list)
+    gat_bwd: list[tuple[float, float]] = dataclasses.field(default_factory=list)
+    flops: float = 0.0
+    stream: float = 0.0
+    exchanges: list[tuple[float, float, int]] = dataclasses.field(default_factory=list)  # (out, in, peers)
+
+
+class _Walk:
+    """One rank, one engine, one model: the training step as the engine runs it (see module docstring)."""
+
+    def __init__(self, engine: str, spec: ModelSpec, graph: GraphShape, rs: RankShape, P: int, *,
+                 prefetch: bool = True, block_bytes: int | None = None, max_blocks: int | None = None):
+        self.engine, self.spec, self.graph, self.rs, self.P = engine, spec, graph, rs, P
+        self.prefetch = prefetch and engine == "sar"
+        self.d = spec.dbytes
+        if block_bytes is None or max_blocks is None:
+            from hpc_graph.ops.spmm import BLOCK_BYTES, MAX_BLOCKS
+
+            block_bytes = BLOCK_BYTES if block_bytes is None else block_bytes
+            max_blocks = MAX_BLOCKS if max_blocks is None else max_blocks
+        self.block_bytes, self.max_blocks = int(block_bytes), int(max_blocks)
+        self.work = _Work()
+        self.saved_at_end_of_forward = 0
+        self.halo_recv_max = 0
+        self._built: set = set()
+        n, h = (graph.nodes, 0) if engine == "single" else (rs.owned, rs.halo)
+        self.n, self.h = n, h
+        self.E = graph.edges if engine == "single" else rs.edges
+        # symmetric CSR: the transpose is the CSR itself (undirected, square)
+        self.symmetric = not graph.directed and (engine == "single" or (engine == "dp" and h == 0))
+        self.tape = _Tape({})
+
+    # -- sizes ----------------------------------------------------------------------------------------
+    def rows(self, rows: float, width: float) -> float:
+        return float(rows) * float(width) * self.d
+
+    def _steps(self) -> list[tuple[int, int]]:
+        """SAR rotation: per step k = 1..P-1, ``(rows received from p-k, rows sent to p+k)``."""
+        p, P, rs = self.rs.rank, self.P, self.rs
+        return [(rs.halo_from[(p - k) % P], rs.send_to[(p + k) % P]) for k in range(1, P)]
+
+    def _nb(self, num_src: float, width: float) -> int:
+        if self.block_bytes <= 0:
+            return 0
+        return min(int(round(num_src * width * self.d / self.block_bytes)), self.max_blocks)
+
+    def _blocked(self, key: Any, num_dst: float, num_src: float, edges: float, width: float) -> None:
+        """The column-blocked copy of a CSR (built once per graph, direction and block count)."""
+        nb = self._nb(num_src, width)
+        if nb < 2 or (key, nb) in self._built:
+            return
+        self._built.add((key, nb))
+        counts = self.tape.new((nb * num_dst + 1) * IDX, "workspace")
+        self.tape.persist("graph", (nb * num_dst + 1) * IDX + edges * 4)
+        self.tape.free(counts)
+
+    def _once(self, key: Any, persistent: float, transient: float = 0.0) -> None:
+        """A structure built on first use (a transpose, a self-loop copy): ``transient`` while building."""
+        if key in self._built:
+            return
+        self._built.add(key)
+        t = self.tape.new(transient, "workspace") if transient > 0 else None
+        self.tape.persist("graph", persistent)
+        self.tape.free(t)
+
+    # -- base memory ------------------------------------------------------------------------------------
+    def base(self) -> dict[str, int]:
+        """What the rank holds before the first step (graph as loaded, features, parameters + optimiser)."""
+        spec, rs, n, h, E = self.spec, self.rs, self.n, self.h, self.E
+        d = self.d
+        feat = spec.feature_copies * n * self.graph.features * d
+        train = self.graph.train_nodes if self.engine == "single" else rs.train
+        features = feat + n * 8 + 6 * n + train * 8  # labels, 3 masks x 2 (engine's, trainer's), train ids
+        if self.engine == "single":
+            graph = (n + 1) * IDX + E * IDX + n * IDX  # CSR + global ids
+        else:
+            # in-degree, global and source-dataset ids of owned, halo and [owned | halo] nodes, send lists,
+            # the node ranges and halo offsets
+            ids = (n * 3 + h * 2 + 2 * (n + h)) * IDX + rs.send * IDX + 2 * (self.P + 1) * IDX
+            if self.engine == "dp":
+                graph = (n + 1) * IDX + E * IDX + ids
+            else:
+                blocks = 1 + rs.peers
+                graph = blocks * (n + 1) * IDX + E * IDX + ids
+        p = spec.num_params() * d
+        opt = 2 if spec.optimizer == "adam" else (1 if spec.momentum > 0 else 0)
+        params = p * (1 + 1 + opt + 1)  # parameters, gradients, optimiser state, best-validation copy
+        return {"graph": int(graph), "features": int(features), "params": int(params)}
+
+    def load_peak(self) -> tuple[int, dict[str, int]]:
+        """The high-water mark while the engine loads (before training), by component."""
+        b = self.base()
+        graph, E, n = b["graph"], self.E, self.n
+        extra = 0
+        if self.engine == "single":
+            if self.graph.disk_index_bytes != IDX:  # int32 indices on disk, converted to int64
+                extra = E * self.graph.disk_index_bytes
+        elif self.engine == "sar":
+            # release_local: the [owned | halo] CSR, a running count, a mask and the blocks built so far
+            graph = graph - (1 + self.rs.peers) * (n + 1) * IDX + (n + 1) * IDX  # the CSR, no blocks yet
+            extra = (E + 1) * IDX + E + E * IDX + (1 + self.rs.peers) * (n + 1) * IDX
+        if self.spec.dtype == "float64":  # features read as float32, then converted
+            extra = max(extra, n * self.graph.features * 4)
+        parts = {"graph": graph, "features": b["features"], "workspace": extra}
+        return sum(parts.values()), parts
+
+    # -- halo exchange (dp) -----------------------------------------------------------------------------
+    def _halo_forward(self, width: float) -> str | None:
+        """HaloExchange forward of ``width``-wide rows: send copies, receive buffers, one concatenation."""
+        rs, h = self.rs, self.h
+        if self.P <= 1 or (h == 0 and rs.send == 0):
+            return None
+        send = self.tape.new(self.rows(rs.send, width), "halo")
+        recv = self.tape.new(self.rows(h, width), "halo")
+        self.halo_recv_max = max(self.halo_recv_max, int(self.rows(h, width)))
+        self.work.exchanges.append((self.rows(rs.send, width), self.rows(h, width), rs.peers + rs.send_peers))
+        self.work.stream += 2 * self.rows(rs.send, width)
+        self.tape.free(send)
+        halo = self.tape.new(self.rows(h, width), "halo")
+        self.work.stream += 2 * self.rows(h, width)
+        self.tape.free(recv)
+        return halo
+
+    def _halo_backward(self, width: float) -> str | None:
+        """HaloExchange backward: the halo rows' gradients go back; the owner sums what it receives."""
+        rs = self.rs
+        if self.P <= 1 or (self.h == 0 and rs.send == 0):
+            return None
+        recv = self.tape.new(self.rows(rs.send, width), "halo")
+        self.halo_recv_max = max(self.halo_recv_max, int(self.rows(rs.send, width)))
+        self.work.exchanges.append((self.rows(self.h, width), self.rows(rs.send, width), rs.peers + rs.send_peers))
+        g = self.tape.new(self.rows(self.n, width))
+        self.work.stream += self.rows(self.n, width) + 3 * self.rows(rs.send, width)
+        self.tape.free(recv)
+        return g
+
+    # -- aggregation: GraphContext.aggregate / aggregate_combine as each engine runs it ---------------
+    def _spmm_structs(self, width: float, backward: bool) -> None:
+        """Transposes and column-blocked copies the SpMM of this engine builds on first use."""
+        n, h, E = self.n, self.h, self.E
+        if self.engine in ("single", "dp"):
+            src = n + h
+            if not backward:
+                self._blocked(("csr",), n, src, E, width)
+                return
+            if not self.symmetric:
+                self._once(("csc",), (src + 1) * IDX + E * IDX, src * IDX)
+            self._blocked(("csr",) if self.symmetric else ("csc",), src, n, E, width)
+            return
+        # sar: blocks G_{p,q} forward; their transposes (always new CSRs, one per block) backward
+        rs, p = self.rs, self.rs.rank
+        if backward:
+            self._once(("block_t",), (n + 1 + self.h + rs.peers) * IDX + E * IDX, max(n, self.h) * IDX)
+        cut = E - rs.local_edges
+        blocks = [(p, n, float(rs.local_edges))] + [(q, c, cut * c / max(self.h, 1))
+                                                    for q, c in enumerate(rs.halo_from) if c > 0]
+        for q, src, e in blocks:
+            if not backward:
+                self._blocked(("block", q), n, src, e, width)
+            else:
+                self._blocked(("block_t", q), src, n, e, width)
+
+    def agg_forward(self, x: str, width: float, combine: str, mean: bool = False) -> str:
+        """Aggregate ``x`` (n x width) over the in-edges; ``combine``: ``gcn`` (scale, self loop, bias),
+        ``sage`` (mean + the root rows + bias) or ``plain`` (aggregate only). Returns the output."""
+        t, n, E = self.tape, self.n, self.E
+        self._spmm_structs(width, backward=False)
+        if (combine == "sage" or mean) and self.engine != "sar":
+            self._once(("inv_degree",), n * self.d)  # 1 / in-degree, cached on the CSR
+        if self.engine == "single":
+            out = t.new(self.rows(n, width))
+            self.work.spmm_fwd.append((E, width))
+            return out
+        if self.engine == "dp":
+            halo = self._halo_forward(width)
+            cat = t.new(self.rows(n + self.h, width), "halo") if halo is not None else None
+            if cat is not None:
+                self.work.stream += 2 * self.rows(n + self.h, width)
+            out = t.new(self.rows(n, width))
+            self.work.spmm_fwd.append((E, width))
+            t.free(cat, halo)
+            return out
+        # sar: local block, then one remote block per rotation step, autograd off
+        out = t.new(self.rows(n, width))
+        self.work.spmm_fwd.append((self.rs.local_edges, width))
+        self._sar_rotation(width, lambda recv_rows: self._sar_block_spmm(recv_rows, width))
+        if combine == "sage":
+            self.work.stream += 2 * self.rows(n, width)  # mean: in place
+        if combine == "plain":
+            return out
+        # GraphContext.aggregate_combine's default: elementwise, one new tensor per operation
+        if combine == "gcn":
+            a = t.new(self.rows(n, width))
+            t.free(out)
+            s = t.new(self.rows(n, width))
+            b = t.new(self.rows(n, width))
+            t.free(a, s)
+            self.work.stream += 3 * 2 * self.rows(n, width) + self.rows(n, width)
+        else:
+            b = t.new(self.rows(n, width))
+            t.free(out)
+            self.work.stream += 3 * self.rows(n, width)
+        c = t.new(self.rows(n, width))
+        t.free(b)
+        self.work.stream += 2 * self.rows(n, width)
+        return c
+
+    def _sar_block_spmm(self, recv_rows: float, width: float) -> None:
+        tmp = self.tape.new(self.rows(self.n, width))
+        cut = self.E - self.rs.local_edges
+        self.work.spmm_fwd.append((cut * recv_rows / max(self.h, 1), width))
+        self.work.stream += 3 * self.rows(self.n, width)
+        self.tape.free(tmp)
+
+    def _sar_rotation(self, width: float, compute: Callable[[float], None], send_width: float | None = None,
+                      recv_width: float | None = None) -> None:
+        """SAR's rotation: per step send rows to p+k, receive rows of p-k (prefetch: the next step's
+        buffers are in flight while this one is computed)."""
+        t = self.tape
+        sw = width if send_width is None else send_width
+        rw = width if recv_width is None else recv_width
+        steps = self._steps()
+        pending: list[str] = []
+        for i, (recv_rows, send_rows) in enumerate(steps):
+            if not self.prefetch or i == 0:
+                cur = [t.new(self.rows(send_rows, sw), "halo"), t.new(self.rows(recv_rows, rw), "halo")]
+            else:
+                cur = pending
+            self.halo_recv_max = max(self.halo_recv_max, int(self.rows(recv_rows, rw)))
+            if recv_rows or send_rows:
+                self.work.exchanges.append((self.rows(send_rows, sw), self.rows(recv_rows, rw),
+                                            int(recv_rows > 0) + int(send_rows > 0)))
+            self.work.stream += 2 * self.rows(send_rows, sw)
+            t.free(cur[0])  # the sends are done when the receive completes
+            if self.prefetch and i + 1 < len(steps):
+                nr, ns = steps[i + 1]
+                pending = [t.new(self.rows(ns, sw), "halo"), t.new(self.rows(nr, rw), "halo")]
+            if recv_rows:
+                compute(recv_rows)
+            t.free(cur[1])
+        t.free(*pending)
+
+    def agg_backward(self, g: str, width: float, combine: str, mean: bool = False) -> str:
+        """Backward of :meth:`agg_forward`: the gradient (n x width) of the aggregated input ``x``."""
+        t, n, E = self.tape, self.n, self.E
+        self._spmm_structs(width, backward=True)
+        if self.engine == "single":
+            gx = t.new(self.rows(n, width))
+            self.work.spmm_bwd.append((E, width))
+            return gx
+        if self.engine == "dp":
+            gx = t.new(self.rows(n + self.h, width))
+            self.work.spmm_bwd.append((E, width))
+            gh = self._halo_backward(width)
+            if gh is None:
+                return gx
+            s = t.new(self.rows(n, width))  # autograd sums the two paths into x's gradient
+            self.work.stream += 3 * self.rows(n, width)
+            t.free(gx, gh)
+            return s
+        # sar
+        extra = []
+        if combine == "gcn":
+            extra = [t.new(self.rows(n, width)), t.new(self.rows(n, width))]  # g * scale, g * self_scale
+            self.work.stream += 4 * self.rows(n, width)
+        if combine == "sage" or mean:
+            extra = [t.new(self.rows(n, width))]  # g / in-degree
+            self.work.stream += 2 * self.rows(n, width)
+        gx = t.new(self.rows(n, width))
+        self.work.spmm_bwd.append((self.rs.local_edges, width))
+        cut = E - self.rs.local_edges
+        pend: list[str] = []
+        for recv_rows, send_rows in self._steps():
+            rows = t.new(self.rows(recv_rows, width), "halo") if recv_rows else None
+            if recv_rows:
+                self.work.spmm_bwd.append((cut * recv_rows / max(self.h, 1), width))
+            recv = t.new(self.rows(send_rows, width), "halo")
+            self.halo_recv_max = max(self.halo_recv_max, int(self.rows(send_rows, width)))
+            if recv_rows or send_rows:
+                self.work.exchanges.append((self.rows(recv_rows, width), self.rows(send_rows, width),
+                                            int(recv_rows > 0) + int(send_rows > 0)))
+            self.work.stream += 3 * self.rows(send_rows, width)
+            t.free(*pend)
+            pend = [rows, recv] if self.prefetch else []
+            if not self.prefetch:
+                t.free(rows, recv)
+        t.free(*pend)
+        if combine == "gcn":
+            s = t.new(self.rows(n, width))
+            self.work.stream += 3 * self.rows(n, width)
+            t.free(gx, *extra)
+            return s
+        t.free(*extra)
+        return gx
+
+    # -- layers ---------------------------------------------------------------------------------------
+    def _dropout_linear_forward(self, x: str, fin: float, fouts: list[float], fused: bool) -> list[str]:
+        t, n = self.tape, self.n
+        a = t.new(self.rows(n, fin)) if fused else None
+        if fused:
+            self.work.stream += 2 * self.rows(n, fin)
+        outs = [t.new(self.rows(n, fo)) for fo in fouts]
+        self.work.flops += sum(2.0 * n * fin * fo for fo in fouts)
+        t.free(a)
+        return outs
+
+    def _dropout_linear_backward(self, fin: float, fouts: list[float], need_input: bool, fused: bool) -> str | None:
+        t, n = self.tape, self.n
+        a = t.new(self.rows(n, fin)) if fused else None
+        if fused:
+            self.work.stream += 2 * self.rows(n, fin)
+        self.work.flops += sum(2.0 * n * fin * fo for fo in fouts)  # weight gradients
+        t.free(a)
+        if not need_input:
+            return None
+        gx = t.new(self.rows(n, fin))
+        self.work.flops += sum(2.0 * n * fin * fo for fo in fouts)
+        self.work.stream += 2 * self.rows(n, fin)
+        return gx
+
+    def forward_backward(self) -> None:
+        """Walk one training step of the model (memory on the tape, work in ``self.work``)."""
+        spec, t, n = self.spec, self.tape, self.n
+        dims = spec.layer_dims()
+        train = self.graph.train_nodes if self.engine == "single" else self.rs.train
+        x = "features"  # the input features: held by the engine, never freed
+        inputs: list[str] = []
+        layer_state: list[dict] = []
+        for layer, (fin, fout, heads, dim) in enumerate(dims):
+            t.where = f"forward, layer {layer + 1}"
+            st = {"x": x, "fin": fin, "fout": fout, "heads": heads, "dim": dim, "first": layer == 0,
+                  "last": layer == len(dims) - 1}
+            y = self._layer_forward(st)
+            layer_state.append(st)
+            inputs.append(x)
+            x = y
+        logits = x
+        t.where = "loss"
+        c = dims[-1][1]
+        picked = t.new(train * c * self.d)
+        lsm = t.new(train * c * self.d + train * 8, "activations")  # log-softmax and the targets, kept
+        self.work.stream += 4 * train * c * self.d
+        t.free(picked)
+        self.saved_at_end_of_forward = t.total("activations")
+        t.where = "backward, loss"
+        g = t.new(self.rows(n, c))  # the gradient of the logits (zeros, scattered)
+        self.work.stream += self.rows(n, c) + 2 * train * c * self.d
+        t.free(lsm)
+        for layer in range(len(dims) - 1, -1, -1):
+            t.where = f"backward, layer {layer + 1}"
+            st = layer_state[layer]
+            g_in = self._layer_backward(st, g)
+            t.free(g)
+            if layer > 0 and spec.name in ("gcn", "sage"):
+                t.free(st["x"])  # the previous layer's output, kept until now
+            g = g_in
+        t.free(g, logits)
+        t.where = "optimizer step"
+        p = spec.num_params() * self.d
+        self.work.stream += p * 8
+        tmp = t.new(2 * p)
+        t.free(tmp)
+
+    def _layer_forward(self, st: dict) -> str:
+        name = self.spec.name
+        if name in ("gcn", "sage"):
+            return self._conv_forward(st)
+        if name == "gat":
+            return self._gat_forward(st)
+        return self._mlp_forward(st)
+
+    def _layer_backward(self, st: dict, g: str) -> str | None:
+        name = self.spec.name
+        if name in ("gcn", "sage"):
+            return self._conv_backward(st, g)
+        if name == "gat":
+            return self._gat_backward(st, g)
+        return self._mlp_backward(st, g)
+
+    # GCN / SAGE (GNN's fused path: ReLU + dropout + projections as one node keeping only x)
+    def _conv_forward(self, st: dict) -> str:
+        spec, t, n = self.spec, self.tape, self.n
+        fin, fout, x, first = st["fin"], st["fout"], st["x"], st["first"]
+        fused = (not first) or spec.dropout > 0
+        st["fused"] = fused
+        if not first:
+            t.keep(x)  # the layer's input, saved by the fused dropout-linear node
+        if spec.name == "gcn":
+            dinv = t.new(n * self.d, "activations")  # deg^-1/2, saved (scale, self_scale)
+            st["dinv"] = dinv
+            self.work.stream += 3 * n * self.d
+            (h,) = self._dropout_linear_forward(x, fin, [fout], fused)
+            self.work.stream += 2 * self.rows(n, fout)  # the row scale, in place
+            out = self.agg_forward(h, fout, "gcn")
+            t.free(h)
+            return out
+        st["project_first"] = pf = fout <= fin
+        if pf:
+            tt, root = self._dropout_linear_forward(x, fin, [fout, fout], fused)
+            out = self.agg_forward(tt, fout, "sage")
+            t.free(tt, root)
+            return out
+        # aggregate first (the layer widens): act + dropout step by step, aggregate at the input width
+        r = None
+        if not first:
+            r = t.new(self.rows(n, fin), "activations")  # ReLU output, saved by the ReLU
+            self.work.stream += 2 * self.rows(n, fin)
+        xd = None
+        if spec.dropout > 0:
+            xd = t.new(self.rows(n, fin), "activations")
+            self.work.stream += 2 * self.rows(n, fin)
+        elif first:
+            pass  # the features themselves are saved
+        agg = self.agg_forward(xd or r or x, fin, "plain", mean=True)
+        t.keep(agg)
+        if self.engine == "sar":
+            self.work.stream += 2 * self.rows(n, fin)  # mean: in place
+        o1 = t.new(self.rows(n, fout))
+        o2 = t.new(self.rows(n, fout))
+        self.work.flops += 2 * 2.0 * n * fin * fout
+        out = t.new(self.rows(n, fout))
+        self.work.stream += 3 * self.rows(n, fout)
+        t.free(o1, o2)
+        st.update(r=r, xd=xd, agg=agg)
+        return out
+
+    def _conv_backward(self, st: dict, g: str) -> str | None:
+        spec, t, n = self.spec, self.tape, self.n
+        fin, fout, first = st["fin"], st["fout"], st["first"]
+        if spec.name == "gcn":
+            gh = self.agg_backward(g, fout, "gcn")
+            self.work.stream += 2 * self.rows(n, fout)
+            gx = self._dropout_linear_backward(fin, [fout], not first, st["fused"])
+            t.free(gh, st["dinv"])
+            return gx
+        if st["project_first"]:
+            gt = self.agg_backward(g, fout, "sage")
+            gx = self._dropout_linear_backward(fin, [fout, fout], not first, st["fused"])
+            t.free(gt)
+            return gx
+        # aggregate first
+        ga = t.new(self.rows(n, fin))
+        self.work.flops += 2 * 2.0 * n * fin * fout + 2 * 2.0 * n * fin * fout
+        t.free(st["agg"])
+        g1 = self.agg_backward(ga, fin, "plain", mean=True)
+        t.free(ga)
+        if first:
+            t.free(g1, st["xd"])
+            return None
+        g2 = t.new(self.rows(n, fin))
+        s = t.new(self.rows(n, fin))
+        t.free(g1, g2, st["xd"])
+        gd = t.new(self.rows(n, fin))
+        t.free(s)
+        gr = t.new(self.rows(n, fin))
+        t.free(gd, st["r"])
+        self.work.stream += 9 * self.rows(n, fin)
+        return gr
+
+    # GAT (dropout, projection, scores, attention, bias, ELU on hidden layers)
+    def _gat_forward(self, st: dict) -> str:
+        spec, t, n, h = self.spec, self.tape, self.n, self.h
+        fin, fout, H, D, x, first = st["fin"], st["fout"], st["heads"], st["dim"], st["x"], st["first"]
+        hd = H * D
+        xd = t.new(self.rows(n, fin)) if spec.dropout > 0 else x
+        if spec.dropout > 0:
+            self.work.stream += 2 * self.rows(n, fin)
+            if not first:
+                t.free(x)  # the previous layer's ELU output: only its dropped copy is kept
+        t.keep(xd)
+        st["xd"] = xd if (spec.dropout > 0 or not first) else None
+        self.work.flops += 2.0 * n * fin * hd
+        E = self.E
+        if self.engine == "sar":
+            z = t.new(self.rows(n, hd))
+            tmp = t.new(self.rows(n, hd))
+            s1, s2 = t.new(self.rows(n, H)), t.new(self.rows(n, H))
+            t.free(tmp)
+            self.work.stream += 2 * (3 * self.rows(n, hd))
+            m, l_ = t.new(self.rows(n, H), "activations"), t.new(self.rows(n, H), "activations")
+            out = t.new(self.rows(n, hd), "activations")
+            self._once(("identity",), (n + 1) * IDX + n * IDX)
+            self.work.gat_fwd.append((self.rs.local_edges + n, hd))
+            cut = E - self.rs.local_edges
+
+            def block(recv_rows: float) -> None:
+                self.work.gat_fwd.append((cut * recv_rows / max(self.h, 1), hd))
+
+            self._sar_rotation(hd + H, block)
+            t.free(z, s1, s2)
+            st.update(m=m, l=l_, out=out, saved=[m, l_, out])
+        else:
+            z = t.new(self.rows(n, hd), "activations")
+            tmp = t.new(self.rows(n, hd))
+            s1 = t.new(self.rows(n, H), "activations" if self.engine == "single" else "workspace")
+            t.free(tmp)
+            tmp = t.new(self.rows(n, hd))
+            s2 = t.new(self.rows(n, H), "activations")
+            t.free(tmp)
+            self.work.stream += 2 * (3 * self.rows(n, hd))
+            # the self-loop copy of the CSR (built on the first call; transient repeat/arange/sum arrays)
+            loops = (n + 1) * IDX + (E + n) * IDX
+            self._once(("self_loops",), loops, 3 * E * IDX)
+            saved = [z, s1, s2]
+            if self.engine == "dp" and self.P > 1:
+                cat = t.new(self.rows(n, hd + H))
+                self.work.stream += 2 * self.rows(n, hd + H)
+                packed = self._halo_forward(hd + H)
+                t.free(cat)
+                z_all = t.new(self.rows(n + h, hd), "activations")
+                s_all = t.new(self.rows(n + h, H), "activations")
+                self.work.stream += 2 * self.rows(n + h, hd + H)
+                saved += [z_all, s_all]
+                t.free(s1)
+                saved.remove(s1)
+            else:
+                packed = None
+            m, l_ = t.new(self.rows(n, H), "activations"), t.new(self.rows(n, H), "activations")
+            out = t.new(self.rows(n, hd), "activations")
+            self.work.gat_fwd.append((E + n, hd))
+            t.free(packed)
+            saved += [m, l_, out]
+            st.update(saved=saved, z=z)
+        return self._gat_epilogue(st)
+
+    def _gat_epilogue(self, st: dict) -> str:
+        """Heads concatenated + bias + ELU (hidden layers; ELU keeps its output) or averaged + bias."""
+        t, n = self.tape, self.n
+        D, hd = st["dim"], st["heads"] * st["dim"]
+        if not st["last"]:
+            y = t.new(self.rows(n, hd), "activations")  # ELU keeps its input
+            e = t.new(self.rows(n, hd))
+            self.work.stream += 4 * self.rows(n, hd)
+            st["elu"] = y
+            return e
+        m = t.new(self.rows(n, D))
+        y = t.new(self.rows(n, D))
+        t.free(m)
+        self.work.stream += 2 * self.rows(n, hd) + 2 * self.rows(n, D)
+        return y
+
+    def _gat_backward(self, st: dict, g: str) -> str | None:
+        spec, t, n, h = self.spec, self.tape, self.n, self.h
+        fin, H, D, first = st["fin"], st["heads"], st["dim"], st["first"]
+        hd = H * D
+        E = self.E
+        if not st["last"]:
+            go = t.new(self.rows(n, hd))  # ELU backward
+            self.work.stream += 3 * self.rows(n, hd)
+            t.free(st["elu"])
+        else:
+            go = t.new(self.rows(n, hd))  # mean over heads, expanded
+            self.work.stream += 2 * self.rows(n, hd)
+        if self.engine == "sar":
+            z = t.new(self.rows(n, hd))
+            tmp = t.new(self.rows(n, hd))
+            s1, s2 = t.new(self.rows(n, H)), t.new(self.rows(n, H))
+            t.free(tmp)
+            self.work.flops += 2.0 * n * fin * hd
+            self.work.stream += 2 * (3 * self.rows(n, hd))
+            delta = t.new(self.rows(n, H))
+            gz, gs, gd = t.new(self.rows(n, hd)), t.new(self.rows(n, H)), t.new(self.rows(n, H))
+            self._sar_gat_structs()
+            self.work.gat_bwd.append((self.rs.local_edges, hd))
+            g2 = [t.new(self.rows(n, hd)), t.new(self.rows(n, H)), t.new(self.rows(n, H))]
+            self.work.gat_bwd.append((n, hd))
+            t.free(*g2)
+            cut = E - self.rs.local_edges
+            # re-fetch each remote block, recompute, return its rows' gradients (two rotations' traffic)
+            pend: list[str] = []
+            for i, (recv_rows, send_rows) in enumerate(self._steps()):
+                fs = t.new(self.rows(send_rows, hd + H), "halo")
+                fr = t.new(self.rows(recv_rows, hd + H), "halo")
+                self.halo_recv_max = max(self.halo_recv_max, int(self.rows(recv_rows, hd + H)))
+                if recv_rows or send_rows:
+                    self.work.exchanges.append((self.rows(send_rows, hd + H), self.rows(recv_rows, hd + H),
+                                                int(recv_rows > 0) + int(send_rows > 0)))
+                    self.work.exchanges.append((self.rows(recv_rows, hd + H), self.rows(send_rows, hd + H),
+                                                int(recv_rows > 0) + int(send_rows > 0)))
+                self.work.stream += 2 * self.rows(send_rows, hd + H) + 2 * self.rows(recv_rows, hd + H)
+                t.free(fs)
+                if recv_rows:
+                    self.work.gat_bwd.append((cut * recv_rows / max(h, 1), hd))
+                    b = [t.new(self.rows(recv_rows, hd)), t.new(self.rows(recv_rows, H)), t.new(self.rows(n, H))]
+                    packed = t.new(self.rows(recv_rows, hd + H), "halo")
+                    t.free(*b)
+                else:
+                    packed = None
+                t.free(fr)
+                rr = t.new(self.rows(send_rows, hd + H), "halo")
+                self.halo_recv_max = max(self.halo_recv_max, int(self.rows(send_rows, hd + H)))
+                self.work.stream += 3 * self.rows(send_rows, hd + H)
+                t.free(*pend)
+                pend = [packed, rr] if self.prefetch else []
+                if not self.prefetch:
+                    t.free(packed, rr)
+            t.free(*pend)
+            tmps = [t.new(self.rows(n, hd)) for _ in range(2)]
+            t.free(*tmps)
+            self.work.stream += 8 * self.rows(n, hd)
+            t.free(delta, gs, gd, s1, s2, z)
+            self.work.flops += 2.0 * n * fin * hd
+            t.free(*st["saved"])
+        else:
+            delta = t.new(self.rows(n, H))
+            src = n + (h if self.engine == "dp" and self.P > 1 else 0)
+            self._once(("self_loops_t",), (src + 1) * IDX + (E + n) * IDX, src * IDX)
+            gz = t.new(self.rows(src, hd))
+            gs = t.new(self.rows(src, H))
+            gd = t.new(self.rows(n, H))
+            self.work.gat_bwd.append((E + n, hd))
+            t.free(delta)
+            if self.engine == "dp" and self.P > 1:
+                gp = [t.new(self.rows(h, hd + H), "halo") for _ in range(2)]
+                gsum = t.new(self.rows(h, hd + H), "halo")
+                t.free(*gp)
+                self.work.stream += 5 * self.rows(h, hd + H)
+                back = self._halo_backward(hd + H)
+                t.free(gsum)
+                t.free(back)
+            # the two score paths into z: g * att (and (g * z).sum for att), summed with the attention's
+            tmps = [t.new(self.rows(n, hd)) for _ in range(3)]
+            t.free(*tmps)
+            zsum = t.new(self.rows(n, hd))
+            t.free(gz, gs, gd)
+            self.work.stream += 12 * self.rows(n, hd)
+            self.work.flops += 2.0 * n * fin * hd  # weight gradient
+            t.free(*st["saved"])
+            gz = zsum
+        if first:
+            t.free(gz, go, st["xd"])
+            return None
+        gx = t.new(self.rows(n, fin))
+        self.work.flops += 2.0 * n * fin * hd
+        t.free(gz, go, st["xd"])
+        if spec.dropout > 0:
+            gdrop = t.new(self.rows(n, fin))
+            self.work.stream += 2 * self.rows(n, fin)
+            t.free(gx)
+            gx = gdrop
+        return gx
+
+    def _sar_gat_structs(self) -> None:
+        """The transposes SAR's attention backward walks (``csc`` of every block, built once)."""
+        rs, n = self.rs, self.n
+        if not self.graph.directed:
+            own = 0.0  # the owned block of an undirected graph is symmetric: its own transpose
+        else:
+            own = (n + 1) * IDX + rs.local_edges * IDX
+        remote = (self.h + rs.peers) * IDX + (self.E - rs.local_edges) * IDX
+        self._once(("blocks_csc",), own + remote, max(n, self.h) * IDX)
+
+    # MLP (no graph): dropout + linear as one node keeping x, ReLU keeping its output
+    def _mlp_forward(self, st: dict) -> str:
+        t, n = self.tape, self.n
+        fin, fout, x, first = st["fin"], st["fout"], st["x"], st["first"]
+        fused = self.spec.dropout > 0
+        (y,) = self._dropout_linear_forward(x, fin, [fout], fused)
+        if not st["last"]:
+            r = t.new(self.rows(n, fout), "activations")
+            self.work.stream += 2 * self.rows(n, fout)
+            t.free(y)
+            y = st["r"] = r
+        return y
+
+    def _mlp_backward(self, st: dict, g: str) -> str | None:
+        t, n = self.tape, self.n
+        fin, fout, first = st["fin"], st["fout"], st["first"]
+        gr = None
+        if not st["last"]:
+            gr = t.new(self.rows(n, fout))
+            self.work.stream += 3 * self.rows(n, fout)
+        t.free(st.get("r"))
+        gx = self._dropout_linear_backward(fin, [fout], not first, self.spec.dropout > 0)
+        t.free(gr)
+        return gx
+
+
+# -- predictions ---------------------------------------------------------------------------------------
+@dataclasses.dataclass
+class MemoryEstimate:
+    """One rank's predicted memory (bytes).
+
+    ``peak``: the high-water mark over loading and the first training step (the floor included);
+    ``components``: what is live at that moment, by :data:`COMPONENTS`; ``where``: the moment.
+    ``saved``: what autograd keeps for the backward pass at the end of the forward pass (parameters
+    and the input features not counted); ``graph``, ``features``, ``params``: those components after
+    the first step (transposes and caches built); ``halo_recv_max``: the largest receive buffer of
+    one exchange; ``load_peak``: the high-water mark while loading.
+    """
+
+    rank: int
+    peak: int
+    components: dict[str, int]
+    where: str
+    saved: int
+    graph: int
+    features: int
+    params: int
+    halo_recv_max: int
+    load_peak: int
+
+
+@dataclasses.dataclass
+class TimeEstimate:
+    """One rank's predicted training step (seconds): ``compute`` (``terms``: ``spmm``,
+    ``attention``, ``gemm``, ``elementwise``), ``halo`` (exchanges), ``allreduce`` (gradients)."""
+
+    rank: int
+    compute: float
+    halo: float
+    allreduce: float
+    terms: dict[str, float]
+    messages: int = 0
+    halo_bytes: float = 0.0
+
+    @property
+    def total(self) -> float:
+        return self.compute + self.halo + self.allreduce
+
+
+def walk_step(engine: str, spec: ModelSpec, graph: GraphShape, rank: RankShape, ranks: int, *,
+              prefetch: bool = True, block_bytes: int | None = None, max_blocks: int | None = None) -> _Walk:
+    """Walk one training step of ``engine`` for ``rank`` (memory on the tape, work recorded)."""
+    if engine not in ENGINES:
+        raise ValueError(f"engine: the planner covers {', '.join(ENGINES)}, not {engine!r}")
+    if spec.name not in MODELS:
+        raise ValueError(f"model.name: the planner describes models {', '.join(MODELS)}, not {spec.name!r}")
+    w = _Walk(engine, spec, graph, rank, ranks, prefetch=prefetch, block_bytes=block_bytes, max_blocks=max_blocks)
+    w.tape = _Tape(w.base())
+    w.tape.where = "first step"
+    w.forward_backward()
+    return w
+
+
+def memory_of(w: _Walk, floor: int) -> MemoryEstimate:
+    """The :class:`MemoryEstimate` of a walked step, with ``floor`` bytes of process floor."""
+    load_total, load_parts = w.load_peak()
+    t = w.tape
+    if load_total > t.peak:
+        peak, parts, where = load_total, dict(load_parts), "loading"
+    else:
+        peak, parts, where = t.peak, dict(t.peak_parts), t.peak_where
+    parts = {c: int(parts.get(c, 0)) for c in COMPONENTS if c != "floor"}
+    parts = {"floor": int(floor), **parts}
+    return MemoryEstimate(rank=w.rs.rank, peak=int(peak + floor), components=parts, where=where,
+                          saved=int(w.saved_at_end_of_forward), graph=int(t.base.get("graph", 0)),
+                          features=int(t.base.get("features", 0)), params=int(t.base.get("params", 0)),
+                          halo_recv_max=int(w.halo_recv_max), load_peak=int(load_total + floor))
+
+
+def time_of(w: _Walk, rates: Rates, *, threads: int, cores_share: float, ranks: int) -> TimeEstimate:
+    """The :class:`TimeEstimate` of a walked step at ``rates`` for a rank of ``threads`` threads on
+    ``cores_share`` cores."""
+    k = rates.slowdown(threads, cores_share)
+    wk = w.work
+
+    def lin(items, ab):
+        a, b = ab
+        return sum(e * (a + b * width) for e, width in items)
+
+    spmm = (lin(wk.spmm_fwd, rates.spmm_fwd) + lin(wk.spmm_bwd, rates.spmm_bwd)) * k
+    att = (lin(wk.gat_fwd, rates.gat_fwd) + lin(wk.gat_bwd, rates.gat_bwd)) * k
+    gemm = wk.flops / rates.gemm_flops * k
+    elem = wk.stream / rates.stream * k
+    halo = sum(rates.exchange_time(o, i, p) for o, i, p in wk.exchanges)
+    pbytes = w.spec.num_params() * w.d
+    calls = max(1, -(-pbytes // (25 << 20)))
+    ar = rates.allreduce_time(pbytes, ranks, calls)
+    return TimeEstimate(rank=w.rs.rank, compute=spmm + att + gemm + elem, halo=halo, allreduce=ar,
+                        terms={"spmm": spmm, "attention": att, "gemm": gemm, "elementwise": elem},
+                        messages=len(wk.exchanges), halo_bytes=sum(max(o, i) for o, i, _ in wk.exchanges))
+
+
+@dataclasses.dataclass
+class Prediction:
+    """One engine on one rank count: the bottleneck rank's memory, the slowest rank's step, and why.
+
+    ``bottleneck``: ``memory`` (``fits`` is False), else the largest of ``compute``, ``halo exchange``,
+    ``all-reduce``. ``time`` is None without rates (memory only).
+    """
+
+    engine: str
+    ranks: int
+    memory: MemoryEstimate
+    time: TimeEstimate | None
+    fits: bool | None
+    bottleneck: str
+    layout: Layout
+    threads: int
+    cores_share: float
+
+    def as_dict(self) -> dict[str, Any]:
+        out = {"engine": self.engine, "ranks": self.ranks, "threads_per_rank": self.threads,
+               "cores_per_rank": self.cores_share, "fits": self.fits, "bottleneck": self.bottleneck,
+               "layout": self.layout.source, "cut_fraction": self.layout.cut_fraction,
+               "memory": dataclasses.asdict(self.memory)}
+        if self.time is not None:
+            out["time"] = {**dataclasses.asdict(self.time), "epoch_seconds": self.time.total}
+        return out
+
+
+def threads_for(ranks_per_node: int, cores_per_node: int) -> tuple[int, float]:
+    """``(threads, cores)`` of a rank when ``ranks_per_node`` ranks share ``cores_per_node`` cores: the
+    threads ``hpc_graph.comm.threads`` gives by default (the rank's share, at least 1) and the cores
+    it really gets (less than one when the ranks oversubscribe the node)."""
+    r, c = max(1, int(ranks_per_node)), max(1, int(cores_per_node))
+    return max(1, c // r), c / r
+
+
+def predict(engine: str, spec: ModelSpec, graph: GraphShape, layout: Layout, *, floor: int,
+            rates: Rates | None = None, prefetch: bool = True, memory_per_rank: int | None = None,
+            cores_per_node: int | None = None, ranks_per_node: int | None = None,
+            threads: int | None = None) -> Prediction:
+    """Predict ``engine`` on ``layout.ranks`` ranks: walk every rank of the layout, keep the largest
+    peak memory and the slowest step. ``single`` needs ``layout.ranks == 1`` (ValueError otherwise)."""
+    P = layout.ranks
+    if engine == "single" and P != 1:
+        raise ValueError(f"engine 'single' runs on one rank, not {P}")
+    cores = int(cores_per_node or os.cpu_count() or 1)
+    rpn = int(ranks_per_node or P)
+    t_default, share = threads_for(rpn, cores)
+    thr = int(threads or t_default)
+    best_mem: MemoryEstimate | None = None
+    worst: TimeEstimate | None = None
+    for rs in layout.parts:
+        w = walk_step(engine, spec, graph, rs, P, prefetch=prefetch)
+        mem = memory_of(w, floor)
+        if best_mem is None or mem.peak > best_mem.peak:
+            best_mem = mem
+        if rates is not None:
+            tm = time_of(w, rates, threads=thr, cores_share=share, ranks=P)
+            if worst is None or tm.total > worst.total:
+                worst = tm
+    assert best_mem is not None
+    fits = None if memory_per_rank is None else best_mem.peak <= memory_per_rank
+    if fits is False:
+        bottleneck = "memory"
+    elif worst is None:
+        bottleneck = "-"
+    else:
+        terms = {"compute": worst.compute, "halo exchange": worst.halo, "all-reduce": worst.allreduce}
+        bottleneck = max(terms, key=terms.get)
+    return Prediction(engine=engine, ranks=P, memory=best_mem, time=worst, fits=fits, bottleneck=bottleneck,
+                      layout=layout, threads=thr, cores_share=share)
