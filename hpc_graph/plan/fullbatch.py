@@ -761,17 +761,23 @@ class _Walk:
             t.free(cur[1])
         t.free(*pending)
 
-    def agg_backward(self, g: str, width: float, combine: str, mean: bool = False) -> str:
-        """Backward of :meth:`agg_forward`: the gradient (n x width) of the aggregated input ``x``."""
+    def agg_backward(self, g: str, width: float, combine: str, mean: bool = False, release: bool = True) -> str:
+        """Backward of :meth:`agg_forward`: the gradient (n x width) of the aggregated input ``x``.
+
+        ``g`` (the output's gradient) is freed as soon as its last reader is done, unless ``release``
+        is False (SAGE: ``g`` is also the root rows' gradient, read later by the projection)."""
         t, n, E = self.tape, self.n, self.E
         self._spmm_structs(width, backward=True)
+        done = (lambda: t.free(g)) if release else (lambda: None)
         if self.engine == "single":
             gx = t.new(self.rows(n, width))
             self.work.spmm_bwd.append((E, width))
+            done()
             return gx
         if self.engine == "dp":
             gx = t.new(self.rows(n + self.h, width))
             self.work.spmm_bwd.append((E, width))
+            done()
             gh = self._halo_backward(width)
             if gh is None:
                 return gx
@@ -779,14 +785,22 @@ class _Walk:
             self.work.stream += 3 * self.rows(n, width)
             t.free(gx, gh)
             return s
-        # sar
+        # sar: the elementwise epilogue's backward, then the rotation in the other direction
         extra = []
         if combine == "gcn":
             extra = [t.new(self.rows(n, width)), t.new(self.rows(n, width))]  # g * scale, g * self_scale
             self.work.stream += 4 * self.rows(n, width)
+            done()
+        g1 = extra[0] if extra else g
         if combine == "sage" or mean:
-            extra = [t.new(self.rows(n, width))]  # g / in-degree
+            gm = t.new(self.rows(n, width))  # g / in-degree
             self.work.stream += 2 * self.rows(n, width)
+            if extra:
+                t.free(extra.pop(0))
+            elif release:
+                done()
+            g1 = gm
+            extra.insert(0, gm)
         gx = t.new(self.rows(n, width))
         self.work.spmm_bwd.append((self.rs.local_edges, width))
         cut = E - self.rs.local_edges
@@ -806,12 +820,14 @@ class _Walk:
             if not self.prefetch:
                 t.free(rows, recv)
         t.free(*pend)
+        if g1 is not g:
+            t.free(g1)
         if combine == "gcn":
-            s = t.new(self.rows(n, width))
+            # x's gradient: the aggregation's plus the self loop's (g * self_scale), accumulated in place
             self.work.stream += 3 * self.rows(n, width)
-            t.free(gx, *extra)
-            return s
-        t.free(*extra)
+            t.free(*extra)
+        elif release and combine == "plain" and not mean:
+            done()
         return gx
 
     # -- layers ---------------------------------------------------------------------------------------
@@ -955,27 +971,29 @@ class _Walk:
             t.free(gh, st["dinv"])
             return gx
         if st["project_first"]:
-            gt = self.agg_backward(g, fout, "sage")
+            # the root rows' gradient is g itself: it lives until the projections' backward
+            gt = self.agg_backward(g, fout, "sage", release=False)
             gx = self._dropout_linear_backward(fin, [fout, fout], not first, st["fused"])
-            t.free(gt)
+            t.free(gt, g)
             return gx
-        # aggregate first
+        # aggregate first: both projections' input gradients, then the aggregation's backward
+        g2 = t.new(self.rows(n, fin))
         ga = t.new(self.rows(n, fin))
         self.work.flops += 2 * 2.0 * n * fin * fout + 2 * 2.0 * n * fin * fout
-        t.free(st["agg"])
+        t.free(g, st["agg"])
         g1 = self.agg_backward(ga, fin, "plain", mean=True)
-        t.free(ga)
+        t.free(ga, g1)  # summed into g2 in place
+        self.work.stream += 3 * self.rows(n, fin)
         if first:
-            t.free(g1, st["xd"])
+            t.free(g2, st["xd"])
             return None
-        g2 = t.new(self.rows(n, fin))
-        s = t.new(self.rows(n, fin))
-        t.free(g1, g2, st["xd"])
-        gd = t.new(self.rows(n, fin))
-        t.free(s)
-        gr = t.new(self.rows(n, fin))
-        t.free(gd, st["r"])
-        self.work.stream += 9 * self.rows(n, fin)
+        if st["xd"] is not None:
+            gd = t.new(self.rows(n, fin))  # dropout backward
+            t.free(g2, st["xd"])
+            g2 = gd
+        gr = t.new(self.rows(n, fin))  # ReLU backward
+        t.free(g2, st["r"])
+        self.work.stream += 6 * self.rows(n, fin)
         return gr
 
     # GAT (dropout, projection, scores, attention, bias, ELU on hidden layers)
@@ -1065,14 +1083,12 @@ class _Walk:
         fin, H, D, first = st["fin"], st["heads"], st["dim"], st["first"]
         hd = H * D
         E = self.E
-        if not st["last"]:
-            go = t.new(self.rows(n, hd))  # ELU backward
-            self.work.stream += 3 * self.rows(n, hd)
-            t.free(st["elu"])
-        else:
-            go = t.new(self.rows(n, hd))  # mean over heads, expanded
-            self.work.stream += 2 * self.rows(n, hd)
+        go = t.new(self.rows(n, hd))  # ELU backward (hidden) or the head mean's backward (last)
+        self.work.stream += 3 * self.rows(n, hd)
+        t.free(g, st.get("elu"))
         if self.engine == "sar":
+            # SARGatProjected.backward: z and the scores recomputed, local and self-loop blocks, then the
+            # remote blocks fetched again in the rotation, their rows' gradients sent back
             z = t.new(self.rows(n, hd))
             tmp = t.new(self.rows(n, hd))
             s1, s2 = t.new(self.rows(n, H)), t.new(self.rows(n, H))
@@ -1085,11 +1101,11 @@ class _Walk:
             self.work.gat_bwd.append((self.rs.local_edges, hd))
             g2 = [t.new(self.rows(n, hd)), t.new(self.rows(n, H)), t.new(self.rows(n, H))]
             self.work.gat_bwd.append((n, hd))
+            self.work.stream += 3 * self.rows(n, hd)
             t.free(*g2)
             cut = E - self.rs.local_edges
-            # re-fetch each remote block, recompute, return its rows' gradients (two rotations' traffic)
             pend: list[str] = []
-            for i, (recv_rows, send_rows) in enumerate(self._steps()):
+            for recv_rows, send_rows in self._steps():
                 fs = t.new(self.rows(send_rows, hd + H), "halo")
                 fr = t.new(self.rows(recv_rows, hd + H), "halo")
                 self.halo_recv_max = max(self.halo_recv_max, int(self.rows(recv_rows, hd + H)))
@@ -1100,13 +1116,12 @@ class _Walk:
                                                 int(recv_rows > 0) + int(send_rows > 0)))
                 self.work.stream += 2 * self.rows(send_rows, hd + H) + 2 * self.rows(recv_rows, hd + H)
                 t.free(fs)
+                packed = None
                 if recv_rows:
                     self.work.gat_bwd.append((cut * recv_rows / max(h, 1), hd))
                     b = [t.new(self.rows(recv_rows, hd)), t.new(self.rows(recv_rows, H)), t.new(self.rows(n, H))]
                     packed = t.new(self.rows(recv_rows, hd + H), "halo")
                     t.free(*b)
-                else:
-                    packed = None
                 t.free(fr)
                 rr = t.new(self.rows(send_rows, hd + H), "halo")
                 self.halo_recv_max = max(self.halo_recv_max, int(self.rows(send_rows, hd + H)))
@@ -1116,12 +1131,13 @@ class _Walk:
                 if not self.prefetch:
                     t.free(packed, rr)
             t.free(*pend)
-            tmps = [t.new(self.rows(n, hd)) for _ in range(2)]
-            t.free(*tmps)
+            t.free(delta)
+            for _ in range(4):  # the parameters' and z's gradients from the scores, one temporary at a time
+                tmp = t.new(self.rows(n, hd))
+                t.free(tmp)
             self.work.stream += 8 * self.rows(n, hd)
-            t.free(delta, gs, gd, s1, s2, z)
-            self.work.flops += 2.0 * n * fin * hd
-            t.free(*st["saved"])
+            t.free(z, s1, s2, gs, gd, go, *st["saved"])
+            self.work.flops += 2.0 * n * fin * hd  # weight gradient
         else:
             delta = t.new(self.rows(n, H))
             src = n + (h if self.engine == "dp" and self.P > 1 else 0)
@@ -1130,30 +1146,38 @@ class _Walk:
             gs = t.new(self.rows(src, H))
             gd = t.new(self.rows(n, H))
             self.work.gat_bwd.append((E + n, hd))
-            t.free(delta)
+            t.free(delta, go)
+            saved = list(st["saved"])
+            keep_z = st["z"]
+            t.free(*[x for x in saved if x != keep_z])
             if self.engine == "dp" and self.P > 1:
-                gp = [t.new(self.rows(h, hd + H), "halo") for _ in range(2)]
-                gsum = t.new(self.rows(h, hd + H), "halo")
-                t.free(*gp)
+                # the halo rows' gradients: the two slices of the exchanged message, summed, sent back
+                gp = t.new(self.rows(h, hd + H), "halo")
+                gp2 = t.new(self.rows(h, hd + H), "halo")
+                t.free(gp2)
                 self.work.stream += 5 * self.rows(h, hd + H)
                 back = self._halo_backward(hd + H)
-                t.free(gsum)
-                t.free(back)
-            # the two score paths into z: g * att (and (g * z).sum for att), summed with the attention's
-            tmps = [t.new(self.rows(n, hd)) for _ in range(3)]
-            t.free(*tmps)
-            zsum = t.new(self.rows(n, hd))
-            t.free(gz, gs, gd)
-            self.work.stream += 12 * self.rows(n, hd)
+                t.free(gp)
+                zsum = t.new(self.rows(n, hd))  # z's gradient: the owned rows' slice + what came back
+                t.free(gz, back, gs)
+                self.work.stream += 3 * self.rows(n, hd)
+                gz = zsum
+            else:
+                t.free(gs)
+            # the two score paths into z (g * att, accumulated in place) and the att gradients (g * z, summed)
+            for _ in range(2):
+                tmp = [t.new(self.rows(n, hd)), t.new(self.rows(n, hd))]
+                t.free(*tmp)
+            self.work.stream += 10 * self.rows(n, hd)
+            t.free(gd, keep_z)
             self.work.flops += 2.0 * n * fin * hd  # weight gradient
-            t.free(*st["saved"])
-            gz = zsum
+        xd = st["xd"]
         if first:
-            t.free(gz, go, st["xd"])
+            t.free(gz, xd)
             return None
         gx = t.new(self.rows(n, fin))
         self.work.flops += 2.0 * n * fin * hd
-        t.free(gz, go, st["xd"])
+        t.free(gz, xd)
         if spec.dropout > 0:
             gdrop = t.new(self.rows(n, fin))
             self.work.stream += 2 * self.rows(n, fin)
@@ -1249,8 +1273,16 @@ def walk_step(engine: str, spec: ModelSpec, graph: GraphShape, rank: RankShape, 
         raise ValueError(f"model.name: the planner describes models {', '.join(MODELS)}, not {spec.name!r}")
     w = _Walk(engine, spec, graph, rank, ranks, prefetch=prefetch, block_bytes=block_bytes, max_blocks=max_blocks)
     w.tape = _Tape(w.base())
-    w.tape.where = "first step"
     w.forward_backward()
+    # a later step: the graph's transposes and caches exist, nothing is built (its high-water mark alone)
+    first = (w.tape.peak, w.tape.peak_parts, w.tape.peak_where)
+    w.tape.peak = -1
+    work, w.work = w.work, _Work()
+    w.forward_backward()
+    w.steady_peak = w.tape.peak
+    w.work = work
+    if first[0] >= w.tape.peak:
+        w.tape.peak, w.tape.peak_parts, w.tape.peak_where = first
     return w
 
 
