@@ -135,6 +135,19 @@ def _sorted_unique(a: np.ndarray) -> np.ndarray:
     return a[keep]
 
 
+def _unique_inverse(a: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``(sorted distinct values, index of each item of a among them)`` by one stable argsort."""
+    order = np.argsort(a, kind="stable")
+    s = a[order]
+    first = np.empty(len(s), dtype=bool)
+    if len(s):
+        first[0] = True
+        np.not_equal(s[1:], s[:-1], out=first[1:])
+    inv = np.empty(len(a), dtype=np.int64)
+    inv[order] = np.cumsum(first) - 1
+    return s[first].astype(np.int64, copy=False), inv
+
+
 def _ranges(starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
     """Concatenation of ``arange(s, s + l)`` for every (s, l), vectorised (int64)."""
     lengths = np.asarray(lengths, dtype=np.int64)
@@ -469,12 +482,12 @@ def _run(comm, ds, src, tmp, lo, hi, P, method, seed, lib, imbalance, feat_block
     for p in np.flatnonzero(counts):
         new_id[order[offs[p]:offs[p + 1]]] = base[p] + np.arange(counts[p])
     # translate sources: ask the ranks that read them
-    uniq, inv = np.unique(indices, return_inverse=True)
+    uniq, inv = _unique_inverse(indices)
     owner = np.searchsorted(vtx, uniq, side="right") - 1  # uniq is sorted, so grouped by owner already
     _, c = _group(owner, R)
     asked, asked_counts = alltoallv(comm, uniq.astype(np.int64), c)
     answer, _ = alltoallv(comm, new_id[asked - lo], asked_counts)
-    src_new = answer[inv.reshape(-1)]
+    src_new = answer[inv]
     del uniq, inv, owner, asked, answer
     timings["relabel"] = time.perf_counter() - t
     _mark(peaks, "relabel")
@@ -515,7 +528,7 @@ def _run(comm, ds, src, tmp, lo, hi, P, method, seed, lib, imbalance, feat_block
         sel = _ranges(eptr[rows_p], recv_rows[rows_p, 2])
         srcs = recv_src[sel]
         remote = (srcs < g0) | (srcs >= g1)
-        halo = np.unique(srcs[remote])
+        halo = _sorted_unique(srcs[remote])
         local = np.empty(len(srcs), dtype=np.int64)
         local[~remote] = srcs[~remote] - g0
         local[remote] = (g1 - g0) + np.searchsorted(halo, srcs[remote])

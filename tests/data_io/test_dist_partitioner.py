@@ -119,3 +119,12 @@ def test_select_mpi_library():
         assert select_mpi_library(user) is None and user["MPI4PY_LIBMPI"] == "/opt/mpi/lib/libmpi.so"
     finally:
         sys.modules["mpi4py.MPI"] = saved
+
+
+def test_unique_helpers_match_numpy():
+    a = np.random.default_rng(5).integers(0, 50, 300)
+    u, inv = dp._unique_inverse(a)
+    ru, rinv = np.unique(a, return_inverse=True)
+    assert np.array_equal(u, ru) and np.array_equal(inv, rinv.reshape(-1)) and np.array_equal(u[inv], a)
+    assert np.array_equal(dp._sorted_unique(a), ru)
+    assert len(dp._sorted_unique(np.zeros(0, np.int64))) == 0 and len(dp._unique_inverse(np.zeros(0, np.int64))[0]) == 0
