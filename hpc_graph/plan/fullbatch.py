@@ -475,6 +475,7 @@ class _Tape:
         self.peak = -1
         self.peak_parts: dict[str, int] = {}
         self.peak_where = ""
+        self.no_grad = False
         self._n = 0
         self._check()
 
@@ -488,6 +489,8 @@ class _Tape:
             self.peak_parts, self.peak_where = parts, self.where
 
     def new(self, nbytes: float, comp: str = "workspace", name: str | None = None) -> str:
+        if self.no_grad and comp == "activations":
+            comp = "workspace"
         if name is None:
             self._n += 1
             name = f"t{self._n}"
@@ -502,6 +505,8 @@ class _Tape:
 
     def keep(self, name: str | None) -> None:
         """``name`` is saved for the backward pass from now on (component ``activations``)."""
+        if self.no_grad:
+            return
         if name is not None and name in self.live:
             nbytes, _ = self.live[name]
             self.live[name] = (nbytes, "activations")
@@ -550,6 +555,12 @@ class _Walk:
         # symmetric CSR: the transpose is the CSR itself (undirected, square)
         self.symmetric = not graph.directed and (engine == "single" or (engine == "dp" and h == 0))
         self.tape = _Tape({})
+        self.eval_mode = False
+
+    @property
+    def p(self) -> float:
+        """Feature dropout of the pass being walked (0 in evaluation)."""
+        return 0.0 if self.eval_mode else self.spec.dropout
 
     # -- sizes ----------------------------------------------------------------------------------------
     def rows(self, rows: float, width: float) -> float:
@@ -898,6 +909,56 @@ class _Walk:
         tmp = t.new(2 * p)
         t.free(tmp)
 
+    def eval_forward(self) -> None:
+        """Walk the evaluation forward pass (``torch.no_grad``, no dropout): nothing is kept for a backward
+        pass, but the unfused layers make copies (GCN/SAGE: ReLU output, projections, row-scaled copy)."""
+        spec, t, n = self.spec, self.tape, self.n
+        dims = spec.layer_dims()
+        x = "features"
+        self.eval_mode = t.no_grad = True
+        try:
+            for layer, (fin, fout, heads, dim) in enumerate(dims):
+                t.where = f"evaluation, layer {layer + 1}"
+                before = set(t.live)
+                st = {"x": x, "fin": fin, "fout": fout, "heads": heads, "dim": dim, "first": layer == 0,
+                      "last": layer == len(dims) - 1}
+                if spec.name in ("gcn", "sage"):
+                    y = self._conv_eval(st)
+                else:
+                    y = self._layer_forward(st)
+                for name in list(t.live):
+                    if name not in before and name != y:
+                        t.free(name)
+                if layer > 0:
+                    t.free(x)
+                x = y
+            t.free(x)
+        finally:
+            self.eval_mode = t.no_grad = False
+
+    def _conv_eval(self, st: dict) -> str:
+        spec, t, n = self.spec, self.tape, self.n
+        fin, fout, x, first = st["fin"], st["fout"], st["x"], st["first"]
+        r = None if first else t.new(self.rows(n, fin))  # ReLU output
+        if spec.name == "gcn":
+            h = t.new(self.rows(n, fout))
+            hs = t.new(self.rows(n, fout))  # h * deg^-1/2, a copy
+            t.free(r, h)
+            out = self.agg_forward(hs, fout, "gcn")
+            t.free(hs)
+            return out
+        if fout <= fin:
+            tt, root = t.new(self.rows(n, fout)), t.new(self.rows(n, fout))
+            t.free(r)
+            out = self.agg_forward(tt, fout, "sage")
+            t.free(tt, root)
+            return out
+        agg = self.agg_forward(r or x, fin, "plain", mean=True)
+        o1, o2 = t.new(self.rows(n, fout)), t.new(self.rows(n, fout))
+        out = t.new(self.rows(n, fout))
+        t.free(o1, o2, agg, r)
+        return out
+
     def _layer_forward(self, st: dict) -> str:
         name = self.spec.name
         if name in ("gcn", "sage"):
@@ -1001,13 +1062,13 @@ class _Walk:
         spec, t, n, h = self.spec, self.tape, self.n, self.h
         fin, fout, H, D, x, first = st["fin"], st["fout"], st["heads"], st["dim"], st["x"], st["first"]
         hd = H * D
-        xd = t.new(self.rows(n, fin)) if spec.dropout > 0 else x
-        if spec.dropout > 0:
+        xd = t.new(self.rows(n, fin)) if self.p > 0 else x
+        if self.p > 0:
             self.work.stream += 2 * self.rows(n, fin)
             if not first:
                 t.free(x)  # the previous layer's ELU output: only its dropped copy is kept
         t.keep(xd)
-        st["xd"] = xd if (spec.dropout > 0 or not first) else None
+        st["xd"] = xd if (self.p > 0 or not first) else None
         self.work.flops += 2.0 * n * fin * hd
         E = self.E
         if self.engine == "sar":
@@ -1199,7 +1260,7 @@ class _Walk:
     def _mlp_forward(self, st: dict) -> str:
         t, n = self.tape, self.n
         fin, fout, x, first = st["fin"], st["fout"], st["x"], st["first"]
-        fused = self.spec.dropout > 0
+        fused = self.p > 0
         (y,) = self._dropout_linear_forward(x, fin, [fout], fused)
         if not st["last"]:
             r = t.new(self.rows(n, fout), "activations")
@@ -1280,6 +1341,7 @@ def walk_step(engine: str, spec: ModelSpec, graph: GraphShape, rank: RankShape, 
     work, w.work = w.work, _Work()
     w.forward_backward()
     w.steady_peak = w.tape.peak
+    w.eval_forward()  # the trainer evaluates every train.eval_every epochs and after the last
     w.work = work
     if first[0] >= w.tape.peak:
         w.tape.peak, w.tape.peak_parts, w.tape.peak_where = first

@@ -228,3 +228,205 @@ def time_layer(csr: Any, fin: int, fout: int, dtype: torch.dtype = torch.float32
     gemm()
     agg()
     return _time(gemm, reps, best=True), _time(agg, reps, best=True)
+
+
+# -- kernel rates of the full-batch planner (hpc_graph.plan.fullbatch) -----------------------------------
+@dataclasses.dataclass
+class KernelRates:
+    """Per-edge costs of the aggregation kernels, GEMM and memory rates, measured on one graph.
+
+    ``spmm_fwd``/``spmm_bwd`` and ``gat_fwd``/``gat_bwd``: ``(a, b)`` such that one call over E
+    edges at width w (GAT: ``w = H x D``) takes ``E (a + b w)`` seconds (least squares over the
+    widths measured; forward over the CSR, backward over its transpose). ``gemm_flops``: flop/s of
+    ``x W^T`` at ``[rows, 128] x [128, 128]``. ``stream``: bytes/s of an elementwise add (two reads,
+    one write). ``threads``: the threads they were measured with; ``parallel``: the fraction of an
+    SpMM's time that scales with threads (Amdahl), from a second measurement at one thread.
+    ``graph``: what they were measured on.
+    """
+
+    spmm_fwd: tuple[float, float]
+    spmm_bwd: tuple[float, float]
+    gat_fwd: tuple[float, float]
+    gat_bwd: tuple[float, float]
+    gemm_flops: float
+    stream: float
+    threads: int
+    parallel: float
+    graph: str
+    seconds: float = 0.0
+
+    def as_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+def _fit_per_edge(points: list[tuple[float, float]]) -> tuple[float, float]:
+    """``(a, b)`` of ``t / E = a + b w`` from ``(w, t / E)`` points (a, b >= 0)."""
+    w = np.array([p[0] for p in points], dtype=np.float64)
+    y = np.array([p[1] for p in points], dtype=np.float64)
+    if len(points) == 1 or np.ptp(w) == 0:
+        return 0.0, float(y.mean() / max(w.mean(), 1e-12))
+    b, a = np.polyfit(w, y, 1)
+    if b < 0:
+        return float(y.mean()), 0.0
+    if a < 0:
+        return 0.0, float(np.sum(w * y) / np.sum(w * w))
+    return float(a), float(b)
+
+
+def synthetic_graph(scale: int = 16, edge_factor: int = 16) -> Any:
+    """An undirected R-MAT graph (Graph500 parameters) as a :class:`~hpc_graph.ops.csr.CSR`, for kernel rates
+    when no real graph is at hand."""
+    from data_io.generators.rmat import generate_rmat
+    from hpc_graph.ops.csr import CSR
+
+    g = generate_rmat(scale, edge_factor, feat_dim=0, num_classes=2)
+    return CSR(torch.from_numpy(np.asarray(g.indptr, dtype=np.int64)),
+               torch.from_numpy(np.asarray(g.indices, dtype=np.int64)), int(g.num_nodes), validate=False)
+
+
+def _set_threads(n: int) -> int:
+    """Use ``n`` threads in numba and torch on this thread; returns the previous numba count."""
+    import numba
+
+    before = numba.get_num_threads()
+    numba.set_num_threads(max(1, min(n, numba.config.NUMBA_NUM_THREADS)))
+    torch.set_num_threads(max(1, n))
+    return before
+
+
+def kernel_rates(csr: Any = None, dtype: torch.dtype = torch.float32, *, widths: tuple[int, ...] = (16, 128),
+                 gat_shapes: tuple[tuple[int, int], ...] = ((1, 16), (4, 32)), gat: bool = True,
+                 reps: int = 2, max_edges: int = 4_000_000, label: str = "") -> KernelRates:
+    """Measure :class:`KernelRates` on ``csr`` (a :class:`~hpc_graph.ops.csr.CSR`; None: an R-MAT scale-16
+    graph). Graphs with more than ``max_edges`` edges are cut to their first rows holding about that
+    many (all source columns kept: the same rows of ``x`` are gathered as in the whole graph). Each
+    kernel runs once to warm up (and build its transposes and caches), then ``reps`` times; the fastest
+    is kept. Not collective: one process measures at its own threads."""
+    from hpc_graph.ops.csr import CSR
+    from hpc_graph.ops.gat_attention import gat_attention
+    from hpc_graph.ops.spmm import spmm_fused
+
+    t_start = time.perf_counter()
+    if csr is None:
+        csr = synthetic_graph()
+        label = label or "synthetic R-MAT scale 16 (edge factor 16, undirected)"
+    indptr, indices = csr.indptr, csr.indices
+    if csr.num_edges > max_edges:
+        rows = int(np.searchsorted(indptr.numpy(), max_edges, side="right")) - 1
+        rows = max(rows, 1)
+        indptr = indptr[:rows + 1].clone()
+        indices = indices[:int(indptr[-1])].clone()
+        csr = CSR(indptr, indices, csr.num_src, validate=False)
+        label = f"{label}, first {rows} rows ({csr.num_edges} edges)"
+    E, n_src, n_dst = csr.num_edges, csr.num_src, csr.num_dst
+    gen = torch.Generator().manual_seed(2)
+
+    def spmm_pair(width: int) -> tuple[float, float]:
+        x = torch.randn(n_src, width, generator=gen, dtype=dtype, requires_grad=True)
+        g = torch.randn(n_dst, width, generator=gen, dtype=dtype)
+
+        def fwd():
+            return spmm_fused(csr, x, "sum")
+
+        out = fwd()
+        out.backward(g)
+        tf, tb = [], []
+        for _ in range(reps):
+            t0 = time.perf_counter()
+            out = fwd()
+            t1 = time.perf_counter()
+            out.backward(g)
+            tb.append(time.perf_counter() - t1)
+            tf.append(t1 - t0)
+            x.grad = None
+        return min(tf), min(tb)
+
+    fwd_pts, bwd_pts = [], []
+    for w in widths:
+        tf, tb = spmm_pair(int(w))
+        fwd_pts.append((w, tf / E))
+        bwd_pts.append((w, tb / E))
+    threads = int(torch.get_num_threads())
+    parallel = 1.0
+    if threads > 1:
+        before = _set_threads(1)
+        try:
+            tf1, _ = spmm_pair(int(widths[-1]))
+        finally:
+            _set_threads(before)
+        t_many = fwd_pts[-1][1] * E
+        speedup = tf1 / max(t_many, 1e-12)
+        parallel = min(1.0, max(0.0, (1.0 - 1.0 / max(speedup, 1e-9)) / (1.0 - 1.0 / threads)))
+    gat_f, gat_b = [], []
+    if gat:
+        from hpc_graph.ops.csr import CSR as _CSR
+
+        ar = torch.arange(n_dst + 1, dtype=torch.int64)
+        deg = csr.indptr[1:] - csr.indptr[:-1]
+        loops = torch.empty(E + n_dst, dtype=torch.int64)
+        pos = torch.arange(E, dtype=torch.int64) + torch.repeat_interleave(ar[:-1], deg)
+        loops[pos] = csr.indices
+        loops[csr.indptr[1:] + ar[:-1]] = torch.arange(n_dst, dtype=torch.int64) % max(n_src, 1)
+        g_loops = _CSR(csr.indptr + ar, loops, n_src, validate=False)
+        del pos, loops
+        for heads, dim in gat_shapes:
+            z = torch.randn(n_src, heads, dim, generator=gen, dtype=dtype, requires_grad=True)
+            s_src = torch.randn(n_src, heads, generator=gen, dtype=dtype, requires_grad=True)
+            s_dst = torch.randn(n_dst, heads, generator=gen, dtype=dtype, requires_grad=True)
+            go = torch.randn(n_dst, heads, dim, generator=gen, dtype=dtype)
+            out = gat_attention(g_loops, z, s_src, s_dst)
+            out.backward(go)
+            tf, tb = [], []
+            for _ in range(reps):
+                t0 = time.perf_counter()
+                out = gat_attention(g_loops, z, s_src, s_dst)
+                t1 = time.perf_counter()
+                out.backward(go)
+                tb.append(time.perf_counter() - t1)
+                tf.append(t1 - t0)
+            e = g_loops.num_edges
+            gat_f.append((heads * dim, min(tf) / e))
+            gat_b.append((heads * dim, min(tb) / e))
+    rows = 65536
+    a = torch.randn(rows, 128, generator=gen, dtype=dtype)
+    w = torch.randn(128, 128, generator=gen, dtype=dtype)
+    torch.nn.functional.linear(a, w)
+    t = _time(lambda: torch.nn.functional.linear(a, w), max(reps, 2), best=True)
+    gemm = 2.0 * rows * 128 * 128 / max(t, 1e-9)
+    big = torch.randn(1 << 22, generator=gen, dtype=dtype)
+    other = torch.randn(1 << 22, generator=gen, dtype=dtype)
+    out = torch.empty_like(big)
+    torch.add(big, other, out=out)
+    t = _time(lambda: torch.add(big, other, out=out), max(reps, 2), best=True)
+    stream = 3.0 * big.numel() * big.element_size() / max(t, 1e-9)
+    rates = KernelRates(spmm_fwd=_fit_per_edge(fwd_pts), spmm_bwd=_fit_per_edge(bwd_pts),
+                        gat_fwd=_fit_per_edge(gat_f) if gat_f else (0.0, 0.0),
+                        gat_bwd=_fit_per_edge(gat_b) if gat_b else (0.0, 0.0), gemm_flops=gemm, stream=stream,
+                        threads=threads, parallel=parallel, graph=label or repr(csr),
+                        seconds=time.perf_counter() - t_start)
+    log.info("kernel rates (%s, %d threads): spmm %.3g+%.3g w ns/edge, gemm %.3g GFLOP/s, stream %.3g GB/s, "
+             "parallel fraction %.2f", rates.graph, threads, rates.spmm_fwd[0] * 1e9, rates.spmm_fwd[1] * 1e9,
+             gemm / 1e9, stream / 1e9, parallel)
+    return rates
+
+
+def load_profile(path: str) -> tuple[Profile, str] | None:
+    """A profile written by :func:`profile_machine` (``path=``) and the launch it was measured for
+    (``ranks=... dtype=...``), whatever that launch was; None when the file is missing or unreadable."""
+    import json
+
+    try:
+        with open(path, encoding="utf-8") as fh:
+            raw = json.load(fh)
+        prof = Profile(alpha=dict(raw["alpha"]), beta={k: float(v) for k, v in raw["beta"].items()},
+                       gemm_flops=float(raw["gemm_flops"]), csr_flops=float(raw["csr_flops"]),
+                       spmm_rate=float(raw["spmm_rate"]), seconds=0.0)
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    return prof, str(raw.get("key", "unknown launch"))
+
+
+def save_profile(path: str, prof: Profile, comm_size: int, dtype: torch.dtype = torch.float32,
+                 max_bytes: int = 64 << 20, reps: int = 3, width: int = 64) -> None:
+    """Write ``prof`` to ``path`` in :func:`profile_machine`'s format (readable by :func:`load_profile`)."""
+    _save_file(path, (int(comm_size), str(dtype), int(max_bytes), int(reps), int(width)), prof)
