@@ -30,11 +30,22 @@ def _env() -> dict:
     return env
 
 
-def _timed(cmd: list[str]) -> tuple[float, float]:
-    """Run ``cmd``; return (wall seconds, peak RSS MB of the child tree's largest process)."""
+def _timed(cmd: list[str], timeout: float) -> tuple[float, float] | None:
+    """Run ``cmd``; return (wall seconds, peak RSS MB of the child tree's largest process), or None when it
+    ran past ``timeout`` seconds (then its process group is killed)."""
+    import signal
+
     t0 = time.perf_counter()
-    proc = subprocess.Popen(cmd, env=_env(), cwd=str(ROOT), stdout=subprocess.DEVNULL)
-    _, status, usage = os.wait4(proc.pid, 0)
+    proc = subprocess.Popen(cmd, env=_env(), cwd=str(ROOT), stdout=subprocess.DEVNULL, start_new_session=True)
+    while True:
+        pid, status, usage = os.wait4(proc.pid, os.WNOHANG)
+        if pid:
+            break
+        if time.perf_counter() - t0 > timeout:
+            os.killpg(proc.pid, signal.SIGKILL)
+            os.wait4(proc.pid, 0)
+            return None
+        time.sleep(0.2)
     if os.waitstatus_to_exitcode(status) != 0:
         raise SystemExit(f"failed: {' '.join(cmd)}")
     return time.perf_counter() - t0, usage.ru_maxrss / 1024.0
@@ -51,6 +62,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--methods", nargs="+", default=["metis"], choices=["metis", "random"],
                     help="methods of the distributed runs (the serial run is METIS)")
     ap.add_argument("--skip-serial", action="store_true")
+    ap.add_argument("--timeout", type=float, default=900, help="seconds before a run counts as not finished")
     args = ap.parse_args(argv)
     args.workdir.mkdir(parents=True, exist_ok=True)
     cli = [sys.executable, "-m", "hpc_graph.cli", "-q"]
@@ -73,7 +85,17 @@ def main(argv: list[str] | None = None) -> int:
             cmd = cli + ["partition", str(src), "-o", str(out), "-n", str(args.parts), "--force", "--method", method]
             if mode == "distributed":
                 cmd = launch + ["-n", str(r)] + cmd + ["--distributed"]
-            wall, peak = _timed(cmd)
+            res = _timed(cmd, args.timeout)
+            if res is None:
+                rec = dict(scale=scale, mode=mode, method=method, ranks=r, parts=args.parts, timed_out=args.timeout)
+                records = [x for x in records if not (x["scale"] == scale and x["mode"] == mode and x["ranks"] == r
+                                                      and x["parts"] == args.parts and x.get("method") == method)]
+                records.append(rec)
+                args.out.write_text(json.dumps(records, indent=1))
+                print(f"scale {scale} {mode} {method} R={r}: not finished in {args.timeout:.0f} s", flush=True)
+                shutil.rmtree(out, ignore_errors=True)
+                continue
+            wall, peak = res
             subprocess.run(cli + ["check", str(out)], check=True, env=_env(), stdout=subprocess.DEVNULL)
             meta = json.loads((out / "partition.json").read_text())
             per_rank = meta.get("distributed", {}).get("peak_rss_mb_per_rank", [peak])
@@ -93,6 +115,10 @@ def main(argv: list[str] | None = None) -> int:
     print("\n| scale | mode | method | ranks | wall (s) | peak MB per rank (max) | edge cut | cut vs serial | node balance |")
     print("|---|---|---|---|---|---|---|---|---|")
     for rec in sorted(records, key=lambda x: (x["scale"], x["mode"] != "serial", x.get("method", ""), x["ranks"])):
+        if rec.get("timed_out"):
+            print(f"| {rec['scale']} | {rec['mode']} | {rec['method']} | {rec['ranks']} | > {rec['timed_out']:.0f} "
+                  f"(not finished) | - | - | - | - |")
+            continue
         ser = [x for x in records if x["scale"] == rec["scale"] and x["mode"] == "serial" and x["parts"] == rec["parts"]]
         rel = f"{rec['edge_cut'] / ser[0]['edge_cut']:.2f}x" if ser and ser[0]["edge_cut"] else "-"
         print(f"| {rec['scale']} | {rec['mode']} | {rec.get('method', 'metis')} | {rec['ranks']} | {rec['wall_s']:.1f} | {rec['peak_mb_max']:.0f} | "
