@@ -1,42 +1,103 @@
 """``hpc-graph plan --config CFG.yaml [--set key=value ...]``: what a job will cost, before it trains.
 
-So far for engine ``apt``: every rank loads its partition, the engine runs its dry run and cost model
+Full-batch engines (``single``, ``dp``, ``sar``; ``engine.name`` of the config, ``auto``, or
+``--engines``): one process predicts, per rank, the peak memory (by component) and the epoch time
+(compute, halo exchange, gradient all-reduce) for each engine and rank count, the bottleneck, and
+with ``--memory-per-rank`` the smallest rank count that fits (``hpc_graph.plan.fullbatch``,
+docs/plan.md). The graph comes from ``--data`` (default ``data.path``): a dataset file or a partition
+directory (exact per-rank statistics at its part count, the cut model at other counts), or from a
+description (``--nodes --edges --features --classes`` ...) when there is no file at all. Rates are
+measured here at plan time (kernels on the real graph; the links only when the plan itself runs
+under ``mpiexec`` with 2 or more ranks, or read from ``--profile FILE``; otherwise a stated default
+link); every assumption is printed. Nothing is trained.
+
+Engine ``apt``: every rank loads its partition, the engine runs its dry run and cost model
 (``hpc_graph.plan``: a profile of this launch, ``engine.dry_run_batches`` sampled batches, each
 strategy's bytes by operation, timed builds and kernels, a memory check) and rank 0 prints the
-table of predicted epochs per strategy and the choice; nothing is trained. Run it under the same
-launcher and rank count as the job (``mpiexec -n 4 hpc-graph plan --config configs/apt_sage.yaml``).
-``--json FILE`` also writes the predictions (per strategy: seconds by term, bytes by operation, memory,
-whether it fits) as JSON.
+table of predicted epochs per strategy and the choice. Run it under the same launcher and rank
+count as the job (``mpiexec -n 4 hpc-graph plan --config configs/apt_sage.yaml``).
 
-Exit status: 0 done; 2 bad config or data, or an engine the planner does not cover yet.
+``--json FILE`` also writes the predictions as JSON.
+
+Exit status: 0 done; 2 bad config, data or option (one line naming it).
 """
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
+from typing import Any
 
 from hpc_graph.cli import CLIError, add_threads_option
 
 #: the CLI leaves the thread decision to this command (``train.threads`` takes part in it)
 CONFIGURES_THREADS = True
 
+FULLBATCH = ("single", "dp", "sar")
+#: the link assumed when none was measured (no ``--profile`` file, one process, no ``comm.link_*``)
+DEFAULT_LINK = ("10GB/s", "5us")
+DESCRIPTION_FLAGS = ("nodes", "edges", "features", "classes")
+
 
 def add_parser(subparsers) -> None:
     parser = subparsers.add_parser(
-        "plan", help="predict a job's epoch time and memory per rank before training (engine apt so far)",
-        description="Run the apt engine's dry run and cost model for a training config and print the "
-                    "predicted epoch of each parallel strategy; nothing is trained (docs/apt.md).")
+        "plan", help="predict a job's memory and epoch time per rank before training (single, dp, sar, apt)",
+        description="Predict per-rank peak memory and epoch time of the full-batch engines (single, dp, sar) "
+                    "over rank counts, or run the apt engine's dry run; nothing is trained (docs/plan.md).")
     parser.add_argument("--config", required=True, metavar="CFG.yaml", help="training config (see configs/)")
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.KEY=VALUE",
                         help="override one config field (repeatable)")
     parser.add_argument("--json", default=None, metavar="FILE", help="also write the predictions as JSON")
+    fb = parser.add_argument_group("full-batch engines (single, dp, sar)")
+    fb.add_argument("--data", default=None, metavar="DATASET.h5|PARTITION_DIR",
+                    help="the graph to plan for (default: the config's data.path)")
+    fb.add_argument("--engines", default=None, metavar="LIST",
+                    help="comma-separated engines among single, dp, sar, or 'all' (default: the config's engine; "
+                         "all three for engine.name auto)")
+    fb.add_argument("--ranks", default=None, metavar="LIST|A-B",
+                    help="rank counts: '1,2,4' or a range 'A-B' (powers of two in the table, every count searched "
+                         "for the smallest that fits); default: the partition's part count, else 1 (a description: "
+                         "1-256)")
+    fb.add_argument("--memory-per-rank", default=None, metavar="SIZE",
+                    help="memory each rank may use (e.g. 24GB, 192GiB): report which rank counts fit")
+    fb.add_argument("--nodes", type=int, default=None, metavar="N", help="description: number of nodes")
+    fb.add_argument("--edges", type=int, default=None, metavar="E",
+                    help="description: stored edges (CSR entries; an undirected graph counts both directions)")
+    fb.add_argument("--features", type=int, default=None, metavar="F", help="description: input feature width")
+    fb.add_argument("--classes", type=int, default=None, metavar="C", help="description: number of classes")
+    fb.add_argument("--train-fraction", type=float, default=None, metavar="FRAC",
+                    help="description: fraction of nodes with a training label (default 0.1)")
+    fb.add_argument("--directed", action="store_true",
+                    help="description: the graph is directed (its CSR is not its own transpose)")
+    fb.add_argument("--cut-fraction", default=None, metavar="C[@P]",
+                    help="edge-cut fraction for rank counts without a partition: C at every count, or C@P measured "
+                         "at P parts and extended by recursive bisection (default: the partition's measured cut "
+                         "at its part count; for a dataset, a random partition's 1 - 1/P)")
+    fb.add_argument("--edge-imbalance", type=float, default=1.0, metavar="X",
+                    help="cut model: in-edges of the fullest rank over the mean (default 1.0)")
+    fb.add_argument("--profile", default=None, metavar="FILE",
+                    help="machine profile JSON with the links' alpha-beta fits: read when it exists, else measured "
+                         "(under mpiexec with 2+ ranks) and written")
+    fb.add_argument("--link-bandwidth", default=None, metavar="BW",
+                    help=f"link assumed when none is measured (default: comm.link_bandwidth, else {DEFAULT_LINK[0]})")
+    fb.add_argument("--link-latency", default=None, metavar="LAT",
+                    help=f"latency of that link (default: comm.link_latency, else {DEFAULT_LINK[1]})")
+    fb.add_argument("--cores-per-node", type=int, default=None, metavar="C",
+                    help="CPU cores of a node (default: this machine's)")
+    fb.add_argument("--ranks-per-node", type=int, default=None, metavar="R",
+                    help="ranks sharing a node (default: all ranks on one node, like this machine)")
+    fb.add_argument("--floor", default=None, metavar="SIZE",
+                    help="per-process floor (Python, torch, kernels, MPI; default: measured by a 2-epoch run of the "
+                         "model on a 1024-node graph in a subprocess)")
+    fb.add_argument("--rates", choices=("graph", "synthetic", "none"), default="graph",
+                    help="kernel rates: measured on the graph given (default), on a synthetic R-MAT graph, or none "
+                         "(memory only)")
     add_threads_option(parser)
     parser.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
-    from hpc_graph.comm import get_communicator
     from hpc_graph.comm.threads import configure_threads, parse_threads
     from hpc_graph.train.config import ConfigError, load_config
 
@@ -45,9 +106,23 @@ def run(args: argparse.Namespace) -> int:
         threads = parse_threads(args.threads, "--threads") if args.threads is not None else config.train.threads
         configure_threads(threads, explicit_name="--threads" if args.threads is not None else "train.threads",
                           world=True)
-        if config.engine.name != "apt":
-            raise ConfigError(f"engine.name: hpc-graph plan covers engine 'apt' so far, not "
-                              f"{config.engine.name!r}")
+        fullbatch = args.engines is not None or config.engine.name in FULLBATCH + ("auto",)
+        if not fullbatch and config.engine.name != "apt":
+            raise ConfigError(f"engine.name: hpc-graph plan covers engines apt, single, dp and sar, not "
+                              f"{config.engine.name!r} (or choose engines with --engines)")
+    except (ConfigError, ValueError, OSError) as exc:
+        raise CLIError(str(exc)) from exc
+    if fullbatch:
+        return _run_fullbatch(args, config)
+    return _run_apt(args, config)
+
+
+# -- apt: the engine's own dry run ---------------------------------------------------------------------
+def _run_apt(args: argparse.Namespace, config: Any) -> int:
+    from hpc_graph.comm import get_communicator
+    from hpc_graph.train.config import ConfigError
+
+    try:
         import torch
 
         from hpc_graph.engines import create_engine
@@ -77,3 +152,428 @@ def run(args: argparse.Namespace) -> int:
                 json.dump(out, fh, indent=1, default=float)
         sys.stdout.flush()
     return 0
+
+
+# -- full-batch engines --------------------------------------------------------------------------------
+def parse_ranks(text: str | None, default: list[int]) -> tuple[list[int], list[int]]:
+    """``(shown, searched)`` rank counts from ``--ranks``: a list ``1,2,4`` (both the same) or a range
+    ``A-B`` (shown: the powers of two in it and B; searched: every count). ValueError naming ``--ranks``."""
+    if text is None:
+        return default, default
+    t = text.strip()
+    try:
+        if "-" in t and "," not in t:
+            lo_s, hi_s = t.split("-", 1)
+            lo, hi = int(lo_s), int(hi_s)
+            if lo < 1 or hi < lo:
+                raise ValueError
+            shown, p = [], 1
+            while p <= hi:
+                if p >= lo:
+                    shown.append(p)
+                p *= 2
+            if not shown or shown[0] != lo:
+                shown.insert(0, lo)
+            if shown[-1] != hi:
+                shown.append(hi)
+            if hi - lo > 100_000:
+                raise ValueError
+            return shown, list(range(lo, hi + 1))
+        values = sorted({int(x) for x in t.split(",") if x.strip()})
+        if not values or values[0] < 1:
+            raise ValueError
+        return values, values
+    except ValueError:
+        raise CLIError(f"--ranks: expected positive rank counts like '1,2,4' or a range like '1-64', got {text!r}") \
+            from None
+
+
+def parse_engines(text: str | None, config_engine: str) -> list[str]:
+    if text is None:
+        return list(FULLBATCH) if config_engine not in FULLBATCH else [config_engine]
+    if text.strip() == "all":
+        return list(FULLBATCH)
+    names = [x.strip() for x in text.split(",") if x.strip()]
+    bad = [x for x in names if x not in FULLBATCH]
+    if not names or bad:
+        raise CLIError(f"--engines: choose among {', '.join(FULLBATCH)} or 'all', got {text!r}")
+    return list(dict.fromkeys(names))
+
+
+def parse_cut(text: str | None) -> tuple[float, int | None] | None:
+    if text is None:
+        return None
+    value, _, at = text.partition("@")
+    try:
+        c = float(value)
+        p = int(at) if at else None
+    except ValueError:
+        raise CLIError(f"--cut-fraction: expected C or C@P (e.g. 0.3 or 0.3@8), got {text!r}") from None
+    if not 0.0 <= c <= 1.0 or (p is not None and p < 2):
+        raise CLIError(f"--cut-fraction: C must lie in [0, 1] and P be at least 2, got {text!r}")
+    return c, p
+
+
+def _size(text: str, option: str) -> int:
+    from data_io.memory import parse_bytes
+
+    try:
+        value = parse_bytes(text)
+    except ValueError as exc:
+        raise CLIError(f"{option}: {exc}") from None
+    if value <= 0:
+        raise CLIError(f"{option}: must be positive, got {text!r}")
+    return value
+
+
+def _description(args: argparse.Namespace) -> Any:
+    """The :class:`GraphShape` of the description flags, or None when none is given."""
+    from hpc_graph.plan.fullbatch import GraphShape
+
+    given = {f: getattr(args, f) for f in DESCRIPTION_FLAGS}
+    if all(v is None for v in given.values()) and args.train_fraction is None:
+        return None
+    missing = [f for f, v in given.items() if v is None]
+    if missing:
+        raise CLIError(f"--{missing[0]}: required to describe the graph (with --nodes, --edges, --features and "
+                       f"--classes)")
+    for f, v in given.items():
+        if v < (0 if f == "features" else 1):
+            raise CLIError(f"--{f}: must be a positive integer, got {v}")
+    frac = 0.1 if args.train_fraction is None else args.train_fraction
+    if not 0.0 <= frac <= 1.0:
+        raise CLIError(f"--train-fraction: must lie in [0, 1], got {frac}")
+    return GraphShape(nodes=args.nodes, edges=args.edges, features=args.features, classes=args.classes,
+                      train_nodes=int(round(frac * args.nodes)), directed=bool(args.directed), disk_index_bytes=8,
+                      name="described graph")
+
+
+def measure_floor(config: Any) -> tuple[int, str]:
+    """Peak RSS of a 2-epoch ``single`` run of the config's model on a 1024-node R-MAT graph, in a subprocess:
+    Python, torch, numba and the kernels this model loads, the thread pools (bytes, and how it was measured)."""
+    import subprocess
+    import tempfile
+
+    import yaml
+
+    from data_io.generators.rmat import write_rmat
+
+    mc = config.model
+    with tempfile.TemporaryDirectory(prefix="hpc-graph-plan-") as d:
+        write_rmat(os.path.join(d, "g.h5"), 10, 8, feat_dim=16, num_classes=4, seed=0)
+        model = {"name": mc.name, "hidden": 8, "num_layers": max(2, int(mc.num_layers)), "dropout": float(mc.dropout)}
+        if mc.name == "gat":
+            model.update(heads=2, out_heads=1)
+        raw = {"data": {"path": os.path.join(d, "g.h5")}, "engine": {"name": "single"}, "model": model,
+               "train": {"epochs": 2, "progress": False, "run_dir": os.path.join(d, "run"), "eval_every": 2,
+                         "dtype": config.train.dtype}}
+        cfg = os.path.join(d, "floor.yaml")
+        with open(cfg, "w", encoding="utf-8") as fh:
+            yaml.safe_dump(raw, fh)
+        env = dict(os.environ, OMP_NUM_THREADS="1", NUMBA_NUM_THREADS="1")
+        env.pop("HPC_GRAPH_MEMORY_LIMIT", None)
+        proc = subprocess.run([sys.executable, "-m", "hpc_graph.cli", "-q", "train", "--config", cfg, "--force"],
+                              env=env, capture_output=True, text=True, timeout=600)
+        if proc.returncode != 0:
+            raise CLIError(f"--floor: measuring the process floor failed ({proc.stderr.strip()[-300:]}); "
+                           "give it with --floor SIZE")
+        with open(os.path.join(d, "run", "summary.json"), encoding="utf-8") as fh:
+            peak_mb = float(json.load(fh)["peak_rss_mb"][0])
+    return int(peak_mb * 2**20), f"measured: peak RSS of a 2-epoch {mc.name} run on a 1024-node graph"
+
+
+def _rank_graph(data: str, layout: Any, max_edges: int) -> tuple[Any, str]:
+    """The CSR kernel rates are measured on: the fullest rank's part of a partition, or the dataset's graph."""
+    import numpy as np
+    import torch
+
+    from hpc_graph.ops.csr import CSR
+
+    if os.path.isdir(data):
+        from data_io.partition import read_partition
+
+        part_id = max(layout.parts, key=lambda r: r.edges).rank
+        part = read_partition(data, part_id, features=False)
+        n = int(part.num_owned)
+        csr = CSR(torch.from_numpy(np.asarray(part.indptr, dtype=np.int64)),
+                  torch.from_numpy(np.asarray(part.indices, dtype=np.int64)), n + int(part.num_halo), validate=False)
+        return csr, f"part {part_id} of {data} (its [owned | halo] CSR)"
+    from data_io.dataset import open_dataset
+
+    with open_dataset(data, check_values=False) as ds:
+        indptr = np.asarray(ds.indptr(), dtype=np.int64)
+        stop = int(np.searchsorted(indptr, max_edges, side="right"))
+        stop = max(1, min(stop, len(indptr) - 1))
+        ptr, indices, _, _ = ds.graph_rows(0, stop)  # the first rows only
+        n = int(ds.num_nodes)
+    csr = CSR(torch.from_numpy(np.asarray(ptr, dtype=np.int64)),
+              torch.from_numpy(np.asarray(indices, dtype=np.int64)), n, validate=False)
+    return csr, f"{data}"
+
+
+def _links(args: argparse.Namespace, config: Any, comm: Any) -> tuple[Any, Any, Any, str]:
+    """``(exchange, allreduce, link, source)``: measured alpha-beta fits and/or a link model."""
+    from hpc_graph.comm.link import LinkModel, parse_bandwidth, parse_latency
+    from hpc_graph.plan.profile import load_profile, profile_machine, save_profile
+
+    exchange = allreduce = link = None
+    source = ""
+    if args.profile and os.path.exists(args.profile):
+        loaded = load_profile(args.profile)
+        if loaded is None:
+            raise CLIError(f"--profile: {args.profile} is not a readable machine profile")
+        prof, key = loaded
+        if not all(k in prof.alpha and k in prof.beta for k in ("exchange", "allreduce")):
+            raise CLIError(f"--profile: {args.profile} has no exchange/allreduce fits")
+        exchange = (prof.alpha["exchange"], prof.beta["exchange"])
+        allreduce = (prof.alpha["allreduce"], prof.beta["allreduce"])
+        source = f"links: alpha-beta fits read from {args.profile} (measured for {key})"
+    elif comm.size > 1:
+        prof = profile_machine(comm, max_bytes=16 << 20, reps=3, reuse=False)
+        exchange = (prof.alpha["exchange"], prof.beta["exchange"])
+        allreduce = (prof.alpha["allreduce"], prof.beta["allreduce"])
+        source = f"links: alpha-beta fits measured now on {comm.size} ranks"
+        if args.profile and comm.rank == 0:
+            save_profile(args.profile, prof, comm.size)
+            source += f" (written to {args.profile})"
+    bw_text = args.link_bandwidth if args.link_bandwidth is not None else config.comm.link_bandwidth
+    lat_text = args.link_latency if args.link_latency is not None else config.comm.link_latency
+    try:
+        if bw_text is not None and parse_bandwidth(bw_text, "--link-bandwidth") is not None:
+            link = LinkModel(parse_bandwidth(bw_text, "--link-bandwidth"), parse_latency(lat_text, "--link-latency"))
+            origin = "--link-bandwidth" if args.link_bandwidth is not None else "comm.link_bandwidth"
+            source = (source + "; " if source else "links: ") + f"modelled link {bw_text}, {lat_text or 0} ({origin})"
+        elif exchange is None:
+            link = LinkModel(parse_bandwidth(DEFAULT_LINK[0]), parse_latency(DEFAULT_LINK[1]))
+            source = (f"links: default link {DEFAULT_LINK[0]}, {DEFAULT_LINK[1]} per message (not measured: run the "
+                      "plan under mpiexec -n 2 with --profile FILE to measure them)")
+    except ValueError as exc:
+        raise CLIError(str(exc)) from None
+    return exchange, allreduce, link, source
+
+
+def _run_fullbatch(args: argparse.Namespace, config: Any) -> int:
+    from data_io.errors import DataError
+    from hpc_graph.comm import get_communicator
+    from hpc_graph.plan import fullbatch as fb
+
+    engines = parse_engines(args.engines, config.engine.name)
+    memory = _size(args.memory_per_rank, "--memory-per-rank") if args.memory_per_rank is not None else None
+    cut = parse_cut(args.cut_fraction)
+    if not args.edge_imbalance >= 1.0:
+        raise CLIError(f"--edge-imbalance: must be at least 1.0, got {args.edge_imbalance}")
+    for opt in ("cores_per_node", "ranks_per_node"):
+        v = getattr(args, opt)
+        if v is not None and v < 1:
+            raise CLIError(f"--{opt.replace('_', '-')}: must be a positive integer, got {v}")
+    comm = get_communicator(config.train.comm_backend)
+    assumptions: list[str] = []
+    graph = _description(args)
+    data = None
+    try:
+        if graph is None:
+            data = args.data or config.data.path
+            if not data:
+                raise CLIError("--data: no graph given (--data, data.path, or a description with --nodes ...)")
+            if not os.path.exists(data):
+                raise CLIError(f"--data: no such file or directory: {data}")
+            graph = fb.graph_from_partition(data) if os.path.isdir(data) else fb.graph_from_dataset(data)
+            assumptions.append(f"graph: {data}: {graph.nodes:,} nodes, {graph.edges:,} stored edges, "
+                               f"{graph.features} features, {graph.classes} classes, {graph.train_nodes:,} training "
+                               f"nodes, {'directed' if graph.directed else 'undirected'}")
+        else:
+            if args.data is not None:
+                raise CLIError("--data: give a dataset/partition or a description (--nodes ...), not both")
+            assumptions.append(f"graph: described: {graph.nodes:,} nodes, {graph.edges:,} stored edges (CSR entries), "
+                               f"{graph.features} features, {graph.classes} classes, {graph.train_nodes:,} training "
+                               f"nodes, {'directed' if graph.directed else 'undirected (CSR = its transpose)'}")
+        lab = config.recipes.label_aug
+        spec = fb.model_spec(config.model, graph.features, graph.classes, dtype=config.train.dtype,
+                             optimizer=config.optim.name, momentum=config.optim.momentum,
+                             feature_norm=config.data.feature_norm, label_aug=lab)
+    except DataError as exc:
+        raise CLIError(str(exc)) from None
+    except ValueError as exc:
+        raise CLIError(str(exc)) from None
+    parted = None
+    if data is not None and os.path.isdir(data):
+        try:
+            parted = fb.layout_from_partition(data)
+        except DataError as exc:
+            raise CLIError(str(exc)) from None
+    default = [parted.ranks] if parted is not None else ([1] if data is not None else [2 ** k for k in range(9)])
+    shown, searched = parse_ranks(args.ranks, default)
+    if "single" in engines and engines != ["single"] and 1 not in searched:
+        engines = [e for e in engines if e != "single"]
+    if engines == ["single"] and 1 not in searched:
+        raise CLIError("--engines: 'single' runs on one rank, but --ranks has no 1")
+    degrees = None
+    if data is not None and os.path.isfile(data) and graph.edges <= 500_000_000:
+        degrees = _degrees(data, graph)
+    if cut is None and parted is not None:
+        cut = (parted.cut_fraction, parted.ranks) if parted.ranks > 1 else None
+        if cut is not None:
+            assumptions.append(f"cut model at other rank counts: the partition's measured cut {cut[0]:.3f} at "
+                               f"{cut[1]} parts, extended by recursive bisection")
+    elif cut is None:
+        assumptions.append("cut model: no --cut-fraction: a random partition's cut 1 - 1/P (an upper bound)")
+    else:
+        assumptions.append(f"cut model: --cut-fraction {args.cut_fraction}"
+                           + (" (recursive bisection from that count)" if cut[1] else " at every rank count"))
+
+    def layout(P: int) -> Any:
+        if P == 1:
+            return fb.single_layout(graph)
+        if parted is not None and parted.ranks == P:
+            return parted
+        c, at = cut if cut is not None else (1.0 - 1.0 / P, None)
+        if cut is None:
+            c, at = 1.0 - 1.0 / P, None
+        return fb.layout_from_cut_model(graph, P, c, at=at, edge_imbalance=args.edge_imbalance,
+                                        out_degrees=degrees)
+
+    # floor, threads, rates
+    from hpc_graph.comm.threads import affinity_cpus
+
+    if args.floor is not None:
+        floor, floor_src = _size(args.floor, "--floor"), "--floor"
+    elif comm.rank == 0:
+        floor, floor_src = measure_floor(config)
+    else:
+        floor, floor_src = 0, ""
+    cores = args.cores_per_node or len(affinity_cpus()) or (os.cpu_count() or 1)
+    rates = None
+    rate_src = "none (--rates none): memory only"
+    links_src = ""
+    if args.rates != "none":
+        exchange, allreduce, link, links_src = _links(args, config, comm)
+    if comm.rank != 0:
+        return 0
+    if args.rates != "none":
+        import torch
+
+        from hpc_graph.plan.profile import kernel_rates
+
+        dtype = torch.float64 if config.train.dtype == "float64" else torch.float32
+        gat = spec.name == "gat"
+        csr, what = (None, "")
+        if args.rates == "graph" and data is not None:
+            csr, what = _rank_graph(data, parted or fb.single_layout(graph), 4_000_000)
+        kr = kernel_rates(csr, dtype, gat=gat, label=what)
+        del csr
+        rates = fb.Rates(spmm_fwd=kr.spmm_fwd, spmm_bwd=kr.spmm_bwd, gat_fwd=kr.gat_fwd, gat_bwd=kr.gat_bwd,
+                         gemm_flops=kr.gemm_flops, stream=kr.stream, threads=kr.threads, parallel=kr.parallel,
+                         exchange=exchange, allreduce=allreduce, link=link,
+                         sources={"kernels": f"measured now on {kr.graph} at {kr.threads} thread(s) "
+                                             f"({kr.seconds:.1f} s)", "links": links_src})
+        rate_src = rates.sources["kernels"]
+    threads_fixed = config.train.threads
+    preds: list[Any] = []
+    smallest: dict[str, int | None] = {}
+    shown_set = set(shown)
+    prefetch = bool(config.engine.prefetch)
+    for engine in engines:
+        counts = [1] if engine == "single" else searched
+        found = None
+        for P in counts:
+            if engine == "single" and P != 1:
+                continue
+            lay = layout(P)
+            rpn = min(P, args.ranks_per_node) if args.ranks_per_node else P
+            t_rank, share = fb.threads_for(rpn, cores)
+            pred = fb.predict(engine, spec, graph, lay, floor=floor + (fb.MPI_ALLOWANCE_BYTES if P > 1 else 0),
+                              rates=rates if P in shown_set else None, prefetch=prefetch, memory_per_rank=memory,
+                              cores_per_node=cores, ranks_per_node=rpn, threads=threads_fixed or t_rank)
+            if memory is not None and found is None and pred.fits:
+                found = P
+            if P in shown_set:
+                preds.append(pred)
+        smallest[engine] = found
+    assumptions += _model_assumptions(spec, config, prefetch)
+    assumptions.append(f"process floor: {floor / 2**20:.0f} MiB ({floor_src})"
+                       + (f", + {fb.MPI_ALLOWANCE_BYTES >> 20} MiB with 2+ ranks (MPI)" if any(p > 1 for p in shown) else ""))
+    assumptions.append(f"threads: {cores} cores per node; ranks per node: "
+                       f"{args.ranks_per_node or 'all ranks on one node'}; a rank runs max(1, cores // ranks per "
+                       "node) threads" + (f" (train.threads = {threads_fixed})" if threads_fixed else ""))
+    if rates is not None:
+        assumptions.append(f"kernel rates: {rate_src}")
+        assumptions.append(rates.sources["links"])
+    else:
+        assumptions.append(f"rates: {rate_src}")
+    print(format_table(preds, memory))
+    if memory is not None:
+        for engine in engines:
+            p = smallest.get(engine)
+            lim = max(([1] if engine == "single" else searched))
+            print(f"smallest rank count that fits {args.memory_per_rank} per rank, {engine}: "
+                  + (str(p) if p is not None else f"none up to {lim}"))
+    print("assumptions:")
+    for a in assumptions:
+        print(f"  - {a}")
+    for note in sorted({n for p in preds for n in p.layout.notes}):
+        print(f"  - {note}")
+    if args.json:
+        out = {"engines": engines, "ranks": shown, "memory_per_rank": memory, "floor_bytes": floor,
+               "smallest_fitting": smallest, "assumptions": assumptions,
+               "rates": None if rates is None else {k: v for k, v in rates.__dict__.items() if k not in ("link",)},
+               "model": spec.__dict__, "graph": graph.__dict__, "predictions": [p.as_dict() for p in preds]}
+        try:
+            with open(args.json, "w", encoding="utf-8") as fh:
+                json.dump(out, fh, indent=1, default=str)
+        except OSError as exc:
+            raise CLIError(f"--json: cannot write {args.json} ({exc.strerror or exc})") from None
+    sys.stdout.flush()
+    return 0
+
+
+def _degrees(path: str, graph: Any) -> Any:
+    """Out-degrees of a dataset's nodes (in-degrees of an undirected graph: its row lengths)."""
+    import numpy as np
+
+    from data_io.dataset import open_dataset
+
+    with open_dataset(path, check_values=False) as ds:
+        indptr = np.asarray(ds.indptr(), dtype=np.int64)
+        if not graph.directed:
+            return np.diff(indptr)
+        return np.bincount(np.asarray(ds.indices()), minlength=graph.nodes)
+
+
+def _model_assumptions(spec: Any, config: Any, prefetch: bool) -> list[str]:
+    heads = f", heads {spec.heads} (output {spec.out_heads})" if spec.name == "gat" else ""
+    out = [f"model: {spec.name}, {spec.layers} layers, hidden {spec.hidden}{heads}, input width {spec.in_dim}, "
+           f"{spec.classes} classes, dropout {spec.dropout:g}, {spec.dtype}, optimiser {spec.optimizer}"
+           f"{' (feature_norm row: two copies of the features)' if spec.feature_copies == 2 else ''}",
+           f"sar prefetch: {'on (3 blocks resident)' if prefetch else 'off (2 blocks resident)'}; indices int64 in "
+           "memory; peaks include loading, one step and the evaluation pass; freed memory is returned to the "
+           "system (glibc with a low mmap threshold, e.g. MALLOC_MMAP_THRESHOLD_=1048576)"]
+    if config.data.feature_layout == "sparse":
+        out.append("data.feature_layout sparse: features counted as dense (the planner does not model CSR features)")
+    return out
+
+
+def _mib(x: float) -> str:
+    return f"{x / 2**20:,.0f}"
+
+
+def format_table(preds: list[Any], memory: int | None) -> str:
+    """The plan's table: one row per engine and rank count; memory in MiB per rank (bottleneck rank), time in s."""
+    head = ["engine", "ranks", "peak MiB", "graph", "feat", "activ", "halo", "param", "work", "floor", "epoch s",
+            "compute", "halo s", "allred s", "bottleneck"] + (["fits"] if memory is not None else [])
+    rows = []
+    for p in preds:
+        c = p.memory.components
+        t = p.time
+        rows.append([p.engine, str(p.ranks), _mib(p.memory.peak), _mib(c["graph"]), _mib(c["features"]),
+                     _mib(c["activations"]), _mib(c["halo"]), _mib(c["params"]), _mib(c["workspace"]),
+                     _mib(c["floor"]),
+                     "-" if t is None else f"{t.total:.3f}", "-" if t is None else f"{t.compute:.3f}",
+                     "-" if t is None else f"{t.halo:.3f}", "-" if t is None else f"{t.allreduce:.3f}",
+                     p.bottleneck] + (["yes" if p.fits else "no"] if memory is not None else []))
+    widths = [max(len(h), *(len(r[i]) for r in rows)) if rows else len(h) for i, h in enumerate(head)]
+    lines = ["  ".join(h.rjust(w) if i > 1 else h.ljust(w) for i, (h, w) in enumerate(zip(head, widths)))]
+    for r in rows:
+        lines.append("  ".join(x.rjust(w) if i > 1 else x.ljust(w) for i, (x, w) in enumerate(zip(r, widths))))
+    lines.append("memory: the peak of the fullest rank and what is live then (MiB); epoch: the slowest rank's "
+                 "training step")
+    return "\n".join(lines)

@@ -39,6 +39,9 @@ def add_parser(subparsers) -> None:
     parser.add_argument("--resume", default=None, metavar="RUN_DIR",
                         help="continue the run in RUN_DIR from its newest valid checkpoint; the config comes "
                              "from the checkpoint (a --config given too must match it)")
+    parser.add_argument("--force", action="store_true",
+                        help="start even when the predicted peak memory exceeds what is available "
+                             "(HPC_GRAPH_MEMORY_LIMIT, the cgroup limit or the free memory)")
     add_threads_option(parser)
     parser.set_defaults(func=run)
 
@@ -76,7 +79,7 @@ def run(args: argparse.Namespace) -> int:
             configure_threads(config.train.threads, explicit_name="train.threads", world=True)
         # decided before torch and numba are imported: their pools start with the right size
         from hpc_graph.train.trainer import Trainer
-        trainer = Trainer(config, resume=args.resume)
+        trainer = Trainer(config, resume=args.resume, force_memory=args.force)
     except ConfigError as exc:
         raise CLIError(str(exc)) from None
 

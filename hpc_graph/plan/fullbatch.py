@@ -66,6 +66,9 @@ DEFAULT_FLOOR_BYTES = 480 << 20
 #: resident memory the compiled kernels add to a process that imported torch and numba (measured:
 #: ~290 MiB after the imports, ~450-480 MiB after a training epoch on a tiny graph)
 KERNEL_ALLOWANCE_BYTES = 170 << 20
+#: what MPI adds to a rank of a multi-rank job (measured: 2 and 4 ranks of a 1024-node graph, 14-20 MiB above
+#: the same run on one process)
+MPI_ALLOWANCE_BYTES = 16 << 20
 COMPONENTS = ("floor", "graph", "features", "params", "activations", "halo", "workspace")
 
 
@@ -1458,3 +1461,60 @@ def predict(engine: str, spec: ModelSpec, graph: GraphShape, layout: Layout, *, 
         bottleneck = max(terms, key=terms.get)
     return Prediction(engine=engine, ranks=P, memory=best_mem, time=worst, fits=fits, bottleneck=bottleneck,
                       layout=layout, threads=thr, cores_share=share)
+
+
+# -- the training refusal ------------------------------------------------------------------------------
+def rank_from_partition(directory: str | os.PathLike, rank: int) -> tuple[Layout, RankShape]:
+    """One rank's :class:`RankShape` of a partition directory (``partition.json`` and its own part file's
+    offsets only: cheap on every rank of a large job)."""
+    from data_io.partition import read_partition_meta
+
+    directory = Path(directory)
+    meta = read_partition_meta(directory)
+    P = int(meta["num_parts"])
+    info = next(p for p in meta["parts"] if int(p["part_id"]) == int(rank))
+    h, s = int(info["num_halo"]), int(info["num_send"])
+    counts = _peer_counts(directory, info, P)
+    halo_from, send_to = counts if counts is not None else (_even(h, rank, P), _even(s, rank, P))
+    e = int(info["num_edges"])
+    rs = RankShape(rank=int(rank), owned=int(info["num_nodes"]), edges=e,
+                   local_edges=max(0, e - int(info.get("cut_edges", 0))), halo=h, send=s,
+                   train=int(info.get("num_train", 0)), halo_from=halo_from, send_to=send_to)
+    layout = Layout(ranks=P, parts=[rs], source=f"partition {directory}",
+                    cut_fraction=float(meta.get("edge_cut_fraction") or 0.0))
+    return layout, rs
+
+
+def train_estimate(config: Any, engine: str, rank: int, size: int) -> tuple[int, str] | None:
+    """What rank ``rank`` of a ``size``-rank ``hpc-graph train`` job of ``config`` (a training config:
+    ``data``, ``model``, ``optim``, ``train``, ``engine``, ``recipes`` sections) will still allocate, in
+    bytes: the predicted peak without the process floor, plus the kernels and thread pools a process
+    that imported torch loads on its first step (:data:`KERNEL_ALLOWANCE_BYTES`). No timing, nothing
+    collective: reads ``partition.json`` and this rank's part offsets, or the dataset's header.
+
+    Returns ``(bytes, text describing the prediction)``, or None for an engine or model the planner does
+    not describe (no check then).
+    """
+    if engine not in ENGINES or str(config.model.name) not in MODELS:
+        return None
+    path = str(config.data.path)
+    if engine == "single":
+        graph = graph_from_dataset(path)
+        layout = single_layout(graph)
+        rs = layout.parts[0]
+        P = 1
+    else:
+        graph = graph_from_partition(path)
+        layout, rs = rank_from_partition(path, rank)
+        P = layout.ranks
+    spec = model_spec(config.model, graph.features, graph.classes, dtype=config.train.dtype,
+                      optimizer=config.optim.name, momentum=config.optim.momentum,
+                      feature_norm=config.data.feature_norm, label_aug=getattr(config.recipes, "label_aug", 0.0))
+    w = walk_step(engine, spec, graph, rs, P, prefetch=bool(getattr(config.engine, "prefetch", True)))
+    mem = memory_of(w, 0)
+    need = mem.peak + KERNEL_ALLOWANCE_BYTES
+    from data_io.memory import format_bytes
+
+    text = (f"{engine} {spec.name}, rank {rank}: peak {format_bytes(mem.peak)} at {mem.where} + "
+            f"{format_bytes(KERNEL_ALLOWANCE_BYTES)} of kernels")
+    return int(need), text

@@ -197,7 +197,8 @@ class Trainer:
     Raises ConfigError (a ValueError naming the field) for settings that cannot work here.
     """
 
-    def __init__(self, config: Config, comm: Any = None, *, resume: str | os.PathLike | None = None):
+    def __init__(self, config: Config, comm: Any = None, *, resume: str | os.PathLike | None = None,
+                 force_memory: bool = False):
         self.config = config = validate_config(config)
         if comm is None:
             from hpc_graph.comm import get_communicator
@@ -216,6 +217,7 @@ class Trainer:
         self._identity: dict[str, Any] | None = None
         self.resumed_from: Path | None = None
         state = self._preflight(resume)  # every rank checks its inputs; all agree before anything collective
+        self._check_memory(force_memory)  # refuse (on every rank) what cannot fit, before loading anything
         if resume is not None:
             tc.run_dir = str(resume)
         with self._fail_fast():
@@ -327,6 +329,45 @@ class Trainer:
         if problem is not None:
             raise problem
         return state
+
+    def _check_memory(self, force: bool) -> None:
+        """Refuse to start when the ranks of a host would need more memory than it has (collective).
+
+        Each rank predicts what it will still allocate (:func:`hpc_graph.plan.fullbatch.train_estimate`:
+        single/dp/sar and the models the planner describes; no check otherwise); the ranks of a host add
+        theirs up and compare the sum with the memory available there
+        (:func:`data_io.memory.require_memory`); if any rank refuses, every rank raises the same
+        :class:`~data_io.memory.MemoryRefusal` (one line; ``force`` only warns).
+        """
+        import socket
+
+        from data_io.memory import MemoryRefusal, require_memory
+        from hpc_graph.plan.fullbatch import train_estimate
+
+        try:
+            est = train_estimate(self.config, self.engine_name, self.rank, self.size)
+        except Exception as exc:  # noqa: BLE001 - an estimate that cannot be made is no reason to stop
+            log.debug("memory check skipped: %s", exc)
+            est = None
+        host = socket.gethostname()
+        mine = (host, None if est is None else est[0])
+        reports = self.comm.allgather_object(mine) if self.size > 1 else [mine]
+        local = [need for h, need in reports if h == host and need is not None]
+        refusal = None
+        if est is not None:
+            what = f"train ({est[1]})" if len(local) == 1 else \
+                f"train ({len(local)} ranks on host {host} together; {est[1]})"
+            try:
+                require_memory(sum(local), what, force=force,
+                               hint="use more ranks or engine sar (hpc-graph plan --memory-per-rank SIZE shows "
+                                    "what fits)")
+            except MemoryRefusal as exc:
+                refusal = str(exc)
+        verdicts = self.comm.allgather_object(refusal) if self.size > 1 else [refusal]
+        refused = [(r, v) for r, v in enumerate(verdicts) if v is not None]
+        if refused:
+            r, text = refused[0]
+            raise _agreed(MemoryRefusal(refusal if refusal is not None else f"rank {r}: {text}"))
 
     def _check_data(self) -> None:
         """The partition directory has one part per rank and this rank's part file opens (DataError otherwise)."""

@@ -1,0 +1,136 @@
+"""What a real training step holds, tensor by tensor, beside what ``hpc_graph.plan.fullbatch`` predicts for it.
+
+Shared by ``tests/plan/test_fullbatch.py`` (engine ``single``, one process) and
+``tests/mpi/scripts/plan_components.py`` (``dp`` and ``sar`` on 2 and 4 ranks):
+
+* ``graph``: every tensor and array reachable from ``engine.graph`` (CSR structures, their
+  transposes and column-blocked copies, SAR blocks, node ids, send lists), each storage once;
+* ``features``: features (the engine's and the trainer's copy), labels, masks, training ids;
+* ``params``: parameters, gradients, optimiser state and a best-validation copy (one more set of
+  parameters, which the trainer keeps after its first evaluation);
+* ``saved``: what autograd saves during one training step (``saved_tensors_hooks``), each storage
+  once, without parameters, the storages above and 0-d/1-element tensors;
+* ``halo_recv_max``: the largest receive of one ``exchange`` (all peers of the call together).
+"""
+from __future__ import annotations
+
+import math
+import os
+from typing import Any
+
+import numpy as np
+import torch
+
+from hpc_graph.plan import fullbatch as fb
+
+KEYS = ("saved", "graph", "features", "params", "halo_recv_max")
+
+
+def _np_key(a: np.ndarray) -> tuple[int, int]:
+    while isinstance(a.base, np.ndarray):
+        a = a.base
+    return a.__array_interface__["data"][0], a.nbytes
+
+
+def storages(obj: Any, seen: dict[int, int], objs: set[int] | None = None, depth: int = 0) -> dict[int, int]:
+    """Add every tensor/array storage reachable from ``obj`` to ``seen`` (data pointer -> bytes)."""
+    objs = set() if objs is None else objs
+    if depth > 12 or obj is None:
+        return seen
+    if isinstance(obj, torch.Tensor):
+        if obj.layout != torch.strided:
+            for t in (obj.crow_indices(), obj.col_indices(), obj.values()):
+                storages(t, seen, objs, depth + 1)
+            return seen
+        st = obj.untyped_storage()
+        if st.data_ptr():
+            seen.setdefault(st.data_ptr(), st.nbytes())
+        return seen
+    if isinstance(obj, np.ndarray):
+        ptr, nbytes = _np_key(obj)
+        seen.setdefault(ptr, nbytes)
+        return seen
+    if isinstance(obj, dict):
+        for v in obj.values():
+            storages(v, seen, objs, depth + 1)
+        return seen
+    if isinstance(obj, (list, tuple)):
+        for v in obj:
+            storages(v, seen, objs, depth + 1)
+        return seen
+    mod = type(obj).__module__ or ""
+    if mod.startswith(("hpc_graph", "data_io")) and not mod.startswith("hpc_graph.comm") and hasattr(obj, "__dict__"):
+        if id(obj) in objs:
+            return seen
+        objs.add(id(obj))
+        for k, v in vars(obj).items():
+            if k != "comm":
+                storages(v, seen, objs, depth + 1)
+    return seen
+
+
+def measure(trainer: Any) -> dict[str, int]:
+    """Run one training step of ``trainer`` and measure the components (see the module docstring)."""
+    comm = trainer.comm
+    recv = [0]
+    start = comm.exchange_start
+
+    def exchange_start(sends, specs, **kw):
+        total = sum(math.prod(shape) * torch.empty(0, dtype=dt).element_size() for shape, dt in specs.values())
+        recv[0] = max(recv[0], total)
+        return start(sends, specs, **kw)
+
+    comm.exchange_start = exchange_start
+    feats: dict[int, int] = {}
+    for t in (trainer.engine.feat, trainer.feat, trainer.engine.label, trainer.label, trainer.train_idx,
+              *trainer.masks.values(), *trainer.engine.masks.values()):
+        storages(t, feats)
+    params = {p.untyped_storage().data_ptr() for p in trainer.model.parameters()}
+    saved: dict[int, int] = {}
+
+    def pack(t: torch.Tensor) -> torch.Tensor:
+        st = t.untyped_storage()
+        key = st.data_ptr()
+        if t.numel() > 1 and key not in params and key not in feats:
+            saved.setdefault(key, st.nbytes())
+        return t
+
+    try:
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            trainer.step()
+    finally:
+        comm.exchange_start = start
+    graph: dict[int, int] = {}
+    storages(trainer.engine.graph, graph)
+    for k in feats:
+        graph.pop(k, None)
+    p = sum(x.nbytes for x in trainer.model.parameters())
+    g = sum(x.grad.nbytes for x in trainer.model.parameters())
+    opt = sum(v.nbytes for st in trainer.optimizer.state.values() for v in st.values()
+              if torch.is_tensor(v) and v.dim() > 0)
+    return {"saved": sum(saved.values()), "graph": sum(graph.values()), "features": sum(feats.values()),
+            "params": p + g + opt + p, "halo_recv_max": recv[0]}
+
+
+def predict(trainer: Any) -> dict[str, int]:
+    """The planner's numbers for the same rank, engine, model and data."""
+    cfg = trainer.config
+    data = cfg.data.path
+    if os.path.isdir(data):
+        graph = fb.graph_from_partition(data)
+        rank = fb.layout_from_partition(data).parts[trainer.rank]
+    else:
+        graph = fb.graph_from_dataset(data)
+        rank = fb.single_layout(graph).parts[0]
+    spec = fb.model_spec(cfg.model, graph.features, graph.classes, dtype=cfg.train.dtype, optimizer=cfg.optim.name,
+                         momentum=cfg.optim.momentum, feature_norm=cfg.data.feature_norm)
+    w = fb.walk_step(trainer.engine_name, spec, graph, rank, trainer.size, prefetch=cfg.engine.prefetch)
+    m = fb.memory_of(w, 0)
+    return {"saved": m.saved, "graph": m.graph, "features": m.features, "params": m.params,
+            "halo_recv_max": m.halo_recv_max}
+
+
+def compare(trainer: Any) -> list[str]:
+    """Measured vs predicted components of one step; the mismatches as text (empty: all equal)."""
+    got, want = measure(trainer), predict(trainer)
+    return [f"{k}: measured {got[k]} predicted {want[k]}" for k in KEYS if got[k] != want[k]]

@@ -1,0 +1,201 @@
+"""``hpc_graph.plan.fullbatch``: predicted memory components equal the tensors of a real ``single`` run; the
+cut model, the rank statistics of a partition and the predictions' structure (no timing).
+
+The multi-rank half (``dp`` and ``sar`` on 2 and 4 ranks) is ``tests/mpi/test_plan.py``.
+"""
+from __future__ import annotations
+
+import importlib
+import json
+import math
+from types import SimpleNamespace as NS
+
+import numpy as np
+import pytest
+import yaml
+
+from _measure import compare, measure, predict
+from data_io.generators.rmat import write_rmat
+from data_io.partitioner import partition_dataset
+from hpc_graph.plan import fullbatch as fb
+from hpc_graph.train.config import load_config
+from hpc_graph.train.trainer import Trainer
+
+
+@pytest.fixture(scope="module")
+def graphs(tmp_path_factory):
+    d = tmp_path_factory.mktemp("plan")
+    write_rmat(d / "u.h5", 9, 8, feat_dim=12, num_classes=4, seed=1)
+    write_rmat(d / "d.h5", 9, 8, feat_dim=12, num_classes=4, seed=2, symmetrize=False)
+    partition_dataset(str(d / "u.h5"), str(d / "u-3"), 3)
+    return d
+
+
+def _trainer(tmp_path, path, name, **sections):
+    raw = {"data": {"path": str(path)}, "engine": {"name": "single"},
+           "model": {"name": name, "hidden": 8, "num_layers": 3, **({"heads": 2} if name == "gat" else {})},
+           "train": {"epochs": 1, "progress": False, "run_dir": str(tmp_path / "run")}}
+    for k, v in sections.items():
+        raw.setdefault(k, {}).update(v)
+    p = tmp_path / "cfg.yaml"
+    p.write_text(yaml.safe_dump(raw))
+    return Trainer(load_config(p))
+
+
+@pytest.fixture
+def small_blocks():
+    """Column-blocked SpMM copies on these small graphs too (32 KiB ranges instead of 32 MiB)."""
+    spmm = importlib.import_module("hpc_graph.ops.spmm")
+    old = spmm.BLOCK_BYTES
+    spmm.BLOCK_BYTES = 8 << 10
+    yield
+    spmm.BLOCK_BYTES = old
+
+
+@pytest.mark.parametrize("model", ["gcn", "sage", "gat", "mlp"])
+@pytest.mark.parametrize("graph", ["u.h5", "d.h5"])
+def test_single_components_equal_the_tensors_of_a_real_step(tmp_path, graphs, small_blocks, model, graph):
+    tr = _trainer(tmp_path, graphs / graph, model)
+    got, want = measure(tr), predict(tr)
+    assert got == want
+    assert got["saved"] > 0 and got["graph"] > 0
+
+
+@pytest.mark.parametrize("model", ["gcn", "sage", "gat"])
+def test_single_components_other_settings(tmp_path, graphs, model):
+    # float64, hidden wider than the features (SAGE aggregates first), no dropout, SGD with momentum,
+    # row-normalised features (two copies)
+    tr = _trainer(tmp_path, graphs / "u.h5", model, model={"hidden": 20, "dropout": 0.0},
+                  train={"dtype": "float64"}, optim={"name": "sgd", "momentum": 0.9},
+                  data={"feature_norm": "row"})
+    assert compare(tr) == []
+
+
+def test_a_wrong_model_would_be_noticed(tmp_path, graphs):
+    """The comparison is sharp: predicting for another width than the trained model differs."""
+    tr = _trainer(tmp_path, graphs / "u.h5", "gcn")
+    got = measure(tr)
+    g = fb.graph_from_dataset(graphs / "u.h5")
+    spec = fb.model_spec(NS(name="gcn", hidden=9, num_layers=3, dropout=0.5), g.features, g.classes)
+    m = fb.memory_of(fb.walk_step("single", spec, g, fb.single_layout(g).parts[0], 1), 0)
+    assert m.saved != got["saved"]
+
+
+def test_partition_statistics(graphs):
+    meta = json.loads((graphs / "u-3" / "partition.json").read_text())
+    lay = fb.layout_from_partition(graphs / "u-3")
+    assert lay.ranks == 3 and len(lay.parts) == 3 and not lay.notes
+    for rs, info in zip(lay.parts, meta["parts"]):
+        assert (rs.owned, rs.edges, rs.halo, rs.send) == (info["num_nodes"], info["num_edges"], info["num_halo"],
+                                                          info["num_send"])
+        assert sum(rs.halo_from) == rs.halo and sum(rs.send_to) == rs.send and rs.halo_from[rs.rank] == 0
+        assert rs.local_edges == info["num_edges"] - info["cut_edges"]
+    # every row a rank sends is a halo row of its peer
+    for p in lay.parts:
+        for q in lay.parts:
+            assert p.send_to[q.rank] == q.halo_from[p.rank]
+    one, rs = fb.rank_from_partition(graphs / "u-3", 2)
+    assert rs == lay.parts[2] and one.ranks == 3
+
+
+def test_partition_without_part_files_spreads_the_halo(graphs, tmp_path):
+    import shutil
+
+    d = tmp_path / "meta-only"
+    d.mkdir()
+    shutil.copy(graphs / "u-3" / "partition.json", d / "partition.json")
+    lay = fb.layout_from_partition(d)
+    assert lay.notes and "evenly" in lay.notes[0]
+    for rs in lay.parts:
+        assert sum(rs.halo_from) == rs.halo and rs.halo_from[rs.rank] == 0
+
+
+def test_cut_fraction_model():
+    assert fb.cut_fraction_at(1, 0.3, None) == 0.0
+    assert fb.cut_fraction_at(16, 0.3, None) == 0.3
+    assert fb.cut_fraction_at(4, 0.3, 4) == pytest.approx(0.3)
+    assert fb.cut_fraction_at(16, 0.3, 4) == pytest.approx(1 - 0.7 ** 2)
+    for P in (2, 8, 64):  # a random partition is its own recursive-bisection extension
+        assert fb.cut_fraction_at(P, 0.5, 2) == pytest.approx(1 - 1 / P)
+    # halo: uniform sources saturate at the remote nodes; skewed degrees give fewer distinct sources
+    assert fb.expected_halo(0, 100) == 0.0
+    assert fb.expected_halo(1e9, 100) == pytest.approx(100)
+    assert fb.expected_halo(10, 1e6) == pytest.approx(10, rel=1e-4)
+    deg = np.array([1000.0] + [1.0] * 999)
+    assert fb.expected_halo(500, 1000, deg, deg.sum()) < fb.expected_halo(500, 1000)
+
+
+def test_cut_model_layout():
+    g = fb.GraphShape(nodes=1_000_000, edges=16_000_000, features=128, classes=10, train_nodes=10_000)
+    lay = fb.layout_from_cut_model(g, 8, 0.25, edge_imbalance=1.5)
+    (rs,) = lay.parts
+    assert rs.owned == 125_000 and rs.edges == 3_000_000
+    assert rs.local_edges == 3_000_000 - 750_000
+    assert 0 < rs.halo <= 750_000 and rs.send == rs.halo and rs.train == 1250
+    assert sum(rs.halo_from) == rs.halo and rs.halo_from[0] == 0 and len(rs.halo_from) == 8
+    assert "c = 0.250" in lay.source
+
+
+def test_papers100m_description_gives_an_answer():
+    g = fb.GraphShape(nodes=111_059_956, edges=1_615_685_872, features=128, classes=172,
+                      train_nodes=int(0.011 * 111_059_956))
+    spec = fb.model_spec(NS(name="sage", hidden=256, num_layers=3, dropout=0.5), 128, 172)
+    peaks = {}
+    for engine in ("dp", "sar"):
+        for P in (16, 32, 64, 128):
+            lay = fb.layout_from_cut_model(g, P, 0.3)
+            pred = fb.predict(engine, spec, g, lay, floor=fb.DEFAULT_FLOOR_BYTES, memory_per_rank=192 << 30,
+                              cores_per_node=72, ranks_per_node=1)
+            peaks[engine, P] = pred.memory.peak
+            assert pred.time is None and pred.bottleneck in ("memory", "-")
+    for engine in ("dp", "sar"):  # memory per rank falls with ranks
+        assert peaks[engine, 16] > peaks[engine, 32] > peaks[engine, 64] > peaks[engine, 128]
+    assert all(peaks["sar", P] < peaks["dp", P] for P in (16, 32, 64, 128))
+    single = fb.predict("single", spec, g, fb.single_layout(g), floor=0, memory_per_rank=192 << 30)
+    assert single.fits is False and single.bottleneck == "memory" and single.memory.peak > 192 << 30
+
+
+def test_time_terms_follow_the_rates():
+    g = fb.GraphShape(nodes=20_000, edges=400_000, features=64, classes=8, train_nodes=2_000)
+    spec = fb.model_spec(NS(name="gat", hidden=16, num_layers=2, dropout=0.5, heads=4, out_heads=1), 64, 8)
+    rates = fb.Rates(spmm_fwd=(1e-9, 1e-10), spmm_bwd=(1e-9, 1e-10), gat_fwd=(2e-9, 1e-10), gat_bwd=(4e-9, 2e-10),
+                     gemm_flops=1e10, stream=1e10, threads=2, parallel=1.0, exchange=(1e-4, 1e9),
+                     allreduce=(1e-4, 1e9))
+    lay = fb.layout_from_cut_model(g, 4, 0.3)
+    dp = fb.predict("dp", spec, g, lay, floor=0, rates=rates, cores_per_node=8, ranks_per_node=4)
+    sar = fb.predict("sar", spec, g, lay, floor=0, rates=rates, cores_per_node=8, ranks_per_node=4)
+    for p in (dp, sar):
+        assert p.time.compute > 0 and p.time.halo > 0 and p.time.allreduce > 0
+        assert p.time.terms["attention"] > 0 and p.time.terms["spmm"] == 0
+        assert p.time.total == pytest.approx(p.time.compute + p.time.halo + p.time.allreduce)
+    # SAR's GAT fetches every remote block again in the backward pass: more messages and bytes than dp
+    assert sar.time.messages > dp.time.messages and sar.time.halo_bytes > dp.time.halo_bytes
+    # 4 ranks on 2 cores instead of 8: one thread each (half of the 2 measured) on half a core each
+    slow = fb.predict("dp", spec, g, lay, floor=0, rates=rates, cores_per_node=2, ranks_per_node=4)
+    assert (slow.threads, slow.cores_share) == (1, 0.5) and (dp.threads, dp.cores_share) == (2, 2.0)
+    assert slow.time.compute == pytest.approx(4 * dp.time.compute, rel=1e-9)
+
+
+def test_models_the_planner_does_not_describe_are_refused():
+    with pytest.raises(ValueError, match="model.name.*gcn2"):
+        fb.model_spec(NS(name="gcn2", hidden=8, num_layers=2, dropout=0.5), 8, 3)
+    with pytest.raises(ValueError, match="model.residual"):
+        fb.model_spec(NS(name="gcn", hidden=8, num_layers=2, dropout=0.5, residual=True), 8, 3)
+    g = fb.GraphShape(nodes=10, edges=20, features=4, classes=2)
+    spec = fb.model_spec(NS(name="gcn", hidden=8, num_layers=2, dropout=0.5), 4, 2)
+    with pytest.raises(ValueError, match="engine"):
+        fb.walk_step("sylvie", spec, g, fb.single_layout(g).parts[0], 1)
+    with pytest.raises(ValueError, match="single"):
+        fb.predict("single", spec, g, fb.layout_from_cut_model(g, 2, 0.5), floor=0)
+
+
+def test_train_estimate(tmp_path, graphs):
+    cfg_path = tmp_path / "c.yaml"
+    cfg_path.write_text(yaml.safe_dump({"data": {"path": str(graphs / "u-3")}, "engine": {"name": "sar"},
+                                        "model": {"name": "sage", "hidden": 8}}))
+    cfg = load_config(cfg_path)
+    need, text = fb.train_estimate(cfg, "sar", 1, 3)
+    assert need > fb.KERNEL_ALLOWANCE_BYTES and "sar sage, rank 1" in text
+    cfg.model.name = "gcn2"
+    assert fb.train_estimate(cfg, "sar", 1, 3) is None
+    assert fb.train_estimate(cfg, "minibatch", 1, 3) is None
