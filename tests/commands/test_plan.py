@@ -1,6 +1,7 @@
 """`hpc-graph plan`: the apt engine's predictions without training; bad configs as one line, exit 2."""
 import json
 
+import pytest
 import yaml
 
 from data_io.generators.csbm import write_csbm
@@ -33,7 +34,165 @@ def test_plan_prints_the_table_and_writes_json(tmp_path, capsys):
     assert not (tmp_path / "run").exists()  # nothing trained
 
 
-def test_plan_refuses_other_engines(tmp_path, capsys):
-    rc = main(["-q", "plan", "--config", _cfg(tmp_path, engine={"name": "dp"}, sampler={})])
+def test_plan_refuses_engines_it_does_not_cover(tmp_path, capsys):
+    rc = main(["-q", "plan", "--config", _cfg(tmp_path, engine={"name": "sylvie"}, sampler={})])
     err = capsys.readouterr().err
-    assert rc == 2 and "engine.name" in err and err.count("\n") == 1
+    assert rc == 2 and "engine.name" in err and "'sylvie'" in err and err.count("\n") == 1
+
+
+# -- full-batch engines (single, dp, sar) ------------------------------------------------------------
+@pytest.fixture(scope="module")
+def fb_data(tmp_path_factory):
+    from data_io.generators.rmat import write_rmat
+    from data_io.partitioner import partition_dataset
+
+    d = tmp_path_factory.mktemp("fb")
+    write_rmat(d / "g.h5", 10, 8, feat_dim=16, num_classes=4, seed=0)
+    partition_dataset(str(d / "g.h5"), str(d / "p2"), 2)
+    return d
+
+
+def _fb_cfg(tmp_path, data, **model):
+    raw = {"data": {"path": str(data)}, "engine": {"name": "auto"},
+           "model": {"name": "sage", "hidden": 16, "num_layers": 2, **model},
+           "train": {"progress": False, "run_dir": str(tmp_path / "run")}}
+    p = tmp_path / "fb.yaml"
+    p.write_text(yaml.safe_dump(raw))
+    return str(p)
+
+
+def _rows(out):
+    """``(engine, ranks) -> row`` of the printed table."""
+    rows = {}
+    for line in out.splitlines():
+        parts = line.split()
+        if len(parts) > 10 and parts[0] in ("single", "dp", "sar") and parts[1].isdigit():
+            rows[parts[0], int(parts[1])] = parts
+    return rows
+
+
+def test_plan_dataset_all_engines_table_and_json(tmp_path, fb_data, capsys):
+    out_json = tmp_path / "p.json"
+    rc = main(["-q", "plan", "--config", _fb_cfg(tmp_path, fb_data / "g.h5"), "--engines", "all", "--ranks", "1,2,4",
+               "--memory-per-rank", "480MiB", "--floor", "470MiB", "--rates", "none", "--json", str(out_json)])
+    out = capsys.readouterr().out
+    assert rc == 0
+    rows = _rows(out)
+    assert set(rows) == {("single", 1), ("dp", 1), ("dp", 2), ("dp", 4), ("sar", 1), ("sar", 2), ("sar", 4)}
+    plan = json.loads(out_json.read_text())
+    peaks = {(p["engine"], p["ranks"]): p["memory"]["peak"] for p in plan["predictions"]}
+    data = {k: v - next(p["memory"]["components"]["floor"] for p in plan["predictions"]
+                        if (p["engine"], p["ranks"]) == k) for k, v in peaks.items()}
+    assert data["dp", 4] < data["dp", 1] and data["sar", 4] < data["sar", 2] < data["sar", 1], data
+    for p in plan["predictions"]:
+        comp = p["memory"]["components"]
+        assert comp["floor"] >= 470 << 20 and sum(comp.values()) == p["memory"]["peak"]
+        assert p["fits"] == (p["memory"]["peak"] <= 480 << 20) and "time" not in p
+    fits = plan["smallest_fitting"]
+    for engine in ("dp", "sar"):
+        ok = sorted(P for (e, P), v in peaks.items() if e == engine and v <= 480 << 20)
+        assert fits[engine] == (ok[0] if ok else None)
+        assert f"smallest rank count that fits 480MiB per rank, {engine}: " in out
+    assert "assumptions:" in out and "cut model: no --cut-fraction: a random partition's cut 1 - 1/P" in out
+    assert "process floor: 470 MiB (--floor)" in out and not (tmp_path / "run").exists()
+
+
+def test_plan_partition_dir_uses_its_statistics(tmp_path, fb_data, capsys):
+    out_json = tmp_path / "p.json"
+    rc = main(["-q", "plan", "--config", _fb_cfg(tmp_path, fb_data / "p2"), "--floor", "400MiB", "--rates", "none",
+               "--json", str(out_json)])
+    assert rc == 0
+    out = capsys.readouterr().out
+    assert set(_rows(out)) == {("dp", 2), ("sar", 2)}  # engine auto: all three; no 1 in the ranks: no single
+    plan = json.loads(out_json.read_text())
+    assert {p["layout"].split(" (")[0] for p in plan["predictions"]} == {f"partition {fb_data / 'p2'}"}
+    meta = json.loads((fb_data / "p2" / "partition.json").read_text())
+    assert f"the partition's measured cut {meta['edge_cut_fraction']:.3f} at 2 parts" in out
+
+
+def test_plan_times_with_rates_measured_on_the_graph(tmp_path, fb_data, capsys):
+    out_json = tmp_path / "p.json"
+    rc = main(["-q", "plan", "--config", _fb_cfg(tmp_path, fb_data / "g.h5", name="gcn"), "--engines", "dp,sar",
+               "--ranks", "2", "--cut-fraction", "0.4", "--floor", "400MiB", "--json", str(out_json)])
+    out = capsys.readouterr().out
+    assert rc == 0
+    plan = json.loads(out_json.read_text())
+    for p in plan["predictions"]:
+        t = p["time"]
+        assert t["compute"] > 0 and t["halo"] > 0 and t["epoch_seconds"] == pytest.approx(
+            t["compute"] + t["halo"] + t["allreduce"])
+        assert p["bottleneck"] in ("compute", "halo exchange", "all-reduce")
+        assert p["cut_fraction"] == pytest.approx(0.4)
+    assert f"kernel rates: measured now on {fb_data / 'g.h5'}" in out
+    assert "links: default link 10GB/s, 5us per message (not measured" in out
+
+
+def test_plan_papers100m_description(tmp_path, fb_data, capsys):
+    cfg = _fb_cfg(tmp_path, fb_data / "g.h5", hidden=256, num_layers=3)
+    rc = main(["-q", "plan", "--config", cfg, "--engines", "all", "--nodes", "111059956", "--edges", "1615685872",
+               "--features", "128", "--classes", "172", "--cut-fraction", "0.3", "--train-fraction", "0.01",
+               "--memory-per-rank", "24GB", "--ranks", "1-256", "--rates", "none", "--floor", "480MiB"])
+    out = capsys.readouterr().out
+    assert rc == 0
+    rows = _rows(out)
+    assert ("single", 1) in rows and ("dp", 256) in rows and ("sar", 64) in rows and ("dp", 3) not in rows
+    assert rows["single", 1][-1] == "no" and rows["single", 1][-2] == "memory"
+    assert "smallest rank count that fits 24GB per rank, single: none up to 1" in out
+    found = {}
+    for engine in ("dp", "sar"):
+        line = next(ln for ln in out.splitlines() if ln.startswith(f"smallest rank count that fits 24GB per rank, {engine}"))
+        found[engine] = int(line.rsplit(" ", 1)[1])
+    assert 1 < found["sar"] <= found["dp"] <= 256
+    for text in ("graph: described: 111,059,956 nodes, 1,615,685,872 stored edges", "1,110,600 training nodes",
+                 "cut model: --cut-fraction 0.3 at every rank count", "model: sage, 3 layers, hidden 256",
+                 "process floor: 480 MiB (--floor)", "rates: none"):
+        assert text in out, text
+
+
+def test_plan_measures_the_floor_by_default(tmp_path, fb_data, capsys):
+    rc = main(["-q", "plan", "--config", _fb_cfg(tmp_path, fb_data / "g.h5"), "--rates", "none"])
+    out = capsys.readouterr().out
+    assert rc == 0 and "(measured: peak RSS of a 2-epoch sage run on a 1024-node graph)" in out
+    floor = int(out.split("process floor: ")[1].split(" MiB")[0])
+    assert 100 < floor < 4000
+
+
+@pytest.mark.parametrize("args,message", [
+    (["--ranks", "0"], "--ranks: expected positive rank counts"),
+    (["--ranks", "4-2"], "--ranks: expected positive rank counts"),
+    (["--ranks", "two"], "--ranks: expected positive rank counts"),
+    (["--engines", "dp,gpu"], "--engines: choose among single, dp, sar"),
+    (["--engines", "single", "--ranks", "2,4"], "--engines: 'single' runs on one rank"),
+    (["--memory-per-rank", "lots"], "--memory-per-rank: 'lots': not a size"),
+    (["--memory-per-rank", "0"], "--memory-per-rank: must be positive"),
+    (["--cut-fraction", "1.5"], "--cut-fraction: C must lie in [0, 1]"),
+    (["--cut-fraction", "0.3@x"], "--cut-fraction: expected C or C@P"),
+    (["--edge-imbalance", "0.5"], "--edge-imbalance: must be at least 1.0"),
+    (["--nodes", "100"], "--edges: required to describe the graph"),
+    (["--nodes", "100", "--edges", "10", "--features", "4", "--classes", "0"], "--classes: must be a positive"),
+    (["--nodes", "100", "--edges", "10", "--features", "4", "--classes", "2", "--train-fraction", "2"],
+     "--train-fraction: must lie in [0, 1]"),
+    (["--data", "/nonexistent/g.h5"], "--data: no such file or directory: /nonexistent/g.h5"),
+    (["--set", "model.name=gcn2"], "model.name: the planner describes models"),
+    (["--floor", "big"], "--floor: 'big': not a size"),
+    (["--cores-per-node", "0"], "--cores-per-node: must be a positive integer"),
+    (["--link-bandwidth", "fast"], "--link-bandwidth: cannot read 'fast'"),
+])
+def test_plan_bad_inputs_one_line_exit_2(tmp_path, fb_data, capsys, args, message):
+    base = ["plan", "--config", _fb_cfg(tmp_path, fb_data / "g.h5"), "--floor", "400MiB"]
+    if "--rates" not in args and "--link-bandwidth" not in args:
+        base += ["--rates", "none"]
+    rc = main(base + args)
+    err = capsys.readouterr().err
+    assert rc == 2 and err.startswith("hpc-graph plan: error: ") and message in err and err.count("\n") == 1, err
+
+
+def test_plan_bad_profile_and_json_paths(tmp_path, fb_data, capsys):
+    bad = tmp_path / "bad.json"
+    bad.write_text("{not json")
+    base = ["plan", "--config", _fb_cfg(tmp_path, fb_data / "g.h5"), "--floor", "400MiB", "--engines", "dp",
+            "--ranks", "2"]
+    assert main(base + ["--rates", "synthetic", "--profile", str(bad)]) == 2
+    assert f"--profile: {bad} is not a readable machine profile" in capsys.readouterr().err
+    assert main(base + ["--rates", "none", "--json", str(tmp_path / "no" / "dir" / "p.json")]) == 2
+    assert "--json: cannot write" in capsys.readouterr().err

@@ -58,3 +58,24 @@ def test_config_errors_exit_2_with_one_line(tmp_path, graph_file, capsys, args, 
 def test_missing_config_file(tmp_path, capsys):
     assert main(["train", "--config", str(tmp_path / "none.yaml")]) == 2
     assert "none.yaml: no such config file" in capsys.readouterr().err
+
+
+def test_train_refuses_what_cannot_fit_and_force_bypasses(tmp_path, graph_file, capsys, monkeypatch, caplog):
+    monkeypatch.setenv("HPC_GRAPH_MEMORY_LIMIT", "20MB")
+    cfg = _cfg(tmp_path, graph_file)
+    run_dir = tmp_path / "run"
+    rc = main(["train", "--config", cfg, "--run-dir", str(run_dir)])
+    err = capsys.readouterr().err.strip()
+    assert rc == 2 and err.startswith("hpc-graph train: error: train (single sage, rank 0: peak ")
+    assert "needs about" in err and "19.1 MiB available (HPC_GRAPH_MEMORY_LIMIT)" in err
+    assert err.endswith("pass --force to try anyway") and "\n" not in err
+    assert not run_dir.exists()
+    rc = main(["-q", "train", "--config", cfg, "--run-dir", str(run_dir), "--force"])
+    assert rc == 0 and (run_dir / "summary.json").exists()
+    assert "going on because of --force" in caplog.text
+
+
+def test_train_memory_check_passes_with_enough_memory(tmp_path, graph_file, monkeypatch, caplog):
+    monkeypatch.setenv("HPC_GRAPH_MEMORY_LIMIT", "64GB")
+    assert main(["-q", "train", "--config", _cfg(tmp_path, graph_file), "--run-dir", str(tmp_path / "r")]) == 0
+    assert "force" not in caplog.text
