@@ -1322,6 +1322,7 @@ class TimeEstimate:
     terms: dict[str, float]
     messages: int = 0
     halo_bytes: float = 0.0
+    bytes_sent: float = 0.0
 
     @property
     def total(self) -> float:
@@ -1385,9 +1386,12 @@ def time_of(w: _Walk, rates: Rates, *, threads: int, cores_share: float, ranks: 
     pbytes = w.spec.num_params() * w.d
     calls = max(1, -(-pbytes // (25 << 20)))
     ar = rates.allreduce_time(pbytes, ranks, calls)
+    # the gradient all-reduce also carries the loss and the ranks' stop/finite flags: 2 + 2P values
+    sent = sum(o for o, _, _ in wk.exchanges) + ((pbytes + (2 + 2 * ranks) * w.d) if ranks > 1 else 0)
     return TimeEstimate(rank=w.rs.rank, compute=spmm + att + gemm + elem, halo=halo, allreduce=ar,
                         terms={"spmm": spmm, "attention": att, "gemm": gemm, "elementwise": elem},
-                        messages=len(wk.exchanges), halo_bytes=sum(max(o, i) for o, i, _ in wk.exchanges))
+                        messages=len(wk.exchanges), halo_bytes=sum(max(o, i) for o, i, _ in wk.exchanges),
+                        bytes_sent=sent)
 
 
 @dataclasses.dataclass
@@ -1407,12 +1411,17 @@ class Prediction:
     layout: Layout
     threads: int
     cores_share: float
+    rank_peaks: list[int] = dataclasses.field(default_factory=list)
+    rank_seconds: list[float] = dataclasses.field(default_factory=list)
+    rank_bytes_sent: list[float] = dataclasses.field(default_factory=list)
 
     def as_dict(self) -> dict[str, Any]:
         out = {"engine": self.engine, "ranks": self.ranks, "threads_per_rank": self.threads,
                "cores_per_rank": self.cores_share, "fits": self.fits, "bottleneck": self.bottleneck,
                "layout": self.layout.source, "cut_fraction": self.layout.cut_fraction,
-               "memory": dataclasses.asdict(self.memory)}
+               "memory": dataclasses.asdict(self.memory), "rank_peaks": self.rank_peaks}
+        if self.rank_seconds:
+            out.update(rank_seconds=self.rank_seconds, rank_bytes_sent=self.rank_bytes_sent)
         if self.time is not None:
             out["time"] = {**dataclasses.asdict(self.time), "epoch_seconds": self.time.total}
         return out
@@ -1441,13 +1450,17 @@ def predict(engine: str, spec: ModelSpec, graph: GraphShape, layout: Layout, *, 
     thr = int(threads or t_default)
     best_mem: MemoryEstimate | None = None
     worst: TimeEstimate | None = None
+    peaks, seconds, sent = [], [], []
     for rs in layout.parts:
         w = walk_step(engine, spec, graph, rs, P, prefetch=prefetch)
         mem = memory_of(w, floor)
+        peaks.append(mem.peak)
         if best_mem is None or mem.peak > best_mem.peak:
             best_mem = mem
         if rates is not None:
             tm = time_of(w, rates, threads=thr, cores_share=share, ranks=P)
+            seconds.append(tm.total)
+            sent.append(tm.bytes_sent)
             if worst is None or tm.total > worst.total:
                 worst = tm
     assert best_mem is not None
@@ -1460,7 +1473,8 @@ def predict(engine: str, spec: ModelSpec, graph: GraphShape, layout: Layout, *, 
         terms = {"compute": worst.compute, "halo exchange": worst.halo, "all-reduce": worst.allreduce}
         bottleneck = max(terms, key=terms.get)
     return Prediction(engine=engine, ranks=P, memory=best_mem, time=worst, fits=fits, bottleneck=bottleneck,
-                      layout=layout, threads=thr, cores_share=share)
+                      layout=layout, threads=thr, cores_share=share, rank_peaks=peaks, rank_seconds=seconds,
+                      rank_bytes_sent=sent)
 
 
 # -- the training refusal ------------------------------------------------------------------------------

@@ -10,7 +10,8 @@ Shared by ``tests/plan/test_fullbatch.py`` (engine ``single``, one process) and
   parameters, which the trainer keeps after its first evaluation);
 * ``saved``: what autograd saves during one training step (``saved_tensors_hooks``), each storage
   once, without parameters, the storages above and 0-d/1-element tensors;
-* ``halo_recv_max``: the largest receive of one ``exchange`` (all peers of the call together).
+* ``halo_recv_max``: the largest receive of one ``exchange`` (all peers of the call together);
+* ``bytes_sent``: what the rank's communicator sent during the step (halo exchanges, gradient all-reduce).
 """
 from __future__ import annotations
 
@@ -23,7 +24,7 @@ import torch
 
 from hpc_graph.plan import fullbatch as fb
 
-KEYS = ("saved", "graph", "features", "params", "halo_recv_max")
+KEYS = ("saved", "graph", "features", "params", "halo_recv_max", "bytes_sent")
 
 
 def _np_key(a: np.ndarray) -> tuple[int, int]:
@@ -95,11 +96,13 @@ def measure(trainer: Any) -> dict[str, int]:
             saved.setdefault(key, st.nbytes())
         return t
 
+    sent0 = int(getattr(comm, "bytes_sent", 0))
     try:
         with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
             trainer.step()
     finally:
         comm.exchange_start = start
+    sent = int(getattr(comm, "bytes_sent", 0)) - sent0
     graph: dict[int, int] = {}
     storages(trainer.engine.graph, graph)
     for k in feats:
@@ -109,7 +112,7 @@ def measure(trainer: Any) -> dict[str, int]:
     opt = sum(v.nbytes for st in trainer.optimizer.state.values() for v in st.values()
               if torch.is_tensor(v) and v.dim() > 0)
     return {"saved": sum(saved.values()), "graph": sum(graph.values()), "features": sum(feats.values()),
-            "params": p + g + opt + p, "halo_recv_max": recv[0]}
+            "params": p + g + opt + p, "halo_recv_max": recv[0], "bytes_sent": sent}
 
 
 def predict(trainer: Any) -> dict[str, int]:
@@ -126,8 +129,10 @@ def predict(trainer: Any) -> dict[str, int]:
                          momentum=cfg.optim.momentum, feature_norm=cfg.data.feature_norm)
     w = fb.walk_step(trainer.engine_name, spec, graph, rank, trainer.size, prefetch=cfg.engine.prefetch)
     m = fb.memory_of(w, 0)
+    rates = fb.Rates(spmm_fwd=(0, 0), spmm_bwd=(0, 0), gat_fwd=(0, 0), gat_bwd=(0, 0), gemm_flops=1.0, stream=1.0)
+    t = fb.time_of(w, rates, threads=1, cores_share=1.0, ranks=trainer.size)
     return {"saved": m.saved, "graph": m.graph, "features": m.features, "params": m.params,
-            "halo_recv_max": m.halo_recv_max}
+            "halo_recv_max": m.halo_recv_max, "bytes_sent": int(t.bytes_sent)}
 
 
 def compare(trainer: Any) -> list[str]:
