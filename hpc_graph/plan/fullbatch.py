@@ -643,8 +643,8 @@ class _Walk:
     def _halo_forward(self, width: float) -> str | None:
         """HaloExchange forward of ``width``-wide rows: send copies, receive buffers, one concatenation."""
         rs, h = self.rs, self.h
-        if self.P <= 1 or (h == 0 and rs.send == 0):
-            return None
+        if h == 0 and rs.send == 0:  # no peer (one rank): an empty halo, the concatenation still copies
+            return self.tape.new(0, "halo")
         send = self.tape.new(self.rows(rs.send, width), "halo")
         recv = self.tape.new(self.rows(h, width), "halo")
         self.halo_recv_max = max(self.halo_recv_max, int(self.rows(h, width)))
@@ -659,8 +659,9 @@ class _Walk:
     def _halo_backward(self, width: float) -> str | None:
         """HaloExchange backward: the halo rows' gradients go back; the owner sums what it receives."""
         rs = self.rs
-        if self.P <= 1 or (self.h == 0 and rs.send == 0):
-            return None
+        if self.h == 0 and rs.send == 0:  # no peer: the owned rows' share is a fresh zero tensor
+            self.work.stream += self.rows(self.n, width)
+            return self.tape.new(self.rows(self.n, width))
         recv = self.tape.new(self.rows(rs.send, width), "halo")
         self.halo_recv_max = max(self.halo_recv_max, int(self.rows(rs.send, width)))
         self.work.exchanges.append((self.rows(self.h, width), self.rows(rs.send, width), rs.peers + rs.send_peers))
@@ -708,9 +709,8 @@ class _Walk:
             return out
         if self.engine == "dp":
             halo = self._halo_forward(width)
-            cat = t.new(self.rows(n + self.h, width), "halo") if halo is not None else None
-            if cat is not None:
-                self.work.stream += 2 * self.rows(n + self.h, width)
+            cat = t.new(self.rows(n + self.h, width), "halo")  # [owned | halo]: a copy even without a halo
+            self.work.stream += 2 * self.rows(n + self.h, width)
             out = t.new(self.rows(n, width))
             self.work.spmm_fwd.append((E, width))
             t.free(cat, halo)
@@ -793,8 +793,6 @@ class _Walk:
             self.work.spmm_bwd.append((E, width))
             done()
             gh = self._halo_backward(width)
-            if gh is None:
-                return gx
             s = t.new(self.rows(n, width))  # autograd sums the two paths into x's gradient
             self.work.stream += 3 * self.rows(n, width)
             t.free(gx, gh)
@@ -1105,7 +1103,7 @@ class _Walk:
             loops = (n + 1) * IDX + (E + n) * IDX
             self._once(("self_loops",), loops, 3 * E * IDX)
             saved = [z, s1, s2]
-            if self.engine == "dp" and self.P > 1:
+            if self.engine == "dp":
                 cat = t.new(self.rows(n, hd + H))
                 self.work.stream += 2 * self.rows(n, hd + H)
                 packed = self._halo_forward(hd + H)
@@ -1204,7 +1202,7 @@ class _Walk:
             self.work.flops += 2.0 * n * fin * hd  # weight gradient
         else:
             delta = t.new(self.rows(n, H))
-            src = n + (h if self.engine == "dp" and self.P > 1 else 0)
+            src = n + (h if self.engine == "dp" else 0)
             self._once(("self_loops_t",), (src + 1) * IDX + (E + n) * IDX, src * IDX)
             gz = t.new(self.rows(src, hd))
             gs = t.new(self.rows(src, H))
@@ -1214,7 +1212,7 @@ class _Walk:
             saved = list(st["saved"])
             keep_z = st["z"]
             t.free(*[x for x in saved if x != keep_z])
-            if self.engine == "dp" and self.P > 1:
+            if self.engine == "dp":
                 # the halo rows' gradients: the two slices of the exchanged message, summed, sent back
                 gp = t.new(self.rows(h, hd + H), "halo")
                 gp2 = t.new(self.rows(h, hd + H), "halo")

@@ -28,6 +28,7 @@ def graphs(tmp_path_factory):
     write_rmat(d / "u.h5", 9, 8, feat_dim=12, num_classes=4, seed=1)
     write_rmat(d / "d.h5", 9, 8, feat_dim=12, num_classes=4, seed=2, symmetrize=False)
     partition_dataset(str(d / "u.h5"), str(d / "u-3"), 3)
+    partition_dataset(str(d / "d.h5"), str(d / "d-1"), 1)
     return d
 
 
@@ -59,6 +60,15 @@ def test_single_components_equal_the_tensors_of_a_real_step(tmp_path, graphs, sm
     got, want = measure(tr), predict(tr)
     assert got == want
     assert got["saved"] > 0 and got["graph"] > 0
+
+
+@pytest.mark.parametrize("model", ["gcn", "sage", "gat"])
+@pytest.mark.parametrize("engine", ["dp", "sar"])
+def test_one_part_components(tmp_path, graphs, small_blocks, model, engine):
+    """dp and sar on one rank (a 1-part partition): no halo, but dp still concatenates and returns nothing."""
+    tr = _trainer(tmp_path, graphs / "d-1", model, engine={"name": engine})
+    got = measure(tr)
+    assert got == predict(tr) and got["bytes_sent"] == 0
 
 
 @pytest.mark.parametrize("model", ["gcn", "sage", "gat"])
