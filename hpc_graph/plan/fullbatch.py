@@ -408,7 +408,8 @@ class Rates:
     ``spmm_fwd``/``spmm_bwd``: ``(a, b)``, an SpMM over E edges at width w takes ``E (a + b w)``
     seconds (forward over the CSR, backward over its transpose). ``gat_fwd``/``gat_bwd``: the same for
     the fused attention kernels with ``w = H D``. ``gemm_flops``: flop/s of a dense GEMM.
-    ``stream``: bytes/s of an elementwise pass (reads + writes). ``parallel``: fraction of the
+    ``stream``: bytes/s of an elementwise pass (reads + writes); ``mask``: elements/s of the counter-based
+    dropout kernels. ``parallel``: fraction of the
     kernels' time that scales with threads (Amdahl), measured at 1 and ``threads`` threads.
     ``exchange``/``allreduce``: ``(alpha s, beta bytes/s)`` or None (no measured link: ``link`` used).
     ``link``: a :class:`~hpc_graph.comm.link.LinkModel` (a modelled network, or the default).
@@ -421,6 +422,7 @@ class Rates:
     gat_bwd: tuple[float, float]
     gemm_flops: float
     stream: float
+    mask: float = 1e9
     threads: int = 1
     parallel: float = 1.0
     exchange: tuple[float, float] | None = None
@@ -531,6 +533,7 @@ class _Work:
     gat_bwd: list[tuple[float, float]] = dataclasses.field(default_factory=list)
     flops: float = 0.0
     stream: float = 0.0
+    mask: float = 0.0  # elements through the counter-based dropout kernels
     exchanges: list[tuple[float, float, int]] = dataclasses.field(default_factory=list)  # (out, in, peers)
 
 
@@ -847,7 +850,7 @@ class _Walk:
         t, n = self.tape, self.n
         a = t.new(self.rows(n, fin)) if fused else None
         if fused:
-            self.work.stream += 2 * self.rows(n, fin)
+            self.work.mask += n * fin
         outs = [t.new(self.rows(n, fo)) for fo in fouts]
         self.work.flops += sum(2.0 * n * fin * fo for fo in fouts)
         t.free(a)
@@ -857,14 +860,15 @@ class _Walk:
         t, n = self.tape, self.n
         a = t.new(self.rows(n, fin)) if fused else None
         if fused:
-            self.work.stream += 2 * self.rows(n, fin)
+            self.work.mask += n * fin  # the mask redrawn for the weight gradients
         self.work.flops += sum(2.0 * n * fin * fo for fo in fouts)  # weight gradients
         t.free(a)
         if not need_input:
             return None
         gx = t.new(self.rows(n, fin))
         self.work.flops += sum(2.0 * n * fin * fo for fo in fouts)
-        self.work.stream += 2 * self.rows(n, fin)
+        if fused:
+            self.work.mask += n * fin  # and for the input gradient
         return gx
 
     def forward_backward(self) -> None:
@@ -1007,9 +1011,7 @@ class _Walk:
         xd = None
         if spec.dropout > 0:
             xd = t.new(self.rows(n, fin), "activations")
-            self.work.stream += 2 * self.rows(n, fin)
-        elif first:
-            pass  # the features themselves are saved
+            self.work.mask += n * fin
         agg = self.agg_forward(xd or r or x, fin, "plain", mean=True)
         t.keep(agg)
         if self.engine == "sar":
@@ -1051,6 +1053,7 @@ class _Walk:
             return None
         if st["xd"] is not None:
             gd = t.new(self.rows(n, fin))  # dropout backward
+            self.work.mask += n * fin
             t.free(g2, st["xd"])
             g2 = gd
         gr = t.new(self.rows(n, fin))  # ReLU backward
@@ -1065,7 +1068,7 @@ class _Walk:
         hd = H * D
         xd = t.new(self.rows(n, fin)) if self.p > 0 else x
         if self.p > 0:
-            self.work.stream += 2 * self.rows(n, fin)
+            self.work.mask += n * fin
             if not first:
                 t.free(x)  # the previous layer's ELU output: only its dropped copy is kept
         t.keep(xd)
@@ -1242,7 +1245,7 @@ class _Walk:
         t.free(gz, xd)
         if spec.dropout > 0:
             gdrop = t.new(self.rows(n, fin))
-            self.work.stream += 2 * self.rows(n, fin)
+            self.work.mask += n * fin
             t.free(gx)
             gx = gdrop
         return gx
@@ -1379,7 +1382,7 @@ def time_of(w: _Walk, rates: Rates, *, threads: int, cores_share: float, ranks: 
     spmm = (lin(wk.spmm_fwd, rates.spmm_fwd) + lin(wk.spmm_bwd, rates.spmm_bwd)) * k
     att = (lin(wk.gat_fwd, rates.gat_fwd) + lin(wk.gat_bwd, rates.gat_bwd)) * k
     gemm = wk.flops / rates.gemm_flops * k
-    elem = wk.stream / rates.stream * k
+    elem = (wk.stream / rates.stream + wk.mask / rates.mask) * k
     halo = sum(rates.exchange_time(o, i, p) for o, i, p in wk.exchanges)
     pbytes = w.spec.num_params() * w.d
     calls = max(1, -(-pbytes // (25 << 20)))
