@@ -462,7 +462,8 @@ def _run_fullbatch(args: argparse.Namespace, config: Any) -> int:
         kr = kernel_rates(csr, dtype, gat=gat, label=what)
         del csr
         rates = fb.Rates(spmm_fwd=kr.spmm_fwd, spmm_bwd=kr.spmm_bwd, gat_fwd=kr.gat_fwd, gat_bwd=kr.gat_bwd,
-                         gemm_flops=kr.gemm_flops, stream=kr.stream, mask=kr.mask, threads=kr.threads,
+                         gemm_flops=kr.gemm_flops, stream=kr.stream, mask=kr.mask, score=kr.score,
+                         threads=kr.threads,
                          parallel=kr.parallel,
                          exchange=exchange, allreduce=allreduce, link=link,
                          sources={"kernels": f"measured now on {kr.graph} at {kr.threads} thread(s) "

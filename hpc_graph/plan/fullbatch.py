@@ -409,7 +409,7 @@ class Rates:
     seconds (forward over the CSR, backward over its transpose). ``gat_fwd``/``gat_bwd``: the same for
     the fused attention kernels with ``w = H D``. ``gemm_flops``: flop/s of a dense GEMM.
     ``stream``: bytes/s of an elementwise pass (reads + writes); ``mask``: elements/s of the counter-based
-    dropout kernels. ``parallel``: fraction of the
+    dropout kernels; ``score``: elements/s of a GAT score with its backward. ``parallel``: fraction of the
     kernels' time that scales with threads (Amdahl), measured at 1 and ``threads`` threads.
     ``exchange``/``allreduce``: ``(alpha s, beta bytes/s)`` or None (no measured link: ``link`` used).
     ``link``: a :class:`~hpc_graph.comm.link.LinkModel` (a modelled network, or the default).
@@ -423,6 +423,7 @@ class Rates:
     gemm_flops: float
     stream: float
     mask: float = 1e9
+    score: float = 1e9
     threads: int = 1
     parallel: float = 1.0
     exchange: tuple[float, float] | None = None
@@ -534,6 +535,7 @@ class _Work:
     flops: float = 0.0
     stream: float = 0.0
     mask: float = 0.0  # elements through the counter-based dropout kernels
+    score: float = 0.0  # elements of z through a GAT score (z * att).sum(-1), forward and backward
     exchanges: list[tuple[float, float, int]] = dataclasses.field(default_factory=list)  # (out, in, peers)
 
 
@@ -1080,7 +1082,7 @@ class _Walk:
             tmp = t.new(self.rows(n, hd))
             s1, s2 = t.new(self.rows(n, H)), t.new(self.rows(n, H))
             t.free(tmp)
-            self.work.stream += 2 * (3 * self.rows(n, hd))
+            self.work.score += n * hd  # both scores, forward only (no autograd)
             m, l_ = t.new(self.rows(n, H), "activations"), t.new(self.rows(n, H), "activations")
             out = t.new(self.rows(n, hd), "activations")
             self._once(("identity",), (n + 1) * IDX + n * IDX)
@@ -1101,7 +1103,7 @@ class _Walk:
             tmp = t.new(self.rows(n, hd))
             s2 = t.new(self.rows(n, H), "activations")
             t.free(tmp)
-            self.work.stream += 2 * (3 * self.rows(n, hd))
+            self.work.score += 2 * n * hd  # both scores; the rate covers their backward too
             # the self-loop copy of the CSR (built on the first call; transient repeat/arange/sum arrays)
             loops = (n + 1) * IDX + (E + n) * IDX
             self._once(("self_loops",), loops, 3 * E * IDX)
@@ -1159,7 +1161,7 @@ class _Walk:
             s1, s2 = t.new(self.rows(n, H)), t.new(self.rows(n, H))
             t.free(tmp)
             self.work.flops += 2.0 * n * fin * hd
-            self.work.stream += 2 * (3 * self.rows(n, hd))
+            self.work.score += 2 * n * hd  # recomputed scores and their gradients by hand
             delta = t.new(self.rows(n, H))
             gz, gs, gd = t.new(self.rows(n, hd)), t.new(self.rows(n, H)), t.new(self.rows(n, H))
             self._sar_gat_structs()
@@ -1200,7 +1202,6 @@ class _Walk:
             for _ in range(4):  # the parameters' and z's gradients from the scores, one temporary at a time
                 tmp = t.new(self.rows(n, hd))
                 t.free(tmp)
-            self.work.stream += 8 * self.rows(n, hd)
             t.free(z, s1, s2, gs, gd, go, *st["saved"])
             self.work.flops += 2.0 * n * fin * hd  # weight gradient
         else:
@@ -1233,7 +1234,7 @@ class _Walk:
             for _ in range(2):
                 tmp = [t.new(self.rows(n, hd)), t.new(self.rows(n, hd))]
                 t.free(*tmp)
-            self.work.stream += 10 * self.rows(n, hd)
+            self.work.stream += 4 * self.rows(n, hd)  # the score paths accumulated into z's gradient
             t.free(gd, keep_z)
             self.work.flops += 2.0 * n * fin * hd  # weight gradient
         xd = st["xd"]
@@ -1382,7 +1383,7 @@ def time_of(w: _Walk, rates: Rates, *, threads: int, cores_share: float, ranks: 
     spmm = (lin(wk.spmm_fwd, rates.spmm_fwd) + lin(wk.spmm_bwd, rates.spmm_bwd)) * k
     att = (lin(wk.gat_fwd, rates.gat_fwd) + lin(wk.gat_bwd, rates.gat_bwd)) * k
     gemm = wk.flops / rates.gemm_flops * k
-    elem = (wk.stream / rates.stream + wk.mask / rates.mask) * k
+    elem = (wk.stream / rates.stream + wk.mask / rates.mask + wk.score / rates.score) * k
     halo = sum(rates.exchange_time(o, i, p) for o, i, p in wk.exchanges)
     pbytes = w.spec.num_params() * w.d
     calls = max(1, -(-pbytes // (25 << 20)))

@@ -233,16 +233,18 @@ def time_layer(csr: Any, fin: int, fout: int, dtype: torch.dtype = torch.float32
 # -- kernel rates of the full-batch planner (hpc_graph.plan.fullbatch) -----------------------------------
 @dataclasses.dataclass
 class KernelRates:
-    """Per-edge costs of the aggregation kernels, GEMM and memory rates, measured on one graph.
+    """Per-edge costs of the aggregation kernels, GEMM and memory rates, measured on one graph (medians).
 
     ``spmm_fwd``/``spmm_bwd`` and ``gat_fwd``/``gat_bwd``: ``(a, b)`` such that one call over E
     edges at width w (GAT: ``w = H x D``) takes ``E (a + b w)`` seconds (least squares over the
     widths measured; forward over the CSR, backward over its transpose). ``gemm_flops``: flop/s of the
     layers' GEMMs (the mean of ``x W^T`` and of the weight gradient ``g^T x`` at ``[65536, 128] x
     [128, 128]``). ``stream``: bytes/s of an elementwise add (two reads, one write). ``mask``: elements/s
-    of the counter-based dropout kernel (``hpc_graph.ops.dropout``: a hash per element). ``threads``: the
-    threads they were measured with; ``parallel``: the fraction of an SpMM's time that scales with
-    threads (Amdahl), from a second measurement at one thread. ``graph``: what they were measured on.
+    of the counter-based dropout kernel (``hpc_graph.ops.dropout``: a hash per element). ``score``:
+    elements/s of a GAT layer's score ``(z * att).sum(-1)``, forward and backward, per element of ``z``. ``threads``: the
+    threads they were measured with; ``parallel``: the fraction of the kernels' time that scales with
+    threads (Amdahl), from the median speed-up of SpMM forward, backward and the GEMMs measured again at
+    one thread. ``graph``: what they were measured on.
     """
 
     spmm_fwd: tuple[float, float]
@@ -252,6 +254,7 @@ class KernelRates:
     gemm_flops: float
     stream: float
     mask: float
+    score: float
     threads: int
     parallel: float
     graph: str
@@ -304,15 +307,16 @@ def _restore_threads(before: tuple[int, int]) -> None:
 
 
 def _best(fn, reps: int, budget: float) -> float:
-    """The fastest of at least ``reps`` calls of ``fn`` (more while under ``budget`` seconds in all, at most 4 x
-    ``reps``): other processes on the machine only ever make a call slower."""
-    best, spent, k = float("inf"), 0.0, 0
-    while k < reps or (spent < budget and k < 4 * reps):
+    """The median of at least ``reps`` calls of ``fn`` (more while under ``budget`` seconds in all, at most
+    4 x ``reps``): what a call typically costs on this machine, the odd disturbed call left out."""
+    times, spent = [], 0.0
+    while len(times) < reps or (spent < budget and len(times) < 4 * reps):
         t0 = time.perf_counter()
         fn()
         dt = time.perf_counter() - t0
-        best, spent, k = min(best, dt), spent + dt, k + 1
-    return best
+        times.append(dt)
+        spent += dt
+    return float(np.median(times))
 
 
 def kernel_rates(csr: Any = None, dtype: torch.dtype = torch.float32, *, widths: tuple[int, ...] = (16, 64, 128),
@@ -322,7 +326,7 @@ def kernel_rates(csr: Any = None, dtype: torch.dtype = torch.float32, *, widths:
     graph). Graphs with more than ``max_edges`` edges are cut to their first rows holding about that
     many (all source columns kept: the same rows of ``x`` are gathered as in the whole graph). Each
     kernel runs once to warm up (and build its transposes and caches), then at least ``reps`` times
-    (more within ``budget`` seconds); the fastest is kept. Not collective: one process measures at its
+    (more within ``budget`` seconds); the median is kept. Not collective: one process measures at its
     own threads."""
     from hpc_graph.ops.csr import CSR
     from hpc_graph.ops.dropout import dropout
@@ -365,15 +369,26 @@ def kernel_rates(csr: Any = None, dtype: torch.dtype = torch.float32, *, widths:
         fwd_pts.append((w, tf / E))
         bwd_pts.append((w, tb / E))
     threads = int(torch.get_num_threads())
+    rows = 65536
+    a = torch.randn(rows, 128, generator=gen, dtype=dtype)
+    w = torch.randn(128, 128, generator=gen, dtype=dtype)
+    g = torch.randn(rows, 128, generator=gen, dtype=dtype)
+    flops = 2.0 * rows * 128 * 128
+    t_fwd = _best(lambda: a @ w.t(), reps, budget)
+    t_wg = _best(lambda: g.t() @ a, reps, budget)
+    gemm = 2.0 * flops / (t_fwd + t_wg)
     parallel = 1.0
     if threads > 1:
+        # the speed-up from 1 to ``threads`` threads of the SpMM (forward, backward) and the GEMMs; their median
         before = _set_threads(1)
         try:
-            tf1, _ = spmm_pair(int(widths[-1]))
+            tf1, tb1 = spmm_pair(int(widths[-1]))
+            g1 = _best(lambda: a @ w.t(), reps, budget) + _best(lambda: g.t() @ a, reps, budget)
         finally:
             _restore_threads(before)
-        t_many = fwd_pts[-1][1] * E
-        speedup = tf1 / max(t_many, 1e-12)
+        speedups = [tf1 / max(fwd_pts[-1][1] * E, 1e-12), tb1 / max(bwd_pts[-1][1] * E, 1e-12),
+                    g1 / max(t_fwd + t_wg, 1e-12)]
+        speedup = float(np.median(speedups))
         parallel = min(1.0, max(0.0, (1.0 - 1.0 / max(speedup, 1e-9)) / (1.0 - 1.0 / threads)))
     gat_f, gat_b = [], []
     if gat:
@@ -405,14 +420,6 @@ def kernel_rates(csr: Any = None, dtype: torch.dtype = torch.float32, *, widths:
             e = g_loops.num_edges
             gat_f.append((heads * dim, tf / e))
             gat_b.append((heads * dim, tb / e))
-    rows = 65536
-    a = torch.randn(rows, 128, generator=gen, dtype=dtype)
-    w = torch.randn(128, 128, generator=gen, dtype=dtype)
-    g = torch.randn(rows, 128, generator=gen, dtype=dtype)
-    flops = 2.0 * rows * 128 * 128
-    t_fwd = _best(lambda: a @ w.t(), reps, budget)
-    t_wg = _best(lambda: g.t() @ a, reps, budget)
-    gemm = 2.0 * flops / (t_fwd + t_wg)
     big = torch.randn(1 << 24, generator=gen, dtype=dtype)  # 64 MiB each: past the caches
     other = torch.randn(1 << 24, generator=gen, dtype=dtype)
     out = torch.empty_like(big)
@@ -420,10 +427,20 @@ def kernel_rates(csr: Any = None, dtype: torch.dtype = torch.float32, *, widths:
     stream = 3.0 * big.numel() * big.element_size() / max(t, 1e-9)
     t = _best(lambda: dropout(big, 0.5), reps, budget)
     mask = big.numel() / max(t, 1e-9)
+    z = torch.randn(rows, 4, 32, generator=gen, dtype=dtype, requires_grad=True)
+    att = torch.randn(1, 4, 32, generator=gen, dtype=dtype, requires_grad=True)
+    gs = torch.randn(rows, 4, generator=gen, dtype=dtype)
+
+    def score():
+        (z * att).sum(-1).backward(gs)
+        z.grad = att.grad = None
+
+    t = _best(score, reps, budget)
+    score_rate = z.numel() / max(t, 1e-9)
     rates = KernelRates(spmm_fwd=_fit_per_edge(fwd_pts), spmm_bwd=_fit_per_edge(bwd_pts),
                         gat_fwd=_fit_per_edge(gat_f) if gat_f else (0.0, 0.0),
                         gat_bwd=_fit_per_edge(gat_b) if gat_b else (0.0, 0.0), gemm_flops=gemm, stream=stream,
-                        mask=mask, threads=threads, parallel=parallel, graph=label or repr(csr),
+                        mask=mask, score=score_rate, threads=threads, parallel=parallel, graph=label or repr(csr),
                         seconds=time.perf_counter() - t_start)
     log.info("kernel rates (%s, %d threads): spmm %.3g+%.3g w ns/edge, gemm %.3g GFLOP/s, stream %.3g GB/s, "
              "mask %.3g G/s, parallel fraction %.2f", rates.graph, threads, rates.spmm_fwd[0] * 1e9,
