@@ -354,7 +354,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--cores", type=int, default=os.cpu_count() or 1)
     ap.add_argument("--max-busy", type=float, default=0.15,
                     help="before a plan or a run, wait until other processes keep at most this many cores busy")
-    ap.add_argument("--min-cpu-share", type=float, default=0.8,
+    ap.add_argument("--min-cpu-share", type=float, default=0.55,
                     help="a run whose job got less of its cores (CPU over wall seconds) was disturbed: repeat")
     ap.add_argument("--wait", type=float, default=900.0, help="longest wait for a quiet machine (s)")
     ap.add_argument("--noise-limit", type=float, default=1.5, help="epochs 2..E max/min above this: repeat")
