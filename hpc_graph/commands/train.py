@@ -5,8 +5,13 @@ train ...``). The config is loaded and checked on every rank before anything
 else: a bad field ends the command with one line naming it and exit status 2.
 Rank 0 prints the final summary line.
 
+Before loading anything, every rank predicts the memory it will use (``hpc_graph.plan.fullbatch``,
+engines single/dp/sar) and the job stops, on every rank, with one line when the ranks of a host would
+need more than it has (``data_io.memory.available_bytes``); ``--force`` starts it anyway.
+
 Exit status: 0 done; 1 failed (non-finite loss with ``train.on_nonfinite: stop``;
-a crash on any rank aborts the job with MPI_Abort); 2 bad config, data or resume;
+a crash on any rank aborts the job with MPI_Abort); 2 bad config, data or resume, or a job that
+would not fit in memory;
 75 preempted by SIGTERM/SIGUSR1 (or a first Ctrl-C) after writing a checkpoint
 (resume with ``--resume RUN_DIR``). See docs/configuration.md.
 """
