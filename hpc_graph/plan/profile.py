@@ -306,28 +306,15 @@ def _restore_threads(before: tuple[int, int]) -> None:
     torch.set_num_threads(before[1])
 
 
-def _best(fn, reps: int, budget: float) -> float:
-    """The median of at least ``reps`` calls of ``fn`` (more while under ``budget`` seconds in all, at most
-    4 x ``reps``): what a call typically costs on this machine, the odd disturbed call left out."""
-    times, spent = [], 0.0
-    while len(times) < reps or (spent < budget and len(times) < 4 * reps):
-        t0 = time.perf_counter()
-        fn()
-        dt = time.perf_counter() - t0
-        times.append(dt)
-        spent += dt
-    return float(np.median(times))
-
-
 def kernel_rates(csr: Any = None, dtype: torch.dtype = torch.float32, *, widths: tuple[int, ...] = (16, 64, 128),
                  gat_shapes: tuple[tuple[int, int], ...] = ((1, 16), (4, 32)), gat: bool = True,
-                 reps: int = 5, budget: float = 0.5, max_edges: int = 4_000_000, label: str = "") -> KernelRates:
+                 reps: int = 5, max_edges: int = 4_000_000, label: str = "") -> KernelRates:
     """Measure :class:`KernelRates` on ``csr`` (a :class:`~hpc_graph.ops.csr.CSR`; None: an R-MAT scale-16
     graph). Graphs with more than ``max_edges`` edges are cut to their first rows holding about that
-    many (all source columns kept: the same rows of ``x`` are gathered as in the whole graph). Each
-    kernel runs once to warm up (and build its transposes and caches), then at least ``reps`` times
-    (more within ``budget`` seconds); the median is kept. Not collective: one process measures at its
-    own threads."""
+    many (all source columns kept: the same rows of ``x`` are gathered as in the whole graph). Every
+    probe runs once to warm up (and build its transposes and caches), then ``reps`` rounds run every probe
+    once each (round-robin: a slow phase of a shared machine spreads over all probes); the median per
+    probe is kept. Not collective: one process measures at its own threads."""
     from hpc_graph.ops.csr import CSR
     from hpc_graph.ops.gat_attention import gat_attention
     from hpc_graph.ops.spmm import spmm_fused
@@ -346,84 +333,65 @@ def kernel_rates(csr: Any = None, dtype: torch.dtype = torch.float32, *, widths:
         label = f"{label}, first {rows} rows ({csr.num_edges} edges)"
     E, n_src, n_dst = csr.num_edges, csr.num_src, csr.num_dst
     gen = torch.Generator().manual_seed(2)
+    threads = int(torch.get_num_threads())
+    # every probe: (name, threads, fn); measured round-robin, so that a slow phase of the machine (another
+    # job, a page-compaction storm) spreads over all of them instead of ruining one; the median per probe
+    probes: list[tuple[str, int, Any]] = []
 
-    def spmm_pair(width: int) -> tuple[float, float]:
+    def spmm_probes(width: int, nthreads: int) -> None:
         x = torch.randn(n_src, width, generator=gen, dtype=dtype, requires_grad=True)
         g = torch.randn(n_dst, width, generator=gen, dtype=dtype)
-        out = spmm_fused(csr, x, "sum")
-        out.backward(g)
-        tf = _best(lambda: spmm_fused(csr, x, "sum"), reps, budget)
-        out = spmm_fused(csr, x, "sum")
+        held = {"out": spmm_fused(csr, x, "sum")}
+
+        def fwd():
+            held["out"] = spmm_fused(csr, x, "sum")
 
         def bwd():
-            torch.autograd.backward(out, g, retain_graph=True)
+            torch.autograd.backward(held["out"], g, retain_graph=True)
             x.grad = None
 
-        tb = _best(bwd, reps, budget)
-        return tf, tb
+        probes.append((f"spmm_fwd {width}", nthreads, fwd))
+        probes.append((f"spmm_bwd {width}", nthreads, bwd))
 
-    fwd_pts, bwd_pts = [], []
     for w in widths:
-        tf, tb = spmm_pair(int(w))
-        fwd_pts.append((w, tf / E))
-        bwd_pts.append((w, tb / E))
-    threads = int(torch.get_num_threads())
+        spmm_probes(int(w), threads)
     rows = 65536
     a = torch.randn(rows, 128, generator=gen, dtype=dtype)
     w = torch.randn(128, 128, generator=gen, dtype=dtype)
     g = torch.randn(rows, 128, generator=gen, dtype=dtype)
     flops = 2.0 * rows * 128 * 128
-    t_fwd = _best(lambda: a @ w.t(), reps, budget)
-    t_wg = _best(lambda: g.t() @ a, reps, budget)
-    gemm = 2.0 * flops / (t_fwd + t_wg)
-    parallel = 1.0
-    if threads > 1:
-        # the speed-up from 1 to ``threads`` threads of the SpMM (forward, backward) and the GEMMs; their median
-        before = _set_threads(1)
-        try:
-            tf1, tb1 = spmm_pair(int(widths[-1]))
-            g1 = _best(lambda: a @ w.t(), reps, budget) + _best(lambda: g.t() @ a, reps, budget)
-        finally:
-            _restore_threads(before)
-        speedups = [tf1 / max(fwd_pts[-1][1] * E, 1e-12), tb1 / max(bwd_pts[-1][1] * E, 1e-12),
-                    g1 / max(t_fwd + t_wg, 1e-12)]
-        speedup = float(np.median(speedups))
-        parallel = min(1.0, max(0.0, (1.0 - 1.0 / max(speedup, 1e-9)) / (1.0 - 1.0 / threads)))
-    gat_f, gat_b = [], []
+    probes += [("gemm_fwd", threads, lambda: a @ w.t()), ("gemm_wg", threads, lambda: g.t() @ a)]
+    if threads > 1:  # the speed-up from 1 to ``threads`` threads: SpMM forward, backward and the GEMMs
+        spmm_probes(int(widths[-1]), 1)
+        probes += [("gemm_fwd", 1, lambda: a @ w.t()), ("gemm_wg", 1, lambda: g.t() @ a)]
     if gat:
-        from hpc_graph.ops.csr import CSR as _CSR
-
         ar = torch.arange(n_dst + 1, dtype=torch.int64)
         deg = csr.indptr[1:] - csr.indptr[:-1]
         loops = torch.empty(E + n_dst, dtype=torch.int64)
         pos = torch.arange(E, dtype=torch.int64) + torch.repeat_interleave(ar[:-1], deg)
         loops[pos] = csr.indices
         loops[csr.indptr[1:] + ar[:-1]] = torch.arange(n_dst, dtype=torch.int64) % max(n_src, 1)
-        g_loops = _CSR(csr.indptr + ar, loops, n_src, validate=False)
+        g_loops = CSR(csr.indptr + ar, loops, n_src, validate=False)
         del pos, loops
         for heads, dim in gat_shapes:
             z = torch.randn(n_src, heads, dim, generator=gen, dtype=dtype, requires_grad=True)
             s_src = torch.randn(n_src, heads, generator=gen, dtype=dtype, requires_grad=True)
             s_dst = torch.randn(n_dst, heads, generator=gen, dtype=dtype, requires_grad=True)
             go = torch.randn(n_dst, heads, dim, generator=gen, dtype=dtype)
-            out = gat_attention(g_loops, z, s_src, s_dst)
-            out.backward(go)
-            tf = _best(lambda: gat_attention(g_loops, z, s_src, s_dst), reps, budget)
-            out = gat_attention(g_loops, z, s_src, s_dst)
+            held = {"out": gat_attention(g_loops, z, s_src, s_dst)}
 
-            def gbwd():
-                torch.autograd.backward(out, go, retain_graph=True)
+            def gfwd(z=z, s_src=s_src, s_dst=s_dst, held=held):
+                held["out"] = gat_attention(g_loops, z, s_src, s_dst)
+
+            def gbwd(z=z, s_src=s_src, s_dst=s_dst, held=held, go=go):
+                torch.autograd.backward(held["out"], go, retain_graph=True)
                 z.grad = s_src.grad = s_dst.grad = None
 
-            tb = _best(gbwd, reps, budget)
-            e = g_loops.num_edges
-            gat_f.append((heads * dim, tf / e))
-            gat_b.append((heads * dim, tb / e))
+            probes += [(f"gat_fwd {heads * dim}", threads, gfwd), (f"gat_bwd {heads * dim}", threads, gbwd)]
     big = torch.randn(1 << 24, generator=gen, dtype=dtype)  # 64 MiB each: past the caches
     other = torch.randn(1 << 24, generator=gen, dtype=dtype)
     out = torch.empty_like(big)
-    t = _best(lambda: torch.add(big, other, out=out), reps, budget)
-    stream = 3.0 * big.numel() * big.element_size() / max(t, 1e-9)
+    probes.append(("stream", threads, lambda: torch.add(big, other, out=out)))
     # the dropout hash kernel itself, into a buffer reused across calls: a fresh 64 MiB output per call
     # measures the kernel's (erratic) page allocation instead, which the element rate should not carry
     from hpc_graph.ops._bridge import as_array
@@ -431,19 +399,47 @@ def kernel_rates(csr: Any = None, dtype: torch.dtype = torch.float32, *, widths:
 
     drop = kernel("dropout.dropout_apply", big)
     src, dst = as_array(big), as_array(out)
-    drop(src, 7, 1 << 15, 2.0, dst)
-    t = _best(lambda: drop(src, 7, 1 << 15, 2.0, dst), reps, budget)
-    mask = big.numel() / max(t, 1e-9)
-    z = torch.randn(rows, 4, 32, generator=gen, dtype=dtype, requires_grad=True)
+    probes.append(("mask", threads, lambda: drop(src, 7, 1 << 15, 2.0, dst)))
+    zs = torch.randn(rows, 4, 32, generator=gen, dtype=dtype, requires_grad=True)
     att = torch.randn(1, 4, 32, generator=gen, dtype=dtype, requires_grad=True)
     gs = torch.randn(rows, 4, generator=gen, dtype=dtype)
 
     def score():
-        (z * att).sum(-1).backward(gs)
-        z.grad = att.grad = None
+        (zs * att).sum(-1).backward(gs)
+        zs.grad = att.grad = None
 
-    t = _best(score, reps, budget)
-    score_rate = z.numel() / max(t, 1e-9)
+    probes.append(("score", threads, score))
+    times: dict[tuple[str, int], list[float]] = {(name, k): [] for name, k, _ in probes}
+    before = (threads, threads)
+    try:
+        for rnd in range(reps + 1):  # round 0 warms up (transposes, caches, compiled kernels)
+            for name, k, fn in probes:
+                _set_threads(k)
+                t0 = time.perf_counter()
+                fn()
+                if rnd:
+                    times[name, k].append(time.perf_counter() - t0)
+    finally:
+        _restore_threads(before)
+    med = {key: float(np.median(v)) for key, v in times.items()}
+    fwd_pts = [(w, med[f"spmm_fwd {w}", threads] / E) for w in widths]
+    bwd_pts = [(w, med[f"spmm_bwd {w}", threads] / E) for w in widths]
+    e_loops = E + n_dst
+    gat_f = [(h * d, med[f"gat_fwd {h * d}", threads] / e_loops) for h, d in gat_shapes] if gat else []
+    gat_b = [(h * d, med[f"gat_bwd {h * d}", threads] / e_loops) for h, d in gat_shapes] if gat else []
+    t_gemm = med["gemm_fwd", threads] + med["gemm_wg", threads]
+    gemm = 2.0 * flops / t_gemm
+    parallel = 1.0
+    if threads > 1:
+        w_last = widths[-1]
+        speedups = [med[f"spmm_fwd {w_last}", 1] / med[f"spmm_fwd {w_last}", threads],
+                    med[f"spmm_bwd {w_last}", 1] / med[f"spmm_bwd {w_last}", threads],
+                    (med["gemm_fwd", 1] + med["gemm_wg", 1]) / t_gemm]
+        speedup = float(np.median(speedups))
+        parallel = min(1.0, max(0.0, (1.0 - 1.0 / max(speedup, 1e-9)) / (1.0 - 1.0 / threads)))
+    stream = 3.0 * big.numel() * big.element_size() / max(med["stream", threads], 1e-9)
+    mask = big.numel() / max(med["mask", threads], 1e-9)
+    score_rate = zs.numel() / max(med["score", threads], 1e-9)
     rates = KernelRates(spmm_fwd=_fit_per_edge(fwd_pts), spmm_bwd=_fit_per_edge(bwd_pts),
                         gat_fwd=_fit_per_edge(gat_f) if gat_f else (0.0, 0.0),
                         gat_bwd=_fit_per_edge(gat_b) if gat_b else (0.0, 0.0), gemm_flops=gemm, stream=stream,
