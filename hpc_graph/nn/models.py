@@ -140,14 +140,29 @@ class GNN(nn.Module):
                 self.norms.append(DistBatchNorm(out_width))
             width = out_width
 
-    def forward(self, graph: GraphContext, x: torch.Tensor) -> torch.Tensor:
-        h = x
+    def pipeline_units(self) -> list[list[nn.Module]]:
+        """The model as a chain of units a layer pipeline can cut between (the ``flow`` engine): unit ``l`` is
+        layer ``l``'s convolution, residual projection and norm (whatever exists)."""
+        units = []
+        for layer, conv in enumerate(self.convs):
+            unit = [conv]
+            if self.residuals is not None:
+                unit.append(self.residuals[layer])
+            if self.norms is not None and layer < len(self.norms):
+                unit.append(self.norms[layer])
+            units.append(unit)
+        return units
+
+    def forward_units(self, graph: GraphContext, h: torch.Tensor, start: int, stop: int) -> torch.Tensor:
+        """Units ``start .. stop - 1`` of :meth:`pipeline_units` on ``h``: the features (``start`` 0) or what unit
+        ``start - 1`` returned; returns the logits when ``stop`` is the last unit's. ``forward`` is all of them."""
         last = len(self.convs) - 1
         # GCN/SAGE without residuals: a hidden layer's ReLU waits for the next layer, whose
         # convolution applies ReLU, dropout and its projection as one step keeping only h
         fuse = self.name in ("gcn", "sage") and self.residuals is None
         p = self.dropout if self.training else 0.0
-        for layer, conv in enumerate(self.convs):
+        for layer in range(start, stop):
+            conv = self.convs[layer]
             g = graph.layer(layer)
             if fuse:
                 y = conv(g, g.layer_input(h), act="relu" if layer else None, p=p)
@@ -164,6 +179,9 @@ class GNN(nn.Module):
                     y = self.activation(y)
             h = y
         return h
+
+    def forward(self, graph: GraphContext, x: torch.Tensor) -> torch.Tensor:
+        return self.forward_units(graph, x, 0, len(self.convs))
 
 
 def build_model(name: str, in_dim: int, hidden: int, out_dim: int, num_layers: int = 2,

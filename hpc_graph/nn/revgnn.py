@@ -209,13 +209,14 @@ class _RevGNN(nn.Module):
         self.norm = nn.LayerNorm(hidden)
         self.lin_out = nn.Linear(hidden, out_dim)
 
-    def _layer_graphs(self, graph: GraphContext, h: torch.Tensor) -> list[GraphContext]:
-        """``graph.layer(l)`` for every block, refusing any that changes the row count (a sampled block)."""
+    def _layer_graphs(self, graph: GraphContext, h: torch.Tensor, layers: range) -> list[GraphContext]:
+        """``graph.layer(l)`` for every block in ``layers``, refusing any that changes the row count (a sampled
+        block)."""
         rows = h.shape[0]
         graphs = []
         with torch.no_grad():
             probe = h.detach()
-            for layer in range(len(self.blocks)):
+            for layer in layers:
                 g = graph.layer(layer)
                 rows_in = g.layer_input(probe).shape[0]
                 rows_out = g.dst(probe).shape[0] if rows_in == rows else rows_in
@@ -223,22 +224,40 @@ class _RevGNN(nn.Module):
                     raise ValueError(
                         f"{self.kind}: layer {layer} turns {rows} rows into {rows_in} input and {rows_out} output "
                         f"rows (a sampled block); a reversible residual chain needs every layer to keep the rows: "
-                        f"use a full-graph engine (single, dp, sar, sylvie)")
+                        f"use a full-graph engine (single, dp, sar, sylvie, flow with cross_edges exact or drop)")
                 graphs.append(g)
         return graphs
 
+    def pipeline_units(self) -> list[list[nn.Module]]:
+        """The model as a chain of units a layer pipeline can cut between (the ``flow`` engine): ``lin_in``, each
+        reversible block, then ``norm`` with ``lin_out``. A stage's blocks form one reversible chain."""
+        return [[self.lin_in]] + [[block] for block in self.blocks] + [[self.norm, self.lin_out]]
+
+    def forward_units(self, graph: GraphContext, h: torch.Tensor, start: int, stop: int) -> torch.Tensor:
+        """Units ``start .. stop - 1`` of :meth:`pipeline_units` on ``h`` (the features when ``start`` is 0, else
+        what unit ``start - 1`` returned); ``forward`` is all of them."""
+        num_blocks = len(self.blocks)
+        if start == 0:
+            h = linear(dropout(h, self.dropout, self.training), self.lin_in.weight, self.lin_in.bias)
+        lo, hi = max(start, 1) - 1, min(stop, num_blocks + 1) - 1
+        if lo < hi:
+            blocks = list(self.blocks)[lo:hi]
+            graphs = self._layer_graphs(graph, h, range(lo, hi))
+            keys = [block.draw_key() for block in blocks]
+            params = [p for block in blocks for p in block.parameters()]
+            if self.reversible and torch.is_grad_enabled() and \
+                    (h.requires_grad or any(p.requires_grad for p in params)):
+                h = _ReversibleChain.apply(h, blocks, graphs, keys, *params)
+            else:
+                for block, g, key in zip(blocks, graphs, keys):
+                    h = block(g, h, key)
+        if stop == num_blocks + 2:
+            h = dropout(F.relu(self.norm(h)), self.dropout, self.training)
+            h = linear(h, self.lin_out.weight, self.lin_out.bias)
+        return h
+
     def forward(self, graph: GraphContext, x: torch.Tensor) -> torch.Tensor:
-        h = linear(dropout(x, self.dropout, self.training), self.lin_in.weight, self.lin_in.bias)
-        graphs = self._layer_graphs(graph, h)
-        keys = [block.draw_key() for block in self.blocks]
-        params = [p for block in self.blocks for p in block.parameters()]
-        if self.reversible and torch.is_grad_enabled() and (h.requires_grad or any(p.requires_grad for p in params)):
-            h = _ReversibleChain.apply(h, list(self.blocks), graphs, keys, *params)
-        else:
-            for block, g, key in zip(self.blocks, graphs, keys):
-                h = block(g, h, key)
-        h = dropout(F.relu(self.norm(h)), self.dropout, self.training)
-        return linear(h, self.lin_out.weight, self.lin_out.bias)
+        return self.forward_units(graph, x, 0, len(self.blocks) + 2)
 
 
 class RevGCN(_RevGNN):

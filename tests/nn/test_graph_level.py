@@ -9,7 +9,7 @@ from scipy.sparse import csr_matrix
 from scipy.sparse.csgraph import shortest_path
 from torch.nn import functional as F
 
-from hpc_graph.engines.single import _SingleGraph
+from hpc_graph.graph.whole_graph import WholeGraph as _SingleGraph
 from hpc_graph.graph.attention_pattern import far_code, global_code, num_codes, unreachable_code
 from hpc_graph.nn import build_model
 from hpc_graph.ops import CSR

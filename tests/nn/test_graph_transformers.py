@@ -6,7 +6,7 @@ import pytest
 import torch
 from torch.nn import functional as F
 
-from hpc_graph.engines.single import _SingleGraph
+from hpc_graph.graph.whole_graph import WholeGraph as _SingleGraph
 from hpc_graph.graph.attention_pattern import FAR, build_pattern
 from hpc_graph.graph.base import GraphContext
 from hpc_graph.nn import build_model

@@ -10,7 +10,7 @@ from _graphs import DenseGraph, random_edges
 from torch.nn import functional as F
 
 from hpc_graph.comm import get_communicator
-from hpc_graph.engines.single import _SingleGraph
+from hpc_graph.graph.whole_graph import WholeGraph as _SingleGraph
 from hpc_graph.graph.block import Block, BlockStack
 from hpc_graph.nn.revgnn import RevGAT, RevGCN
 from hpc_graph.ops.csr import CSR
@@ -253,7 +253,7 @@ def _sampled_stack(num_dst=7, num_src=15):
 def test_sampled_blocks_are_refused(cls):
     src, dst = random_edges(10, 20, seed=1)
     model = cls(4, 6, 2, num_layers=2).double()
-    with pytest.raises(ValueError, match=rf"{cls.__name__}: layer 0 .*full-graph engine \(single, dp, sar, sylvie\)"):
+    with pytest.raises(ValueError, match=rf"{cls.__name__}: layer 0 .*full-graph engine \(single, dp, sar, sylvie, flow"):
         model(_Shrinking(src, dst, 10), torch.randn(10, 4, dtype=torch.float64))
     stack, rows = _sampled_stack()
     model = cls(4, 6, 2, num_layers=1).double()

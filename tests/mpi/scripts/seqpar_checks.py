@@ -33,7 +33,7 @@ from data_io.dataset import GraphData, open_dataset, write_dataset
 from data_io.preprocess import add_node_field, laplacian_pe
 from hpc_graph.comm import communicator as _communicator
 from hpc_graph.engines import create_engine
-from hpc_graph.engines.single import _SingleGraph
+from hpc_graph.graph.whole_graph import WholeGraph as _SingleGraph
 from hpc_graph.nn import build_model
 from hpc_graph.ops.csr import CSR
 
