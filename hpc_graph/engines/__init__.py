@@ -16,6 +16,7 @@ ENGINES = {
     "minibatch": "hpc_graph.engines.minibatch:MinibatchEngine",
     "apt": "hpc_graph.engines.apt:APTEngine",
     "seqpar": "hpc_graph.engines.seqpar:SeqParEngine",
+    "flow": "hpc_graph.engines.flow:FlowEngine",
 }
 
 

@@ -47,7 +47,10 @@ class Engine(ABC):
 
     An engine whose epochs are several optimiser steps has ``kind = "minibatch"`` and provides
     ``iterations(epoch)``, ``batch_sizes(epoch, iterations)`` and ``batch(epoch, iteration)`` (a
-    :class:`Batch`); the others (``kind = "full"``) train on ``graph`` and ``feat`` in one step.
+    :class:`Batch`); an engine of ``kind = "pipeline"`` (``flow``) runs the model in stages and micro-batches
+    through :mod:`hpc_graph.train.pipeline`; the others (``kind = "full"``) train on ``graph`` and ``feat`` in
+    one step. An engine whose every rank holds every node sets ``replicated = True`` (counts and accuracies
+    are then not summed over the ranks).
 
     The trainer tells an engine where training stands (every method has a
     no-op default): :meth:`begin_epoch` before an epoch's forward pass,
@@ -115,6 +118,14 @@ class Engine(ABC):
     def evaluation(self) -> Iterator[None]:
         """Forward passes inside this block only evaluate (no backward pass follows)."""
         yield
+
+    def check_model(self, model: torch.nn.Module) -> None:
+        """Raise ``ValueError`` if this engine cannot run ``model`` (every rank decides the same). Default: nothing."""
+
+    def attach_model(self, model: torch.nn.Module) -> None:
+        """The trainer built ``model`` (the same parameters on every rank) and hands it over before training: an
+        engine may check it or keep part of it (a pipeline stage releases the other stages' layers to the
+        ``meta`` device; the trainer optimises the parameters left). Default: nothing."""
 
     def close(self) -> None:
         """Training is over: complete anything still in flight (called on every rank)."""

@@ -27,7 +27,7 @@ from typing import Any, Iterable
 
 import yaml
 
-ENGINE_NAMES = ("auto", "single", "dp", "sar", "sylvie", "minibatch", "apt", "seqpar")
+ENGINE_NAMES = ("auto", "single", "dp", "sar", "sylvie", "minibatch", "apt", "seqpar", "flow")
 BIT_WIDTHS = (1, 2, 4, 8, 32)
 
 
@@ -63,6 +63,8 @@ _STACKS = ("gcn", "sage", "gat")
 # models that run on whole graphs only (relation-wise aggregation over sampled blocks is not built;
 # a reversible chain needs every layer to keep its rows)
 FULL_GRAPH_MODELS = ("rgcn", "revgcn", "revgat", "gt", "graphormer")
+# models the flow engine can cut into pipeline stages (they have forward_units)
+FLOW_MODELS = ("gcn", "sage", "gat", "revgcn", "revgat")
 # graph transformers: attention over the whole sequence, on the single engine for now
 TRANSFORMERS = ("gt", "graphormer")
 
@@ -104,6 +106,8 @@ class EngineConfig:
                        "optional stale pipeline; `minibatch`: sampled mini-batches (sections `sampler`, `hec`); "
                        "`apt`: sampled mini-batches with APT's four parallel strategies for the input layer "
                        "(`engine.strategy`, docs/apt.md). `seqpar`: sequence-parallel graph transformers (`gt`, `graphormer`). "
+                       "`flow`: layer-pipelined deep GNNs, one stage of layers per rank, the graph in "
+                       "micro-batches (docs/flow.md). "
                        "`auto`: `single` on one process with a dataset file, else `dp` (`seqpar` for the graph "
                        "transformers).")
     sequence_order: str = _field("id", _only(_choice("id", "rcm", "metis"), "single", "seqpar"),
@@ -155,6 +159,19 @@ class EngineConfig:
     memory_mb: float = _field(0.0, _only(_float(0.0), "apt"),
                               "`apt`: memory per rank the cost model checks each strategy against (MiB); 0: this "
                               "host's memory divided among its ranks.")
+    stages: int = _field(0, _only(_int(0), "flow"),
+                         "`flow`: pipeline stages, one per rank (0: the number of ranks; another value must equal it).")
+    microbatches: int = _field(1, _only(_int(1), "flow"),
+                               "`flow`: METIS micro-batches the graph is split into (GPipe's M); the stages' idle "
+                               "fraction is about (P-1)/(M+P-1) with `cross_edges` stale or drop.")
+    cross_edges: str = _field("exact", _only(_choice("exact", "stale", "drop"), "flow"),
+                              "`flow`: edges between micro-batches. `exact`: every layer sees its true neighbours "
+                              "(the same as `single`; a stage waits for all micro-batches of a layer); `stale`: "
+                              "neighbours in other micro-batches give their latest stored rows (GNNAutoScale "
+                              "history, no gradient; evaluation exact); `drop`: those edges are removed (UniTG).")
+    stage_split: str = _field("cost", _only(_choice("cost", "count"), "flow"),
+                              "`flow`: how the layers are cut into stages: by their forward+backward time "
+                              "measured on one micro-batch (`cost`) or by count.")
     prefetch: bool = _field(True, _BOOL, "`sar` only: fetch the next remote block while aggregating the "
                                          "current one (more memory, less waiting).")
     bits: Any = _field("auto", _only(_BITS, "sylvie"),
@@ -577,6 +594,14 @@ def _check_engine_fields(config: Config) -> None:
             raise ConfigError(f"engine.strategy: nfp splits the input features by columns, so layer 1 must be affine "
                               f"in its input: model gcn or sage without residual (got {mc.name!r}"
                               f"{', residual' if mc.residual else ''}); use gdp, snp or dnp")
+    if name == "flow":
+        mc, rc = config.model, config.recipes
+        if mc.name not in FLOW_MODELS:
+            raise ConfigError(f"model.name: engine 'flow' pipelines the layer chains ({', '.join(FLOW_MODELS)}), "
+                              f"not {mc.name!r}")
+        if rc.label_aug > 0 or rc.correct_smooth:
+            raise ConfigError("recipes: label_aug and correct_smooth are not available on engine 'flow' (they need "
+                              "the whole model on one rank)")
     if name in ("minibatch", "apt"):
         from hpc_graph.nn.models import DEFAULT_HOPS, message_passing_layers
 

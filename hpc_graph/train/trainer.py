@@ -249,6 +249,7 @@ class Trainer:
             self.label_aug = LabelAugmentation(rc.label_aug, tc.seed, self.label, self.masks["train"],
                                                dataset_node_ids(self.engine), self.engine.num_classes)
         self._eval_x: torch.Tensor | None = None
+        self._loss_mask: torch.Tensor | None = None
         self.cs_result: dict[str, Any] | None = None
         self.cs_probs: torch.Tensor | None = None
 
@@ -270,12 +271,19 @@ class Trainer:
                 comm.bcast(t, 0)
             # replicas are equal now; decorrelate the ranks' dropout streams
             torch.manual_seed(tc.seed + 1_000_003 * self.rank)
-        self.params = [p for p in self.model.parameters() if p.requires_grad]
+        try:
+            self.engine.check_model(self.model)
+        except ValueError as exc:
+            raise _agreed(ConfigError(str(exc))) from None
+        self.engine.attach_model(self.model)  # a pipeline engine keeps its stage's layers only
+        self.pipeline = getattr(self.engine, "kind", "full") == "pipeline"
+        self.params = [p for p in self.model.parameters() if p.requires_grad and not p.is_meta]
         self.optimizer = self._optimizer()
         self.scheduler = self._scheduler()
 
         counts = torch.tensor([float(self.train_idx.numel())], dtype=torch.float64)
-        comm.allreduce_(counts)
+        if not getattr(self.engine, "replicated", False):  # every rank holds every node: nothing to add up
+            comm.allreduce_(counts)
         self.num_train = float(counts.item())
         if self.num_train == 0:
             what = ("graphs (/graphs/train_mask)" if self.graph.num_graphs else "nodes (/node/train_mask)")
@@ -383,7 +391,7 @@ class Trainer:
                 if rc.label_aug > 0 or rc.correct_smooth:
                     raise ConfigError("recipes: label_aug and correct_smooth work on node labels; "
                                       f"{path} is a graph-level dataset (one label per graph)")
-        if self.engine_name in ("single", "seqpar"):
+        if self.engine_name in ("single", "seqpar", "flow"):
             if not path.is_file():
                 raise ConfigError(f"data.path: engine {self.engine_name!r} needs a dataset file, {path} is a directory")
             return
@@ -491,6 +499,17 @@ class Trainer:
             self._inject(fail)
         if getattr(self.engine, "kind", "full") == "minibatch":
             loss, ok = self._minibatch_epoch(epoch, fail)
+        elif self.pipeline:
+            from hpc_graph.train.pipeline import train_pass
+
+            self.optimizer.zero_grad(set_to_none=False)
+            if self._loss_mask is None:
+                self._loss_mask = torch.zeros_like(self.masks["train"])
+                self._loss_mask[self.train_idx] = True
+            loss_t = train_pass(self.engine, self.model, self.feat, self.label, self._loss_mask, self.num_train)
+            if fail is not None:  # kind "nan"
+                loss_t = loss_t * float("nan")
+            loss, ok = self._apply_gradients(loss_t, epoch, backward=False)
         else:
             self.optimizer.zero_grad(set_to_none=False)
             x, idx, count = self.train_inputs(epoch)
@@ -580,10 +599,13 @@ class Trainer:
             ok = ok and step_ok
         return (statistics.fmean(losses) if losses else float("nan")), ok
 
-    def _apply_gradients(self, loss: torch.Tensor, epoch: int, where: str = "") -> tuple[float, bool]:
-        """Backward, one bucketed all-reduce of gradients and flags, optimiser step (or the
-        ``on_nonfinite`` policy); returns the global loss and whether it was finite everywhere."""
-        loss.backward()
+    def _apply_gradients(self, loss: torch.Tensor, epoch: int, where: str = "",
+                         backward: bool = True) -> tuple[float, bool]:
+        """Backward (unless done: a pipeline pass), one bucketed all-reduce of gradients and flags (flags only
+        for a pipeline, whose stages hold disjoint parameters), optimiser step (or the ``on_nonfinite``
+        policy); returns the global loss and whether it was finite everywhere."""
+        if backward:
+            loss.backward()
         for p in self.params:
             if p.grad is None:
                 p.grad = torch.zeros_like(p)
@@ -598,7 +620,7 @@ class Trainer:
         flags[2 + self.rank] = float(not loss_ok)
         flags[2 + n + self.rank] = float(not grads_ok)
         if n > 1:
-            self.comm.allreduce_bucketed_([p.grad for p in self.params] + [flags])
+            self.comm.allreduce_bucketed_(([] if self.pipeline else [p.grad for p in self.params]) + [flags])
         flags = flags.cpu()
         self._stop_agreed = bool(flags[1] > 0)
         bad_loss = [r for r in range(n) if flags[2 + r] != 0]
@@ -633,7 +655,12 @@ class Trainer:
         """Accuracy on each split over all ranks: ``{"train_acc", "val_acc", "test_acc"}`` (None if a split is empty)."""
         self.model.eval()
         with self.engine.evaluation():
-            pred = self.model(self.graph, self.eval_inputs()).argmax(1)
+            if self.pipeline:
+                from hpc_graph.train.pipeline import predict
+
+                pred = predict(self.engine, self.model, self.eval_inputs())
+            else:
+                pred = self.model(self.graph, self.eval_inputs()).argmax(1)
         return self._accuracies(pred)
 
     def _accuracies(self, pred: torch.Tensor) -> dict[str, float | None]:
@@ -643,7 +670,8 @@ class Trainer:
             m = self.masks[split]
             counts += [float((pred[m] == self.label[m]).sum()), float(m.sum())]
         t = torch.tensor(counts, dtype=torch.float64)
-        self.comm.allreduce_(t)
+        if not getattr(self.engine, "replicated", False):
+            self.comm.allreduce_(t)
         out = {}
         for k, split in enumerate(_SPLITS):
             correct, total = float(t[2 * k]), float(t[2 * k + 1])
@@ -749,17 +777,24 @@ class Trainer:
         """
         rng = _rng_state(self.device)
         states = self.comm.allgather_object(rng) if self.size > 1 else [rng]
+        model_state, best_state = self._model_state(), self.best_state
+        optimizer_state: Any = self.optimizer.state_dict()
+        if self.pipeline and self.size > 1:  # each stage holds its own parameters and optimiser state
+            parts = self.comm.allgather_object((self.best_state, optimizer_state))
+            optimizer_state = [opt for _, opt in parts]
+            if best_state is not None:
+                best_state = {k: v for own, _ in parts for k, v in (own or {}).items()}
         path = ckpt.checkpoint_path(self.run_dir, self.epoch)
         if self.rank == 0:
             if self._identity is None:
                 self._identity = ckpt.data_identity(self.config.data.path)
             state = {
                 "epoch": self.epoch,
-                "model": _cpu(self.model.state_dict()),
-                "optimizer": self.optimizer.state_dict(),
+                "model": model_state,
+                "optimizer": optimizer_state,
                 "scheduler": None if self.scheduler is None else self.scheduler.state_dict(),
                 "best": dict(self.best),
-                "best_state": self.best_state,
+                "best_state": best_state,
                 "last_eval": dict(self._last_eval),
                 "loss": self._last_loss,
                 "rng": states,
@@ -780,13 +815,16 @@ class Trainer:
         probs = ckpt.shape_problems(state.get("param_shapes") or {}, _shapes(self.model))
         if probs:
             raise _agreed(ConfigError(f"--resume: {self.resumed_from} does not match this run: " + "; ".join(probs)))
-        self.model.load_state_dict(state["model"])
-        self.optimizer.load_state_dict(state["optimizer"])
+        self._load_model_state(state["model"])
+        opt = state["optimizer"]
+        self.optimizer.load_state_dict(opt[self.rank] if isinstance(opt, list) else opt)
         if self.scheduler is not None and state.get("scheduler") is not None:
             self.scheduler.load_state_dict(state["scheduler"])
         self.epoch = int(state["epoch"])
         self.best = dict(state["best"])
         self.best_state = state.get("best_state")
+        if self.best_state is not None and self.pipeline:
+            self.best_state = self._owned(self.best_state)
         self._last_eval = dict(state.get("last_eval") or {})
         self._last_loss = float(state.get("loss", float("nan")))
         self.engine.load_state_dict(state.get("engine_state") or {})
@@ -796,11 +834,13 @@ class Trainer:
         val = evaluated["val_acc"]
         if val is not None and val > self.best["val_acc"]:
             self.best = {"val_acc": val, "test_acc": evaluated["test_acc"], "epoch": epoch}
-            self.best_state = {k: v.detach().to("cpu", copy=True) for k, v in self.model.state_dict().items()}
+            self.best_state = {k: v.detach().to("cpu", copy=True) for k, v in self.model.state_dict().items()
+                               if not v.is_meta}
 
     def _summary(self, epoch_seconds: list[float], step_bytes: list[int], last_eval: dict[str, Any],
                  loss: float) -> dict[str, Any]:
         mine = {"rank": self.rank, "peak_rss_mb": peak_rss_mb(), "epoch_seconds": epoch_seconds,
+                "num_parameters": sum(p.numel() for p in self.params),
                 "bytes_per_epoch": float(np.mean(step_bytes)) if step_bytes else 0.0,
                 "threads": _threads_in_use(self.threads)}
         ranks = self.comm.allgather_object(mine) if self.size > 1 else [mine]
@@ -820,7 +860,9 @@ class Trainer:
             "world_size": self.size,
             "threads_per_rank": [r["threads"] for r in ranks],
             "engine": self.engine_name,
-            "num_parameters": sum(p.numel() for p in self.params),
+            "num_parameters": (sum(r["num_parameters"] for r in ranks) if self.pipeline
+                               else sum(p.numel() for p in self.params)),
+            "parameters_per_rank": [r["num_parameters"] for r in ranks],
             "run_dir": str(self.run_dir),
             "config": config_to_dict(self.config),
         }
@@ -834,7 +876,25 @@ class Trainer:
     def load_best(self) -> None:
         """Load the parameters of the best-validation epoch into ``model`` (no-op before any evaluation)."""
         if self.best_state is not None:
-            self.model.load_state_dict(copy.deepcopy(self.best_state))
+            self._load_model_state(copy.deepcopy(self.best_state))
+
+    def _owned(self, state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """The entries of a full model state this rank holds (a pipeline stage holds its units' only)."""
+        mine = self.model.state_dict()
+        return {k: v for k, v in state.items() if k in mine and not mine[k].is_meta}
+
+    def _load_model_state(self, state: dict[str, torch.Tensor]) -> None:
+        if self.pipeline:
+            self.model.load_state_dict(self._owned(state), strict=False)
+        else:
+            self.model.load_state_dict(state)
+
+    def _model_state(self) -> dict[str, torch.Tensor]:
+        """The whole model's state on CPU; collective for a pipeline of several stages (each gives its part)."""
+        own = {k: v.detach().to("cpu", copy=True) for k, v in self.model.state_dict().items() if not v.is_meta}
+        if not self.pipeline or self.size == 1:
+            return own
+        return {k: v for part in self.comm.allgather_object(own) for k, v in part.items()}
 
 
 # -- module helpers ------------------------------------------------------------------------------

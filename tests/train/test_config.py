@@ -89,7 +89,7 @@ BAD = [
     ({"data": {"path": 3}}, "data.path: must be a non-empty path string, got 3"),
     ({"data": {"feature_norm": "row"}, "drop_data_path": True}, "data.path: required"),
     ({"engine": {"name": "ddp"}}, "engine.name: must be one of 'auto', 'single', 'dp', 'sar', 'sylvie', "
-                                  "'minibatch', 'apt', 'seqpar', got 'ddp'"),
+                                  "'minibatch', 'apt', 'seqpar', 'flow', got 'ddp'"),
     ({"engine": {"name": "apt", "strategy": "p3"}}, "engine.strategy: must be one of 'auto', 'gdp', 'nfp', 'snp', "
                                                     "'dnp', got 'p3'"),
     ({"engine": {"name": "apt", "cache_mb": -1}}, "engine.cache_mb"),

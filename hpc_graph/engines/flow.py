@@ -1,0 +1,350 @@
+"""``flow`` engine: layer-pipelined training of deep GNNs (UniTG's flow parallelism, GPipe schedule).
+
+Every rank loads the whole dataset (like ``single``) but holds only the layers of
+its *stage*: the model is a chain of units (:meth:`forward_units` of the layer
+stacks and the reversible models), cut into ``P`` = ranks contiguous stages by
+their measured cost (forward + backward time of each unit on one micro-batch,
+measured on rank 0), or by count. Parameters of the other stages are released
+(moved to the ``meta`` device): parameters and saved activations per rank are
+about ``1/P`` of the model's.
+
+The graph is split into ``M`` micro-batches (METIS parts, relabelled into
+contiguous row ranges). One training step (:mod:`hpc_graph.train.pipeline`)
+is GPipe's: every micro-batch forward through every stage, then every
+micro-batch backward in reverse order, one optimiser step. Activations go
+forward and gradients back point to point (channel 1 forward, 2 backward,
+ordered by micro-batch); no gradient all-reduce (stages hold disjoint
+parameters). Bytes per stage boundary and epoch: ``2 N d itemsize`` (``d``
+the width crossing it), in every mode.
+
+Edges between micro-batches (``cross_edges``, :mod:`hpc_graph.graph.microbatch`):
+
+* ``exact``: a stage runs its layers on the whole graph once every
+  micro-batch of its input is there -- the same as ``single`` for any ``M``;
+  the stages no longer overlap (idle fraction about ``(P-1)/P``), which is
+  the price of exactness with dependencies between all micro-batches.
+* ``stale``: each micro-batch runs alone; its halo rows come from a per-layer
+  history (GNNAutoScale): stages overlap as in GPipe, idle fraction
+  ``(P-1)/(M+P-1)``; evaluation runs ``exact``.
+* ``drop`` (the thesis): the cut edges are removed, in training and
+  evaluation (``single`` on the graph without them).
+
+Options: ``stages`` (0: the number of ranks; anything else must equal it),
+``microbatches`` (M), ``cross_edges``, ``stage_split`` (``cost`` or
+``count``), ``seed`` (METIS). Dropout masks follow each stage's own stream,
+so with dropout a run differs from ``single`` (as any two seeds do); without
+dropout ``exact`` equals ``single``.
+"""
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any
+
+import numpy as np
+import torch
+
+from data_io.dataset import open_dataset
+from data_io.errors import FormatError
+from hpc_graph.engines.base import Engine
+from hpc_graph.graph.microbatch import CROSS_EDGES, History, MicroBatchPlan
+from hpc_graph.graph.whole_graph import WholeGraph
+from hpc_graph.ops.csr import CSR
+
+log = logging.getLogger(__name__)
+
+_FORWARD, _BACKWARD = 1, 2  # exchange channels
+
+
+def split_stages(costs: list[float], stages: int) -> list[int]:
+    """Cut ``costs`` (one per unit, in order) into ``stages`` contiguous non-empty runs minimising the largest
+    run's sum; returns the ``stages + 1`` boundaries (first 0, last ``len(costs)``)."""
+    n = len(costs)
+    if not 1 <= stages <= n:
+        raise ValueError(f"split_stages: {stages} stages need 1 to {n} units")
+    prefix = np.concatenate(([0.0], np.cumsum(np.asarray(costs, dtype=np.float64))))
+    inf = float("inf")
+    # best[k][i]: the smallest max-run over the first i units cut into k runs; cut[k][i] where the last run starts
+    best = np.full((stages + 1, n + 1), inf)
+    cut = np.zeros((stages + 1, n + 1), dtype=np.int64)
+    best[0][0] = 0.0
+    for k in range(1, stages + 1):
+        for i in range(k, n - (stages - k) + 1):
+            for j in range(k - 1, i):
+                v = max(best[k - 1][j], prefix[i] - prefix[j])
+                if v < best[k][i]:
+                    best[k][i], cut[k][i] = v, j
+    bounds = [n]
+    for k in range(stages, 0, -1):
+        bounds.append(int(cut[k][bounds[-1]]))
+    return bounds[::-1]
+
+
+class FlowEngine(Engine):
+    """See the module docstring. ``source``: a dataset file (every rank reads all of it)."""
+
+    name = "flow"
+    kind = "pipeline"
+    replicated = True  # every rank holds every node: accuracies and counts need no all-reduce
+    OPTIONS = Engine.OPTIONS | frozenset({"stages", "microbatches", "cross_edges", "stage_split"})
+
+    def __init__(self, source: str, comm: Any, device: torch.device, dtype: torch.dtype,
+                 options: dict[str, Any] | None = None):
+        super().__init__(source, comm, device, dtype, options)
+        o = self.options
+        self.num_stages = int(getattr(comm, "size", 1))
+        self.stage = int(getattr(comm, "rank", 0))
+        stages = o.get("stages", 0)
+        if isinstance(stages, bool) or not isinstance(stages, int) or stages < 0:
+            raise ValueError(f"engine.stages: must be a non-negative integer (0: one stage per rank), got {stages!r}")
+        if stages not in (0, self.num_stages):
+            raise ValueError(f"engine.stages: the flow engine runs one stage per rank; this job has "
+                             f"{self.num_stages} rank(s) but engine.stages is {stages} (launch {stages} ranks, "
+                             f"or set 0)")
+        m = o.get("microbatches", 1)
+        if isinstance(m, bool) or not isinstance(m, int) or m < 1:
+            raise ValueError(f"engine.microbatches: must be a positive integer, got {m!r}")
+        self.cross_edges = str(o.get("cross_edges", "exact"))
+        if self.cross_edges not in CROSS_EDGES:
+            raise ValueError(f"engine.cross_edges: must be one of {list(CROSS_EDGES)}, got {self.cross_edges!r}")
+        self.stage_split = str(o.get("stage_split", "cost"))
+        if self.stage_split not in ("cost", "count"):
+            raise ValueError(f"engine.stage_split: must be 'cost' or 'count', got {self.stage_split!r}")
+        self.seed = int(o.get("seed", 0))
+
+        with open_dataset(self.source) as ds:
+            if not ds.has("feat"):
+                raise FormatError(self.source, "/node/feat", "missing (training needs node features)")
+            if ds.has("graph_ptr"):
+                raise FormatError(self.source, "/graphs/ptr", "a graph-level dataset; the flow engine trains node "
+                                  "classifiers (use engine single)")
+            n = ds.num_nodes
+            indptr = np.asarray(ds.indptr(), dtype=np.int64)
+            indices = np.asarray(ds.indices(), dtype=np.int64)
+            feat = ds.feat_rows(0, n)
+            label = ds.label() if ds.has("label") else np.full(n, -1, dtype=np.int64)
+            masks = {k: (ds.mask(f"{k}_mask") if ds.has(f"{k}_mask") else np.zeros(n, dtype=bool))
+                     for k in ("train", "val", "test")}
+            self.num_classes = int(ds.num_classes) or int(label.max()) + 1
+        if m > n:
+            raise ValueError(f"engine.microbatches: {m} micro-batches but {self.source} has only {n} nodes")
+        self.num_microbatches = m
+        order, offsets = self._microbatches(indptr, indices, masks["train"], m)
+        new_of = np.empty(n, dtype=np.int64)
+        new_of[order] = np.arange(n, dtype=np.int64)
+        deg = np.diff(indptr)[order]
+        p_indptr = np.concatenate(([0], np.cumsum(deg))).astype(np.int64)
+        take = np.repeat(indptr[order] - p_indptr[:-1], deg) + np.arange(int(p_indptr[-1]), dtype=np.int64)
+        p_indices = new_of[indices[take]]
+        self.order = torch.from_numpy(order)  # row r of this engine is dataset node order[r]
+        self.offsets = offsets
+        self.graph = WholeGraph(CSR(p_indptr, p_indices, n, validate=False).to(self.device))
+        self.graph._gid = self.order.to(self.device)  # attention dropout hashes dataset ids, as on single
+        self.plan = MicroBatchPlan(p_indptr, p_indices, offsets, order, self.device) if m > 1 else None
+        self.cut_edges = 0 if self.plan is None else self.plan.cut_edges
+        self.history = History(n) if (self.cross_edges == "stale" and m > 1) else None
+        self._contexts: dict[tuple, Any] = {}
+        self.feat = torch.from_numpy(np.ascontiguousarray(feat[order])).to(device=self.device, dtype=dtype)
+        self.label = torch.from_numpy(np.asarray(label, dtype=np.int64)[order]).to(self.device)
+        self.masks = {k: torch.from_numpy(np.asarray(v, dtype=bool)[order]).to(self.device) for k, v in masks.items()}
+        self.num_features = int(self.feat.shape[1])
+        self.units: tuple[int, int] = (0, 0)
+        self.boundaries: list[int] = []
+        self.unit_costs: list[float] = []
+        self._in_tail: tuple[int, ...] = ()
+        self._out_tail: tuple[int, ...] = ()
+        self._sends: list[Any] = []
+        self._idle = 0.0
+        self._training_pass = True
+        self._busy_start = 0.0
+        self._step_stats: dict[str, float] = {}
+        log.info("flow engine: %s, %d nodes, %d edges, stage %d of %d, %d micro-batch(es), %d cut edges (%.1f %%), "
+                 "cross edges %s", self.source, n, int(indices.shape[0]), self.stage, self.num_stages, m,
+                 self.cut_edges, 100.0 * self.cut_edges / max(int(indices.shape[0]), 1), self.cross_edges)
+
+    # -- set-up ---------------------------------------------------------------------------------------
+    def _microbatches(self, indptr: np.ndarray, indices: np.ndarray, train: np.ndarray, m: int):
+        """``(order, offsets)``: the dataset nodes in micro-batch order and the micro-batches' row offsets.
+        METIS parts (rank 0 computes, every rank receives the same), ascending dataset id inside each."""
+        n = indptr.shape[0] - 1
+        if m == 1:
+            return np.arange(n, dtype=np.int64), np.array([0, n], dtype=np.int64)
+        parts = None
+        if self.stage == 0:
+            from data_io.partitioner import assign_parts
+
+            t0 = time.perf_counter()
+            parts = np.asarray(assign_parts(indptr, indices, m, method="metis", seed=self.seed, train_mask=train),
+                               dtype=np.int64)
+            log.info("flow engine: %d METIS micro-batches in %.2f s", m, time.perf_counter() - t0)
+        if self.num_stages > 1:
+            parts = self.comm.bcast_object(parts, 0)
+        counts = np.bincount(parts, minlength=m)
+        if np.any(counts == 0):
+            raise ValueError(f"engine.microbatches: METIS left {int((counts == 0).sum())} of {m} micro-batches "
+                             f"empty on this graph; use fewer")
+        order = np.argsort(parts, kind="stable").astype(np.int64)
+        return order, np.concatenate(([0], np.cumsum(counts))).astype(np.int64)
+
+    def check_model(self, model: torch.nn.Module) -> None:
+        """``ValueError`` (the same on every rank) for a model that is no chain of units, has fewer units than
+        stages, or is reversible under ``cross_edges: stale`` (its chain needs every layer to keep the rows)."""
+        if not hasattr(model, "forward_units") or not hasattr(model, "pipeline_units"):
+            raise ValueError(f"engine 'flow': model {type(model).__name__} cannot be cut into pipeline stages; the flow "
+                             "engine runs gcn, sage, gat, revgcn and revgat")
+        if self.history is not None and getattr(model, "reversible", None) is not None:
+            raise ValueError(f"engine.cross_edges: 'stale' appends halo rows to every layer, which a reversible "
+                             f"chain ({type(model).__name__}) cannot take; use cross_edges exact or drop")
+        units = len(model.pipeline_units())
+        if units < self.num_stages:
+            raise ValueError(f"engine.stages: {self.num_stages} stages but model {type(model).__name__} has only "
+                             f"{units} pipeline units (layers); use fewer ranks or more layers")
+
+    def attach_model(self, model: torch.nn.Module) -> None:
+        """Cut ``model`` (checked by :meth:`check_model`) into this job's stages: rank 0 measures the units, every
+        rank keeps its stage's and releases the other units' parameters to the ``meta`` device."""
+        self.check_model(model)
+        units = model.pipeline_units()
+        costs, tails = None, None
+        if self.stage == 0:
+            costs, tails = self._measure_units(model, len(units))
+        if self.num_stages > 1:
+            costs, tails = self.comm.bcast_object((costs, tails), 0)
+        self.unit_costs = costs
+        weights = costs if self.stage_split == "cost" else [1.0] * len(units)
+        self.boundaries = split_stages(weights, self.num_stages)
+        start, stop = self.boundaries[self.stage], self.boundaries[self.stage + 1]
+        self.units = (start, stop)
+        self._in_tail = tuple(tails[start - 1]) if start > 0 else ()
+        self._out_tail = tuple(tails[stop - 1])
+        for i, unit in enumerate(units):
+            if not start <= i < stop:
+                for module in unit:
+                    module.to_empty(device=torch.device("meta"))
+        mine = sum(p.numel() for i in range(start, stop) for mod in units[i] for p in mod.parameters())
+        log.info("flow engine: stage %d runs units %d..%d of %d (%s split; %d parameters)", self.stage, start,
+                 stop - 1, len(units), self.stage_split, mine)
+
+    def _measure_units(self, model: torch.nn.Module, count: int) -> tuple[list[float], list[list[int]]]:
+        """Forward + backward seconds of every unit on the first micro-batch (best of two passes) and the shape
+        (after the rows) of every unit's output. The random streams and GAT call counters are left as they were."""
+        calls = {mod: mod._calls for mod in model.modules() if hasattr(mod, "_calls")}
+        group = self.groups(training=True)[0]
+        lo, hi = self.group_rows(group)
+        probe_history = History(self.graph.num_nodes) if self.history is not None else None
+        if probe_history is not None:
+            probe_history.inputs = self.feat
+        ctx = self._context(group, True, probe_history)
+        best = [float("inf")] * count
+        tails: list[list[int]] = [[] for _ in range(count)]
+        with torch.random.fork_rng(devices=[]):
+            for _ in range(2):
+                h = self.feat[lo:hi]
+                for i in range(count):
+                    h_in = h.detach().requires_grad_(i > 0)
+                    t0 = time.perf_counter()
+                    out = model.forward_units(ctx, h_in, i, i + 1)
+                    out.backward(torch.ones_like(out))
+                    if self.device.type == "cuda":
+                        torch.cuda.synchronize(self.device)
+                    best[i] = min(best[i], time.perf_counter() - t0)
+                    tails[i] = list(out.shape[1:])
+                    h = out.detach()
+        for p in model.parameters():
+            p.grad = None
+        for mod, c in calls.items():
+            mod._calls = c
+        return best, tails
+
+    # -- what the pipeline loop (hpc_graph.train.pipeline) asks ---------------------------------------
+    @property
+    def first(self) -> bool:
+        return self.stage == 0
+
+    @property
+    def last(self) -> bool:
+        return self.stage == self.num_stages - 1
+
+    def groups(self, training: bool) -> list[list[int]]:
+        """Micro-batches computed together: all of them at once under ``exact`` (and when evaluating
+        ``stale``), one at a time otherwise."""
+        m = self.num_microbatches
+        together = self.cross_edges == "exact" or (self.cross_edges == "stale" and not training) or m == 1
+        return [list(range(m))] if together else [[i] for i in range(m)]
+
+    def group_rows(self, group: list[int]) -> tuple[int, int]:
+        """Rows ``lo:hi`` of a group of consecutive micro-batches."""
+        return int(self.offsets[group[0]]), int(self.offsets[group[-1] + 1])
+
+    def _context(self, group: list[int], training: bool, history: History | None = None):
+        if len(group) == self.num_microbatches:
+            return self.graph
+        if self.cross_edges == "drop":
+            key = ("drop", group[0])
+            if key not in self._contexts:
+                self._contexts[key] = self.plan.context(group[0], "drop")
+            return self._contexts[key]
+        if history is not None and history is not self.history:
+            return self.plan.context(group[0], "stale", history)
+        key = ("stale", group[0])
+        if key not in self._contexts:
+            self._contexts[key] = self.plan.context(group[0], "stale", self.history)
+        return self._contexts[key]
+
+    def context(self, group: list[int], training: bool):
+        """The GraphContext a stage runs a group on."""
+        return self._context(group, training)
+
+    def begin_step(self, x: torch.Tensor, training: bool = True) -> None:
+        """A pipeline pass starts on input features ``x`` float[N, F] (rows in this engine's order); the times of
+        a training pass are what :meth:`stats` reports."""
+        if self.history is not None:
+            self.history.inputs = x
+        self._training_pass = training
+        self._idle = 0.0
+        self._sends = []
+        self._busy_start = time.perf_counter()
+
+    def send(self, direction: str, m: int, t: torch.Tensor) -> None:
+        """Start sending micro-batch ``m``'s rows ``t`` forward (to the next stage) or backward (to the previous)."""
+        peer, channel = (self.stage + 1, _FORWARD) if direction == "forward" else (self.stage - 1, _BACKWARD)
+        self._sends.append(self.comm.exchange_start({peer: t.detach().contiguous()}, {}, channel=channel))
+
+    def recv(self, direction: str, m: int) -> torch.Tensor:
+        """Micro-batch ``m``'s rows from the previous stage (``forward``) or the next (``backward``); the time
+        spent waiting counts as idle."""
+        rows = int(self.offsets[m + 1] - self.offsets[m])
+        if direction == "forward":
+            peer, channel, tail = self.stage - 1, _FORWARD, self._in_tail
+        else:
+            peer, channel, tail = self.stage + 1, _BACKWARD, self._out_tail
+        t0 = time.perf_counter()
+        req = self.comm.exchange_start({}, {peer: ((rows,) + tail, self.dtype)}, device=self.device, channel=channel)
+        out = req.wait()[peer]
+        self._idle += time.perf_counter() - t0
+        return out
+
+    def end_step(self) -> None:
+        """Complete this pass's sends (waiting for them counts as idle) and record the pass's times."""
+        t0 = time.perf_counter()
+        for req in self._sends:
+            req.wait()
+        self._sends = []
+        self._idle += time.perf_counter() - t0
+        total = time.perf_counter() - self._busy_start
+        if self._training_pass:
+            self._step_stats = {"pipeline_seconds": total, "idle_seconds": self._idle,
+                                "idle_fraction": self._idle / total if total > 0 else 0.0}
+
+    def stats(self) -> dict[str, float]:
+        out = super().stats()
+        out.update(self._step_stats)
+        if self.history is not None:
+            out["history_bytes"] = float(self.history.nbytes())
+        return out
+
+    def predictions_from_last(self, pred: torch.Tensor) -> torch.Tensor:
+        """Broadcast the last stage's predictions int64[N] to every rank."""
+        if self.num_stages > 1:
+            self.comm.bcast(pred, self.num_stages - 1)
+        return pred
