@@ -151,6 +151,7 @@ class FlowEngine(Engine):
         self.units: tuple[int, int] = (0, 0)
         self.boundaries: list[int] = []
         self.unit_costs: list[float] = []
+        self._resume_boundaries: list[int] | None = None
         self._in_tail: tuple[int, ...] = ()
         self._out_tail: tuple[int, ...] = ()
         self._sends: list[Any] = []
@@ -212,7 +213,7 @@ class FlowEngine(Engine):
             costs, tails = self.comm.bcast_object((costs, tails), 0)
         self.unit_costs = costs
         weights = costs if self.stage_split == "cost" else [1.0] * len(units)
-        self.boundaries = split_stages(weights, self.num_stages)
+        self.boundaries = self._resume_boundaries or split_stages(weights, self.num_stages)
         start, stop = self.boundaries[self.stage], self.boundaries[self.stage + 1]
         self.units = (start, stop)
         self._in_tail = tuple(tails[start - 1]) if start > 0 else ()
@@ -324,8 +325,9 @@ class FlowEngine(Engine):
         self._idle += time.perf_counter() - t0
         return out
 
-    def end_step(self) -> None:
-        """Complete this pass's sends (waiting for them counts as idle) and record the pass's times."""
+    def end_step(self, saved_bytes: int | None = None) -> None:
+        """Complete this pass's sends (waiting for them counts as idle) and record the pass's times (and the bytes
+        autograd kept for its backward half)."""
         t0 = time.perf_counter()
         for req in self._sends:
             req.wait()
@@ -335,6 +337,8 @@ class FlowEngine(Engine):
         if self._training_pass:
             self._step_stats = {"pipeline_seconds": total, "idle_seconds": self._idle,
                                 "idle_fraction": self._idle / total if total > 0 else 0.0}
+            if saved_bytes is not None:
+                self._step_stats["saved_bytes"] = float(saved_bytes)
 
     def stats(self) -> dict[str, float]:
         out = super().stats()
@@ -342,6 +346,19 @@ class FlowEngine(Engine):
         if self.history is not None:
             out["history_bytes"] = float(self.history.nbytes())
         return out
+
+    def state_dict(self) -> dict[str, Any]:
+        """The stage split, so that a resumed run keeps its layers where its optimiser state is."""
+        return {"boundaries": list(self.boundaries)}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Use a checkpoint's stage split (called before :meth:`attach_model`)."""
+        bounds = state.get("boundaries")
+        if bounds:
+            if len(bounds) != self.num_stages + 1:
+                raise ValueError(f"--resume: the checkpoint's pipeline has {len(bounds) - 1} stages, this job "
+                                 f"{self.num_stages}")
+            self._resume_boundaries = [int(b) for b in bounds]
 
     def predictions_from_last(self, pred: torch.Tensor) -> torch.Tensor:
         """Broadcast the last stage's predictions int64[N] to every rank."""

@@ -1,4 +1,4 @@
-"""Per-rank metrics: JSONL writer, timers, peak resident memory and the rank-0 progress bar.
+"""Per-rank metrics: JSONL writer, timers, peak resident memory, saved-activation bytes and the rank-0 progress bar.
 
 Every rank writes its own file ``RUN_DIR/metrics.rank<R>.jsonl`` (R = rank, no
 padding), one JSON object per epoch, each carrying a ``rank`` field, so the
@@ -120,6 +120,42 @@ class Timer:
         """Return the accumulated seconds and set them to zero."""
         s, self.seconds = self.seconds, 0.0
         return s
+
+
+class SavedBytes:
+    """Count the bytes autograd keeps for the backward pass while the block runs (``with SavedBytes(params) as s``).
+
+    Every tensor saved for backward is counted once per storage (views of one storage count the storage once;
+    a slice of the input features counts the whole feature matrix); the storages of ``exclude`` (the
+    parameters) are not counted. ``bytes`` holds the total after (and during) the block.
+    """
+
+    def __init__(self, exclude: Any = ()):
+        self._skip = {t.untyped_storage().data_ptr() for t in exclude if not t.is_meta}
+        self._seen: set[int] = set()
+        self.bytes = 0
+        self._hooks: Any = None
+
+    def _pack(self, t):
+        try:
+            storage = t.untyped_storage()
+        except (RuntimeError, NotImplementedError):  # sparse tensors have no single storage
+            return t
+        key = storage.data_ptr()
+        if key not in self._seen and key not in self._skip:
+            self._seen.add(key)
+            self.bytes += storage.nbytes()
+        return t
+
+    def __enter__(self) -> "SavedBytes":
+        import torch
+
+        self._hooks = torch.autograd.graph.saved_tensors_hooks(self._pack, lambda t: t)
+        self._hooks.__enter__()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self._hooks.__exit__(*exc)
 
 
 def peak_rss_mb() -> float:

@@ -15,18 +15,22 @@ pass (:func:`train_pass`):
    every stage but the first sends the gradient of its input rows back.
 
 Parameter gradients accumulate over the groups: one optimiser step per pass
-(the trainer's). Evaluation (:func:`predict`) is the forward half without
+(the trainer's). The bytes autograd keeps between the two halves (the stage's
+saved activations, :class:`~hpc_graph.train.metrics.SavedBytes`) go to the
+engine's statistics. Evaluation (:func:`predict`) is the forward half without
 autograd; the last stage's predictions are broadcast to every rank.
 
 The engine provides: ``first``/``last`` (bool), ``units``, ``groups(training)``,
 ``group_rows(group)``, ``context(group, training)``, ``begin_step(x, training)``,
-``send(direction, m, t)``, ``recv(direction, m)``, ``end_step()`` and
+``send(direction, m, t)``, ``recv(direction, m)``, ``end_step(saved_bytes=...)`` and
 ``predictions_from_last(pred)``.
 """
 from __future__ import annotations
 
 import torch
 from torch.nn import functional as F
+
+from hpc_graph.train.metrics import SavedBytes
 
 
 def _split(t: torch.Tensor, engine, group: list[int], lo: int) -> list[tuple[int, torch.Tensor]]:
@@ -53,30 +57,18 @@ def train_pass(engine, model: torch.nn.Module, x: torch.Tensor, label: torch.Ten
         the loss (0-dim, detached): this pass's mean cross-entropy on the last stage, 0 on the others.
     """
     x = _dense(x)
-    start, stop = engine.units
     engine.begin_step(x)
-    kept = []
+    kept: list = []
     loss = x.new_zeros(())
+    saved = SavedBytes(model.parameters())
     try:
-        for group in engine.groups(training=True):
-            lo, hi = engine.group_rows(group)
-            if engine.first:
-                h_in = x[lo:hi]
-            else:
-                h_in = torch.cat([engine.recv("forward", m) for m in group]).requires_grad_(True)
-            out = model.forward_units(engine.context(group, True), h_in, start, stop)
-            if engine.last:
-                rows = loss_mask[lo:hi].nonzero().squeeze(1)
-                part = F.cross_entropy(out[rows], label[lo:hi][rows], reduction="sum") / count
-                loss = loss + part.detach()
-                kept.append((group, lo, h_in, part))
-            else:
-                for m, rows in _split(out, engine, group, lo):
-                    engine.send("forward", m, rows)
-                kept.append((group, lo, h_in, out))
-        for group, lo, h_in, out in reversed(kept):
+        with saved:
+            _forward_groups(engine, model, x, label, loss_mask, count, kept)
+        while kept:  # reverse order; each group's activations are freed once back-propagated
+            group, lo, h_in, out = kept.pop()
             if engine.last:
                 out.backward()
+                loss = loss + out.detach()
             else:
                 grad = torch.cat([engine.recv("backward", m) for m in group])
                 out.backward(grad)
@@ -85,8 +77,27 @@ def train_pass(engine, model: torch.nn.Module, x: torch.Tensor, label: torch.Ten
                 for m, rows in _split(g, engine, group, lo):
                     engine.send("backward", m, rows)
     finally:
-        engine.end_step()
+        engine.end_step(saved_bytes=saved.bytes)
     return loss
+
+
+def _forward_groups(engine, model, x, label, loss_mask, count, kept) -> None:
+    """The forward half of :func:`train_pass`: ``kept`` gets ``(group, lo, input, output or loss part)``."""
+    start, stop = engine.units
+    for group in engine.groups(training=True):
+        lo, hi = engine.group_rows(group)
+        if engine.first:
+            h_in = x[lo:hi]
+        else:
+            h_in = torch.cat([engine.recv("forward", m) for m in group]).requires_grad_(True)
+        out = model.forward_units(engine.context(group, True), h_in, start, stop)
+        if engine.last:
+            rows = loss_mask[lo:hi].nonzero().squeeze(1)
+            kept.append((group, lo, h_in, F.cross_entropy(out[rows], label[lo:hi][rows], reduction="sum") / count))
+        else:
+            for m, rows in _split(out, engine, group, lo):
+                engine.send("forward", m, rows)
+            kept.append((group, lo, h_in, out))
 
 
 @torch.no_grad()

@@ -271,6 +271,8 @@ class Trainer:
                 comm.bcast(t, 0)
             # replicas are equal now; decorrelate the ranks' dropout streams
             torch.manual_seed(tc.seed + 1_000_003 * self.rank)
+        if state is not None:  # before the model is handed over: a pipeline keeps its checkpoint's stage split
+            self.engine.load_state_dict(state.get("engine_state") or {})
         try:
             self.engine.check_model(self.model)
         except ValueError as exc:
@@ -827,7 +829,6 @@ class Trainer:
             self.best_state = self._owned(self.best_state)
         self._last_eval = dict(state.get("last_eval") or {})
         self._last_loss = float(state.get("loss", float("nan")))
-        self.engine.load_state_dict(state.get("engine_state") or {})
         _set_rng_state(state["rng"][self.rank], self.device)
 
     def _track_best(self, epoch: int, evaluated: dict[str, Any]) -> None:
