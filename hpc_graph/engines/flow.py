@@ -302,6 +302,7 @@ class FlowEngine(Engine):
         if self.history is not None:
             self.history.inputs = x
         self._training_pass = training
+        self._p2p_start = int(getattr(self.comm, "bytes_by_op", {}).get("exchange", 0))
         self._idle = 0.0
         self._sends = []
         self._busy_start = time.perf_counter()
@@ -335,7 +336,8 @@ class FlowEngine(Engine):
         self._idle += time.perf_counter() - t0
         total = time.perf_counter() - self._busy_start
         if self._training_pass:
-            self._step_stats = {"pipeline_seconds": total, "idle_seconds": self._idle,
+            sent = int(getattr(self.comm, "bytes_by_op", {}).get("exchange", 0)) - self._p2p_start
+            self._step_stats = {"pipeline_seconds": total, "idle_seconds": self._idle, "p2p_bytes": float(sent),
                                 "idle_fraction": self._idle / total if total > 0 else 0.0}
             if saved_bytes is not None:
                 self._step_stats["saved_bytes"] = float(saved_bytes)
@@ -343,6 +345,7 @@ class FlowEngine(Engine):
     def stats(self) -> dict[str, float]:
         out = super().stats()
         out.update(self._step_stats)
+        out["cut_fraction"] = self.cut_edges / max(self.graph.csr.num_edges, 1)
         if self.history is not None:
             out["history_bytes"] = float(self.history.nbytes())
         return out
