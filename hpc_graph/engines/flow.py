@@ -138,8 +138,8 @@ class FlowEngine(Engine):
         p_indices = new_of[indices[take]]
         self.order = torch.from_numpy(order)  # row r of this engine is dataset node order[r]
         self.offsets = offsets
-        self.graph = WholeGraph(CSR(p_indptr, p_indices, n, validate=False).to(self.device))
-        self.graph._gid = self.order.to(self.device)  # attention dropout hashes dataset ids, as on single
+        # attention dropout hashes the dataset ids, as on single
+        self.graph = WholeGraph(CSR(p_indptr, p_indices, n, validate=False).to(self.device), global_ids=self.order)
         self.plan = MicroBatchPlan(p_indptr, p_indices, offsets, order, self.device) if m > 1 else None
         self.cut_edges = 0 if self.plan is None else self.plan.cut_edges
         self.history = History(n) if (self.cross_edges == "stale" and m > 1) else None

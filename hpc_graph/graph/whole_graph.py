@@ -27,17 +27,20 @@ class WholeGraph(GraphContext):
         edge_type: int[E] edge types of a typed graph, or None.
         sequence_order: graph transformers: the order of the sequence (``id``, ``rcm``, ``metis``).
         graph_ptr: int64[G+1] node offsets of a batch of graphs (graph-level task), or None.
+        global_ids: int64[N] the dataset id of each row when the rows are a permutation of the dataset's
+            (attention dropout hashes them); default: the row numbers.
     """
 
     def __init__(self, csr: CSR, edge_type: np.ndarray | None = None, sequence_order: str = "id",
-                 graph_ptr: np.ndarray | None = None):
+                 graph_ptr: np.ndarray | None = None, global_ids: torch.Tensor | None = None):
         self.csr = csr
         # a graph batch (graph-level task): graph g is nodes graph_ptr[g]:graph_ptr[g+1]
         self.graph_ptr = None if graph_ptr is None else torch.as_tensor(np.asarray(graph_ptr, dtype=np.int64))
         self.num_graphs = 0 if graph_ptr is None else int(len(graph_ptr) - 1)
         self.sequence_order = sequence_order  # graph transformers: the chain's order (attention_pattern.ORDERS)
         self.num_nodes = self.global_num_nodes = csr.num_dst
-        self._gid = torch.arange(csr.num_dst, dtype=torch.int64, device=csr.device)
+        self._gid = torch.arange(csr.num_dst, dtype=torch.int64, device=csr.device) if global_ids is None \
+            else torch.as_tensor(global_ids, dtype=torch.int64).to(csr.device)
         self._self_loops: CSR | None = None
         self.edge_type = edge_type
         if edge_type is not None and len(edge_type):

@@ -1,7 +1,8 @@
 """Run under ``mpiexec -n P``: the ``flow`` engine (one pipeline stage per rank) against references.
 
 Rank 0 writes a random dataset (dense features); every rank then trains in float64 without dropout
-and checks, for 8-layer GCN, SAGE (residual) and GAT and an 8-block RevGCN:
+and checks, for 8-layer GCN, SAGE (residual) and GAT, an 8-block RevGCN and a 4-layer GAT with attention
+dropout:
 
 * ``flow`` with one micro-batch and with ``cross_edges: exact`` over 3 METIS micro-batches equals the
   ``single`` engine (run on a one-process communicator on every rank): the loss of every step, the
@@ -36,6 +37,8 @@ MODELS = {
     "sage": {"name": "sage", "hidden": 6, "num_layers": 8, "residual": True},
     "gat": {"name": "gat", "hidden": 3, "heads": 2, "out_heads": 2, "num_layers": 8},
     "revgcn": {"name": "revgcn", "hidden": 8, "num_layers": 8},
+    # hashed attention dropout: the same coefficients dropped as on single (dataset ids, the same call counts)
+    "gat_attn_dropout": {"name": "gat", "hidden": 3, "heads": 2, "num_layers": 4, "attn_dropout": 0.3},
 }
 RTOL = 1e-6
 
