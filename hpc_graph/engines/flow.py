@@ -4,7 +4,8 @@ Every rank loads the whole dataset (like ``single``) but holds only the layers o
 its *stage*: the model is a chain of units (:meth:`forward_units` of the layer
 stacks and the reversible models), cut into ``P`` = ranks contiguous stages by
 their measured cost (forward + backward time of each unit on one micro-batch,
-measured on rank 0), or by count. Parameters of the other stages are released
+measured on rank 0; units of the same structure get their group's median, so
+timing noise does not move the cut between identical layers), or by count. Parameters of the other stages are released
 (moved to the ``meta`` device): parameters and saved activations per rank are
 about ``1/P`` of the model's.
 
@@ -78,6 +79,22 @@ def split_stages(costs: list[float], stages: int) -> list[int]:
     for k in range(stages, 0, -1):
         bounds.append(int(cut[k][bounds[-1]]))
     return bounds[::-1]
+
+
+def _same_units_same_cost(units: list[list[torch.nn.Module]], costs: list[float]) -> list[float]:
+    """Units of one structure (module types and parameter shapes) cost the same: each gets the median of its
+    group's measured costs, so timing noise does not move the cut between identical layers."""
+    groups: dict[tuple, list[int]] = {}
+    for i, unit in enumerate(units):
+        key = tuple((type(mod).__name__, tuple((n, tuple(p.shape)) for n, p in mod.named_parameters()))
+                    for mod in unit)
+        groups.setdefault(key, []).append(i)
+    out = list(costs)
+    for members in groups.values():
+        mid = float(np.median([costs[i] for i in members]))
+        for i in members:
+            out[i] = mid
+    return out
 
 
 class FlowEngine(Engine):
@@ -209,6 +226,7 @@ class FlowEngine(Engine):
         costs, tails = None, None
         if self.stage == 0:
             costs, tails = self._measure_units(model, len(units))
+            costs = _same_units_same_cost(units, costs)
         if self.num_stages > 1:
             costs, tails = self.comm.bcast_object((costs, tails), 0)
         self.unit_costs = costs

@@ -105,3 +105,13 @@ def test_cli_trains_a_pipeline_and_reports_idle_time(graph_file, tmp_path, capsy
     rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     stats = rows[-1]["engine_stats"]
     assert 0.0 <= stats["idle_fraction"] <= 1.0 and stats["history_bytes"] > 0
+
+
+def test_identical_units_get_one_cost():
+    from torch import nn
+
+    from hpc_graph.engines.flow import _same_units_same_cost
+
+    units = [[nn.Linear(4, 8)], [nn.Linear(8, 8)], [nn.Linear(8, 8)], [nn.Linear(8, 8)], [nn.Linear(8, 2)]]
+    costs = [5.0, 1.0, 3.0, 2.0, 0.5]
+    assert _same_units_same_cost(units, costs) == [5.0, 2.0, 2.0, 2.0, 0.5]
