@@ -17,9 +17,10 @@ One CSBM graph (``hpc-graph generate csbm --num-nodes NODES --avg-degree 10 --fe
    measured idle fraction against GPipe's ``(P - 1) / (M + P - 1)``: per rank, one minus its busy time
    (pass time less the time blocked in receives and sends) over the pipeline's span (the longest rank's
    pass of that epoch), median of epochs 2..E, mean over the ranks; epoch times.
-3. **accuracy** -- a 32-layer residual GCN with batch norm, hidden 64 (cheaper, same depth), no dropout (with 0.5
-   the 32-layer stack does not learn in 60 epochs), ``--acc-epochs`` epochs on 2
-   ranks: ``single`` on one process, and ``flow`` with ``cross_edges`` exact / stale / drop at M = 1, 2,
+3. **accuracy** -- a 4-layer GCN, hidden 64, dropout 0.5, Adam lr 0.01, ``--acc-epochs`` epochs on 2
+   ranks (the deep residual stacks are not used here: in float32 their training is chaotic -- two runs
+   differing only in summation order end tens of points apart -- so they cannot show a mode's effect):
+   ``single`` on one process, and ``flow`` with ``cross_edges`` exact / stale / drop at M = 1, 2,
    4, 8 (exact at M > 1 equals ``single`` by construction and is run at M = 4 to show it), best-validation
    test accuracy and the fraction of edges cut by the micro-batches.
 
@@ -64,7 +65,7 @@ def _run(cmd: list[Any], env: dict[str, str], timeout: float) -> float:
 
 
 def _train(work: Path, name: str, data: Path, ranks: int, model: dict, engine: dict, epochs: int, eval_every: int,
-           cores: int, timeout: float) -> dict[str, Any]:
+           cores: int, timeout: float, lr: float = 0.005) -> dict[str, Any]:
     """One training run; returns the summary, the per-rank epoch metrics and the wall time."""
     run = work / "runs" / name
     cfg = work / f"{name}.yaml"
@@ -72,7 +73,7 @@ def _train(work: Path, name: str, data: Path, ranks: int, model: dict, engine: d
         "data": {"path": str(data), "feature_layout": "dense"},
         "engine": engine,
         "model": {"dropout": 0.0, **model},  # the accuracy study sets its own dropout
-        "optim": {"name": "adam", "lr": 0.005},
+        "optim": {"name": "adam", "lr": lr},
         "train": {"epochs": epochs, "eval_every": eval_every, "seed": 0, "progress": False, "run_dir": str(run),
                   "threads": max(1, cores // ranks)}}))
     launch = ["mpiexec", "-n", ranks] if ranks > 1 else []
@@ -160,16 +161,18 @@ def study_idle(work, data, layers, ranks, ms, epochs, cores, timeout, records):
 
 def study_accuracy(work, data, layers, ranks, ms, epochs, cores, timeout, records):
     print("\n== accuracy: exact / stale / drop vs single ==", flush=True)
-    model = {"name": "gcn", "hidden": 64, "num_layers": layers, "residual": True, "batchnorm": True}
-    every = max(1, epochs // 10)
-    res = _train(work, f"acc-single-L{layers}", data, 1, model, {"name": "single"}, epochs, every, cores, timeout)
+    model = {"name": "gcn", "hidden": 64, "num_layers": layers, "dropout": 0.5}
+    every = max(1, epochs // 20)
+    res = _train(work, f"acc-single-L{layers}", data, 1, model, {"name": "single"}, epochs, every, cores, timeout,
+                 lr=0.01)
     records.append({"study": "accuracy", "engine": "single", "cross_edges": None, "microbatches": 1,
                     "test_acc": res["summary"]["test_acc"], "best_val_acc": res["summary"]["best_val_acc"]})
     print(json.dumps(records[-1]), flush=True)
     runs = [("exact", 1), ("exact", 4)] + [(mode, m) for mode in ("stale", "drop") for m in ms if m > 1]
     for mode, m in runs:
         engine = {"name": "flow", "microbatches": m, "cross_edges": mode}
-        res = _train(work, f"acc-{mode}-M{m}-L{layers}", data, ranks, model, engine, epochs, every, cores, timeout)
+        res = _train(work, f"acc-{mode}-M{m}-L{layers}", data, ranks, model, engine, epochs, every, cores, timeout,
+                     lr=0.01)
         cut = _median_stat(res, "cut_fraction", 0)
         rec = {"study": "accuracy", "engine": "flow", "cross_edges": mode, "microbatches": m, "ranks": ranks,
                "test_acc": res["summary"]["test_acc"], "best_val_acc": res["summary"]["best_val_acc"],
@@ -222,7 +225,7 @@ def main() -> None:
     if "idle" in args.studies:
         study_idle(work, data, args.layers[0], 2, args.microbatches, args.epochs, args.cores, args.timeout, records)
     if "accuracy" in args.studies:
-        study_accuracy(work, data, 32, 2, args.microbatches, args.acc_epochs, args.cores, args.timeout, records)
+        study_accuracy(work, data, 4, 2, args.microbatches, args.acc_epochs, args.cores, args.timeout, records)
     print(f"wrote {out}", flush=True)
 
 
