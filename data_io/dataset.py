@@ -559,6 +559,15 @@ class Dataset:
             raise ValueError(f"unknown mask {name!r}; expected one of {MASKS}")
         return self._read(name)
 
+    def node_labels(self) -> np.ndarray:
+        """int64[N] node labels, -1 for every node when the file has none."""
+        return self.label() if self.has("label") else np.full(self.num_nodes, -1, dtype=np.int64)
+
+    def split_masks(self) -> dict[str, np.ndarray]:
+        """``{"train"|"val"|"test": bool[N]}``; a mask the file lacks is all False."""
+        return {k: (self.mask(f"{k}_mask") if self.has(f"{k}_mask") else np.zeros(self.num_nodes, dtype=bool))
+                for k in ("train", "val", "test")}
+
     @property
     def feat(self) -> h5py.Dataset:
         """The feature dataset itself (h5py, row-sliceable without loading all rows)."""

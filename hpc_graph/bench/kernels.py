@@ -388,17 +388,6 @@ def _bench_gat(ctx: _Ctx, x0: torch.Tensor) -> list[dict]:
     return recs
 
 
-def _relabel(indptr: np.ndarray, indices: np.ndarray, order: np.ndarray) -> CSR:
-    """The graph with node ``order[k]`` renamed ``k`` (rows and columns), as a CSR."""
-    import scipy.sparse as sp
-
-    n = indptr.shape[0] - 1
-    a = sp.csr_matrix((np.ones(indices.shape[0], np.float32), indices, indptr), shape=(n, n))
-    b = a[order][:, order].tocsr()
-    b.sort_indices()
-    return CSR(b.indptr.astype(np.int64), b.indices.astype(np.int64))
-
-
 def _bench_locality(ctx: _Ctx, x0: torch.Tensor) -> list[dict]:
     import scipy.sparse as sp
     from scipy.sparse.csgraph import reverse_cuthill_mckee
@@ -412,7 +401,7 @@ def _bench_locality(ctx: _Ctx, x0: torch.Tensor) -> list[dict]:
     rnd = np.random.default_rng(ctx.cfg.seed + 7).permutation(n)
     recs, times = [], {}
     for name, order in (("random", rnd), ("rcm", rcm)):
-        g = _relabel(ctx.indptr, ctx.indices, order)
+        g = CSR.permuted(ctx.indptr, ctx.indices, order)
         x = x0[torch.from_numpy(order)].contiguous()
         res = _measure(_run_step(lambda x: spmm(g, x, "sum"), x, None), ctx.cfg.repeat)
         times[name] = res["seconds"]

@@ -139,25 +139,19 @@ class FlowEngine(Engine):
             indptr = np.asarray(ds.indptr(), dtype=np.int64)
             indices = np.asarray(ds.indices(), dtype=np.int64)
             feat = ds.feat_rows(0, n)
-            label = ds.label() if ds.has("label") else np.full(n, -1, dtype=np.int64)
-            masks = {k: (ds.mask(f"{k}_mask") if ds.has(f"{k}_mask") else np.zeros(n, dtype=bool))
-                     for k in ("train", "val", "test")}
+            label, masks = ds.node_labels(), ds.split_masks()
             self.num_classes = int(ds.num_classes) or int(label.max()) + 1
         if m > n:
             raise ValueError(f"engine.microbatches: {m} micro-batches but {self.source} has only {n} nodes")
         self.num_microbatches = m
         order, offsets = self._microbatches(indptr, indices, masks["train"], m)
-        new_of = np.empty(n, dtype=np.int64)
-        new_of[order] = np.arange(n, dtype=np.int64)
-        deg = np.diff(indptr)[order]
-        p_indptr = np.concatenate(([0], np.cumsum(deg))).astype(np.int64)
-        take = np.repeat(indptr[order] - p_indptr[:-1], deg) + np.arange(int(p_indptr[-1]), dtype=np.int64)
-        p_indices = new_of[indices[take]]
+        csr = CSR.permuted(indptr, indices, order)
         self.order = torch.from_numpy(order)  # row r of this engine is dataset node order[r]
         self.offsets = offsets
         # attention dropout hashes the dataset ids, as on single
-        self.graph = WholeGraph(CSR(p_indptr, p_indices, n, validate=False).to(self.device), global_ids=self.order)
-        self.plan = MicroBatchPlan(p_indptr, p_indices, offsets, order, self.device) if m > 1 else None
+        self.graph = WholeGraph(csr.to(self.device), global_ids=self.order)
+        self.plan = MicroBatchPlan(csr.indptr.numpy(), csr.indices.numpy(), offsets, order, self.device) \
+            if m > 1 else None
         self.cut_edges = 0 if self.plan is None else self.plan.cut_edges
         self.history = History(n) if (self.cross_edges == "stale" and m > 1) else None
         self._contexts: dict[tuple, Any] = {}
@@ -221,7 +215,6 @@ class FlowEngine(Engine):
     def attach_model(self, model: torch.nn.Module) -> None:
         """Cut ``model`` (checked by :meth:`check_model`) into this job's stages: rank 0 measures the units, every
         rank keeps its stage's and releases the other units' parameters to the ``meta`` device."""
-        self.check_model(model)
         units = model.pipeline_units()
         costs, tails = None, None
         if self.stage == 0:
@@ -253,7 +246,7 @@ class FlowEngine(Engine):
         probe_history = History(self.graph.num_nodes) if self.history is not None else None
         if probe_history is not None:
             probe_history.inputs = self.feat
-        ctx = self._context(group, True, probe_history)
+        ctx = self.context(group, True, probe_history)
         best = [float("inf")] * count
         tails: list[list[int]] = [[] for _ in range(count)]
         with torch.random.fork_rng(devices=[]):
@@ -295,24 +288,18 @@ class FlowEngine(Engine):
         """Rows ``lo:hi`` of a group of consecutive micro-batches."""
         return int(self.offsets[group[0]]), int(self.offsets[group[-1] + 1])
 
-    def _context(self, group: list[int], training: bool, history: History | None = None):
+    def context(self, group: list[int], training: bool, history: History | None = None):
+        """The GraphContext a stage runs a group on (``training`` is implied by the groups; ``history``: another
+        than the engine's, for the cost probe)."""
         if len(group) == self.num_microbatches:
             return self.graph
-        if self.cross_edges == "drop":
-            key = ("drop", group[0])
-            if key not in self._contexts:
-                self._contexts[key] = self.plan.context(group[0], "drop")
-            return self._contexts[key]
+        mode = self.cross_edges
         if history is not None and history is not self.history:
-            return self.plan.context(group[0], "stale", history)
-        key = ("stale", group[0])
+            return self.plan.context(group[0], mode, history)
+        key = (mode, group[0])
         if key not in self._contexts:
-            self._contexts[key] = self.plan.context(group[0], "stale", self.history)
+            self._contexts[key] = self.plan.context(group[0], mode, self.history)
         return self._contexts[key]
-
-    def context(self, group: list[int], training: bool):
-        """The GraphContext a stage runs a group on."""
-        return self._context(group, training)
 
     def begin_step(self, x: torch.Tensor, training: bool = True) -> None:
         """A pipeline pass starts on input features ``x`` float[N, F] (rows in this engine's order); the times of
@@ -328,7 +315,7 @@ class FlowEngine(Engine):
     def send(self, direction: str, m: int, t: torch.Tensor) -> None:
         """Start sending micro-batch ``m``'s rows ``t`` forward (to the next stage) or backward (to the previous)."""
         peer, channel = (self.stage + 1, _FORWARD) if direction == "forward" else (self.stage - 1, _BACKWARD)
-        self._sends.append(self.comm.exchange_start({peer: t.detach().contiguous()}, {}, channel=channel))
+        self._sends.append(self.comm.exchange_start({peer: t}, {}, channel=channel))
 
     def recv(self, direction: str, m: int) -> torch.Tensor:
         """Micro-batch ``m``'s rows from the previous stage (``forward``) or the next (``backward``); the time

@@ -167,21 +167,6 @@ class _SeqParGraph(GraphContext):
         return t
 
 
-def _relabel(indptr: np.ndarray, indices: np.ndarray, order: np.ndarray) -> CSR:
-    """The graph with node ``order[t]`` renamed ``t`` (rows ascending), as a CSR."""
-    n = indptr.shape[0] - 1
-    pos = np.empty(n, dtype=np.int64)
-    pos[order] = np.arange(n, dtype=np.int64)
-    deg = np.diff(indptr)[order]
-    new_ptr = np.zeros(n + 1, dtype=np.int64)
-    np.cumsum(deg, out=new_ptr[1:])
-    rows = np.repeat(np.arange(n, dtype=np.int64), deg)
-    src_pos = np.arange(int(new_ptr[-1]), dtype=np.int64) + np.repeat(indptr[order] - new_ptr[:-1], deg)
-    cols = pos[indices[src_pos]]
-    cols = cols[np.lexsort((cols, rows))]
-    return CSR(torch.from_numpy(new_ptr), torch.from_numpy(cols), n, validate=False)
-
-
 class SeqParEngine(Engine):
     """Sequence-parallel engine for graph transformers (see module docstring). ``source``: a dataset file."""
 
@@ -210,11 +195,10 @@ class SeqParEngine(Engine):
             order, cluster_ptr = sequence_clusters(indptr, indices, n, str(o.get("sequence_order", "id")),
                                                    cluster_size=clusters.cluster_size, seed=int(o.get("seed", 0)))
             ids = order[lo:hi]  # this rank's nodes: a contiguous piece of the sequence
-            csr = _relabel(indptr, indices, order)  # node order[t] becomes token t
+            csr = CSR.permuted(indptr, indices, order)  # node order[t] becomes token t
             feat = ds.feat_take(ids)
-            label = ds.label()[ids] if ds.has("label") else np.full(hi - lo, -1, dtype=np.int64)
-            masks = {name: (ds.mask(f"{name}_mask")[ids] if ds.has(f"{name}_mask")
-                            else np.zeros(hi - lo, dtype=bool)) for name in ("train", "val", "test")}
+            label = ds.node_labels()[ids]
+            masks = {name: m[ids] for name, m in ds.split_masks().items()}
             lap_pe = ds.lap_pe()[ids] if ds.has("lap_pe") else None
             self.num_classes = int(ds.num_classes) or int(ds.label().max()) + 1
         self.graph = _SeqParGraph(csr, ranges, comm, ids, clusters, cluster_ptr)

@@ -64,12 +64,10 @@ class SingleEngine(Engine):
                 label = ds.graph_label()
                 masks = {name: ds.graph_mask(f"{name}_mask") for name in ("train", "val", "test")}
             else:
-                label = ds.label() if ds.has("label") else np.full(n, -1, dtype=np.int64)
-                masks = {name: (ds.mask(f"{name}_mask") if ds.has(f"{name}_mask") else np.zeros(n, dtype=bool))
-                         for name in ("train", "val", "test")}
+                label, masks = ds.node_labels(), ds.split_masks()
             self.num_classes = int(ds.num_classes) or int(label.max()) + 1
         self.graph = WholeGraph(csr.to(self.device), edge_type, str(self.options.get("sequence_order", "id")),
-                                  graph_ptr)
+                                graph_ptr)
         if lap_pe is not None:
             self.graph.node_fields["lap_pe"] = torch.from_numpy(lap_pe).to(device=self.device, dtype=dtype)
         self._set_clusters()

@@ -145,6 +145,29 @@ class CSR:
         w = None if edge_weight is None else np.asarray(edge_weight)[order]
         return cls(indptr, src[order], num_src, w)
 
+    @classmethod
+    def permuted(cls, indptr: np.ndarray, indices: np.ndarray, order: np.ndarray) -> "CSR":
+        """A square graph with node ``order[k]`` renamed ``k`` (rows and columns; columns ascending in each row).
+
+        Args:
+            indptr: int64[N+1], indices: int[E] (row i lists the sources of i's in-edges); order: int64[N], a
+                permutation of the nodes.
+        """
+        indptr = np.asarray(indptr, dtype=np.int64)
+        indices = np.asarray(indices, dtype=np.int64)
+        order = np.asarray(order, dtype=np.int64)
+        n = indptr.shape[0] - 1
+        pos = np.empty(n, dtype=np.int64)
+        pos[order] = np.arange(n, dtype=np.int64)
+        deg = np.diff(indptr)[order]
+        new_ptr = np.zeros(n + 1, dtype=np.int64)
+        np.cumsum(deg, out=new_ptr[1:])
+        rows = np.repeat(np.arange(n, dtype=np.int64), deg)
+        take = np.arange(int(new_ptr[-1]), dtype=np.int64) + np.repeat(indptr[order] - new_ptr[:-1], deg)
+        cols = pos[indices[take]]
+        cols = cols[np.lexsort((cols, rows))]
+        return cls(torch.from_numpy(new_ptr), torch.from_numpy(cols), n, validate=False)
+
     def __repr__(self) -> str:
         return f"CSR(num_dst={self.num_dst}, num_src={self.num_src}, edges={self.num_edges})"
 
