@@ -61,7 +61,6 @@ class Block(GraphContext):
         full = src_degree[:self.num_nodes].to(torch.float64)
         self._scale64 = torch.where(sampled > 0, full / sampled.clamp(min=1), torch.zeros_like(sampled))
         self._scale: dict[torch.dtype, torch.Tensor] = {}
-        self._loops: CSR | None = None
 
     def _sum_scale(self, dtype: torch.dtype) -> torch.Tensor:
         if dtype not in self._scale:
@@ -100,25 +99,12 @@ class Block(GraphContext):
             out = out * (scale if out.dim() == 2 else scale.unsqueeze(2))
         return out
 
-    def _with_self_loops(self) -> CSR:
-        if self._loops is None:
-            g, n = self.csr, self.num_nodes
-            deg = g.in_degree()
-            ar = torch.arange(n + 1, device=g.device)
-            indptr = g.indptr + ar
-            indices = torch.empty(g.num_edges + n, dtype=torch.int64, device=g.device)
-            rows = torch.repeat_interleave(ar[:-1], deg)
-            indices[torch.arange(g.num_edges, device=g.device) + rows] = g.indices
-            indices[indptr[1:] - 1] = ar[:-1]
-            self._loops = CSR(indptr, indices, g.num_src, validate=False)
-        return self._loops
-
     def gat(self, z: torch.Tensor, s_src: torch.Tensor, s_dst: torch.Tensor, *,
             negative_slope: float = 0.2, attn_dropout: float = 0.0, seed: int = 0,
             add_self_loops: bool = True) -> torch.Tensor:
         from hpc_graph.ops.gat_attention import gat_attention
 
-        g = self._with_self_loops() if add_self_loops else self.csr
+        g = self.csr.with_self_loops() if add_self_loops else self.csr
         return gat_attention(g, z, s_src, s_dst, negative_slope=negative_slope, attn_dropout=attn_dropout,
                              seed=seed, src_gid=self.src_orig_id, dst_gid=self.src_orig_id[:self.num_nodes])
 

@@ -304,19 +304,10 @@ class DistGraph:
         CPU its transpose (``csc()``) is built at once by counting sort, before any activation
         is alive, instead of by an E-sized argsort inside the first backward pass.
         """
-        if "self_loops" not in self.local._cache:
-            g, n = self.local, self.num_owned
-            ar = torch.arange(n + 1, device=self.device)
-            indptr = g.indptr + ar
-            indices = torch.empty(g.num_edges + n, dtype=torch.int64, device=self.device)
-            rows = torch.repeat_interleave(ar[:-1], g.in_degree())
-            indices[torch.arange(g.num_edges, device=self.device) + rows] = g.indices
-            indices[indptr[1:] - 1] = ar[:-1]
-            loops = CSR(indptr, indices, g.num_src, validate=False)
-            if loops.device.type == "cpu":  # the transpose GAT's backward walks, by counting sort (O(E))
-                loops.csc(perm=False)
-            self.local._cache["self_loops"] = loops
-        return self.local._cache["self_loops"]
+        loops = self.local.with_self_loops()
+        if loops.device.type == "cpu":  # the transpose GAT's backward walks, by counting sort (O(E)); cached
+            loops.csc(perm=False)
+        return loops
 
     def send_count(self, q: int) -> int:
         """Rows this rank sends to ``q`` per halo exchange (0 if none)."""

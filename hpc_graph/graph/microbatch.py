@@ -31,8 +31,6 @@ in-edge, so sums and means are the full-graph (``stale``) or cut-graph
 """
 from __future__ import annotations
 
-from typing import Any
-
 import numpy as np
 import torch
 
@@ -134,19 +132,6 @@ class History:
         return sum(t.numel() * t.element_size() for t in self.layers.values())
 
 
-class _MicroBlock(Block):
-    """A micro-batch layer's Block; the self-loop CSR of GAT is built once per micro-batch, not per layer."""
-
-    def __init__(self, *args: Any, loops: dict, **kwargs: Any):
-        super().__init__(*args, **kwargs)
-        self._shared_loops = loops
-
-    def _with_self_loops(self) -> CSR:
-        if "csr" not in self._shared_loops:
-            self._shared_loops["csr"] = super()._with_self_loops()
-        return self._shared_loops["csr"]
-
-
 class MicroBatchGraph(GraphContext):
     """Micro-batch ``m`` of a :class:`MicroBatchPlan` (module docstring): ``num_nodes`` = its rows.
 
@@ -177,18 +162,17 @@ class MicroBatchGraph(GraphContext):
             self._degree = plan.degree.index_select(0, self._gid)
         self._orig = plan.orig_id.index_select(0, self._gid)
         self._blocks: dict[int, Block] = {}
-        self._loops: dict = {}
 
     def layer(self, index: int) -> GraphContext:
         key = 0 if self.mode == "drop" else int(index)
         blk = self._blocks.get(key)
         if blk is None:
             if self.mode == "drop":
-                blk = _MicroBlock(self.part.inner, self._gid, self._orig, self._degree, self.plan.comm,
-                                  loops=self._loops)
+                blk = Block(self.part.inner, self._gid, self._orig, self._degree, self.plan.comm)
             else:
-                blk = _MicroBlock(self.part.full, self._gid, self._orig, self._degree, self.plan.comm,
-                                  complete=self._completer(key), loops=self._loops)
+                # the blocks of all layers share the micro-batch's CSR (and the self loops it caches for GAT)
+                blk = Block(self.part.full, self._gid, self._orig, self._degree, self.plan.comm,
+                            complete=self._completer(key))
             self._blocks[key] = blk
         return blk
 

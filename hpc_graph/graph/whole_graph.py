@@ -41,7 +41,6 @@ class WholeGraph(GraphContext):
         self.num_nodes = self.global_num_nodes = csr.num_dst
         self._gid = torch.arange(csr.num_dst, dtype=torch.int64, device=csr.device) if global_ids is None \
             else torch.as_tensor(global_ids, dtype=torch.int64).to(csr.device)
-        self._self_loops: CSR | None = None
         self.edge_type = edge_type
         if edge_type is not None and len(edge_type):
             self.num_relations = int(edge_type.max()) + 1
@@ -126,16 +125,7 @@ class WholeGraph(GraphContext):
 
     def with_self_loops(self) -> CSR:
         """The CSR with an edge ``i -> i`` appended to every row (after its in-edges), built once."""
-        if self._self_loops is None:
-            g, n = self.csr, self.num_nodes
-            ar = torch.arange(n + 1, device=g.device)
-            indptr = g.indptr + ar
-            indices = torch.empty(g.num_edges + n, dtype=torch.int64, device=g.device)
-            rows = torch.repeat_interleave(ar[:-1], g.in_degree())
-            indices[torch.arange(g.num_edges, device=g.device) + rows] = g.indices
-            indices[indptr[1:] - 1] = ar[:-1]
-            self._self_loops = CSR(indptr, indices, n, validate=False)
-        return self._self_loops
+        return self.csr.with_self_loops()
 
     def gat(self, z: torch.Tensor, s_src: torch.Tensor, s_dst: torch.Tensor, *,
             negative_slope: float = 0.2, attn_dropout: float = 0.0, seed: int = 0,

@@ -119,6 +119,21 @@ class CSR:
         """int64[num_dst]: number of in-edges of each destination row."""
         return self.indptr[1:] - self.indptr[:-1]
 
+    def with_self_loops(self) -> "CSR":
+        """This CSR with an edge ``i -> i`` appended after the in-edges of every row ``i`` (the first
+        ``num_dst`` columns are the rows' own nodes: a whole graph, or a block whose destinations come first
+        among its sources); built once and cached."""
+        if "self_loops" not in self._cache:
+            n, dev = self.num_dst, self.device
+            ar = torch.arange(n + 1, device=dev)
+            indptr = self.indptr + ar
+            indices = torch.empty(self.num_edges + n, dtype=torch.int64, device=dev)
+            rows = torch.repeat_interleave(ar[:-1], self.in_degree())
+            indices[torch.arange(self.num_edges, device=dev) + rows] = self.indices
+            indices[indptr[1:] - 1] = ar[:-1]
+            self._cache["self_loops"] = CSR(indptr, indices, self.num_src, validate=False)
+        return self._cache["self_loops"]
+
     def out_degree(self) -> torch.Tensor:
         """int64[num_src]: number of out-edges of each source column (from the cached transpose)."""
         indptr_t = self.csc(perm=False)[0]

@@ -18,3 +18,14 @@ def test_permuted_renames_every_edge_and_sorts_rows():
     for r in range(n):
         row = p.indices[p.indptr[r]:p.indptr[r + 1]]
         assert bool((row[1:] >= row[:-1]).all())
+
+
+def test_with_self_loops_appends_one_loop_per_row_and_is_cached():
+    rng = np.random.default_rng(5)
+    src, dst = rng.integers(0, 12, 40), rng.integers(0, 8, 40)
+    g = CSR.from_edges(src, dst, 8, 12)  # a block: 8 destinations, the first 8 of 12 sources
+    loops = g.with_self_loops()
+    assert loops is g.with_self_loops() and loops.num_src == 12
+    for r in range(8):
+        row = loops.indices[loops.indptr[r]:loops.indptr[r + 1]].tolist()
+        assert row[:-1] == g.indices[g.indptr[r]:g.indptr[r + 1]].tolist() and row[-1] == r
