@@ -12,6 +12,7 @@ Layout (see ``docs/file-format.md``)::
     /node/label        int64[N]     optional; -1 marks an unlabelled node
     /node/train_mask, /node/val_mask, /node/test_mask  bool[N] optional
     /node/lap_pe       float32[N,k] optional (hpc-graph preprocess lap-pe)
+    /node/text         variable-length UTF-8 string[N] optional (text-attributed graphs)
 
 A graph-level dataset (``task="graph"``: many small graphs, one label each) stores them as one
 block-diagonal graph (no edge joins two graphs) plus::
@@ -84,6 +85,7 @@ class GraphData:
     graph_train_mask: np.ndarray | None = None
     graph_val_mask: np.ndarray | None = None
     graph_test_mask: np.ndarray | None = None
+    text: Any = None  # list[str] or object array [N]: each node's text (``/node/text``)
 
     @property
     def num_nodes(self) -> int:
@@ -199,6 +201,17 @@ def _check_arrays(a: dict[str, Any], source: str, num_classes: int,
             bad("/node/lap_pe", f"expected float32, got {pe.dtype}")
         elif check_values and not np.isfinite(np.asarray(pe[...])).all():
             bad("/node/lap_pe", "contains NaN or Inf")
+    text = a.get("text")
+    if text is not None:
+        shape = getattr(text, "shape", (len(text),))
+        if shape != (n,):
+            bad("/node/text", f"expected one string per node, shape ({n},), got {shape}")
+        elif isinstance(text, h5py.Dataset):
+            info = h5py.check_string_dtype(text.dtype)
+            if info is None or info.length is not None:
+                bad("/node/text", f"expected variable-length UTF-8 strings, got {text.dtype}")
+        elif check_values and not all(isinstance(t, str) for t in text):
+            bad("/node/text", "expected str values")
     for m in MASKS:
         arr = a.get(m)
         if arr is None:
@@ -365,6 +378,20 @@ class DatasetWriter:
             raise ValueError(f"unknown node field {field!r}")
         self._h5.create_dataset(f"node/{field}", data=np.asarray(values, dtype=dtype))
 
+    def write_text(self, texts: Any) -> None:
+        """Write ``/node/text``: one str per node (variable-length UTF-8, any length, empty allowed)."""
+        assert self._h5 is not None, "use DatasetWriter as a context manager"
+        texts = list(texts)
+        if len(texts) != self.num_nodes:
+            raise FormatError(self.path, "/node/text", f"{len(texts)} strings for {self.num_nodes} nodes")
+        bad = next((i for i, t in enumerate(texts) if not isinstance(t, str)), None)
+        if bad is not None:
+            raise FormatError(self.path, "/node/text", f"node {bad}: expected str, got {type(texts[bad]).__name__}")
+        arr = np.empty(self.num_nodes, dtype=object)
+        arr[:] = texts
+        self._h5.create_dataset("node/text", data=arr, dtype=h5py.string_dtype("utf-8"),
+                                chunks=(min(self.num_nodes, 16384),))
+
     def write_graphs(self, ptr: np.ndarray, label: np.ndarray, masks: dict[str, np.ndarray] | None = None) -> None:
         """Write the per-graph fields of a graph-level dataset: ``ptr`` int64[G+1], ``label`` int64[G],
         ``masks`` {"train_mask"|"val_mask"|"test_mask": bool[G]} (checked with the rest on exit)."""
@@ -403,7 +430,8 @@ class DatasetWriter:
 def _h5_fields(h5: h5py.File) -> dict[str, Any]:
     """Map field names to the h5py datasets present in a dataset file."""
     names = {"indptr": "graph/indptr", "indices": "graph/indices", "edge_weight": "graph/edge_weight",
-             "edge_type": "graph/edge_type", "feat": "node/feat", "label": "node/label", "lap_pe": "node/lap_pe"}
+             "edge_type": "graph/edge_type", "feat": "node/feat", "label": "node/label", "lap_pe": "node/lap_pe",
+             "text": "node/text"}
     names.update({m: f"node/{m}" for m in MASKS})
     names.update({"graph_ptr": "graphs/ptr", "graph_label": "graphs/label"})
     names.update({f"graph_{m}": f"graphs/{m}" for m in MASKS})
@@ -435,6 +463,8 @@ def write_dataset(path: str | os.PathLike, data: GraphData, *, force: bool = Fal
             v = getattr(data, m)
             if v is not None:
                 w.write_node(m, v)
+        if data.text is not None:
+            w.write_text(data.text)
         if data.graph_ptr is not None:
             w.write_graphs(data.graph_ptr, data.graph_label,
                            {m: getattr(data, f"graph_{m}") for m in MASKS if getattr(data, f"graph_{m}") is not None})
@@ -545,6 +575,17 @@ class Dataset:
     def indices(self) -> np.ndarray:
         return self._read("indices")
 
+    def text(self, start: int = 0, stop: int | None = None) -> list[str]:
+        """The texts of nodes ``[start, stop)`` (``/node/text``) as Python str."""
+        if "text" not in self._fields:
+            raise FormatError(self.path, "/node/text", "missing (a text-attributed graph is needed: "
+                              "hpc-graph generate tag, or a converter that keeps node text)")
+        stop = self.num_nodes if stop is None else stop
+        try:
+            return list(self._fields["text"].asstr()[start:stop])
+        except (OSError, RuntimeError, UnicodeDecodeError) as exc:
+            raise FormatError(self.path, "/node/text", f"unreadable ({exc})") from None
+
     def edge_weight(self) -> np.ndarray | None:
         return self._read("edge_weight") if self.has("edge_weight") else None
 
@@ -649,6 +690,7 @@ class Dataset:
             test_mask=self._read("test_mask") if self.has("test_mask") else None,
             edge_weight=self.edge_weight(), edge_type=self.edge_type(),
             name=self.name, num_classes=self.num_classes, directed=self.directed, task=self.task,
+            text=self.text() if self.has("text") else None,
             **{f: (self._read(f) if self.has(f) else None) for f in GRAPH_FIELDS})
 
     def attrs(self) -> dict[str, Any]:

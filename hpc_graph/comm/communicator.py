@@ -130,6 +130,16 @@ class Request:
         """Whether :meth:`wait` has completed."""
         return self._done
 
+    def test(self) -> bool:
+        """Whether every message has arrived, without blocking (``MPI_Testall``); once true, :meth:`wait`
+        returns at once. Polling this drives the library's progress (a cooperative wait)."""
+        if self._done:
+            return True
+        if self._comm._testall(self._handles):
+            self._handles = []
+            return True
+        return False
+
     def wait(self) -> dict[int, torch.Tensor]:
         """Block until all sends and receives finished; ``{peer: received tensor}``."""
         if self._done:
@@ -142,6 +152,27 @@ class Request:
         self._handles, self._staged, self._keep_alive = [], [], []
         self._done = True
         return self._results
+
+
+class ReduceRequest:
+    """Handle of a started :meth:`Communicator.allreduce_start`: ``test()`` (non-blocking) and ``wait()``
+    (blocking) return the reduced tensor once complete (``test`` returns None before)."""
+
+    def __init__(self, comm: "Communicator", handles: list[Any], t: torch.Tensor):
+        self._comm, self._handles, self._t = comm, handles, t
+        self.done = not handles
+
+    def test(self) -> torch.Tensor | None:
+        if not self.done and self._comm._testall(self._handles):
+            self._handles, self.done = [], True
+        return self._t if self.done else None
+
+    def wait(self) -> torch.Tensor:
+        if not self.done:
+            with self._comm._timed("allreduce_wait"):
+                self._comm._waitall(self._handles)
+            self._handles, self.done = [], True
+        return self._t
 
 
 class Communicator(ABC):
@@ -254,6 +285,22 @@ class Communicator(ABC):
     def _waitall(self, handles: list[Any]) -> None:
         """Complete every handle returned by :meth:`_launch`."""
 
+    def _testall(self, handles: list[Any]) -> bool:
+        """Whether every started handle completed (non-blocking); backends without a test wait instead."""
+        self._waitall(handles)
+        return True
+
+    def _iallreduce_flat(self, t: torch.Tensor) -> list[Any]:
+        """Start a sum all-reduce of a contiguous flat ``t`` in place; handles for :meth:`_testall`. Backends
+        without a non-blocking all-reduce reduce at once and return no handles."""
+        self._allreduce_flat(t, "sum")
+        return []
+
+    def dup(self) -> "Communicator":
+        """A new communicator over the same ranks whose messages never match this one's (``MPI_Comm_dup``):
+        a second job in the same processes (the language model of LM co-training) communicates on it."""
+        raise NotImplementedError(f"the {self.backend!r} communicator cannot be duplicated; use the mpi backend")
+
     @abstractmethod
     def _allreduce_flat(self, t: torch.Tensor, op: str) -> None:
         """In-place all-reduce of a contiguous 1-D tensor (<= max_message_bytes); ``op`` != mean."""
@@ -337,6 +384,23 @@ class Communicator(ABC):
             self._count("allreduce", t.numel() * t.element_size())
             self._sleep_until(deadline, "allreduce")
         return t
+
+    def allreduce_start(self, t: torch.Tensor) -> "ReduceRequest":
+        """Start a sum all-reduce of ``t`` (contiguous, on CPU or a device MPI reads) in place; returns a
+        :class:`ReduceRequest` to :meth:`~ReduceRequest.test` or :meth:`~ReduceRequest.wait`. ``t`` must not be
+        touched until then. Every rank must start the same all-reduces in the same order."""
+        if not t.is_contiguous() or t.device != self._comm_device(t.device):
+            raise ValueError("allreduce_start: needs a contiguous tensor on a device this communicator reads")
+        handles: list[Any] = []
+        if self.size > 1:
+            with self._timed("allreduce"), torch.no_grad():
+                self._sync(t.device)
+                flat = t.reshape(-1)
+                step = max(1, self.max_message_bytes // flat.element_size())
+                for start, stop in _chunk_ranges(flat.numel(), step):
+                    handles += self._iallreduce_flat(flat[start:stop])
+                self._count("allreduce", t.numel() * t.element_size())
+        return ReduceRequest(self, handles, t)
 
     def allreduce_bucketed_(self, tensors: Sequence[torch.Tensor], bucket_bytes: int = 25 << 20,
                             op: str = "sum") -> None:

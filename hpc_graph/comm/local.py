@@ -42,6 +42,9 @@ class LocalCommunicator(Communicator):
     def _allreduce_flat(self, t: torch.Tensor, op: str) -> None:
         return None
 
+    def dup(self) -> "LocalCommunicator":
+        return LocalCommunicator(self.max_message_bytes)
+
     def _bcast_flat(self, buf: torch.Tensor, root: int) -> None:
         return None
 

@@ -106,6 +106,18 @@ class MPICommunicator(Communicator):
         if handles:
             self._MPI.Request.Waitall(handles)
 
+    def _testall(self, handles: list[Any]) -> bool:
+        return (not handles) or bool(self._MPI.Request.Testall(handles))
+
+    def _iallreduce_flat(self, t: torch.Tensor) -> list[Any]:
+        if t.dtype not in _TYPE_NAMES or t.dtype in (torch.float16, torch.bfloat16, torch.bool):
+            raise ValueError(f"allreduce_start: dtype {t.dtype} is not supported by the MPI backend")
+        return [self._comm.Iallreduce(self._MPI.IN_PLACE, self._typed(t), op=self._MPI.SUM)]
+
+    def dup(self) -> "MPICommunicator":
+        """A duplicate of this communicator (``MPI_Comm_dup``; collective)."""
+        return MPICommunicator(self._comm, self.max_message_bytes, self.cuda_aware)
+
     def _allreduce_flat(self, t: torch.Tensor, op: str) -> None:
         if t.dtype in (torch.float16, torch.bfloat16):  # no portable MPI type: reduce as float32
             wide = t.float()

@@ -1,7 +1,8 @@
-"""``hpc-graph generate {rmat,csbm,reg3cc,pathspd}``: write a synthetic dataset file.
+"""``hpc-graph generate {rmat,csbm,tag,reg3cc,pathspd}``: write a synthetic dataset file.
 
     hpc-graph generate rmat -o rmat20.h5 --scale 20 --edge-factor 16
     hpc-graph generate csbm -o csbm.h5 --num-nodes 100000 --homophily 0.9 --power-law 2.5
+    hpc-graph generate tag -o tag.h5 --num-nodes 10000                # text-attributed (/node/text)
     hpc-graph generate reg3cc -o reg3cc.h5 --num-graphs 2000          # graph-level: one label per graph
     hpc-graph generate pathspd -o pathspd.h5 --num-graphs 2000 --max-dist 6
 
@@ -36,7 +37,7 @@ def _add_common(p: argparse.ArgumentParser, feat_dim: int, num_classes: int) -> 
 
 
 def add_parser(subparsers) -> None:
-    parser = subparsers.add_parser("generate", help="generate a synthetic dataset (rmat, csbm, reg3cc, pathspd)",
+    parser = subparsers.add_parser("generate", help="generate a synthetic dataset (rmat, csbm, tag, reg3cc, pathspd)",
                                    description="Generate a synthetic graph dataset file.")
     kinds = parser.add_subparsers(dest="generator", metavar="GENERATOR")
     kinds.required = True
@@ -74,6 +75,26 @@ def add_parser(subparsers) -> None:
     add_threads_option(c)
     c.set_defaults(func=run)
 
+    tg = kinds.add_parser("tag", help="text-attributed graph: label = graph community x text topic",
+                          description="Text-attributed graph (/node/text): each node's label is its graph "
+                                      "community x the topic of its text; the bag-of-words features miss most "
+                                      "topic words and the text names the community rarely, so text alone and "
+                                      "structure alone stay well below both together.")
+    tg.add_argument("--num-nodes", type=int, default=10000, help="node count (default: %(default)s)")
+    tg.add_argument("--communities", type=int, default=4, help="graph communities, 1..8 (default: %(default)s)")
+    tg.add_argument("--topics", type=int, default=5, help="text topics, 1..8 (default: %(default)s)")
+    tg.add_argument("--avg-degree", type=float, default=10.0, help="mean degree (default: %(default)s)")
+    tg.add_argument("--homophily", type=float, default=0.9,
+                    help="fraction of edges inside a community (default: %(default)s)")
+    tg.add_argument("--topic-words", type=int, default=4, help="topic words per text (default: %(default)s)")
+    tg.add_argument("--words", type=int, default=14, help="words per text (default: %(default)s)")
+    tg.add_argument("--topic-visible", type=float, default=0.2,
+                    help="fraction of each topic's words in the bag-of-words features (default: %(default)s)")
+    tg.add_argument("--community-mention", type=float, default=0.5,
+                    help="probability a text names a community place word (default: %(default)s)")
+    tg.add_argument("--community-signal", type=float, default=0.5,
+                    help="probability a named community is the node's own (default: %(default)s)")
+
     g = kinds.add_parser("reg3cc", help="graph-level: one connected 3-regular graph vs two (structure only)",
                          description="REG3-CC: each graph is one connected random 3-regular graph (label 1) or "
                                      "two disjoint ones of half the size (label 0); constant features, so "
@@ -88,7 +109,7 @@ def add_parser(subparsers) -> None:
     t.add_argument("--min-nodes", type=int, default=8, help="smallest tree (default: %(default)s)")
     t.add_argument("--max-nodes", type=int, default=24, help="largest tree (default: %(default)s)")
     t.add_argument("--max-dist", type=int, default=6, help="largest distance = classes (default: %(default)s)")
-    for sub in (g, t):
+    for sub in (tg, g, t):
         sub.add_argument("-o", "--output", required=True, metavar="OUT.h5", help="dataset file to write")
         sub.add_argument("--force", action="store_true",
                          help="overwrite OUT.h5 if it exists, and skip the memory check "
@@ -104,8 +125,21 @@ def add_parser(subparsers) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from data_io.errors import DataError
-    from data_io.generators import GeneratorParamError, write_csbm, write_graph_task, write_rmat
+    from data_io.generators import GeneratorParamError, write_csbm, write_graph_task, write_rmat, write_tag
 
+    if args.generator == "tag":
+        t0 = time.perf_counter()
+        try:
+            info = write_tag(args.output, args.num_nodes, args.communities, args.topics, avg_degree=args.avg_degree,
+                             homophily=args.homophily, topic_words=args.topic_words, words=args.words,
+                             topic_visible=args.topic_visible, community_mention=args.community_mention,
+                             community_signal=args.community_signal, train_frac=args.train_frac,
+                             val_frac=args.val_frac, test_frac=args.test_frac, seed=args.seed, force=args.force)
+        except GeneratorParamError as exc:
+            raise DataError(f"--{exc.param.replace('_', '-')}: {exc.message}") from None
+        print(f"{args.output}: tag graph, {info['num_nodes']} nodes, {info['num_edges']} edges, "
+              f"{info['feat_dim']} bag-of-words features, node text, {time.perf_counter() - t0:.1f} s")
+        return 0
     if args.generator in ("reg3cc", "pathspd"):
         sizes = dict(num_graphs=args.num_graphs, min_nodes=args.min_nodes, max_nodes=args.max_nodes,
                      train_frac=args.train_frac, val_frac=args.val_frac, test_frac=args.test_frac, seed=args.seed)

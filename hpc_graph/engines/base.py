@@ -58,6 +58,12 @@ class Engine(ABC):
     :meth:`evaluation` around forward passes that only evaluate. An engine
     whose decisions depend on the history (``sylvie``'s bit policy) saves it
     through :meth:`state_dict` / :meth:`load_state_dict` in checkpoints.
+
+    ``idle_hook``: when set (by the trainer), an engine about to block on a message first calls
+    ``idle_hook(test, key)``: ``test()`` says without blocking whether the message is there, ``key`` names the
+    wait so the same wait can be predicted next epoch. The hook may run other work meanwhile (the LM
+    co-training's bubble interleaver) and returns when the message is there or it has nothing to run. The
+    ``flow`` engine's pipeline receives use it.
     """
 
     name: ClassVar[str] = ""
@@ -70,6 +76,7 @@ class Engine(ABC):
 
     # options every engine accepts, so that one config serves them all
     OPTIONS: ClassVar[frozenset[str]] = frozenset({"prefetch", "seed"})
+    idle_hook: Any = None
 
     def __init__(self, source: str, comm: Any, device: torch.device, dtype: torch.dtype,
                  options: dict[str, Any] | None = None):

