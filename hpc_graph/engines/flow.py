@@ -212,13 +212,15 @@ class FlowEngine(Engine):
             raise ValueError(f"engine.stages: {self.num_stages} stages but model {type(model).__name__} has only "
                              f"{units} pipeline units (layers); use fewer ranks or more layers")
 
-    def attach_model(self, model: torch.nn.Module) -> None:
-        """Cut ``model`` (checked by :meth:`check_model`) into this job's stages: rank 0 measures the units, every
-        rank keeps its stage's and releases the other units' parameters to the ``meta`` device."""
+    def attach_model(self, model: torch.nn.Module, feat: torch.Tensor | None = None) -> None:
+        """Cut ``model`` (checked by :meth:`check_model`) into this job's stages: rank 0 measures the units on
+        ``feat`` (the trainer's input; default the engine's features), every rank keeps its stage's and
+        releases the other units' parameters to the ``meta`` device."""
         units = model.pipeline_units()
         costs, tails = None, None
         if self.stage == 0:
-            costs, tails = self._measure_units(model, len(units))
+            x = self.feat if feat is None else (feat if feat.layout == torch.strided else feat.to_dense())
+            costs, tails = self._measure_units(model, len(units), x)
             costs = _same_units_same_cost(units, costs)
         if self.num_stages > 1:
             costs, tails = self.comm.bcast_object((costs, tails), 0)
@@ -237,7 +239,7 @@ class FlowEngine(Engine):
         log.info("flow engine: stage %d runs units %d..%d of %d (%s split; %d parameters)", self.stage, start,
                  stop - 1, len(units), self.stage_split, mine)
 
-    def _measure_units(self, model: torch.nn.Module, count: int) -> tuple[list[float], list[list[int]]]:
+    def _measure_units(self, model: torch.nn.Module, count: int, x: torch.Tensor) -> tuple[list[float], list[list[int]]]:
         """Forward + backward seconds of every unit on the first micro-batch (best of two passes) and the shape
         (after the rows) of every unit's output. The random streams and GAT call counters are left as they were."""
         calls = {mod: mod._calls for mod in model.modules() if hasattr(mod, "_calls")}
@@ -245,13 +247,13 @@ class FlowEngine(Engine):
         lo, hi = self.group_rows(group)
         probe_history = History(self.graph.num_nodes) if self.history is not None else None
         if probe_history is not None:
-            probe_history.inputs = self.feat
+            probe_history.inputs = x
         ctx = self.context(group, True, probe_history)
         best = [float("inf")] * count
         tails: list[list[int]] = [[] for _ in range(count)]
         with torch.random.fork_rng(devices=[]):
             for _ in range(2):
-                h = self.feat[lo:hi]
+                h = x[lo:hi]
                 for i in range(count):
                     h_in = h.detach().requires_grad_(i > 0)
                     t0 = time.perf_counter()

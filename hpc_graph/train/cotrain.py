@@ -18,8 +18,8 @@ Three parts, used by the trainer when ``lm.enabled`` (:class:`CoTraining` ties t
   ``F_j = 0.8 F_(j-1) + 0.2 L_j`` has fallen ``patience`` (20) epochs in a row.
 * :class:`BubbleInterleaver` -- a cooperative wait for a pipeline engine (``flow``): while a stage waits for a
   message it polls the receive (``Request.test``) and runs one LM chunk whenever the predicted remaining wait
-  (the same wait's length in the previous epoch) leaves room for it; it checks the message before every chunk,
-  so a message waits at most one chunk.
+  (the same wait's length in the previous epoch, measured by the polling) leaves room for it; it checks the
+  message before every chunk, so a message waits at most one chunk.
 
 The GNN's input is ``features | LM embedding | encoded flag`` (fixed width; the flag is 0 and the embedding 0
 for nodes not encoded yet).
@@ -321,36 +321,37 @@ class BubbleInterleaver:
 
     ``wait(test, key)`` is called by the engine before it blocks on a message: ``test()`` says (without
     blocking) whether the message is there, ``key`` names the wait (direction, micro-batch) so that the same
-    wait of the next epoch is predicted from this one. ``clock`` is injectable for tests.
+    wait of the next epoch is predicted from this one. ``clock`` is injectable for tests; ``floor``: the
+    smallest predicted wait (default 0: a wait never seen runs no chunk; tests set it high to run chunks in
+    every wait).
     """
 
-    def __init__(self, lm: Any, clock: Callable[[], float] = time.perf_counter):
+    def __init__(self, lm: Any, clock: Callable[[], float] = time.perf_counter, floor: float = 0.0):
         self.lm = lm
         self.clock = clock
+        self.floor = float(floor)
         self.predicted: dict[Any, float] = {}
         self.max_delay = 0.0
 
     def wait(self, test: Callable[[], bool], key: Any) -> None:
+        """Poll ``test`` until the message is there, running LM chunks while the predicted wait has room."""
         t0 = self.clock()
-        budget = self.predicted.get(key, 0.0)
+        budget = max(self.predicted.get(key, 0.0), self.floor)
         last_missing = t0
         while True:
             now = self.clock()
             if test():
                 break
             last_missing = now
-            if not self.lm.has_work():
-                break  # nothing to run: block in the caller's wait
-            if not self.lm.ready():
-                continue  # the LM's all-reduce is in flight: keep polling both
+            if not (self.lm.has_work() and self.lm.ready()):
+                continue  # nothing to run, or the LM's all-reduce is in flight: keep polling
             if now - t0 + self.lm.next_chunk_estimate() > budget:
-                break  # the predicted bubble has no room for another chunk
+                continue  # the predicted bubble has no room for another chunk
             c0 = self.clock()
             self.lm.chunk()
             dt = self.clock() - c0
             self.lm.stats["bubble_chunks"] += 1
             self.lm.stats["bubble_seconds"] += dt
-            self._last_chunk = dt
             if test():  # the message came during the chunk: it waited at most this chunk
                 self.max_delay = max(self.max_delay, dt)
                 self.lm.stats["max_delay_seconds"] = self.max_delay

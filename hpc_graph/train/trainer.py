@@ -282,7 +282,7 @@ class Trainer:
             self.engine.check_model(self.model)
         except ValueError as exc:
             raise _agreed(ConfigError(str(exc))) from None
-        self.engine.attach_model(self.model)  # a pipeline engine keeps its stage's layers only
+        self.engine.attach_model(self.model, self.feat)  # a pipeline engine keeps its stage's layers only
         self.pipeline = getattr(self.engine, "kind", "full") == "pipeline"
         self.params = [p for p in self.model.parameters() if p.requires_grad and not p.is_meta]
         self.optimizer = self._optimizer()
