@@ -22,7 +22,7 @@ def test_defaults_and_round_trip(tmp_path):
     assert (cfg.model.name, cfg.model.hidden, cfg.model.num_layers) == ("gcn", 16, 2)
     assert cfg.optim.name == "adam" and cfg.train.epochs == 200 and cfg.train.run_dir is None
     d = config_to_dict(cfg)
-    assert set(d) == {"data", "engine", "model", "optim", "train", "comm", "sampler", "hec", "recipes"}
+    assert set(d) == {"data", "engine", "model", "optim", "train", "comm", "sampler", "hec", "recipes", "lm"}
     assert cfg.comm.link_bandwidth is None and cfg.engine.bits == "auto" and cfg.engine.pipeline == "off"
     assert config_from_dict(d) == cfg
     assert validate_config(cfg) == cfg
@@ -202,3 +202,17 @@ def test_check_paths(tmp_path):
         check_paths(cfg)
     (tmp_path / "g.h5").write_bytes(b"")
     check_paths(load_config(_write(tmp_path, {"data": {"path": str(tmp_path / "g.h5")}})))
+
+
+@pytest.mark.parametrize("raw, match", [
+    ({"lm": {"lr": 0.1}}, r"lm\.lr: only used with lm\.enabled"),
+    ({"engine": {"name": "dp"}, "lm": {"enabled": True}}, r"lm\.enabled: .*'single' or 'flow'"),
+    ({"engine": {"name": "single"}, "lm": {"enabled": True, "interleave": True}}, r"lm\.interleave: .*'flow'"),
+    ({"lm": {"enabled": True, "sync_every": 3}}, r"lm\.sync_every: only used with lm\.sync: every"),
+    ({"lm": {"enabled": True, "grouping": "pagerank"}}, r"lm\.grouping: must be one of"),
+    ({"data": {"path": "x", "feature_layout": "sparse"}, "lm": {"enabled": True}}, r"data\.feature_layout"),
+])
+def test_lm_section_errors_name_the_field(raw, match):
+    raw = {"data": {"path": "x"}, **raw}
+    with pytest.raises(ConfigError, match=match):
+        config_from_dict(raw)
