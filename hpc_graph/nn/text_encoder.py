@@ -220,11 +220,17 @@ class EarlyExitLM(nn.Module):
         self.emb_dim = int(emb_dim or h)
         self.exit_layers = exit_layers(encoder.num_layers, exits)
         self.heads = nn.ModuleList(nn.Linear(h, self.emb_dim) for _ in range(exits))
+        if self.emb_dim == h:  # start as the identity: an untuned exit gives the mean-pooled sentence embedding
+            with torch.no_grad():
+                for head in self.heads:
+                    head.weight.copy_(torch.eye(h))
+                    head.bias.zero_()
         self.classifier = nn.Linear(self.emb_dim, num_classes)
 
     def embed(self, ids: torch.Tensor, mask: torch.Tensor, exit: int) -> torch.Tensor:
         """float[B, D]: the embedding of each text at exit ``exit`` (0-based): the first ``exit_layers[exit]``
-        layers run, the tokens are mean-pooled (padding excluded), ``heads[exit]`` maps the pooled state."""
+        layers run, the tokens are mean-pooled (padding excluded), ``heads[exit]`` maps the pooled state (the
+        heads start as the identity when ``D = H``)."""
         h = self.encoder(ids, mask, self.exit_layers[exit])[-1]
         m = mask.to(h.dtype).unsqueeze(-1)
         pooled = (h * m).sum(1) / m.sum(1).clamp_min(1.0)

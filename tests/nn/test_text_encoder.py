@@ -119,3 +119,13 @@ def test_bad_model_folders(tmp_path):
         load_text_encoder(str(tmp_path))
     with pytest.raises(ValueError, match="vocabulary from the texts"):
         load_text_encoder("tiny")
+
+
+def test_untuned_exits_give_the_mean_pooled_state():
+    _, enc = _pair(5)
+    lm = EarlyExitLM(enc, exits=4, num_classes=2).double().eval()  # emb_dim = hidden: identity heads
+    ids, mask = _batch(2)
+    for e, layer in enumerate(lm.exit_layers):
+        h = enc(ids, mask)[layer]
+        m = mask.double().unsqueeze(-1)
+        torch.testing.assert_close(lm.embed(ids, mask, e), (h * m).sum(1) / m.sum(1))

