@@ -35,32 +35,15 @@ import sys
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_flow import ROOT, _env, _Records, _run  # noqa: E402  (shared runners)
+from bench_flow import _train as _flow_train  # noqa: E402
 
 
 def _train(work: Path, name: str, data: Path, ranks: int, model: dict, engine: dict, epochs: int, cores: int,
            timeout: float, lm: dict | None, lr: float = 0.01, eval_every: int = 5) -> dict[str, Any]:
-    run = work / "runs" / name
-    cfg = work / f"{name}.yaml"
-    raw = {"data": {"path": str(data), "feature_layout": "dense"}, "engine": engine,
-           "model": model, "optim": {"name": "adam", "lr": lr},
-           "train": {"epochs": epochs, "eval_every": eval_every, "seed": 0, "progress": False, "run_dir": str(run),
-                     "threads": max(1, cores // ranks)}}
-    if lm is not None:
-        raw["lm"] = {"enabled": True, "model": "minilm", **lm}
-    cfg.write_text(yaml.safe_dump(raw))
-    launch = ["mpiexec", "-n", ranks] if ranks > 1 else []
-    wall = _run(launch + [sys.executable, "-m", "hpc_graph.cli", "-q", "train", "--config", cfg, "--force"],
-                _env(max(1, cores // ranks)), timeout)
-    summary = json.loads((run / "summary.json").read_text())
-    per_rank: dict[int, list[dict]] = {}
-    for path in sorted(run.glob("metrics.rank*.jsonl")):
-        rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-        per_rank[int(rows[0]["rank"])] = rows
-    return {"summary": summary, "metrics": per_rank, "wall_s": wall}
+    extra = None if lm is None else {"lm": {"enabled": True, "model": "minilm", **lm}}
+    return _flow_train(work, name, data, ranks, model, engine, epochs, eval_every, cores, timeout, lr=lr, extra=extra)
 
 
 def _test_acc(res: dict) -> float:

@@ -65,11 +65,12 @@ def _run(cmd: list[Any], env: dict[str, str], timeout: float) -> float:
 
 
 def _train(work: Path, name: str, data: Path, ranks: int, model: dict, engine: dict, epochs: int, eval_every: int,
-           cores: int, timeout: float, lr: float = 0.005) -> dict[str, Any]:
-    """One training run; returns the summary, the per-rank epoch metrics and the wall time."""
+           cores: int, timeout: float, lr: float = 0.005, extra: dict | None = None) -> dict[str, Any]:
+    """One training run (``extra``: more config sections); returns the summary, the per-rank epoch metrics and
+    the wall time."""
     run = work / "runs" / name
     cfg = work / f"{name}.yaml"
-    cfg.write_text(yaml.safe_dump({
+    cfg.write_text(yaml.safe_dump({**(extra or {}),
         "data": {"path": str(data), "feature_layout": "dense"},
         "engine": engine,
         "model": {"dropout": 0.0, **model},  # the accuracy study sets its own dropout

@@ -432,6 +432,9 @@ class LMConfig:
                                             "stage waits for a message it runs one LM step at a time if the "
                                             "predicted wait leaves room; what is left runs after the epoch.")
     encode_batch: int = _field(128, _int(1), "Texts per batch when encoding.")
+    standardize: bool = _field(True, _BOOL, "At every sync, standardise each exit's embedding columns over that "
+                                            "exit's nodes (mean 0, variance 1), so that exits of different depth "
+                                            "and successive syncs give the GNN inputs on one scale.")
 
 
 @dataclasses.dataclass

@@ -22,7 +22,11 @@ Three parts, used by the trainer when ``lm.enabled`` (:class:`CoTraining` ties t
   message before every chunk, so a message waits at most one chunk.
 
 The GNN's input is ``features | LM embedding | encoded flag`` (fixed width; the flag is 0 and the embedding 0
-for nodes not encoded yet).
+for nodes not encoded yet). With ``lm.standardize`` (default) each exit's embedding columns are standardised
+over that exit's nodes at every sync: the exits (different depths) and the syncs (a fine-tuned LM moves its
+embeddings) then give the GNN inputs on one scale -- without it a sync throws the GNN's loss back up and a
+lazy-tuned LM costs tens of points (measured in benchmarks.md). This goes beyond UniTG, which feeds the raw
+exit embeddings.
 """
 from __future__ import annotations
 
@@ -423,7 +427,13 @@ class CoTraining:
         return torch.cat([feat if feat.layout == torch.strided else feat.to_dense(), emb, flag], 1)
 
     def _sync(self, epoch: int) -> None:
-        self.embedding = self.trainer.encode().to(self.dtype)
+        emb = self.trainer.encode()
+        if self.config.standardize:  # each exit's columns to mean 0, variance 1 over its nodes
+            for g in np.unique(self.groups):
+                rows = torch.from_numpy(np.nonzero(self.groups == g)[0])
+                part = emb[rows]
+                emb[rows] = (part - part.mean(0)) / part.std(0, unbiased=False).clamp_min(1e-6)
+        self.embedding = emb.to(self.dtype)
         self.encoded.fill_(1.0)
         self.syncs.append(epoch)
         log.info("lm co-training: GNN input takes fresh encodings after epoch %d (LM step %d)", epoch,

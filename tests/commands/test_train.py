@@ -79,3 +79,25 @@ def test_train_memory_check_passes_with_enough_memory(tmp_path, graph_file, monk
     monkeypatch.setenv("HPC_GRAPH_MEMORY_LIMIT", "64GB")
     assert main(["-q", "train", "--config", _cfg(tmp_path, graph_file), "--run-dir", str(tmp_path / "r")]) == 0
     assert "force" not in caplog.text
+
+
+def test_train_with_lm_cotraining_from_the_cli(tmp_path, capsys):
+    from data_io.generators import write_tag
+
+    data = tmp_path / "tag.h5"
+    write_tag(data, num_nodes=200, communities=2, topics=2, seed=2)
+    run_dir = tmp_path / "lm"
+    rc = main(["-q", "train", "--config", _cfg(tmp_path, str(data)), "--run-dir", str(run_dir),
+               "--set", "lm.enabled=true", "--set", "lm.model=tiny", "--set", "lm.epochs=1",
+               "--set", "lm.sync=every", "--set", "lm.sync_every=2"])
+    assert rc == 0, capsys.readouterr().err
+    rows = [json.loads(line) for line in (run_dir / "metrics.rank0.jsonl").read_text().splitlines()]
+    stats = [r["engine_stats"] for r in rows]
+    assert stats[-1]["lm_steps"] > 0 and all("lm_seconds" in s for s in stats)
+    assert [r["epoch"] for r, s in zip(rows, stats) if s["lm_encode_seconds"] > 0] == [2, 4]
+    # a dataset without text: one line naming the field, exit status 2
+    plain = tmp_path / "plain.h5"
+    write_csbm(plain, num_nodes=60, num_classes=2, feat_dim=4)
+    rc = main(["-q", "train", "--config", _cfg(tmp_path, str(plain)), "--set", "lm.enabled=true"])
+    err = capsys.readouterr().err
+    assert rc == 2 and "/node/text" in err and err.count("\n") == 1

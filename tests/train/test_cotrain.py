@@ -248,8 +248,13 @@ def test_trainer_input_is_features_embedding_and_flag(tag_file, tmp_path):
     assert (t.feat[:, f:] == 0).all()
     t.step()  # epoch 2: sync
     assert (t.feat[:, -1] == 1).all() and t.feat[:, f:-1].abs().sum() > 0
-    want = t.cotrain.trainer.encode()
-    torch.testing.assert_close(t.feat[:, f:-1], want.to(t.feat.dtype)[t.cotrain.node_ids])
+    want = t.cotrain.trainer.encode().double()
+    for g in range(4):  # lm.standardize: each exit's columns standardised over its nodes
+        rows = torch.from_numpy(np.nonzero(t.cotrain.groups == g)[0])
+        want[rows] = (want[rows] - want[rows].mean(0)) / want[rows].std(0, unbiased=False)
+    torch.testing.assert_close(t.feat[:, f:-1], want[t.cotrain.node_ids], rtol=1e-5, atol=1e-5)
+    raw = Trainer(_config(tag_file, tmp_path / "b", standardize=False), LocalCommunicator())
+    torch.testing.assert_close(raw.feat[:, f:-1], raw.cotrain.trainer.encode().double()[raw.cotrain.node_ids])
 
 
 def test_trainer_resume_continues_the_lm(tag_file, tmp_path):
