@@ -18,7 +18,8 @@ threads = cores / ranks. Three studies:
    reported apart) and the GNN's test accuracy.
 3. **interleave** (engine ``flow`` on 2 ranks, a 16-layer residual GCN hidden 256 with batch norm, 4
    micro-batches, ``stale``): the GNN alone; with the LM fine-tuned after every GNN epoch (sequential); with
-   the LM's steps run inside the pipeline's bubbles (``lm.interleave``). GNN pass time per epoch
+   the LM's steps run inside the pipeline's bubbles (``lm.interleave``, ``lm.staleness`` 2 by default: a
+   rank may run three LM steps in one bubble before it needs the other rank's share of the oldest). GNN pass time per epoch
    (``pipeline_seconds``, medians over epochs 2..E), total time (sum of epoch times, LM work included), the
    LM's time and the bubbles' time (``idle_seconds`` of the GNN alone), summed over epochs and averaged over
    the ranks.
@@ -94,12 +95,14 @@ def study_lazy(work, data, epochs, lm_epochs, cores, timeout, records):
               flush=True)
 
 
-def study_interleave(work, data, epochs, layers, lm_epochs, lm_batch, cores, timeout, records):
+def study_interleave(work, data, epochs, layers, lm_epochs, lm_batch, staleness, cores, timeout, records):
     model = {"name": "gcn", "hidden": 256, "num_layers": layers, "residual": True, "batchnorm": True,
              "dropout": 0.0}
     engine = {"name": "flow", "microbatches": 4, "cross_edges": "stale"}
-    lm = {"epochs": lm_epochs, "batch_size": lm_batch, "lr": 5e-5, "sync": "start", "grouping": "none"}
-    print(f"\n== interleaver: {layers}-layer GCN on flow, 2 ranks, 4 micro-batches; MiniLM batch {lm_batch} ==",
+    lm = {"epochs": lm_epochs, "batch_size": lm_batch, "lr": 5e-5, "sync": "start", "grouping": "none",
+          "staleness": staleness}
+    print(f"\n== interleaver: {layers}-layer GCN on flow, 2 ranks, 4 micro-batches; MiniLM batch {lm_batch}, "
+          f"staleness {staleness} ==",
           flush=True)
     out = {}
     for name, lm_cfg in (("gnn alone", None), ("sequential", {**lm, "interleave": False}),
@@ -147,6 +150,7 @@ def main() -> None:
     ap.add_argument("--il-layers", type=int, default=16)
     ap.add_argument("--il-lm-epochs", type=float, default=0.3)
     ap.add_argument("--il-lm-batch", type=int, default=8)
+    ap.add_argument("--il-staleness", type=int, default=2)
     ap.add_argument("--cores", type=int, default=os.cpu_count() or 1)
     ap.add_argument("--studies", nargs="+", default=["quality", "lazy", "interleave"],
                     choices=["quality", "lazy", "interleave"])
@@ -168,7 +172,8 @@ def main() -> None:
     if "lazy" in args.studies:
         study_lazy(work, data, args.epochs, args.lm_epochs, args.cores, args.timeout, records)
     if "interleave" in args.studies:
-        study_interleave(work, data, args.il_epochs, args.il_layers, args.il_lm_epochs, args.il_lm_batch, args.cores,
+        study_interleave(work, data, args.il_epochs, args.il_layers, args.il_lm_epochs, args.il_lm_batch,
+                         args.il_staleness, args.cores,
                          args.timeout, records)
     print(f"wrote {out}", flush=True)
 

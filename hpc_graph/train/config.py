@@ -432,6 +432,11 @@ class LMConfig:
                                             "stage waits for a message it runs one LM step at a time if the "
                                             "predicted wait leaves room; what is left runs after the epoch.")
     encode_batch: int = _field(128, _int(1), "Texts per batch when encoding.")
+    staleness: int = _field(0, _int(0), "LM step k's gradient is taken on the parameters after step k-1-staleness: "
+                                       "0 is synchronous data parallelism; s > 0 lets a rank run s+1 LM steps in one "
+                                       "pipeline bubble without waiting for the other ranks (delayed gradients; "
+                                       "every step is applied by the end of each GNN epoch, and results do not "
+                                       "depend on timing).")
     standardize: bool = _field(True, _BOOL, "At every sync, standardise each exit's embedding columns over that "
                                             "exit's nodes (mean 0, variance 1), so that exits of different depth "
                                             "and successive syncs give the GNN inputs on one scale.")

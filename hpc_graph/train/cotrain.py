@@ -8,8 +8,10 @@ Three parts, used by the trainer when ``lm.enabled`` (:class:`CoTraining` ties t
   forward and backward on this rank's share of a global batch) at a time. Each global batch holds nodes of one
   exit group only (the *lazy tuner*: a node of group ``i`` leaves the LM after ``ceil(L (i+1) / E)`` layers,
   so a batch of group 0 costs about a quarter of a full-depth batch), and the epoch's loss is the mean of the
-  exit losses (UniTG eq. 5.1). After a chunk, its gradient all-reduce is started (non-blocking); the next chunk
-  applies the step once the all-reduce has completed. The LM owns its random stream (dropout), so running its
+  exit losses (UniTG eq. 5.1). After a chunk, its gradient all-reduce is started (non-blocking); chunk ``k``
+  runs on the parameters after steps ``0 .. k-1-s`` (``lm.staleness`` s; 0: synchronous data parallelism, each
+  step applied before the next chunk), so with s > 0 a rank can run s + 1 chunks in one bubble without waiting
+  for the other ranks' share of the last step (delayed gradients, still the same on every rank and run). The LM owns its random stream (dropout), so running its
   chunks earlier or later never changes the GNN's. The LM steps are spread over the GNN epochs by a fixed quota
   (:meth:`LMTrainer.begin_epoch`): after every GNN epoch the LM has made exactly the same steps whether or not
   they ran in bubbles, so interleaving changes times, never results.
@@ -147,19 +149,22 @@ class LMTrainer:
     def __init__(self, lm: torch.nn.Module, ids: torch.Tensor, mask: torch.Tensor, groups: np.ndarray,
                  label: torch.Tensor, train: np.ndarray, comm: Any, *, epochs: float, batch_size: int, lr: float,
                  weight_decay: float = 0.0, freeze_embeddings: bool = True, seed: int = 0,
-                 encode_batch: int = 128):
+                 encode_batch: int = 128, staleness: int = 0):
         self.lm, self.ids, self.mask, self.comm = lm, ids, mask, comm
         self.groups = np.asarray(groups, dtype=np.int64)
         self.label = label
         self.train = np.asarray(train, dtype=np.int64)
         self.rank, self.size = int(comm.rank), int(comm.size)
         self.batch_size, self.seed, self.encode_batch = int(batch_size), int(seed), int(encode_batch)
+        self.staleness = int(staleness)
         if freeze_embeddings:
             lm.encoder.embeddings.word_embeddings.weight.requires_grad_(False)
         self.params = [p for p in lm.parameters() if p.requires_grad]
         self.optimizer = torch.optim.AdamW(self.params, lr=lr, weight_decay=weight_decay)
         numel = sum(p.numel() for p in self.params)
-        self._flat = torch.zeros(numel, dtype=self.params[0].dtype) if self.params else torch.zeros(0)
+        self._dtype = self.params[0].dtype if self.params else torch.float32
+        self._numel = numel
+        self._free: list[torch.Tensor] = []  # gradient buffers not in flight
         gen = torch.Generator().manual_seed(seed + 7919 + 1_000_003 * self.rank)  # dropout: a stream per rank
         self._rng = {"state": torch.empty(0, dtype=torch.uint8)}
         with torch.random.fork_rng(devices=[]):
@@ -171,7 +176,7 @@ class LMTrainer:
         self.started = 0     # steps whose chunk ran (its all-reduce may be pending)
         self.applied = 0     # steps applied by the optimiser
         self._per_epoch = 0
-        self._pending = None
+        self._pending: list[tuple[Any, torch.Tensor]] = []  # (all-reduce request, buffer), oldest first
         self._batches: list[tuple[int, np.ndarray]] = []
         self._batches_epoch = -1
         self._chunk_est: dict[int, float] = {}
@@ -209,9 +214,14 @@ class LMTrainer:
     def has_work(self) -> bool:
         return self.started < self.quota
 
+    def _needed(self) -> int:
+        """Pending steps the next chunk needs applied: chunk ``k`` runs on the parameters after steps
+        ``0 .. k-1-staleness`` (0 staleness: synchronous data parallelism)."""
+        return max(0, self.started - self.staleness - self.applied)
+
     def ready(self) -> bool:
-        """Whether a chunk can start without blocking (no all-reduce pending, or it completed)."""
-        return self._pending is None or self._pending.test() is not None
+        """Whether the next chunk can start without blocking (the all-reduces it needs have completed)."""
+        return all(req.test() is not None for req, _ in self._pending[:self._needed()])
 
     def next_chunk_estimate(self) -> float:
         """Predicted seconds of the next chunk (by its exit; the slowest one measured when unseen)."""
@@ -221,23 +231,24 @@ class LMTrainer:
         return self._chunk_est.get(g, max(self._chunk_est.values()))
 
     # -- work ----------------------------------------------------------------------------------------
-    def _apply_pending(self) -> None:
-        if self._pending is None:
-            return
-        self._pending.wait()
-        self._pending = None
-        off = 0
-        for p in self.params:
-            n = p.numel()
-            p.grad = self._flat[off:off + n].view_as(p).clone()
-            off += n
-        self.optimizer.step()
-        self.applied += 1
+    def _apply_pending(self, count: int | None = None) -> None:
+        """Apply the oldest ``count`` (default all) pending steps, waiting for their all-reduces."""
+        for _ in range(len(self._pending) if count is None else count):
+            req, flat = self._pending.pop(0)
+            req.wait()
+            off = 0
+            for p in self.params:
+                n = p.numel()
+                p.grad = flat[off:off + n].view_as(p).clone()
+                off += n
+            self.optimizer.step()
+            self.applied += 1
+            self._free.append(flat)
 
     def chunk(self) -> float:
         """Run the next step's chunk on this rank (applying the previous step first); returns its seconds."""
         t0 = time.perf_counter()
-        self._apply_pending()
+        self._apply_pending(self._needed())
         step = self.started
         exit_, nodes = self._batch(step)
         mine = np.array_split(nodes, self.size)[self.rank]
@@ -252,10 +263,11 @@ class LMTrainer:
                 loss = F.cross_entropy(logits, self.label[mine], reduction="sum") / len(nodes)
                 loss.backward()
                 loss_value = float(loss.detach())
+        flat = self._free.pop() if self._free else torch.zeros(self._numel, dtype=self._dtype)
         if self.params:
             torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1) for p in self.params],
-                      out=self._flat)
-        self._pending = self.comm.allreduce_start(self._flat)
+                      out=flat)
+        self._pending.append((self.comm.allreduce_start(flat), flat))
         self.started += 1
         self.losses.append(loss_value)
         dt = time.perf_counter() - t0
@@ -284,7 +296,7 @@ class LMTrainer:
         self.lm.eval()
         n = self.ids.shape[0]
         lo, hi = (int(v) for v in np.linspace(0, n, self.size + 1)[self.rank:self.rank + 2].round())
-        out = torch.zeros((n, self.lm.emb_dim), dtype=self._flat.dtype if self.params else torch.float32)
+        out = torch.zeros((n, self.lm.emb_dim), dtype=self._dtype)
         lengths = self.mask[lo:hi].sum(1).numpy()
         for g in np.unique(self.groups[lo:hi]):
             nodes = lo + np.nonzero(self.groups[lo:hi] == g)[0]
@@ -398,7 +410,7 @@ class CoTraining:
         self.trainer = LMTrainer(lm, ids, mask, self.groups, torch.from_numpy(label), np.nonzero(train)[0],
                                  self.comm, epochs=c.epochs, batch_size=c.batch_size, lr=c.lr,
                                  weight_decay=c.weight_decay, freeze_embeddings=c.freeze_embeddings, seed=seed,
-                                 encode_batch=c.encode_batch)
+                                 encode_batch=c.encode_batch, staleness=c.staleness)
         self.trainer_epochs = epochs
         self.trainer.plan(epochs)
         self.collaborator = Collaborator(epochs) if c.sync == "adaptive" else None

@@ -7,6 +7,7 @@ import math
 import numpy as np
 import pytest
 import torch
+from torch.nn import functional as F
 
 from hpc_graph.comm.local import LocalCommunicator
 from hpc_graph.nn.text_encoder import EarlyExitLM, load_text_encoder
@@ -146,7 +147,7 @@ def test_interleaver_polls_while_the_lm_reduce_is_in_flight_and_without_work():
 TEXTS = [f"{a} {b} word{i % 7}" for i, (a, b) in enumerate(zip(["red", "blue", "green"] * 40, ["x", "y"] * 60))]
 
 
-def _lm_trainer(seed=0, batch=8, epochs=2.0, dropout=0.1):
+def _lm_trainer(seed=0, batch=8, epochs=2.0, dropout=0.1, staleness=0):
     enc, tok = load_text_encoder("tiny", TEXTS, dropout=dropout, seed=seed)
     torch.manual_seed(seed + 1)
     lm = EarlyExitLM(enc, 4, 3).double()
@@ -154,7 +155,7 @@ def _lm_trainer(seed=0, batch=8, epochs=2.0, dropout=0.1):
     label = torch.tensor([i % 3 for i in range(len(TEXTS))])
     groups = exit_groups(np.arange(len(TEXTS)) % 10, 4, "centrality", seed)
     t = LMTrainer(lm, ids, mask, groups, label, np.arange(0, len(TEXTS), 2), LocalCommunicator(), epochs=epochs,
-                  batch_size=batch, lr=1e-3, seed=seed)
+                  batch_size=batch, lr=1e-3, seed=seed, staleness=staleness)
     t.plan(5)
     return t
 
@@ -175,8 +176,9 @@ def test_lm_steps_are_spread_over_the_gnn_epochs_and_batches_hold_one_exit():
     assert sorted(np.concatenate([n for _, n in t._epoch_batches(1)]).tolist()) == t.train.tolist()
 
 
-def test_interleaving_lm_chunks_changes_neither_the_lm_nor_the_callers_random_stream():
-    a, b = _lm_trainer(), _lm_trainer()
+@pytest.mark.parametrize("staleness", [0, 2])
+def test_interleaving_lm_chunks_changes_neither_the_lm_nor_the_callers_random_stream(staleness):
+    a, b = _lm_trainer(staleness=staleness), _lm_trainer(staleness=staleness)
     torch.manual_seed(123)
     for _ in range(3):  # a: all chunks after the epoch
         torch.rand(5)
@@ -188,10 +190,36 @@ def test_interleaving_lm_chunks_changes_neither_the_lm_nor_the_callers_random_st
         b.begin_epoch()
         b.chunk()
         torch.rand(5)
+        if b.ready():
+            b.chunk()
         b.finish_epoch()
     assert torch.equal(torch.rand(3), ref_after)
     for (n, p), q in zip(a.lm.named_parameters(), b.lm.parameters()):
         assert torch.equal(p, q), n
+
+
+def test_stale_steps_take_the_gradient_on_older_parameters():
+    t = _lm_trainer(dropout=0.0, staleness=1)
+    t.plan(1)
+    t.begin_epoch()
+    theta0 = [p.detach().clone() for p in t.lm.parameters()]
+    t.chunk()
+    t.chunk()  # staleness 1: step 1's gradient is taken on the initial parameters too
+    assert t.applied == 0 and len(t._pending) == 2
+    t.chunk()  # step 2 needs step 0 applied, not step 1
+    assert t.applied == 1
+    ref = _lm_trainer(dropout=0.0)
+    with torch.no_grad():
+        for p, q in zip(ref.lm.parameters(), theta0):
+            p.copy_(q)
+    exit_, nodes = ref._batch(1)
+    ref.lm.train()
+    loss = F.cross_entropy(ref.lm(ref.ids[nodes][:, :16], ref.mask[nodes][:, :16], exit_), ref.label[nodes],
+                           reduction="sum") / len(nodes)
+    grads = torch.autograd.grad(loss, [p for p in ref.lm.parameters() if p.requires_grad], allow_unused=True)
+    want = torch.cat([(g if g is not None else torch.zeros_like(p)).reshape(-1)
+                      for g, p in zip(grads, [p for p in ref.lm.parameters() if p.requires_grad])])
+    torch.testing.assert_close(t._pending[0][1], want)
 
 
 def test_lm_learns_its_labels():

@@ -5,7 +5,8 @@ Rank 0 writes a small text-attributed graph; then every rank checks:
 * the LM's data parallelism is exact: ``LMTrainer`` on P ranks (batch ``b`` per rank, its own duplicated
   communicator, non-blocking all-reduce) makes the same parameters as one process with batch ``P b``
   (float64, no dropout);
-* the bubble interleaver changes nothing but times: ``flow`` with ``lm.interleave`` (chunks forced into every
+* the bubble interleaver changes nothing but times (synchronous LM steps and ``lm.staleness`` 2): ``flow`` with
+  ``lm.interleave`` (chunks forced into every
   wait) gives the same losses, accuracies, LM parameters and GNN input as without it, while chunks did run
   inside the waits, no message waited more than one chunk, and every rank holds the same LM;
 * a dataset without ``/node/text`` is refused on every rank with an error naming the field.
@@ -24,7 +25,7 @@ import numpy as np
 import torch
 
 
-def _config(path: Path, run_dir: Path, interleave: bool, epochs: int = 4):
+def _config(path: Path, run_dir: Path, interleave: bool, epochs: int = 4, staleness: int = 0):
     from hpc_graph.train.config import config_from_dict
 
     return config_from_dict({
@@ -33,7 +34,7 @@ def _config(path: Path, run_dir: Path, interleave: bool, epochs: int = 4):
         "optim": {"lr": 0.01},
         "train": {"epochs": epochs, "eval_every": 2, "progress": False, "run_dir": str(run_dir), "dtype": "float64"},
         "lm": {"enabled": True, "model": "tiny", "epochs": 3.0, "lr": 1e-3, "batch_size": 4, "sync": "every",
-               "sync_every": 2, "interleave": interleave}})
+               "sync_every": 2, "interleave": interleave, "staleness": staleness}})
 
 
 def _lm_trainer(texts, label, train, comm, batch):
@@ -50,6 +51,37 @@ def _lm_trainer(texts, label, train, comm, batch):
                   lr=1e-2, seed=0)
     t.plan(3)
     return t
+
+
+def _interleave_check(data, work, comm, staleness):
+    from hpc_graph.train.trainer import Trainer
+
+    runs = {}
+    for il in (False, True):
+        t = Trainer(_config(data, work / f"flow-{il}-{staleness}", il, staleness=staleness), comm)
+        if il:
+            t.cotrain.interleaver.floor = 1e9  # run chunks in every wait (a tiny graph has tiny bubbles)
+        losses, accs, chunks, delay = [], [], 0, 0.0
+        for _ in range(4):
+            losses.append(t.step())
+            chunks += t.cotrain.trainer.stats["bubble_chunks"]
+            delay = max(delay, t.cotrain.trainer.stats["max_delay_seconds"])
+        accs.append(t.evaluate())
+        lm_params = [p.detach().clone() for p in t.cotrain.trainer.lm.parameters()]
+        runs[il] = (losses, accs, lm_params, t.feat.clone(), chunks, delay, t.cotrain.trainer._chunk_est)
+    (l0, a0, p0, f0, c0, _, _), (l1, a1, p1, f1, c1, d1, est) = runs[False], runs[True]
+    assert l0 == l1, (staleness, l0, l1)
+    assert a0 == a1, (a0, a1)
+    assert torch.equal(f0, f1)
+    for p, q in zip(p0, p1):
+        assert torch.equal(p, q)
+    assert c0 == 0
+    all_chunks = comm.allgather_object(c1)
+    assert sum(all_chunks) > 0, all_chunks
+    assert d1 <= 3.0 * max(est.values()) + 0.05, (d1, est)  # at most one chunk (its time, with slack for noise)
+    # every rank holds the same LM (data-parallel steps)
+    sums = comm.allgather_object([float(p.sum()) for p in p1])
+    assert all(s == sums[0] for s in sums), "LM replicas differ between ranks"
 
 
 def main() -> None:
@@ -92,33 +124,9 @@ def main() -> None:
             continue
         torch.testing.assert_close(p, q, rtol=1e-9, atol=1e-12, msg=f"data-parallel LM differs at {n}")
 
-    # 2. interleaving changes times, never results
-    runs = {}
-    for il in (False, True):
-        t = Trainer(_config(data, work / f"flow-{il}", il), comm)
-        if il:
-            t.cotrain.interleaver.floor = 1e9  # run chunks in every wait (a tiny graph has tiny bubbles)
-        losses, accs, chunks, delay = [], [], 0, 0.0
-        for _ in range(4):
-            losses.append(t.step())
-            chunks += t.cotrain.trainer.stats["bubble_chunks"]
-            delay = max(delay, t.cotrain.trainer.stats["max_delay_seconds"])
-        accs.append(t.evaluate())
-        lm_params = [p.detach().clone() for p in t.cotrain.trainer.lm.parameters()]
-        runs[il] = (losses, accs, lm_params, t.feat.clone(), chunks, delay, t.cotrain.trainer._chunk_est)
-    (l0, a0, p0, f0, c0, _, _), (l1, a1, p1, f1, c1, d1, est) = runs[False], runs[True]
-    assert l0 == l1, (l0, l1)
-    assert a0 == a1, (a0, a1)
-    assert torch.equal(f0, f1)
-    for p, q in zip(p0, p1):
-        assert torch.equal(p, q)
-    assert c0 == 0
-    all_chunks = comm.allgather_object(c1)
-    assert sum(all_chunks) > 0, all_chunks
-    assert d1 <= 3.0 * max(est.values()) + 0.05, (d1, est)  # at most one chunk (its time, with slack for noise)
-    # every rank holds the same LM (data-parallel steps)
-    sums = comm.allgather_object([float(p.sum()) for p in p1])
-    assert all(s == sums[0] for s in sums), "LM replicas differ between ranks"
+    # 2. interleaving changes times, never results (synchronous LM steps, and delayed ones)
+    for staleness in (0, 2):
+        _interleave_check(data, work, comm, staleness)
 
     # 3. no text: refused on every rank
     try:
