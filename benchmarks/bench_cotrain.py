@@ -149,7 +149,7 @@ def main() -> None:
     ap.add_argument("--il-epochs", type=int, default=12, help="GNN epochs of the interleave study")
     ap.add_argument("--il-layers", type=int, default=16)
     ap.add_argument("--il-lm-epochs", type=float, default=0.3)
-    ap.add_argument("--il-lm-batch", type=int, default=8)
+    ap.add_argument("--il-lm-batch", type=int, default=4)
     ap.add_argument("--il-staleness", type=int, default=2)
     ap.add_argument("--cores", type=int, default=os.cpu_count() or 1)
     ap.add_argument("--studies", nargs="+", default=["quality", "lazy", "interleave"],
