@@ -14,7 +14,7 @@ threads = cores / ranks. Three studies:
 2. **lazy** (engine ``single``, 2-layer SAGE, MiniLM fine-tuned ``--lm-epochs`` epochs alongside the GNN, the
    collaborator's adaptive sync): ``lm.grouping`` none (every node runs all 6 layers), centrality (UniTG's
    lazy tuner: the quarter of nodes with the lowest degree leaves after 2 layers, the next after 3, then 5,
-   then 6), random and reversed (the ablation): LM seconds per LM epoch (fine-tuning chunks only; encoding
+   then 6), random and reversed (the ablation), exit heads at ``--lm-head-lr``: LM seconds per LM epoch (fine-tuning chunks only; encoding
    reported apart) and the GNN's test accuracy.
 3. **interleave** (engine ``flow`` on 2 ranks, a 16-layer residual GCN hidden 256 with batch norm, 4
    micro-batches, ``stale``): the GNN alone; with the LM fine-tuned after every GNN epoch (sequential); with
@@ -77,17 +77,17 @@ def study_quality(work, data, epochs, cores, timeout, records):
         print(f"{label:42s} test acc {rec['test_acc']:.4f}  ({res['wall_s']:.0f} s)", flush=True)
 
 
-def study_lazy(work, data, epochs, lm_epochs, cores, timeout, records):
+def study_lazy(work, data, epochs, lm_epochs, head_lr, cores, timeout, records):
     print(f"\n== lazy tuner: MiniLM fine-tuned {lm_epochs:g} epoch(s) with a 2-layer SAGE ==", flush=True)
     print(f"{'grouping':12s} {'LM s/epoch':>11s} {'vs none':>8s} {'encode s':>9s} {'test acc':>9s}", flush=True)
     base = None
     for grouping in ("none", "centrality", "random", "reversed"):
-        lm = {"epochs": lm_epochs, "grouping": grouping, "lr": 5e-5, "batch_size": 32}
+        lm = {"epochs": lm_epochs, "grouping": grouping, "lr": 5e-5, "head_lr": head_lr, "batch_size": 32}
         res = _train(work, f"lazy-{grouping}", data, 1, SAGE, {"name": "single"}, epochs, cores, timeout, lm)
         lm_s = _sum(res, "lm_seconds", 0) / lm_epochs
         enc_s = _sum(res, "lm_encode_seconds", 0)
         base = lm_s if grouping == "none" else base
-        rec = {"study": "lazy", "grouping": grouping, "lm_seconds_per_epoch": lm_s, "encode_seconds": enc_s,
+        rec = {"study": "lazy", "grouping": grouping, "head_lr": head_lr, "lm_seconds_per_epoch": lm_s, "encode_seconds": enc_s,
                "ratio_vs_none": lm_s / base, "test_acc": _test_acc(res), "wall_s": res["wall_s"],
                "syncs": sum(1 for r in res["metrics"][0] if r["engine_stats"].get("lm_encode_seconds", 0) > 0)}
         records.append(rec)
@@ -146,6 +146,7 @@ def main() -> None:
     ap.add_argument("--topic-visible", type=float, default=0.1)
     ap.add_argument("--epochs", type=int, default=100, help="GNN epochs of the quality and lazy studies")
     ap.add_argument("--lm-epochs", type=float, default=1.0)
+    ap.add_argument("--lm-head-lr", type=float, default=2e-3, help="lm.head_lr of the lazy study")
     ap.add_argument("--il-epochs", type=int, default=12, help="GNN epochs of the interleave study")
     ap.add_argument("--il-layers", type=int, default=16)
     ap.add_argument("--il-lm-epochs", type=float, default=0.3)
@@ -170,7 +171,7 @@ def main() -> None:
     if "quality" in args.studies:
         study_quality(work, data, args.epochs, args.cores, args.timeout, records)
     if "lazy" in args.studies:
-        study_lazy(work, data, args.epochs, args.lm_epochs, args.cores, args.timeout, records)
+        study_lazy(work, data, args.epochs, args.lm_epochs, args.lm_head_lr, args.cores, args.timeout, records)
     if "interleave" in args.studies:
         study_interleave(work, data, args.il_epochs, args.il_layers, args.il_lm_epochs, args.il_lm_batch,
                          args.il_staleness, args.cores,

@@ -417,6 +417,8 @@ class LMConfig:
                                              "GNN epochs (0: frozen LM, encodings only).")
     batch_size: int = _field(32, _int(1), "Texts per LM step and rank.")
     lr: float = _field(5e-5, _float(0.0, lo_open=True), "LM learning rate (AdamW).")
+    head_lr: float = _field(0.0, _float(0.0), "Learning rate of the exit heads and the classifier (new layers; 0: "
+                                              "`lm.lr`).")
     weight_decay: float = _field(0.0, _float(0.0), "LM weight decay.")
     dropout: float = _field(0.1, _float(0.0, 1.0, hi_open=True), "LM hidden and attention dropout.")
     freeze_embeddings: bool = _field(True, _BOOL, "Keep the LM's token embeddings fixed (smaller gradient "

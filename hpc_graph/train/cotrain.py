@@ -144,12 +144,13 @@ class LMTrainer:
         groups: int64[N] exit of every node; label: int64[N]; train: int64[T] dataset ids of the training nodes.
         comm: the LM's own communicator (every rank of the job).
         epochs: LM epochs over the training nodes in the whole run; batch_size: texts per step and rank.
+        head_lr: learning rate of the exit heads and the classifier (0: ``lr``).
     """
 
     def __init__(self, lm: torch.nn.Module, ids: torch.Tensor, mask: torch.Tensor, groups: np.ndarray,
                  label: torch.Tensor, train: np.ndarray, comm: Any, *, epochs: float, batch_size: int, lr: float,
                  weight_decay: float = 0.0, freeze_embeddings: bool = True, seed: int = 0,
-                 encode_batch: int = 128, staleness: int = 0):
+                 encode_batch: int = 128, staleness: int = 0, head_lr: float = 0.0):
         self.lm, self.ids, self.mask, self.comm = lm, ids, mask, comm
         self.groups = np.asarray(groups, dtype=np.int64)
         self.label = label
@@ -160,7 +161,10 @@ class LMTrainer:
         if freeze_embeddings:
             lm.encoder.embeddings.word_embeddings.weight.requires_grad_(False)
         self.params = [p for p in lm.parameters() if p.requires_grad]
-        self.optimizer = torch.optim.AdamW(self.params, lr=lr, weight_decay=weight_decay)
+        head_ids = {id(p) for mod in (lm.heads, lm.classifier) for p in mod.parameters()}
+        groups = [{"params": [p for p in self.params if id(p) not in head_ids], "lr": lr},
+                  {"params": [p for p in self.params if id(p) in head_ids], "lr": head_lr or lr}]
+        self.optimizer = torch.optim.AdamW([g for g in groups if g["params"]], weight_decay=weight_decay)
         numel = sum(p.numel() for p in self.params)
         self._dtype = self.params[0].dtype if self.params else torch.float32
         self._numel = numel
@@ -410,7 +414,7 @@ class CoTraining:
         self.trainer = LMTrainer(lm, ids, mask, self.groups, torch.from_numpy(label), np.nonzero(train)[0],
                                  self.comm, epochs=c.epochs, batch_size=c.batch_size, lr=c.lr,
                                  weight_decay=c.weight_decay, freeze_embeddings=c.freeze_embeddings, seed=seed,
-                                 encode_batch=c.encode_batch, staleness=c.staleness)
+                                 encode_batch=c.encode_batch, staleness=c.staleness, head_lr=c.head_lr)
         self.trainer_epochs = epochs
         self.trainer.plan(epochs)
         self.collaborator = Collaborator(epochs) if c.sync == "adaptive" else None
