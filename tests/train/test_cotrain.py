@@ -198,6 +198,19 @@ def test_interleaving_lm_chunks_changes_neither_the_lm_nor_the_callers_random_st
         assert torch.equal(p, q), n
 
 
+def test_head_lr_applies_to_the_exit_heads_and_classifier_only():
+    enc, tok = load_text_encoder("tiny", TEXTS, seed=0)
+    lm = EarlyExitLM(enc, 2, 3)
+    ids, mask = tok.encode(TEXTS, 16)
+    t = LMTrainer(lm, ids, mask, np.zeros(len(TEXTS), dtype=np.int64), torch.zeros(len(TEXTS), dtype=torch.int64),
+                  np.arange(10), LocalCommunicator(), epochs=1.0, batch_size=4, lr=1e-4, head_lr=3e-3)
+    lrs = {id(p): g["lr"] for g in t.optimizer.param_groups for p in g["params"]}
+    heads = {id(p) for p in list(lm.heads.parameters()) + list(lm.classifier.parameters())}
+    assert all(lrs[k] == 3e-3 for k in heads)
+    assert all(lr == 1e-4 for k, lr in lrs.items() if k not in heads) and len(lrs) > len(heads)
+    assert id(lm.encoder.embeddings.word_embeddings.weight) not in lrs  # frozen
+
+
 def test_stale_steps_take_the_gradient_on_older_parameters():
     t = _lm_trainer(dropout=0.0, staleness=1)
     t.plan(1)
