@@ -165,9 +165,8 @@ class LMTrainer:
         groups = [{"params": [p for p in self.params if id(p) not in head_ids], "lr": lr},
                   {"params": [p for p in self.params if id(p) in head_ids], "lr": head_lr or lr}]
         self.optimizer = torch.optim.AdamW([g for g in groups if g["params"]], weight_decay=weight_decay)
-        numel = sum(p.numel() for p in self.params)
         self._dtype = self.params[0].dtype if self.params else torch.float32
-        self._numel = numel
+        self._numel = sum(p.numel() for p in self.params)
         self._free: list[torch.Tensor] = []  # gradient buffers not in flight
         gen = torch.Generator().manual_seed(seed + 7919 + 1_000_003 * self.rank)  # dropout: a stream per rank
         self._rng = {"state": torch.empty(0, dtype=torch.uint8)}
@@ -184,7 +183,6 @@ class LMTrainer:
         self._batches: list[tuple[int, np.ndarray]] = []
         self._batches_epoch = -1
         self._chunk_est: dict[int, float] = {}
-        self.losses: list[float] = []
         self.reset_stats()
 
     # -- schedule ----------------------------------------------------------------------------------
@@ -273,7 +271,7 @@ class LMTrainer:
                       out=flat)
         self._pending.append((self.comm.allreduce_start(flat), flat))
         self.started += 1
-        self.losses.append(loss_value)
+        self.stats["loss"] += loss_value
         dt = time.perf_counter() - t0
         prev = self._chunk_est.get(exit_)
         self._chunk_est[exit_] = dt if prev is None else 0.7 * prev + 0.3 * dt
@@ -292,7 +290,7 @@ class LMTrainer:
         return dt
 
     @torch.no_grad()
-    def encode(self, order: np.ndarray | None = None) -> torch.Tensor:
+    def encode(self) -> torch.Tensor:
         """float[N, D]: every node's embedding at its own exit (evaluation mode). Each rank encodes a
         contiguous ``1/P`` of the nodes (shortest texts together); one sum all-reduce assembles them."""
         t0 = time.perf_counter()
@@ -309,13 +307,12 @@ class LMTrainer:
                 part = nodes[i:i + self.encode_batch]
                 ids, mask = _trim(self.ids[part], self.mask[part])
                 out[part] = self.lm.embed(ids, mask, int(g)).to(out.dtype)
-        if self.size > 1:
-            self.comm.allreduce_start(out).wait()
+        self.comm.allreduce_(out)
         self.stats["encode_seconds"] += time.perf_counter() - t0
         return out
 
     def reset_stats(self) -> None:
-        self.stats = {"chunks": 0, "seconds": 0.0, "after_seconds": 0.0, "encode_seconds": 0.0,
+        self.stats = {"chunks": 0, "loss": 0.0, "seconds": 0.0, "after_seconds": 0.0, "encode_seconds": 0.0,
                       "bubble_chunks": 0, "bubble_seconds": 0.0, "max_delay_seconds": 0.0}
 
     def state_dict(self) -> dict[str, Any]:
@@ -496,9 +493,8 @@ class CoTraining:
                "lm_bubble_chunks": float(s["bubble_chunks"]), "lm_bubble_seconds": s["bubble_seconds"],
                "lm_encode_seconds": s["encode_seconds"], "lm_max_delay_seconds": s["max_delay_seconds"],
                "lm_steps": float(self.trainer.applied)}
-        recent = self.trainer.losses[-max(int(s["chunks"]), 1):]
         if s["chunks"]:
-            out["lm_loss"] = float(np.mean(recent))
+            out["lm_loss"] = s["loss"] / s["chunks"]
         if self.collaborator is not None:
             out["lm_sync_interval"] = float(self.collaborator.interval)
         return out
