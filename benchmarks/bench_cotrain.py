@@ -42,9 +42,10 @@ from bench_flow import _train as _flow_train  # noqa: E402
 
 
 def _train(work: Path, name: str, data: Path, ranks: int, model: dict, engine: dict, epochs: int, cores: int,
-           timeout: float, lm: dict | None, lr: float = 0.01, eval_every: int = 5) -> dict[str, Any]:
+           timeout: float, lm: dict | None, lr: float = 0.01, eval_every: int = 5, seed: int = 0) -> dict[str, Any]:
     extra = None if lm is None else {"lm": {"enabled": True, "model": "minilm", **lm}}
-    return _flow_train(work, name, data, ranks, model, engine, epochs, eval_every, cores, timeout, lr=lr, extra=extra)
+    return _flow_train(work, name, data, ranks, model, engine, epochs, eval_every, cores, timeout, lr=lr, extra=extra,
+                       seed=seed)
 
 
 def _test_acc(res: dict) -> float:
@@ -77,22 +78,44 @@ def study_quality(work, data, epochs, cores, timeout, records):
         print(f"{label:42s} test acc {rec['test_acc']:.4f}  ({res['wall_s']:.0f} s)", flush=True)
 
 
-def study_lazy(work, data, epochs, lm_epochs, head_lr, cores, timeout, records):
-    print(f"\n== lazy tuner: MiniLM fine-tuned {lm_epochs:g} epoch(s) with a 2-layer SAGE ==", flush=True)
-    print(f"{'grouping':12s} {'LM s/epoch':>11s} {'vs none':>8s} {'encode s':>9s} {'test acc':>9s}", flush=True)
-    base = None
-    for grouping in ("none", "centrality", "random", "reversed"):
-        lm = {"epochs": lm_epochs, "grouping": grouping, "lr": 5e-5, "head_lr": head_lr, "batch_size": 32}
-        res = _train(work, f"lazy-{grouping}", data, 1, SAGE, {"name": "single"}, epochs, cores, timeout, lm)
-        lm_s = _sum(res, "lm_seconds", 0) / lm_epochs
-        enc_s = _sum(res, "lm_encode_seconds", 0)
-        base = lm_s if grouping == "none" else base
-        rec = {"study": "lazy", "grouping": grouping, "head_lr": head_lr, "lm_seconds_per_epoch": lm_s, "encode_seconds": enc_s,
-               "ratio_vs_none": lm_s / base, "test_acc": _test_acc(res), "wall_s": res["wall_s"],
-               "syncs": sum(1 for r in res["metrics"][0] if r["engine_stats"].get("lm_encode_seconds", 0) > 0)}
-        records.append(rec)
-        print(f"{grouping:12s} {lm_s:11.1f} {rec['ratio_vs_none']:8.2f} {enc_s:9.1f} {rec['test_acc']:9.4f}",
-              flush=True)
+def study_lazy(work, data, epochs, lm_epochs, head_lr, groupings, seeds, cores, timeout, records):
+    print(f"\n== lazy tuner: MiniLM fine-tuned {lm_epochs:g} epoch(s) with a 2-layer SAGE, seeds {seeds} ==",
+          flush=True)
+    print(f"{'grouping':12s} {'seed':>4s} {'LM s/epoch':>11s} {'vs none':>8s} {'encode s':>9s} {'test acc':>9s}",
+          flush=True)
+    base: dict[int, float] = {}
+    by: dict[str, list[dict]] = {}
+    for grouping in groupings:
+        for seed in seeds:
+            lm = {"epochs": lm_epochs, "grouping": grouping, "lr": 5e-5, "head_lr": head_lr, "batch_size": 32}
+            res = _train(work, f"lazy-{grouping}-s{seed}", data, 1, SAGE, {"name": "single"}, epochs, cores, timeout,
+                         lm, seed=seed)
+            lm_s = _sum(res, "lm_seconds", 0) / lm_epochs
+            enc_s = _sum(res, "lm_encode_seconds", 0)
+            if grouping == "none":
+                base[seed] = lm_s
+            rec = {"study": "lazy", "grouping": grouping, "seed": seed, "head_lr": head_lr,
+                   "lm_seconds_per_epoch": lm_s, "encode_seconds": enc_s,
+                   "ratio_vs_none": lm_s / base[seed] if seed in base else None, "test_acc": _test_acc(res),
+                   "wall_s": res["wall_s"],
+                   "syncs": sum(1 for r in res["metrics"][0] if r["engine_stats"].get("lm_encode_seconds", 0) > 0)}
+            records.append(rec)
+            by.setdefault(grouping, []).append(rec)
+            ratio = "-" if rec["ratio_vs_none"] is None else f"{rec['ratio_vs_none']:.2f}"
+            print(f"{grouping:12s} {seed:4d} {lm_s:11.1f} {ratio:>8s} {enc_s:9.1f} {rec['test_acc']:9.4f}",
+                  flush=True)
+    print("\nmeans over the seeds:", flush=True)
+    for grouping, recs in by.items():
+        accs = [r["test_acc"] for r in recs]
+        ratios = [r["ratio_vs_none"] for r in recs if r["ratio_vs_none"] is not None]
+        sd = statistics.stdev(accs) if len(accs) > 1 else 0.0
+        line = {"study": "lazy", "grouping": grouping, "seed": "mean", "seeds": len(recs),
+                "test_acc": statistics.mean(accs), "test_acc_std": sd,
+                "ratio_vs_none": statistics.mean(ratios) if ratios else None,
+                "lm_seconds_per_epoch": statistics.mean(r["lm_seconds_per_epoch"] for r in recs)}
+        records.append(line)
+        ratio = "-" if line["ratio_vs_none"] is None else f"{line['ratio_vs_none']:.3f}"
+        print(f"{grouping:12s} test acc {line['test_acc']:.4f} +- {sd:.4f}  LM epoch vs none {ratio}", flush=True)
 
 
 def study_interleave(work, data, epochs, layers, lm_epochs, lm_batch, staleness, cores, timeout, records):
@@ -147,6 +170,9 @@ def main() -> None:
     ap.add_argument("--epochs", type=int, default=100, help="GNN epochs of the quality and lazy studies")
     ap.add_argument("--lm-epochs", type=float, default=1.0)
     ap.add_argument("--lm-head-lr", type=float, default=2e-3, help="lm.head_lr of the lazy study")
+    ap.add_argument("--groupings", nargs="+", default=["none", "centrality", "random", "reversed"],
+                    choices=["none", "centrality", "random", "reversed"], help="lm.grouping values of the lazy study")
+    ap.add_argument("--seeds", nargs="+", type=int, default=[0], help="train.seed values of the lazy study")
     ap.add_argument("--il-epochs", type=int, default=12, help="GNN epochs of the interleave study")
     ap.add_argument("--il-layers", type=int, default=16)
     ap.add_argument("--il-lm-epochs", type=float, default=0.3)
@@ -171,7 +197,11 @@ def main() -> None:
     if "quality" in args.studies:
         study_quality(work, data, args.epochs, args.cores, args.timeout, records)
     if "lazy" in args.studies:
-        study_lazy(work, data, args.epochs, args.lm_epochs, args.lm_head_lr, args.cores, args.timeout, records)
+        if "none" not in args.groupings:
+            ap.error("--groupings: the lazy study needs 'none' (the full-depth baseline)")
+        groupings = ["none"] + [g for g in args.groupings if g != "none"]
+        study_lazy(work, data, args.epochs, args.lm_epochs, args.lm_head_lr, groupings, args.seeds, args.cores,
+                   args.timeout, records)
     if "interleave" in args.studies:
         study_interleave(work, data, args.il_epochs, args.il_layers, args.il_lm_epochs, args.il_lm_batch,
                          args.il_staleness, args.cores,

@@ -65,7 +65,7 @@ def _run(cmd: list[Any], env: dict[str, str], timeout: float) -> float:
 
 
 def _train(work: Path, name: str, data: Path, ranks: int, model: dict, engine: dict, epochs: int, eval_every: int,
-           cores: int, timeout: float, lr: float = 0.005, extra: dict | None = None) -> dict[str, Any]:
+           cores: int, timeout: float, lr: float = 0.005, extra: dict | None = None, seed: int = 0) -> dict[str, Any]:
     """One training run (``extra``: more config sections); returns the summary, the per-rank epoch metrics and
     the wall time."""
     run = work / "runs" / name
@@ -75,7 +75,7 @@ def _train(work: Path, name: str, data: Path, ranks: int, model: dict, engine: d
         "engine": engine,
         "model": {"dropout": 0.0, **model},  # the accuracy study sets its own dropout
         "optim": {"name": "adam", "lr": lr},
-        "train": {"epochs": epochs, "eval_every": eval_every, "seed": 0, "progress": False, "run_dir": str(run),
+        "train": {"epochs": epochs, "eval_every": eval_every, "seed": seed, "progress": False, "run_dir": str(run),
                   "threads": max(1, cores // ranks)}}))
     launch = ["mpiexec", "-n", ranks] if ranks > 1 else []
     wall = _run(launch + [sys.executable, "-m", "hpc_graph.cli", "-q", "train", "--config", cfg, "--force"],

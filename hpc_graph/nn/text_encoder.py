@@ -240,6 +240,13 @@ class EarlyExitLM(nn.Module):
         """float[B, C]: the exit's class logits."""
         return self.classifier(self.embed(ids, mask, exit))
 
+    def exit_parameters(self, exit: int) -> list[nn.Parameter]:
+        """The parameters exit ``exit``'s output depends on: the embeddings, the first ``exit_layers[exit]``
+        layers, its head and the classifier (the others get no gradient from its texts)."""
+        mods = [self.encoder.embeddings, *self.encoder.encoder.layer[:self.exit_layers[exit]], self.heads[exit],
+                self.classifier]
+        return [p for m in mods for p in m.parameters()]
+
 
 _WORD = re.compile(r"\w+|[^\w\s]", re.UNICODE)
 

@@ -166,8 +166,11 @@ class LMTrainer:
                   {"params": [p for p in self.params if id(p) in head_ids], "lr": head_lr or lr}]
         self.optimizer = torch.optim.AdamW([g for g in groups if g["params"]], weight_decay=weight_decay)
         self._dtype = self.params[0].dtype if self.params else torch.float32
-        self._numel = sum(p.numel() for p in self.params)
-        self._free: list[torch.Tensor] = []  # gradient buffers not in flight
+        # a step of exit e touches only the parameters e depends on: only their gradients are all-reduced and
+        # only they are stepped (AdamW skips a parameter without a gradient: no momentum drift, no decay)
+        trainable = {id(p) for p in self.params}
+        self._active = [[p for p in lm.exit_parameters(e) if id(p) in trainable] for e in range(len(lm.heads))]
+        self._free: dict[int, list[torch.Tensor]] = {}  # gradient buffers not in flight, by exit
         gen = torch.Generator().manual_seed(seed + 7919 + 1_000_003 * self.rank)  # dropout: a stream per rank
         self._rng = {"state": torch.empty(0, dtype=torch.uint8)}
         with torch.random.fork_rng(devices=[]):
@@ -179,7 +182,7 @@ class LMTrainer:
         self.started = 0     # steps whose chunk ran (its all-reduce may be pending)
         self.applied = 0     # steps applied by the optimiser
         self._per_epoch = 0
-        self._pending: list[tuple[Any, torch.Tensor]] = []  # (all-reduce request, buffer), oldest first
+        self._pending: list[tuple[Any, torch.Tensor, int]] = []  # (all-reduce request, buffer, exit), oldest first
         self._batches: list[tuple[int, np.ndarray]] = []
         self._batches_epoch = -1
         self._chunk_est: dict[int, float] = {}
@@ -223,7 +226,7 @@ class LMTrainer:
 
     def ready(self) -> bool:
         """Whether the next chunk can start without blocking (the all-reduces it needs have completed)."""
-        return all(req.test() is not None for req, _ in self._pending[:self._needed()])
+        return all(req.test() is not None for req, _, _ in self._pending[:self._needed()])
 
     def next_chunk_estimate(self) -> float:
         """Predicted seconds of the next chunk (by its exit; the slowest one measured when unseen)."""
@@ -236,16 +239,20 @@ class LMTrainer:
     def _apply_pending(self, count: int | None = None) -> None:
         """Apply the oldest ``count`` (default all) pending steps, waiting for their all-reduces."""
         for _ in range(len(self._pending) if count is None else count):
-            req, flat = self._pending.pop(0)
+            req, flat, exit_ = self._pending.pop(0)
             req.wait()
-            off = 0
             for p in self.params:
+                p.grad = None
+            off = 0
+            for p in self._active[exit_]:
                 n = p.numel()
-                p.grad = flat[off:off + n].view_as(p).clone()
+                p.grad = flat[off:off + n].view_as(p)  # a view: the buffer is reused only after this step
                 off += n
             self.optimizer.step()
+            for p in self._active[exit_]:
+                p.grad = None
             self.applied += 1
-            self._free.append(flat)
+            self._free.setdefault(exit_, []).append(flat)
 
     def chunk(self) -> float:
         """Run the next step's chunk on this rank (applying the previous step first); returns its seconds."""
@@ -265,11 +272,14 @@ class LMTrainer:
                 loss = F.cross_entropy(logits, self.label[mine], reduction="sum") / len(nodes)
                 loss.backward()
                 loss_value = float(loss.detach())
-        flat = self._free.pop() if self._free else torch.zeros(self._numel, dtype=self._dtype)
-        if self.params:
-            torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1) for p in self.params],
-                      out=flat)
-        self._pending.append((self.comm.allreduce_start(flat), flat))
+        active = self._active[exit_]
+        free = self._free.get(exit_)
+        flat = free.pop() if free else torch.zeros(sum(p.numel() for p in active), dtype=self._dtype)
+        if active:
+            torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1) for p in active], out=flat)
+        for p in self.params:
+            p.grad = None
+        self._pending.append((self.comm.allreduce_start(flat), flat, exit_))
         self.started += 1
         self.stats["loss"] += loss_value
         dt = time.perf_counter() - t0

@@ -229,10 +229,33 @@ def test_stale_steps_take_the_gradient_on_older_parameters():
     ref.lm.train()
     loss = F.cross_entropy(ref.lm(ref.ids[nodes][:, :16], ref.mask[nodes][:, :16], exit_), ref.label[nodes],
                            reduction="sum") / len(nodes)
-    grads = torch.autograd.grad(loss, [p for p in ref.lm.parameters() if p.requires_grad], allow_unused=True)
-    want = torch.cat([(g if g is not None else torch.zeros_like(p)).reshape(-1)
-                      for g, p in zip(grads, [p for p in ref.lm.parameters() if p.requires_grad])])
+    active = [p for p in ref.lm.exit_parameters(exit_) if p.requires_grad]
+    grads = torch.autograd.grad(loss, active, allow_unused=True)
+    want = torch.cat([(g if g is not None else torch.zeros_like(p)).reshape(-1) for g, p in zip(grads, active)])
     torch.testing.assert_close(t._pending[0][1], want)
+
+
+def test_a_step_leaves_the_parameters_its_exit_does_not_use_alone():
+    # AdamW would move a parameter with a zero gradient (momentum of earlier steps, weight decay): a step of an
+    # early exit must leave the deeper layers and the other heads exactly as they were
+    t = _lm_trainer(dropout=0.0, epochs=4.0)
+    t.optimizer.param_groups[0]["weight_decay"] = 0.01
+    t.plan(1)
+    t.begin_epoch()
+    deepest = len(t.lm.heads) - 1
+    seen_deep = False
+    for _ in range(t.total_steps):
+        exit_, _ = t._batch(t.started)
+        seen_deep |= exit_ == deepest
+        before = {n: p.detach().clone() for n, p in t.lm.named_parameters()}
+        t.chunk()
+        t._apply_pending()
+        used = {id(p) for p in t.lm.exit_parameters(exit_)}
+        for n, p in t.lm.named_parameters():
+            if id(p) not in used:
+                assert torch.equal(p, before[n]), (exit_, n)
+        assert all(p.grad is None for p in t.lm.parameters())
+    assert seen_deep and t.applied == t.total_steps
 
 
 def test_lm_learns_its_labels():
