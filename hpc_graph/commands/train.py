@@ -75,6 +75,8 @@ def run(args: argparse.Namespace) -> int:
                 if not args.run_dir.strip():
                     raise ConfigError("--run-dir: must be a non-empty path")
                 config.train.run_dir = args.run_dir
+        from hpc_graph.comm.malloc import configure_malloc
+        configure_malloc(config.train.malloc_mmap_threshold)  # before torch's first large tensor
         from hpc_graph.comm.threads import configure_threads
         if args.threads is not None:
             from hpc_graph.comm.threads import parse_threads

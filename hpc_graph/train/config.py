@@ -35,8 +35,8 @@ class ConfigError(ValueError):
     """An invalid configuration; the message names the field (``section.key: problem``)."""
 
 
-def _int(lo: int | None = None, optional: bool = False):
-    return {"kind": "int", "lo": lo, "optional": optional}
+def _int(lo: int | None = None, optional: bool = False, hi: int | None = None):
+    return {"kind": "int", "lo": lo, "optional": optional, "hi": hi}
 
 
 def _float(lo: float | None = None, hi: float | None = None, lo_open: bool = False, hi_open: bool = False):
@@ -314,6 +314,13 @@ class TrainConfig:
                                  "CPU threads per rank for numba, torch and BLAS (`--threads` overrides it). "
                                  "`null`: `NUMBA_NUM_THREADS`, else `OMP_NUM_THREADS`, else this rank's share "
                                  "of the CPUs in its affinity mask (CPUs / ranks sharing them on the node).")
+    malloc_mmap_threshold: int = _field(1 << 20, _int(0, hi=32 << 20),
+                                        "Bytes from which the C library (glibc) serves an allocation from fresh "
+                                        "pages (mmap) and returns them when freed; glibc's own default adapts and "
+                                        "lets blocks of up to 32 MiB fragment its heap, which grew a `seqpar` "
+                                        "rank's memory 40 % per step (benchmarks.md). 0: glibc's default. "
+                                        "Ignored where `MALLOC_MMAP_THRESHOLD_` is set or the C library is "
+                                        "not glibc.")
 
 
 @dataclasses.dataclass
@@ -486,6 +493,8 @@ def _check_value(where: str, value: Any, spec: dict) -> Any:
         if spec["lo"] is not None and value < spec["lo"]:
             what = {1: "a positive integer", 0: "a non-negative integer"}.get(spec["lo"], f"an integer >= {spec['lo']}")
             raise ConfigError(f"{where}: must be {what}, got {value!r}")
+        if spec.get("hi") is not None and value > spec["hi"]:
+            raise ConfigError(f"{where}: must be at most {spec['hi']}, got {value!r}")
         return value
     if kind == "float":
         lo, hi = spec["lo"], spec["hi"]
@@ -847,6 +856,8 @@ def _allowed(spec: dict) -> str:
         return "`true`, `false`"
     if kind == "int":
         text = "any" if spec["lo"] is None else f">= {spec['lo']}"
+        if spec.get("hi") is not None:
+            text = f"{spec['lo']}..{spec['hi']}" if spec["lo"] is not None else f"<= {spec['hi']}"
         return text + (" or null" if spec.get("optional") else "")
     if kind == "float":
         lo, hi = spec["lo"], spec["hi"]

@@ -200,6 +200,8 @@ class Trainer:
     def __init__(self, config: Config, comm: Any = None, *, resume: str | os.PathLike | None = None,
                  force_memory: bool = False):
         self.config = config = validate_config(config)
+        from hpc_graph.comm.malloc import configure_malloc
+        configure_malloc(config.train.malloc_mmap_threshold)  # the CLI did it already, before torch came in
         if comm is None:
             from hpc_graph.comm import get_communicator
             comm = get_communicator(config.train.comm_backend)
