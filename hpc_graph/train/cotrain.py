@@ -7,8 +7,8 @@ Three parts, used by the trainer when ``lm.enabled`` (:class:`CoTraining` ties t
   data-parallel over every rank on a communicator of its own (``comm.dup()``), one *chunk* (one LM step's
   forward and backward on this rank's share of a global batch) at a time. Each global batch holds nodes of one
   exit group only (the *lazy tuner*: a node of group ``i`` leaves the LM after ``ceil(L (i+1) / E)`` layers,
-  so a batch of group 0 costs about a quarter of a full-depth batch), and the epoch's loss is the mean of the
-  exit losses (UniTG eq. 5.1). After a chunk, its gradient all-reduce is started (non-blocking); chunk ``k``
+  so a batch of group 0 costs about a quarter of a full-depth batch, and its step all-reduces and updates only
+  the parameters that exit uses), and the epoch's loss is the mean of the exit losses (UniTG eq. 5.1). After a chunk, its gradient all-reduce is started (non-blocking); chunk ``k``
   runs on the parameters after steps ``0 .. k-1-s`` (``lm.staleness`` s; 0: synchronous data parallelism, each
   step applied before the next chunk), so with s > 0 a rank can run s + 1 chunks in one bubble without waiting
   for the other ranks' share of the last step (delayed gradients, still the same on every rank and run). The LM owns its random stream (dropout), so running its
