@@ -14,15 +14,16 @@ threads = cores / ranks. Three studies:
 2. **lazy** (engine ``single``, 2-layer SAGE, MiniLM fine-tuned ``--lm-epochs`` epochs alongside the GNN, the
    collaborator's adaptive sync): ``lm.grouping`` none (every node runs all 6 layers), centrality (UniTG's
    lazy tuner: the quarter of nodes with the lowest degree leaves after 2 layers, the next after 3, then 5,
-   then 6), random and reversed (the ablation), exit heads at ``--lm-head-lr``: LM seconds per LM epoch (fine-tuning chunks only; encoding
-   reported apart) and the GNN's test accuracy.
+   then 6), random and reversed (the ablation; ``--groupings``), exit heads at ``--lm-head-lr``, one run per
+   ``--seeds`` value: LM seconds per LM epoch (fine-tuning chunks only; encoding reported apart) and the GNN's
+   test accuracy, then their means over the seeds.
 3. **interleave** (engine ``flow`` on 2 ranks, a 16-layer residual GCN hidden 256 with batch norm, 4
    micro-batches, ``stale``): the GNN alone; with the LM fine-tuned after every GNN epoch (sequential); with
    the LM's steps run inside the pipeline's bubbles (``lm.interleave``, ``lm.staleness`` 2 by default: a
-   rank may run three LM steps in one bubble before it needs the other rank's share of the oldest). GNN pass time per epoch
-   (``pipeline_seconds``, medians over epochs 2..E), total time (sum of epoch times, LM work included), the
-   LM's time and the bubbles' time (``idle_seconds`` of the GNN alone), summed over epochs and averaged over
-   the ranks.
+   rank may run three LM steps in one bubble before it needs the other rank's share of the oldest). GNN pass
+   time per epoch (``pipeline_seconds``, medians over epochs 2..E), total time (sum of epoch times, LM work
+   included), the LM's time and the bubbles' time (``idle_seconds`` of the GNN alone), summed over epochs and
+   averaged over the ranks.
 
 Results: one JSON record per run in ``--out`` and the tables on stdout.
 """
@@ -204,8 +205,7 @@ def main() -> None:
                    args.timeout, records)
     if "interleave" in args.studies:
         study_interleave(work, data, args.il_epochs, args.il_layers, args.il_lm_epochs, args.il_lm_batch,
-                         args.il_staleness, args.cores,
-                         args.timeout, records)
+                         args.il_staleness, args.cores, args.timeout, records)
     print(f"wrote {out}", flush=True)
 
 

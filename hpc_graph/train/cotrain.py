@@ -8,11 +8,12 @@ Three parts, used by the trainer when ``lm.enabled`` (:class:`CoTraining` ties t
   forward and backward on this rank's share of a global batch) at a time. Each global batch holds nodes of one
   exit group only (the *lazy tuner*: a node of group ``i`` leaves the LM after ``ceil(L (i+1) / E)`` layers,
   so a batch of group 0 costs about a quarter of a full-depth batch, and its step all-reduces and updates only
-  the parameters that exit uses), and the epoch's loss is the mean of the exit losses (UniTG eq. 5.1). After a chunk, its gradient all-reduce is started (non-blocking); chunk ``k``
-  runs on the parameters after steps ``0 .. k-1-s`` (``lm.staleness`` s; 0: synchronous data parallelism, each
-  step applied before the next chunk), so with s > 0 a rank can run s + 1 chunks in one bubble without waiting
-  for the other ranks' share of the last step (delayed gradients, still the same on every rank and run). The LM owns its random stream (dropout), so running its
-  chunks earlier or later never changes the GNN's. The LM steps are spread over the GNN epochs by a fixed quota
+  the parameters that exit uses), and the epoch's loss is the mean of the exit losses (UniTG eq. 5.1). After a
+  chunk, its gradient all-reduce is started (non-blocking); chunk ``k`` runs on the parameters after steps
+  ``0 .. k-1-s`` (``lm.staleness`` s; 0: synchronous data parallelism, each step applied before the next chunk),
+  so with s > 0 a rank can run s + 1 chunks in one bubble without waiting for the other ranks' share of the last
+  step (delayed gradients, still the same on every rank and run). The LM owns its random stream (dropout), so
+  running its chunks earlier or later never changes the GNN's. The LM steps are spread over the GNN epochs by a fixed quota
   (:meth:`LMTrainer.begin_epoch`): after every GNN epoch the LM has made exactly the same steps whether or not
   they ran in bubbles, so interleaving changes times, never results.
 * :class:`Collaborator` -- when the GNN's input takes fresh LM encodings: every ``dt`` GNN epochs, ``dt``
@@ -241,9 +242,7 @@ class LMTrainer:
         for _ in range(len(self._pending) if count is None else count):
             req, flat, exit_ = self._pending.pop(0)
             req.wait()
-            for p in self.params:
-                p.grad = None
-            off = 0
+            off = 0  # every gradient is None here (chunk() clears them after flattening)
             for p in self._active[exit_]:
                 n = p.numel()
                 p.grad = flat[off:off + n].view_as(p)  # a view: the buffer is reused only after this step
