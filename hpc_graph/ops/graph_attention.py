@@ -7,12 +7,14 @@ Scores are ``scale * q_i . k_j + bias``, ``scale = 1/sqrt(d_k)``, one max-subtra
   the fused online-softmax kernels, O(E) time and memory, no E x H score tensor).
 * ``dense=True``: every pair of node tokens plus the pattern (which holds the global token's
   entries). The pattern's entries, with their own bias, go through the same fused kernels; all
-  other node pairs, with the "far" bias, are visited in ``tile x tile`` blocks computed with
-  torch matrix products and folded into the **same** online-softmax state (running max, sum and
-  numerator, :class:`~hpc_graph.ops.attention_state.AttentionState`), their pattern pairs masked so
-  that no pair is counted twice. The result equals a dense softmax over the S x S matrix exactly
-  (up to summation order) while keeping at most one tile of scores; the backward pass recomputes
-  the tiles from the saved max and sum.
+  other node pairs ("far" pairs, with the far bias) are folded into the **same** online-softmax
+  state (running max, sum and numerator, :class:`~hpc_graph.ops.attention_state.AttentionState`),
+  their pattern pairs masked so that no pair is counted twice. On the CPU a fused kernel does it
+  (:mod:`numba_kernels.cpu.dense_attention`: scores, mask, exponentials and products per block of
+  columns, no score tile in memory); on other devices ``tile x tile`` blocks of torch matrix
+  products (at most one tile of scores kept). The result equals a dense softmax over the S x S
+  matrix exactly (up to summation order); the backward pass recomputes the scores from the saved
+  max and sum.
 
 Shapes: q, k float[T, H, Dk], v float[T, H, Dv] for the ``T`` tokens of the pattern; the bias
 is a per-entry float[E, H] (usually a per-head table indexed by the pattern's codes) and, for
@@ -24,9 +26,11 @@ import math
 
 import torch
 
+from hpc_graph.ops._bridge import as_array
 from hpc_graph.ops.attention_state import AttentionState, check_tensor
 from hpc_graph.ops.dot_attention import accumulate, backward_block, dot_attention, finalize, init_state, output_delta
 from hpc_graph.ops.csr import CSR
+from numba_kernels import get_kernel
 
 #: query and key rows per dense tile (scores of one tile: H x TILE x TILE floats)
 TILE = 1024
@@ -35,7 +39,7 @@ TILE = 1024
 def pattern_attention(pattern: CSR, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *,
                       bias: torch.Tensor | None = None, dense: bool = False, num_nodes: int | None = None,
                       far_bias: torch.Tensor | None = None, tile: int | None = None,
-                      codes: torch.Tensor | None = None) -> torch.Tensor:
+                      codes: torch.Tensor | None = None, fused: bool | None = None) -> torch.Tensor:
     """Attention of every token over its pattern entries (``dense=False``) or over all node pairs too.
 
     Args:
@@ -46,9 +50,12 @@ def pattern_attention(pattern: CSR, q: torch.Tensor, k: torch.Tensor, v: torch.T
         num_nodes: the node tokens, the first ``num_nodes`` (default: all T); the others (a global
             token) attend and are attended only through the pattern.
         far_bias: float[H] score bias of the pairs outside the pattern (dense only; default 0).
-        tile: rows per dense tile (default :data:`TILE`).
+        tile: rows per dense tile (default :data:`TILE`; the torch-tile path only, used off the CPU or with
+            ``fused=False``).
         codes: uint8[E] (sparse mode only): ``bias`` is then a per-head table float[C, H] and entry ``e``
             gets ``bias[codes[e]]`` inside the kernels (1 byte kept per entry instead of H floats).
+        fused: dense mode: the far pairs through the fused CPU kernel (default: on CPU tensors) or through
+            torch tiles (``False``; the only choice on other devices).
     Returns:
         float[T, H, Dv], differentiable in q, k, v, bias and far_bias.
     Raises:
@@ -83,8 +90,61 @@ def pattern_attention(pattern: CSR, q: torch.Tensor, k: torch.Tensor, v: torch.T
     t = TILE if tile is None else int(tile)
     if t < 1:
         raise ValueError(f"pattern_attention: tile must be >= 1, got {tile}")
+    if fused is None:
+        fused = not v.is_cuda
+    elif fused and v.is_cuda:
+        raise ValueError("pattern_attention: the fused dense kernel runs on the CPU only (fused=False on CUDA)")
     return _DenseMerged.apply(pattern, q.contiguous(), k.contiguous(), v.contiguous(),
-                              None if bias is None else bias.contiguous(), far_bias, n, t)
+                              None if bias is None else bias.contiguous(), far_bias, n, t if not fused else 0)
+
+
+def _far_mask(pattern: CSR, n: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(mptr int64[n+1], mcols int64[*])``: each node row's pattern entries among node columns, sorted
+    (what the fused far-pair kernel must skip); built once per pattern and ``n``."""
+    key = ("far_mask", n)
+    if key not in pattern._cache:
+        rows = torch.repeat_interleave(torch.arange(pattern.num_dst), pattern.in_degree().cpu())
+        cols = pattern.indices.cpu().long()
+        keep = (rows < n) & (cols < n)
+        rows, cols = rows[keep], cols[keep]
+        order = torch.argsort(rows * max(n, 1) + cols)
+        rows, cols = rows[order], cols[order]
+        mptr = torch.zeros(n + 1, dtype=torch.int64)
+        mptr[1:] = torch.cumsum(torch.bincount(rows, minlength=n), 0)
+        pattern._cache[key] = (mptr, cols.contiguous())
+    return pattern._cache[key]
+
+
+def _fused_far_forward(pattern: CSR, state: AttentionState, q, k, v, far_bias, scale: float, n: int) -> None:
+    """Fold the far pairs into ``state`` with the fused CPU kernel."""
+    mptr, mcols = _far_mask(pattern, n)
+    kT = k[:n].permute(1, 2, 0).contiguous()
+    vT = v[:n].permute(1, 2, 0).contiguous()
+    get_kernel("dense_attention.accumulate_far", "cpu")(
+        as_array(q), as_array(kT), as_array(vT), as_array(far_bias.detach().contiguous()), scale,
+        mptr.numpy(), mcols.numpy(), n, as_array(state.m), as_array(state.l), as_array(state.acc))
+
+
+def _fused_far_backward(pattern: CSR, q, k, v, far_bias, m, l, go, delta, gq, gk, gv, scale: float,
+                        n: int) -> torch.Tensor:
+    """Add the far pairs' gradients to ``gq``, ``gk``, ``gv`` (contiguous, in place); return ``grad_far`` [H]."""
+    from numba_kernels.cpu.dense_attention import far_chunks
+
+    mptr, mcols = _far_mask(pattern, n)
+    H = q.shape[1]
+    kT = k[:n].permute(1, 2, 0).contiguous()
+    vT = v[:n].permute(1, 2, 0).contiguous()
+    chunks = far_chunks(n, H)
+    gkT = torch.zeros((chunks,) + tuple(kT.shape), dtype=q.dtype)
+    gvT = torch.zeros((chunks,) + tuple(vT.shape), dtype=q.dtype)
+    gfar = torch.zeros(chunks, H, dtype=q.dtype)
+    get_kernel("dense_attention.backward_far", "cpu")(
+        as_array(q), as_array(kT), as_array(vT), as_array(far_bias.detach().contiguous()), scale,
+        mptr.numpy(), mcols.numpy(), n, as_array(m), as_array(l), as_array(go), as_array(delta), as_array(gq),
+        as_array(gkT), as_array(gvT), as_array(gfar))
+    gk[:n] += gkT.sum(0).permute(2, 0, 1)
+    gv[:n] += gvT.sum(0).permute(2, 0, 1)
+    return gfar.sum(0)
 
 
 def _tile_masks(pattern: CSR, n: int, t: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
@@ -157,17 +217,22 @@ def _tile_backward(s, safe_m, inv_l, go, delta, q, k, v, gq, gk, gv, scale, r, c
 
 
 class _DenseMerged(torch.autograd.Function):
-    """Pattern entries through the fused kernels + all other node pairs in tiles, one softmax state."""
+    """Pattern entries through the sparse kernels + all other node pairs (fused CPU kernel when ``t == 0``,
+    else torch tiles of ``t`` rows), one softmax state."""
 
     @staticmethod
     def forward(ctx, pattern: CSR, q, k, v, bias, far_bias, n: int, t: int):
         scale = 1.0 / math.sqrt(q.shape[2])
         state = init_state(pattern.num_dst, v.shape[1], v.shape[2], v.dtype, v.device)
         accumulate(state, pattern, q, k, v, bias, scale)
-        masks = _tile_masks(pattern, n, t)
-        for r0, r1, c0, c1, rows, cols in _tiles(n, t, masks):
-            _merge_tile(state, _scores(q, k, far_bias, scale, r0, r1, c0, c1, rows, cols), v, slice(r0, r1),
-                        slice(c0, c1))
+        masks = None
+        if t == 0:
+            _fused_far_forward(pattern, state, q, k, v, far_bias, scale, n)
+        else:
+            masks = _tile_masks(pattern, n, t)
+            for r0, r1, c0, c1, rows, cols in _tiles(n, t, masks):
+                _merge_tile(state, _scores(q, k, far_bias, scale, r0, r1, c0, c1, rows, cols), v,
+                            slice(r0, r1), slice(c0, c1))
         out = finalize(state)
         ctx.save_for_backward(q, k, v, bias, far_bias, state.m, state.l, out)
         ctx.pattern, ctx.n, ctx.t, ctx.scale, ctx.masks = pattern, n, t, scale, masks
@@ -180,6 +245,11 @@ class _DenseMerged(torch.autograd.Function):
         state = AttentionState(m, l, out, finalized=True)
         delta = output_delta(state, go)
         gq, gk, gv, gb = backward_block(state, go, delta, ctx.pattern, q, k, v, bias, ctx.scale)
+        if ctx.t == 0:
+            gq, gk, gv = gq.contiguous(), gk.contiguous(), gv.contiguous()
+            gfar = _fused_far_backward(ctx.pattern, q, k, v, far_bias, m, l, go, delta.contiguous(), gq, gk, gv,
+                                       ctx.scale, ctx.n)
+            return None, gq, gk, gv, gb, gfar, None, None
         gfar = torch.zeros_like(far_bias)
         safe_m, inv_l = _safe_m_inv_l(m, l)
         for r0, r1, c0, c1, rows, cols in _tiles(ctx.n, ctx.t, ctx.masks):

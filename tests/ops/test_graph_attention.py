@@ -76,7 +76,7 @@ def test_sparse_pattern_and_bias_equal_sdpa_with_float_mask(with_bias):
         torch.testing.assert_close(a, b)
 
 
-@pytest.mark.parametrize("tile", [3, 5, 64])
+@pytest.mark.parametrize("tile", [None, 3, 5, 64])  # None: the fused CPU kernel; a tile: torch tiles
 @pytest.mark.parametrize("n_global", [0, 1])
 def test_dense_merged_equals_sdpa_over_all_pairs(tile, n_global):
     """Dense mode: pattern entries with their bias, every other node pair with the far bias, exactly."""
@@ -86,7 +86,8 @@ def test_dense_merged_equals_sdpa_over_all_pairs(tile, n_global):
     q, k, v = _qkv(5, T, H, 4, 3)
     bias = torch.randn(g.num_edges, H, dtype=torch.float64, requires_grad=True)
     far = torch.randn(H, dtype=torch.float64, requires_grad=True)
-    out = pattern_attention(g, q, k, v, bias=bias, dense=True, num_nodes=n, far_bias=far, tile=tile)
+    out = pattern_attention(g, q, k, v, bias=bias, dense=True, num_nodes=n, far_bias=far, tile=tile,
+                            fused=tile is None)
     mask = _mask(g, bias, T, H, far=far, n=n)
     ref = torch.stack([_sdpa(q[:, h:h + 1], k[:, h:h + 1], v[:, h:h + 1], mask[h])[:, 0] for h in range(H)], 1)
     torch.testing.assert_close(out, ref)
@@ -96,8 +97,8 @@ def test_dense_merged_equals_sdpa_over_all_pairs(tile, n_global):
         torch.testing.assert_close(a, b)
 
 
-@pytest.mark.parametrize("dense", [False, True])
-def test_gradcheck_small(dense):
+@pytest.mark.parametrize("dense,fused", [(False, None), (True, False), (True, True)])
+def test_gradcheck_small(dense, fused):
     T, H = 6, 2
     g = _random_pattern(6, T, 5, density=0.4)
     q, k, v = _qkv(7, T, H, 2, 2)
@@ -106,8 +107,38 @@ def test_gradcheck_small(dense):
 
     def fn(q, k, v, bias, *far_):
         return pattern_attention(g, q, k, v, bias=bias, dense=dense, num_nodes=5, far_bias=far_[0] if far_ else None,
-                                 tile=2)
+                                 tile=2, fused=fused)
     assert torch.autograd.gradcheck(fn, (q, k, v, bias) + ((far,) if dense else ()))
+
+
+def test_dense_float32_fused_kernel_matches_the_torch_tiles_across_blocks():
+    """float32, more node tokens than one column block and not a multiple of the row block, head width 11
+    (one unrolled chunk of 8 and a remainder), large scores: the fused kernel (its own exp) against tiles."""
+    T, H, n = 300, 2, 299
+    g = _random_pattern(8, T, n, density=0.05)
+    gen = torch.Generator().manual_seed(9)
+    q, k = (4 * torch.randn(T, H, 11, generator=gen) for _ in range(2))
+    v = torch.randn(T, H, 5, generator=gen)
+    bias = torch.randn(g.num_edges, H, generator=gen)
+    far = torch.randn(H, generator=gen)
+    leaves = [t.requires_grad_() for t in (q, k, v, bias, far)]
+    gout = torch.randn(T, H, 5, generator=gen)
+    got = [pattern_attention(g, q, k, v, bias=bias, dense=True, num_nodes=n, far_bias=far, fused=f) for f in (True, False)]
+    torch.testing.assert_close(got[0], got[1], rtol=1e-5, atol=1e-5)
+    grads = [torch.autograd.grad(o, leaves, gout) for o in got]
+    for a, b in zip(*grads):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-4)
+
+
+def test_fused_is_the_cpu_default_and_refused_on_cuda():
+    g = _random_pattern(0, 5, 5)
+    q, k, v = (t.detach() for t in _qkv(0, 5, 2, 3, 3))
+    if torch.cuda.is_available():
+        with pytest.raises(ValueError, match="fused"):
+            pattern_attention(g, q.cuda(), k.cuda(), v.cuda(), dense=True, fused=True)
+    else:  # off CUDA the fused path is the default and must equal the tiles
+        torch.testing.assert_close(pattern_attention(g, q, k, v, dense=True),
+                                   pattern_attention(g, q, k, v, dense=True, fused=False))
 
 
 def test_bad_inputs_are_refused():
