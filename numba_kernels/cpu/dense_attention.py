@@ -193,27 +193,28 @@ def _reduce_products(row, A, h, j0, nb, out, r, D, z):
 @njit(cache=True, inline="always", fastmath=FASTMATH)
 def _add_outer(P, nr, G, c, h, j0, nb, W, D):
     """``G[c, h, d, j0:j0+nb] += sum_r W[r, d] * P[r, :nb]`` over the block's ``nr`` rows, for every
-    ``d < D``: one read-modify-write of ``G`` per block of :data:`ROWS` (= 8) rows, not one per row."""
-    if nr == 8:
-        p0 = P[0, 0:nb]
-        p1 = P[1, 0:nb]
-        p2 = P[2, 0:nb]
-        p3 = P[3, 0:nb]
-        p4 = P[4, 0:nb]
-        p5 = P[5, 0:nb]
-        p6 = P[6, 0:nb]
-        p7 = P[7, 0:nb]
+    ``d < D``: one read-modify-write of ``G`` per eight rows, not one per row."""
+    r0 = 0
+    while r0 + 8 <= nr:
+        p0 = P[r0, 0:nb]
+        p1 = P[r0 + 1, 0:nb]
+        p2 = P[r0 + 2, 0:nb]
+        p3 = P[r0 + 3, 0:nb]
+        p4 = P[r0 + 4, 0:nb]
+        p5 = P[r0 + 5, 0:nb]
+        p6 = P[r0 + 6, 0:nb]
+        p7 = P[r0 + 7, 0:nb]
         for d in range(D):
             g = G[c, h, d, j0:j0 + nb]
-            w0, w1, w2, w3 = W[0, d], W[1, d], W[2, d], W[3, d]
-            w4, w5, w6, w7 = W[4, d], W[5, d], W[6, d], W[7, d]
+            w0, w1, w2, w3 = W[r0, d], W[r0 + 1, d], W[r0 + 2, d], W[r0 + 3, d]
+            w4, w5, w6, w7 = W[r0 + 4, d], W[r0 + 5, d], W[r0 + 6, d], W[r0 + 7, d]
             for jj in range(nb):
                 g[jj] += (w0 * p0[jj] + w1 * p1[jj] + w2 * p2[jj] + w3 * p3[jj]
                           + w4 * p4[jj] + w5 * p5[jj] + w6 * p6[jj] + w7 * p7[jj])
-        return
+        r0 += 8
     for d in range(D):
         g = G[c, h, d, j0:j0 + nb]
-        for r in range(nr):
+        for r in range(r0, nr):
             wr = W[r, d]
             pr = P[r, 0:nb]
             for jj in range(nb):
