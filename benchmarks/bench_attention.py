@@ -11,8 +11,10 @@ extra peak RSS of the call. The dense reference is torch's ``scaled_dot_product_
 CPU flash kernel, no mask) forward + backward on the same q, k, v, run up to the largest of
 ``--dense-sizes`` that fits in 60 % of the free memory (its CPU backward keeps S x S matrices per
 head: ~6 GB at S = 8K, 8 heads); beyond, its time is extrapolated with the exponent fitted to the
-measured sizes (log-log least squares, ~2 expected). Records are JSON (one list) in ``--out``;
-the table is printed.
+measured sizes (log-log least squares, ~2 expected). ``--ours-dense-sizes`` also times our own
+exact dense mode (``pattern_attention(..., dense=True)``: the pattern's entries with their bias plus
+every other node pair) with the fused CPU kernel, and ``--tiles-sizes`` the same through torch tiles.
+Records are JSON (one list) in ``--out``; the table is printed.
 """
 from __future__ import annotations
 
@@ -98,10 +100,36 @@ def dense_step(S: int, H: int, d: int, repeat: int, seed: int = 0) -> dict:
     return {"impl": "dense_sdpa", "S": S, "heads": H, "dim": d, "seconds": secs, "peak_mb": peak}
 
 
+def ours_dense_step(S: int, H: int, d: int, degree: int, repeat: int, fused: bool, seed: int = 0) -> dict:
+    from hpc_graph.graph.attention_pattern import build_pattern
+    from hpc_graph.ops.graph_attention import code_bias, pattern_attention
+
+    indptr, indices = _graph(S, degree, seed)
+    pat = build_pattern(indptr, indices, S, global_token=True)
+    q, k, v = _qkv(S + 1, H, d, seed)
+    bias_table = torch.randn(5, H, requires_grad=True)
+    far = torch.randn(H, requires_grad=True)
+    gout = torch.randn(S + 1, H, d)
+
+    def step():
+        out = pattern_attention(pat.csr, q, k, v, bias=code_bias(bias_table, pat.codes), dense=True, num_nodes=S,
+                                far_bias=far, fused=fused)
+        out.backward(gout)
+        q.grad = k.grad = v.grad = bias_table.grad = far.grad = None
+
+    secs, peak = _time(step, repeat)
+    return {"impl": "dense_ours_fused" if fused else "dense_ours_tiles", "S": S, "heads": H, "dim": d,
+            "seconds": secs, "peak_mb": peak}
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--sizes", type=int, nargs="+", default=[16384, 32768, 65536, 131072, 262144])
     ap.add_argument("--dense-sizes", type=int, nargs="+", default=[2048, 4096, 8192])
+    ap.add_argument("--ours-dense-sizes", type=int, nargs="*", default=[],
+                    help="also time our exact dense mode with the fused CPU kernel at these S")
+    ap.add_argument("--tiles-sizes", type=int, nargs="*", default=[],
+                    help="also time our exact dense mode through torch tiles at these S")
     ap.add_argument("--heads", type=int, default=8)
     ap.add_argument("--dim", type=int, default=8, help="features per head d_h (default: 8)")
     ap.add_argument("--degree", type=int, default=16, help="average in-degree of the random graph (default: 16)")
@@ -122,7 +150,11 @@ def main(argv=None) -> int:
             continue
         recs.append(dense_step(S, args.heads, args.dim, args.repeat))
         print(f"dense  S={S:>8}: {recs[-1]['seconds']:.3f} s, +{recs[-1]['peak_mb']:.0f} MB", flush=True)
-    dense = [(r["S"], r["seconds"]) for r in recs]
+    for sizes, fused in ((args.ours_dense_sizes, True), (args.tiles_sizes, False)):
+        for S in sizes:
+            recs.append(ours_dense_step(S, args.heads, args.dim, args.degree, args.repeat, fused))
+            print(f"{recs[-1]['impl']} S={S:>8}: {recs[-1]['seconds']:.3f} s, +{recs[-1]['peak_mb']:.0f} MB", flush=True)
+    dense = [(r["S"], r["seconds"]) for r in recs if r["impl"] == "dense_sdpa"]
     xs, ys = np.log([s for s, _ in dense]), np.log([t for _, t in dense])
     slope, icpt = np.polyfit(xs, ys, 1) if len(dense) >= 2 else (2.0, math.log(dense[0][1]) - 2 * xs[0])
     print(f"dense SDPA time ~ S^{slope:.2f}", flush=True)
