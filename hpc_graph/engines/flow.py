@@ -360,11 +360,17 @@ class FlowEngine(Engine):
         return out
 
     def state_dict(self) -> dict[str, Any]:
-        """The stage split, so that a resumed run keeps its layers where its optimiser state is."""
-        return {"boundaries": list(self.boundaries)}
+        """This stage's state: the stage split, so that a resumed run keeps its layers where its optimiser
+        state is, and under ``stale`` the stage's history (N x width per layer of the stage), so that a
+        resumed run reads the same stale rows as an uninterrupted one."""
+        return {"boundaries": list(self.boundaries),
+                "history": None if self.history is None else self.history.state_dict()}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Use a checkpoint's stage split (called before :meth:`attach_model`)."""
+        """Use a checkpoint's stage split and this stage's history (called before :meth:`attach_model`)."""
+        history = state.get("history")
+        if self.history is not None and history is not None:
+            self.history.load_state_dict(history, self.device)
         bounds = state.get("boundaries")
         if bounds:
             if len(bounds) != self.num_stages + 1:

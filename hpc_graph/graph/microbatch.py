@@ -131,6 +131,19 @@ class History:
         """Bytes held by the per-layer histories."""
         return sum(t.numel() * t.element_size() for t in self.layers.values())
 
+    def state_dict(self) -> dict[int, torch.Tensor]:
+        """The per-layer histories (CPU copies), for a checkpoint; the inputs are the epoch's, not saved."""
+        return {int(layer): t.detach().cpu().clone() for layer, t in self.layers.items()}
+
+    def load_state_dict(self, state: dict[int, torch.Tensor], device: torch.device | str = "cpu") -> None:
+        """Restore :meth:`state_dict`'s histories (``ValueError`` when a layer's rows are not ``num_nodes``)."""
+        layers = {}
+        for layer, t in state.items():
+            if not isinstance(t, torch.Tensor) or t.dim() < 1 or t.shape[0] != self.num_nodes:
+                raise ValueError(f"History: layer {layer}'s saved rows do not match the {self.num_nodes} nodes")
+            layers[int(layer)] = t.to(device)
+        self.layers = layers
+
 
 class MicroBatchGraph(GraphContext):
     """Micro-batch ``m`` of a :class:`MicroBatchPlan` (module docstring): ``num_nodes`` = its rows.

@@ -279,7 +279,9 @@ class Trainer:
             # replicas are equal now; decorrelate the ranks' dropout streams
             torch.manual_seed(tc.seed + 1_000_003 * self.rank)
         if state is not None:  # before the model is handed over: a pipeline keeps its checkpoint's stage split
-            self.engine.load_state_dict(state.get("engine_state") or {})
+            per_rank = state.get("engine_rank_states")
+            self.engine.load_state_dict(per_rank[self.rank] if per_rank and len(per_rank) == self.size
+                                        else state.get("engine_state") or {})
         try:
             self.engine.check_model(self.model)
         except ValueError as exc:
@@ -819,6 +821,9 @@ class Trainer:
             optimizer_state = [opt for _, opt in parts]
             if best_state is not None:
                 best_state = {k: v for own, _ in parts for k, v in (own or {}).items()}
+        engine_state = self.engine.state_dict()
+        # a pipeline's stages hold different engine state (a stage's stale history): keep every rank's
+        engine_states = self.comm.allgather_object(engine_state) if self.pipeline and self.size > 1 else None
         lm_state = None
         if self.cotrain is not None:  # the LM is the same on every rank; its random stream is not
             lm_state = self.cotrain.state_dict()
@@ -841,7 +846,8 @@ class Trainer:
                 "data": self._identity,
                 "world_size": self.size,
                 "engine": self.engine_name,
-                "engine_state": self.engine.state_dict(),
+                "engine_state": engine_state,
+                "engine_rank_states": engine_states,
                 "param_shapes": _shapes(self.model),
                 "lm_state": lm_state,
             }

@@ -13,7 +13,7 @@ dropout:
 * the stages hold disjoint parameters that add up to the model's;
 * the point-to-point bytes of one step at each stage boundary are exactly ``2 * N * d * 8``
   (``d``: the hidden width crossing it) in every mode;
-* a checkpoint written by a pipeline resumes to the same next step;
+* a checkpoint written by a pipeline resumes to the same next step (also under ``stale``, with its history);
 * too few layers for the stages is refused on every rank.
 
 Rank 0 prints ``flow_checks: P ranks OK``.
@@ -187,6 +187,15 @@ def main() -> None:
     a.save_checkpoint()
     b = Trainer(_config(data, "flow", MODELS["gcn"], run, microbatches=2), comm, resume=run)
     _close("resumed step", b.step(), a.step())
+    # ... and under `stale`, with every stage's history of the previous steps
+    run = work / "resume-stale"
+    a = Trainer(_config(data, "flow", MODELS["gcn"], run, microbatches=3, cross_edges="stale"), comm)
+    for _ in range(3):
+        a.step()
+    a.save_checkpoint()
+    b = Trainer(_config(data, "flow", MODELS["gcn"], run, microbatches=3, cross_edges="stale"), comm, resume=run)
+    for i in range(2):
+        _close(f"stale: resumed step {i}", b.step(), a.step())
 
     # too few layers for the stages
     if size > 1:
