@@ -191,6 +191,147 @@ def _reduce_products(row, A, h, j0, nb, out, r, D, z):
 
 
 @njit(cache=True, inline="always", fastmath=FASTMATH)
+def _products_rows(S, nr, A, h, j0, nb, w, D, init):
+    """``S[r, :nb] = init + sum_d w[r, d] * A[h, d, j0:j0+nb]`` for every ``r < nr``: four rows at a time
+    share each load of ``A`` (a row at a time is bound by the loads: one per multiply-add)."""
+    r0 = 0
+    while r0 + 4 <= nr:
+        s0 = S[r0, 0:nb]
+        s1 = S[r0 + 1, 0:nb]
+        s2 = S[r0 + 2, 0:nb]
+        s3 = S[r0 + 3, 0:nb]
+        for jj in range(nb):
+            s0[jj] = init
+            s1[jj] = init
+            s2[jj] = init
+            s3[jj] = init
+        d0 = 0
+        while d0 + 8 <= D:
+            a0 = A[h, d0, j0:j0 + nb]
+            a1 = A[h, d0 + 1, j0:j0 + nb]
+            a2 = A[h, d0 + 2, j0:j0 + nb]
+            a3 = A[h, d0 + 3, j0:j0 + nb]
+            a4 = A[h, d0 + 4, j0:j0 + nb]
+            a5 = A[h, d0 + 5, j0:j0 + nb]
+            a6 = A[h, d0 + 6, j0:j0 + nb]
+            a7 = A[h, d0 + 7, j0:j0 + nb]
+            for jj in range(nb):
+                x0 = a0[jj]
+                x1 = a1[jj]
+                x2 = a2[jj]
+                x3 = a3[jj]
+                x4 = a4[jj]
+                x5 = a5[jj]
+                x6 = a6[jj]
+                x7 = a7[jj]
+                s0[jj] += (w[r0, d0] * x0 + w[r0, d0 + 1] * x1 + w[r0, d0 + 2] * x2 + w[r0, d0 + 3] * x3
+                           + w[r0, d0 + 4] * x4 + w[r0, d0 + 5] * x5 + w[r0, d0 + 6] * x6 + w[r0, d0 + 7] * x7)
+                s1[jj] += (w[r0 + 1, d0] * x0 + w[r0 + 1, d0 + 1] * x1 + w[r0 + 1, d0 + 2] * x2
+                           + w[r0 + 1, d0 + 3] * x3 + w[r0 + 1, d0 + 4] * x4 + w[r0 + 1, d0 + 5] * x5
+                           + w[r0 + 1, d0 + 6] * x6 + w[r0 + 1, d0 + 7] * x7)
+                s2[jj] += (w[r0 + 2, d0] * x0 + w[r0 + 2, d0 + 1] * x1 + w[r0 + 2, d0 + 2] * x2
+                           + w[r0 + 2, d0 + 3] * x3 + w[r0 + 2, d0 + 4] * x4 + w[r0 + 2, d0 + 5] * x5
+                           + w[r0 + 2, d0 + 6] * x6 + w[r0 + 2, d0 + 7] * x7)
+                s3[jj] += (w[r0 + 3, d0] * x0 + w[r0 + 3, d0 + 1] * x1 + w[r0 + 3, d0 + 2] * x2
+                           + w[r0 + 3, d0 + 3] * x3 + w[r0 + 3, d0 + 4] * x4 + w[r0 + 3, d0 + 5] * x5
+                           + w[r0 + 3, d0 + 6] * x6 + w[r0 + 3, d0 + 7] * x7)
+            d0 += 8
+        for d in range(d0, D):
+            a = A[h, d, j0:j0 + nb]
+            w0, w1, w2, w3 = w[r0, d], w[r0 + 1, d], w[r0 + 2, d], w[r0 + 3, d]
+            for jj in range(nb):
+                x = a[jj]
+                s0[jj] += w0 * x
+                s1[jj] += w1 * x
+                s2[jj] += w2 * x
+                s3[jj] += w3 * x
+        r0 += 4
+    for r in range(r0, nr):
+        row = S[r, 0:nb]
+        for jj in range(nb):
+            row[jj] = init
+        _add_products(row, A, h, j0, nb, w, r, D)
+
+
+@njit(cache=True, inline="always", fastmath=FASTMATH)
+def _reduce_rows(S, nr, A, h, j0, nb, out, D, z):
+    """``out[r, d] += S[r, :nb] . A[h, d, j0:j0+nb]`` for every ``r < nr``, ``d < D``: two rows at a time
+    share each load of ``A``."""
+    r0 = 0
+    while r0 + 2 <= nr:
+        p = S[r0, 0:nb]
+        q = S[r0 + 1, 0:nb]
+        d0 = 0
+        while d0 + 8 <= D:
+            a0 = A[h, d0, j0:j0 + nb]
+            a1 = A[h, d0 + 1, j0:j0 + nb]
+            a2 = A[h, d0 + 2, j0:j0 + nb]
+            a3 = A[h, d0 + 3, j0:j0 + nb]
+            a4 = A[h, d0 + 4, j0:j0 + nb]
+            a5 = A[h, d0 + 5, j0:j0 + nb]
+            a6 = A[h, d0 + 6, j0:j0 + nb]
+            a7 = A[h, d0 + 7, j0:j0 + nb]
+            u0 = u1 = u2 = u3 = u4 = u5 = u6 = u7 = z
+            t0 = t1 = t2 = t3 = t4 = t5 = t6 = t7 = z
+            for jj in range(nb):
+                x = p[jj]
+                y = q[jj]
+                b0 = a0[jj]
+                b1 = a1[jj]
+                b2 = a2[jj]
+                b3 = a3[jj]
+                b4 = a4[jj]
+                b5 = a5[jj]
+                b6 = a6[jj]
+                b7 = a7[jj]
+                u0 += x * b0
+                u1 += x * b1
+                u2 += x * b2
+                u3 += x * b3
+                u4 += x * b4
+                u5 += x * b5
+                u6 += x * b6
+                u7 += x * b7
+                t0 += y * b0
+                t1 += y * b1
+                t2 += y * b2
+                t3 += y * b3
+                t4 += y * b4
+                t5 += y * b5
+                t6 += y * b6
+                t7 += y * b7
+            out[r0, d0] += u0
+            out[r0, d0 + 1] += u1
+            out[r0, d0 + 2] += u2
+            out[r0, d0 + 3] += u3
+            out[r0, d0 + 4] += u4
+            out[r0, d0 + 5] += u5
+            out[r0, d0 + 6] += u6
+            out[r0, d0 + 7] += u7
+            out[r0 + 1, d0] += t0
+            out[r0 + 1, d0 + 1] += t1
+            out[r0 + 1, d0 + 2] += t2
+            out[r0 + 1, d0 + 3] += t3
+            out[r0 + 1, d0 + 4] += t4
+            out[r0 + 1, d0 + 5] += t5
+            out[r0 + 1, d0 + 6] += t6
+            out[r0 + 1, d0 + 7] += t7
+            d0 += 8
+        for d in range(d0, D):
+            a = A[h, d, j0:j0 + nb]
+            u = z
+            t = z
+            for jj in range(nb):
+                u += p[jj] * a[jj]
+                t += q[jj] * a[jj]
+            out[r0, d] += u
+            out[r0 + 1, d] += t
+        r0 += 2
+    for r in range(r0, nr):
+        _reduce_products(S[r, 0:nb], A, h, j0, nb, out, r, D, z)
+
+
+@njit(cache=True, inline="always", fastmath=FASTMATH)
 def _add_outer(P, nr, G, c, h, j0, nb, W, D):
     """``G[c, h, d, j0:j0+nb] += sum_r W[r, d] * P[r, :nb]`` over the block's ``nr`` rows, for every
     ``d < D``: one read-modify-write of ``G`` per eight rows, not one per row."""
@@ -242,17 +383,20 @@ def _accumulate_far(q, kT, vT, far, scale64, mptr, mcols, n, precise, m, l, acc)
         h = task // nrb
         i0 = (task % nrb) * ROWS
         nr = min(ROWS, n - i0)
-        consts = np.zeros(3, dtype=acc.dtype)  # scalars in the array dtype: float32 math stays float32
+        consts = np.zeros(4, dtype=acc.dtype)  # scalars in the array dtype: float32 math stays float32
         consts[0] = scale64
         consts[2] = -np.inf
+        consts[3] = 1.0
         scale = consts[0]
         zero = consts[1]
         ninf = consts[2]
-        row = np.empty(COLS, dtype=acc.dtype)
+        one = consts[3]
+        S = np.empty((ROWS, COLS), dtype=acc.dtype)  # the block's scores, then exp(score - max), per row
         qs = np.empty((ROWS, Dk), dtype=acc.dtype)
         ptr = np.empty(ROWS, dtype=np.int64)
         mloc = np.empty(ROWS, dtype=acc.dtype)
         lloc = np.empty(ROWS, dtype=acc.dtype)
+        alph = np.empty(ROWS, dtype=acc.dtype)
         aloc = np.zeros((ROWS, Dv), dtype=acc.dtype)
         part = np.empty((ROWS, Dv), dtype=acc.dtype)
         for r in range(nr):
@@ -267,25 +411,30 @@ def _accumulate_far(q, kT, vT, far, scale64, mptr, mcols, n, precise, m, l, acc)
         fh = far[h]
         for j0 in range(0, n, COLS):
             nb = min(COLS, n - j0)
+            _products_rows(S, nr, kT, h, j0, nb, qs, Dk, fh)
             for r in range(nr):
-                for jj in range(nb):
-                    row[jj] = fh
-                _add_products(row, kT, h, j0, nb, qs, r, Dk)
+                row = S[r, 0:nb]
                 ptr[r] = _mask_block(row, mcols, ptr[r], mptr[i0 + r + 1], j0, nb, ninf)
                 bm = _block_max(row, nb, precise, ninf)
-                if bm == ninf:
+                if bm == ninf:  # every column of the block is a pattern entry: nothing to add
+                    for jj in range(nb):
+                        row[jj] = zero
+                    alph[r] = one
                     continue
                 mold = mloc[r]
                 mnew = max(mold, bm)
                 alpha = np.exp(mold - mnew) if mold > ninf else zero
                 tot = _exp_shifted(row, nb, mnew, precise, zero)
                 lloc[r] = lloc[r] * alpha + tot
+                alph[r] = alpha
+                mloc[r] = mnew
+            for r in range(nr):
                 for d in range(Dv):
                     part[r, d] = zero
-                _reduce_products(row, vT, h, j0, nb, part, r, Dv, zero)
+            _reduce_rows(S, nr, vT, h, j0, nb, part, Dv, zero)
+            for r in range(nr):
                 for d in range(Dv):
-                    aloc[r, d] = aloc[r, d] * alpha + part[r, d]
-                mloc[r] = mnew
+                    aloc[r, d] = aloc[r, d] * alph[r] + part[r, d]
         for r in range(nr):
             i = i0 + r
             m[i, h] = mloc[r]
@@ -355,13 +504,12 @@ def _backward_far(q, kT, vT, far, scale64, mptr, mcols, n, precise, chunks, m, l
                 ptr[r] = mptr[i0 + r]
             for j0 in range(0, n, COLS):
                 nb = min(COLS, n - j0)
+                _products_rows(P, nr, kT, h, j0, nb, qs, Dk, fh)  # scores
+                _products_rows(DS, nr, vT, h, j0, nb, go, Dv, zero)  # grad_out_i . v_j
                 for r in range(nr):
                     i = i0 + r
-                    row = P[r]
-                    ds = DS[r]
-                    for jj in range(nb):
-                        row[jj] = fh
-                    _add_products(row, kT, h, j0, nb, qs, r, Dk)
+                    row = P[r, 0:nb]
+                    ds = DS[r, 0:nb]
                     ptr[r] = _mask_block(row, mcols, ptr[r], mptr[i + 1], j0, nb, ninf)
                     li = l[i, h]
                     if li <= zero:  # no entry at all: nothing flows back
@@ -371,18 +519,16 @@ def _backward_far(q, kT, vT, far, scale64, mptr, mcols, n, precise, chunks, m, l
                         continue
                     _exp_shifted(row, nb, m[i, h], precise, zero)
                     inv = one / li
-                    for jj in range(nb):
-                        row[jj] *= inv  # p
-                        ds[jj] = zero
-                    _add_products(ds, vT, h, j0, nb, go, r, Dv)  # grad_out_i . v_j
                     di = delta[i, h]
                     tot = zero
                     for jj in range(nb):
-                        x = row[jj] * (ds[jj] - di)
+                        pj = row[jj] * inv
+                        row[jj] = pj
+                        x = pj * (ds[jj] - di)
                         ds[jj] = x
                         tot += x
                     gfar += tot
-                    _reduce_products(ds, kT, h, j0, nb, gq, r, Dk, zero)
+                _reduce_rows(DS, nr, kT, h, j0, nb, gq, Dk, zero)
                 _add_outer(P, nr, grad_vT, c, h, j0, nb, go, Dv)
                 _add_outer(DS, nr, grad_kT, c, h, j0, nb, qs, Dk)
             for r in range(nr):
