@@ -123,19 +123,19 @@ def _exp_shifted(row, nb, mi, precise, zero):
     return tot
 
 
+@njit(cache=True, inline="always")
+def _eight(A, h, d0, j0, nb):
+    """The column block ``j0:j0+nb`` of dimensions ``d0 .. d0+7`` of head ``h`` (eight 1-d views)."""
+    return (A[h, d0, j0:j0 + nb], A[h, d0 + 1, j0:j0 + nb], A[h, d0 + 2, j0:j0 + nb], A[h, d0 + 3, j0:j0 + nb],
+            A[h, d0 + 4, j0:j0 + nb], A[h, d0 + 5, j0:j0 + nb], A[h, d0 + 6, j0:j0 + nb], A[h, d0 + 7, j0:j0 + nb])
+
+
 @njit(cache=True, inline="always", fastmath=FASTMATH)
 def _add_products(row, A, h, j0, nb, w, r, D):
     """``row[:nb] += sum_d w[r, d] * A[h, d, j0:j0+nb]``."""
     d0 = 0
     while d0 + 8 <= D:
-        a0 = A[h, d0, j0:j0 + nb]
-        a1 = A[h, d0 + 1, j0:j0 + nb]
-        a2 = A[h, d0 + 2, j0:j0 + nb]
-        a3 = A[h, d0 + 3, j0:j0 + nb]
-        a4 = A[h, d0 + 4, j0:j0 + nb]
-        a5 = A[h, d0 + 5, j0:j0 + nb]
-        a6 = A[h, d0 + 6, j0:j0 + nb]
-        a7 = A[h, d0 + 7, j0:j0 + nb]
+        a0, a1, a2, a3, a4, a5, a6, a7 = _eight(A, h, d0, j0, nb)
         w0, w1, w2, w3 = w[r, d0], w[r, d0 + 1], w[r, d0 + 2], w[r, d0 + 3]
         w4, w5, w6, w7 = w[r, d0 + 4], w[r, d0 + 5], w[r, d0 + 6], w[r, d0 + 7]
         for jj in range(nb):
@@ -154,14 +154,7 @@ def _reduce_products(row, A, h, j0, nb, out, r, D, z):
     """``out[r, d] += row[:nb] . A[h, d, j0:j0+nb]`` for every ``d < D`` (``z``: 0 in the dtype)."""
     d0 = 0
     while d0 + 8 <= D:
-        a0 = A[h, d0, j0:j0 + nb]
-        a1 = A[h, d0 + 1, j0:j0 + nb]
-        a2 = A[h, d0 + 2, j0:j0 + nb]
-        a3 = A[h, d0 + 3, j0:j0 + nb]
-        a4 = A[h, d0 + 4, j0:j0 + nb]
-        a5 = A[h, d0 + 5, j0:j0 + nb]
-        a6 = A[h, d0 + 6, j0:j0 + nb]
-        a7 = A[h, d0 + 7, j0:j0 + nb]
+        a0, a1, a2, a3, a4, a5, a6, a7 = _eight(A, h, d0, j0, nb)
         s0 = s1 = s2 = s3 = s4 = s5 = s6 = s7 = z
         for jj in range(nb):
             p = row[jj]
@@ -207,14 +200,7 @@ def _products_rows(S, nr, A, h, j0, nb, w, D, init):
             s3[jj] = init
         d0 = 0
         while d0 + 8 <= D:
-            a0 = A[h, d0, j0:j0 + nb]
-            a1 = A[h, d0 + 1, j0:j0 + nb]
-            a2 = A[h, d0 + 2, j0:j0 + nb]
-            a3 = A[h, d0 + 3, j0:j0 + nb]
-            a4 = A[h, d0 + 4, j0:j0 + nb]
-            a5 = A[h, d0 + 5, j0:j0 + nb]
-            a6 = A[h, d0 + 6, j0:j0 + nb]
-            a7 = A[h, d0 + 7, j0:j0 + nb]
+            a0, a1, a2, a3, a4, a5, a6, a7 = _eight(A, h, d0, j0, nb)
             for jj in range(nb):
                 x0 = a0[jj]
                 x1 = a1[jj]
@@ -263,14 +249,7 @@ def _reduce_rows(S, nr, A, h, j0, nb, out, D, z):
         q = S[r0 + 1, 0:nb]
         d0 = 0
         while d0 + 8 <= D:
-            a0 = A[h, d0, j0:j0 + nb]
-            a1 = A[h, d0 + 1, j0:j0 + nb]
-            a2 = A[h, d0 + 2, j0:j0 + nb]
-            a3 = A[h, d0 + 3, j0:j0 + nb]
-            a4 = A[h, d0 + 4, j0:j0 + nb]
-            a5 = A[h, d0 + 5, j0:j0 + nb]
-            a6 = A[h, d0 + 6, j0:j0 + nb]
-            a7 = A[h, d0 + 7, j0:j0 + nb]
+            a0, a1, a2, a3, a4, a5, a6, a7 = _eight(A, h, d0, j0, nb)
             u0 = u1 = u2 = u3 = u4 = u5 = u6 = u7 = z
             t0 = t1 = t2 = t3 = t4 = t5 = t6 = t7 = z
             for jj in range(nb):
