@@ -67,7 +67,7 @@ class _SARGraph(GraphContext):
                                  attn_dropout=attn_dropout, seed=seed, add_self_loops=add_self_loops,
                                  prefetch=self.prefetch)
 
-    def attention(self, q, k, v, *, bias=None, mode="sparse", global_token=False):
+    def attention(self, q, k, v, *, bias=None, mode="sparse", global_token=False, far_prior=True):
         """Sparse graph-transformer attention over self loops + in-edges, remote k/v blocks fetched one at a
         time (forward and again in backward); equals ``single`` with ``engine.attention_chain: false``."""
         from hpc_graph.graph.halo_graph import check_partial_attention

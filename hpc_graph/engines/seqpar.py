@@ -121,7 +121,7 @@ class _SeqParGraph(GraphContext):
                                                          global_token=global_token, chain=self.chain)
         return self._patterns[global_token]
 
-    def attention(self, q, k, v, *, bias=None, mode="sparse", global_token=False):
+    def attention(self, q, k, v, *, bias=None, mode="sparse", global_token=False, far_prior=True):
         from hpc_graph.graph.attention_pattern import attend, check_attention_args
 
         H = q.shape[1]
@@ -143,7 +143,8 @@ class _SeqParGraph(GraphContext):
             qh, kh, vh = (_AllToAll.apply(t.contiguous(), self, True, global_token) for t in (q, k, v))
         b = None if bias is None else bias[:, self.rank * hp:(self.rank + 1) * hp]  # this rank's heads
         layout = None if self.clusters is None else self.clusters.layout_in(pat, self.cluster_ptr, mode)
-        out = attend(pat, qh.contiguous(), kh.contiguous(), vh.contiguous(), bias=b, mode=mode, layout=layout)
+        out = attend(pat, qh.contiguous(), kh.contiguous(), vh.contiguous(), bias=b, mode=mode, layout=layout,
+                     far_prior=far_prior)
         return _AllToAll.apply(out, self, False, global_token)
 
     def aggregate(self, x, reduce="sum"):

@@ -29,6 +29,8 @@ attention there is every pair inside a graph (``full=True``), never across graph
 """
 from __future__ import annotations
 
+import math
+
 import logging
 from dataclasses import dataclass
 
@@ -220,15 +222,24 @@ def check_attention_args(mode: str, bias: torch.Tensor | None, heads: int) -> No
                          f"global, unreachable), got {tuple(bias.shape)}")
 
 
+def far_count_prior(pattern: AttentionPattern) -> float:
+    """``ln((n - e) / e)`` for ``n`` node tokens and ``e`` pattern entries per token: the count prior that dense
+    mode subtracts from the far pairs' scores (``far_prior=True``), so that at equal scores a token's far
+    pairs together weigh as much as its pattern entries instead of ``(n - e) / e`` times more."""
+    e = pattern.csr.num_edges / max(pattern.num_tokens, 1)
+    return math.log(max(pattern.num_nodes - e, 1.0) / max(e, 1e-12))
+
+
 def attend(pattern: AttentionPattern, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *,
-           bias: torch.Tensor | None = None, mode: str = "sparse", layout: "ClusterLayout | None" = None
-           ) -> torch.Tensor:
+           bias: torch.Tensor | None = None, mode: str = "sparse", layout: "ClusterLayout | None" = None,
+           far_prior: bool = True) -> torch.Tensor:
     """Attention of all ``pattern.num_tokens`` tokens (q, k, v float[T, H, d]) for an engine holding the whole
     sequence: the bias table float[max_dist + 4, H] gathered by the entries' codes
     (:meth:`AttentionPattern.codes_for`), the farther row for the pairs outside the pattern in dense mode
     (:func:`~hpc_graph.ops.graph_attention.pattern_attention`). A graph batch's pattern attends inside each
     graph only: pass its ``full`` pattern for dense attention (``mode`` must then be ``"sparse"``).
     ``layout``: the pattern's :class:`ClusterLayout` to run sparse mode through (the same result).
+    ``far_prior``: in dense mode, subtract :func:`far_count_prior` from the far pairs' scores (else plain dense).
     ``mode`` and ``bias`` as checked by :func:`check_attention_args`."""
     from hpc_graph.ops.graph_attention import code_bias, pattern_attention
 
@@ -241,14 +252,16 @@ def attend(pattern: AttentionPattern, q: torch.Tensor, k: torch.Tensor, v: torch
         raise ValueError("attention: a graph batch has no dense mode over the whole sequence; "
                          "attend over its full pattern (build_graph_batch_pattern(full=True))")
     csr = pattern.csr if pattern.csr.device == q.device else pattern.csr.to(q.device)
+    prior = -far_count_prior(pattern) if dense and far_prior else 0.0
     if bias is None:
-        return pattern_attention(csr, q, k, v, dense=dense, num_nodes=pattern.num_nodes)
+        far = torch.full((q.shape[1],), prior, dtype=q.dtype, device=q.device) if dense else None
+        return pattern_attention(csr, q, k, v, dense=dense, num_nodes=pattern.num_nodes, far_bias=far)
     m = max_dist_of(bias)
     codes = pattern.codes_for(m).to(q.device)
     if not dense:  # the table and 1-byte codes go into the kernels: no [E, H] bias is made or kept
         return pattern_attention(csr, q, k, v, bias=bias, codes=codes)
     return pattern_attention(csr, q, k, v, bias=code_bias(bias, codes), dense=True, num_nodes=pattern.num_nodes,
-                             far_bias=bias[far_code(m)])
+                             far_bias=bias[far_code(m)] + prior)
 
 
 def check_graph_ptr(graph_ptr: np.ndarray, indptr: np.ndarray, indices: np.ndarray, where: str = "graph_ptr") -> None:

@@ -91,7 +91,7 @@ class GraphContext(ABC):
         return out
 
     def attention(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, bias: torch.Tensor | None = None,
-                  mode: str = "sparse", global_token: bool = False) -> torch.Tensor:
+                  mode: str = "sparse", global_token: bool = False, far_prior: bool = True) -> torch.Tensor:
         """Graph-transformer attention of the node tokens (one softmax per token and head).
 
         ``sparse``: each token attends to its entries of the graph's
@@ -112,6 +112,10 @@ class GraphContext(ABC):
                 mode pairs outside the pattern get the farther row. None: no bias.
             mode: ``"sparse"`` or ``"dense"``.
             global_token: whether the last row(s) of q/k/v are global tokens (always for a graph batch).
+            far_prior: dense mode: subtract ``ln((n - e) / e)`` (n node tokens, e pattern entries per token)
+                from the scores of the pairs outside the pattern, so that a model trained mostly sparse is
+                not swamped by the n far tokens when it attends densely (:func:`~hpc_graph.graph.
+                attention_pattern.far_count_prior`); False: plain dense attention.
         Returns:
             float[T, H, Dv]; differentiable in q, k, v and bias.
         """

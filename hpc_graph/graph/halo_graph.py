@@ -93,7 +93,7 @@ class HaloGraph(GraphContext):
                              attn_dropout=attn_dropout, seed=seed,
                              src_gid=dg.local_orig_id, dst_gid=dg.orig_id)
 
-    def attention(self, q, k, v, *, bias=None, mode="sparse", global_token=False):
+    def attention(self, q, k, v, *, bias=None, mode="sparse", global_token=False, far_prior=True):
         """Sparse graph-transformer attention over self loops + in-edges: one K/V halo exchange (k and v of the
         rows the peers need, in one message), then the fused kernels over ``[owned | halo]``. Equals ``single``
         with ``engine.attention_chain: false``; dense mode and the global token need the whole sequence."""

@@ -103,7 +103,7 @@ class WholeGraph(GraphContext):
                                                              self.graph_ptr.numpy(), full=full, max_dist=max_dist)
         return self.csr._cache[key]
 
-    def attention(self, q, k, v, *, bias=None, mode="sparse", global_token=False):
+    def attention(self, q, k, v, *, bias=None, mode="sparse", global_token=False, far_prior=True):
         from hpc_graph.graph.attention_pattern import (GRAPH_MAX_DIST, attend, check_attention_args,
                                                        max_dist_of)
 
@@ -121,7 +121,7 @@ class WholeGraph(GraphContext):
             raise ValueError(f"attention: q has {q.shape[0]} rows, the sequence has {pat.num_tokens} tokens "
                              f"({self.num_nodes} nodes{' + the global token' if global_token else ''})")
         layout = None if self.clusters is None else self.clusters.layout_in(pat, self.sequence()[1], mode)
-        return attend(pat, q, k, v, bias=bias, mode=mode, layout=layout)
+        return attend(pat, q, k, v, bias=bias, mode=mode, layout=layout, far_prior=far_prior)
 
     def with_self_loops(self) -> CSR:
         """The CSR with an edge ``i -> i`` appended to every row (after its in-edges), built once."""

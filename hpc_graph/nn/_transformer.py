@@ -25,12 +25,16 @@ class AttentionSchedule:
     schedule's sparse steps unless the schedule is ``dense`` or ``dense_layers``.
     """
 
-    def __init__(self, kind: str = "sparse", dense_every: int = 10, dense_layers: tuple[int, ...] = ()):
+    def __init__(self, kind: str = "sparse", dense_every: int = 10, dense_layers: tuple[int, ...] = (),
+                 far_prior: bool = True):
         if kind not in SCHEDULES:
             raise ValueError(f"model.attention: must be one of {', '.join(map(repr, SCHEDULES))}, got {kind!r}")
         if isinstance(dense_every, bool) or not isinstance(dense_every, int) or dense_every < 1:
             raise ValueError(f"model.dense_every: must be a positive integer, got {dense_every!r}")
+        if not isinstance(far_prior, bool):
+            raise ValueError(f"model.far_prior: must be true or false, got {far_prior!r}")
         self.kind, self.every, self.layers = kind, int(dense_every), tuple(int(x) for x in dense_layers)
+        self.far_prior = far_prior  # dense layers: the count prior on the far pairs (GraphContext.attention)
 
     def mode(self, layer: int, step: int, training: bool) -> str:
         if self.kind == "dense" or (self.kind == "dense_layers" and layer in self.layers):
@@ -69,11 +73,12 @@ class TransformerLayer(nn.Module):
             nn.init.zeros_(lin.bias)
 
     def forward(self, graph: GraphContext, h: torch.Tensor, *, bias: torch.Tensor | None = None,
-                mode: str = "sparse", global_token: bool = False) -> torch.Tensor:
+                mode: str = "sparse", global_token: bool = False, far_prior: bool = True) -> torch.Tensor:
         T = h.shape[0]
         a = self.norm1(h) if self.pre_norm else h
         q, k, v = self.qkv(a).view(T, 3, self.heads, self.dim // self.heads).unbind(1)
-        att = graph.attention(q, k, v, bias=bias, mode=mode, global_token=global_token).reshape(T, self.dim)
+        att = graph.attention(q, k, v, bias=bias, mode=mode, global_token=global_token,
+                              far_prior=far_prior).reshape(T, self.dim)
         h = h + self._drop(self.out(att))
         if not self.pre_norm:
             h = self.norm1(h)

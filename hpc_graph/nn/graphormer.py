@@ -60,7 +60,7 @@ class Graphormer(nn.Module):
         step = int(self.step)
         for layer, block in enumerate(self.layers):
             h = block(graph, h, bias=self.bias[layer].to(h.dtype), global_token=True,
-                      mode=self.schedule.mode(layer, step, self.training))
+                      mode=self.schedule.mode(layer, step, self.training), far_prior=self.schedule.far_prior)
         if self.training:
             self.step += 1
         return self.head(self.norm(h[n:] if graphs else h[:n]))

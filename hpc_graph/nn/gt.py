@@ -64,7 +64,8 @@ class GT(nn.Module):
             h = torch.cat([h, self.token.to(h.dtype).expand(max(graphs, 1), -1)], 0)
         step = int(self.step)
         for layer, block in enumerate(self.layers):
-            h = block(graph, h, mode=self.schedule.mode(layer, step, self.training), global_token=glob)
+            h = block(graph, h, mode=self.schedule.mode(layer, step, self.training), global_token=glob,
+                      far_prior=self.schedule.far_prior)
         if self.training:
             self.step += 1
         return self.head(h[n:] if graphs else h[:n])

@@ -46,7 +46,8 @@ MODEL_OPTIONS = {"alpha": (("gcn2", "appnp"), 0.1), "theta": (("gcn2",), 0.5),
                  "conv": (("jknet",), "gcn"), "num_bases": (("rgcn",), None),
                  "groups": (("revgcn", "revgat"), 2), "reversible": (("revgcn", "revgat"), True),
                  "attention": (("gt", "graphormer"), "sparse"), "dense_every": (("gt", "graphormer"), 10),
-                 "dense_layers": (("gt", "graphormer"), ()), "pe_dim": (("gt",), 8),
+                 "dense_layers": (("gt", "graphormer"), ()), "far_prior": (("gt", "graphormer"), True),
+                 "pe_dim": (("gt",), 8),
                  "global_token": (("gt",), False), "max_degree": (("graphormer",), 64),
                  "max_spd": (("graphormer",), 2)}
 # build_model's stack options (only gcn/sage/gat use them) and their defaults
@@ -189,7 +190,8 @@ def build_model(name: str, in_dim: int, hidden: int, out_dim: int, num_layers: i
                 residual: bool = False, batchnorm: bool = False, *, alpha: float = 0.1, theta: float = 0.5,
                 hops: int | None = None, jk: str = "concat", conv: str = "gcn", num_bases: int | None = None,
                 groups: int = 2, reversible: bool = True, num_relations: int = 1, attention: str = "sparse",
-                dense_every: int = 10, dense_layers: tuple = (), pe_dim: int = 8, global_token: bool = False,
+                dense_every: int = 10, dense_layers: tuple = (), far_prior: bool = True, pe_dim: int = 8,
+                global_token: bool = False,
                 max_degree: int = 64, max_spd: int = 2, graph_level: bool = False) -> nn.Module:
     """Build a node classifier by name; see :class:`GNN` and the model classes for the layouts.
 
@@ -217,8 +219,9 @@ def build_model(name: str, in_dim: int, hidden: int, out_dim: int, num_layers: i
         reversible: ``revgcn``/``revgat`` recompute activations in the backward pass (False: the same
             residual network with plain autograd, which keeps them).
         num_relations: edge types of the graph (``graph.num_relations``; only ``rgcn`` uses it).
-        attention, dense_every, dense_layers: ``gt``/``graphormer`` attention schedule
-            (:class:`hpc_graph.nn._transformer.AttentionSchedule`).
+        attention, dense_every, dense_layers, far_prior: ``gt``/``graphormer`` attention schedule
+            (:class:`hpc_graph.nn._transformer.AttentionSchedule`) and the far pairs' count prior in its
+            dense layers.
         pe_dim, global_token: ``gt`` positional-encoding columns and global token.
         max_degree: ``graphormer`` degree-embedding cap.
         max_spd: ``graphormer`` shortest-path distance cap of the structural bias (``max_spd + 4`` buckets:
@@ -238,7 +241,8 @@ def build_model(name: str, in_dim: int, hidden: int, out_dim: int, num_layers: i
         raise ValueError(f"model.name: unknown model {name!r}; choose one of {list(MODELS)}")
     given = {"alpha": alpha, "theta": theta, "hops": hops, "jk": jk, "conv": conv, "num_bases": num_bases,
              "groups": groups, "reversible": reversible, "attention": attention, "dense_every": dense_every,
-             "dense_layers": tuple(dense_layers), "pe_dim": pe_dim, "global_token": global_token,
+             "dense_layers": tuple(dense_layers), "far_prior": far_prior, "pe_dim": pe_dim,
+             "global_token": global_token,
              "max_degree": max_degree, "max_spd": max_spd}
     for option, (users, default) in MODEL_OPTIONS.items():
         if name not in users and given[option] != default:
@@ -262,7 +266,7 @@ def build_model(name: str, in_dim: int, hidden: int, out_dim: int, num_layers: i
         bad = [x for x in dense_layers if x >= num_layers]
         if bad:
             raise ValueError(f"model.dense_layers: layers {bad} do not exist (model.num_layers is {num_layers})")
-        schedule = AttentionSchedule(attention, dense_every, tuple(dense_layers))
+        schedule = AttentionSchedule(attention, dense_every, tuple(dense_layers), far_prior)
         if name == "gt":
             return GT(in_dim, hidden, out_dim, num_layers=num_layers, heads=heads, dropout=dropout, pe_dim=pe_dim,
                       schedule=schedule, global_token=global_token or graph_level)

@@ -260,6 +260,12 @@ class ModelConfig:
                               "`gt`, `graphormer` with attention `every_k_steps`: the period in training steps.")
     dense_layers: Any = _field((), _for_models(_LAYER_LIST, *TRANSFORMERS),
                                "`gt`, `graphormer` with attention `dense_layers`: indices of the dense layers.")
+    far_prior: bool = _field(True, _for_models(_BOOL, *TRANSFORMERS),
+                             "`gt`, `graphormer`, dense layers: subtract ln((n - e) / e) (n nodes, e pattern entries "
+                             "per token) from the scores of the pairs outside the sparse pattern, so that together "
+                             "they weigh as much as a token's pattern entries at equal scores; without it a model "
+                             "trained mostly sparse is swamped by the n far tokens on its dense steps. false: plain "
+                             "dense attention (TorchGT's).")
     pe_dim: int = _field(8, _for_models(_int(0), "gt"),
                          "`gt`: Laplacian eigenvector positional encodings used (columns of /node/lap_pe, made by "
                          "`hpc-graph preprocess lap-pe`); 0: none.")

@@ -269,7 +269,8 @@ class Trainer:
                                  batchnorm=mc.batchnorm, alpha=mc.alpha, theta=mc.theta, hops=mc.hops, jk=mc.jk,
                                  conv=mc.conv, num_bases=mc.num_bases, groups=mc.groups, reversible=mc.reversible,
                                  num_relations=self.graph.num_relations, attention=mc.attention,
-                                 dense_every=mc.dense_every, dense_layers=tuple(mc.dense_layers), pe_dim=mc.pe_dim,
+                                 dense_every=mc.dense_every, dense_layers=tuple(mc.dense_layers),
+                                 far_prior=mc.far_prior, pe_dim=mc.pe_dim,
                                  global_token=mc.global_token, max_degree=mc.max_degree, max_spd=mc.max_spd,
                                  graph_level=self.graph.num_graphs > 0,
                                  ).to(device=self.device, dtype=self.dtype)

@@ -1,6 +1,8 @@
 """GT and Graphormer: the same model on the single engine's attention and on a dense SDPA reference."""
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import pytest
 import torch
@@ -35,13 +37,17 @@ class _DenseRef(GraphContext):
         self.indptr, self.indices, self.fields = indptr, indices, fields
         self.modes = []
 
-    def attention(self, q, k, v, *, bias=None, mode="sparse", global_token=False):
+    def attention(self, q, k, v, *, bias=None, mode="sparse", global_token=False, far_prior=True):
         self.modes.append(mode)
         pat = build_pattern(self.indptr, self.indices, self.num_nodes, global_token=global_token)
         T, H = q.shape[0], q.shape[1]
         mask = torch.full((H, T, T), float("-inf"), dtype=q.dtype)
         if mode == "dense":
-            mask[:, :self.num_nodes, :self.num_nodes] = 0.0 if bias is None else bias[FAR].view(-1, 1, 1)
+            far = torch.zeros(H, dtype=q.dtype) if bias is None else bias[FAR]
+            if far_prior:  # the far pairs' count prior: -ln((n - e) / e), e = pattern entries per token
+                e = pat.csr.num_edges / T
+                far = far - math.log((self.num_nodes - e) / e)
+            mask[:, :self.num_nodes, :self.num_nodes] = far.view(-1, 1, 1)
         rows = torch.repeat_interleave(torch.arange(T), pat.csr.in_degree())
         mask[:, rows, pat.csr.indices] = 0.0 if bias is None else bias[pat.codes.long()].t()
         out = F.scaled_dot_product_attention(q.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1), attn_mask=mask)
@@ -79,11 +85,12 @@ def _pair(seed=0):
 
 @pytest.mark.parametrize("name, extra", [("gt", dict(pe_dim=4, global_token=True)), ("gt", dict(pe_dim=0)),
                                          ("graphormer", dict(max_degree=3))])
-@pytest.mark.parametrize("attention", ["sparse", "dense", "dense_layers"])
-def test_model_on_single_engine_equals_dense_reference(name, extra, attention):
+@pytest.mark.parametrize("attention, far_prior", [("sparse", True), ("dense", True), ("dense", False),
+                                                  ("dense_layers", True)])
+def test_model_on_single_engine_equals_dense_reference(name, extra, attention, far_prior):
     single, ref, n = _pair(1)
     torch.manual_seed(3)
-    sched = dict(attention=attention, dense_layers=(1,) if attention == "dense_layers" else ())
+    sched = dict(attention=attention, dense_layers=(1,) if attention == "dense_layers" else (), far_prior=far_prior)
     model = build_model(name, 6, 8, 3, num_layers=2, heads=2, dropout=0.0, **sched, **extra).double()
     with torch.no_grad():  # non-zero structural bias and token, so that both matter
         for p in model.parameters():
@@ -146,6 +153,10 @@ def test_bad_options_and_missing_fields():
         build_model("graphormer", 6, 8, 3, heads=2, attention="sometimes")
     with pytest.raises(ValueError, match="model.pe_dim"):
         build_model("gcn", 6, 8, 3, pe_dim=4)
+    with pytest.raises(ValueError, match="model.far_prior: only used by model 'gt' or 'graphormer'"):
+        build_model("gat", 6, 8, 3, far_prior=False)
+    with pytest.raises(ValueError, match="model.far_prior: must be true or false"):
+        build_model("gt", 6, 8, 3, heads=2, far_prior="yes")
     with pytest.raises(ValueError, match="model.pe_dim"):
         build_model("gt", 6, 8, 3, heads=2, pe_dim=9)(single, torch.randn(n, 6))
     bare = _SingleGraph(single.csr)

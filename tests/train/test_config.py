@@ -64,6 +64,8 @@ BAD = [
     ({"model": {"name": "gt", "dense_layers": [0, -1]}}, "model.dense_layers: must be a list of layer indices"),
     ({"model": {"name": "graphormer", "dense_every": 0}}, "model.dense_every: must be a positive integer"),
     ({"model": {"name": "gcn", "pe_dim": 4}}, "model.pe_dim: only used by model 'gt'"),
+    ({"model": {"name": "sage", "far_prior": False}}, "model.far_prior: only used by model 'gt' or 'graphormer'"),
+    ({"model": {"name": "gt", "far_prior": "no"}}, "model.far_prior: must be true or false"),
     ({"model": {"name": "gt", "max_degree": 4}}, "model.max_degree: only used by model 'graphormer'"),
     ({"model": {"name": "gt"}, "engine": {"name": "dp"}}, "it needs model.attention: sparse, global_token: false, "
      "pe_dim: 0"),
