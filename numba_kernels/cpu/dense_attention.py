@@ -23,7 +23,9 @@ columns ``mcols[mptr[i]:mptr[i+1]]``.
 A task is (head, block of :data:`ROWS` query rows) in the forward pass and (head, chunk of rows)
 in the backward pass; it walks the columns in blocks of :data:`COLS` (the key and value block stay
 in cache across its rows). Every inner loop runs over a block of columns with unit stride so that
-LLVM vectorises it; the per-dimension work is unrolled eight dimensions at a time. Two pieces
+LLVM vectorises it; the per-dimension work is unrolled eight dimensions at a time, and four rows
+(two in the reductions, eight in the gradient outer products) share each load of a key or value
+column block, which a row at a time would need once per multiply-add. Two pieces
 need help to vectorise: the block maximum is an integer maximum over order-preserving keys of the
 float bits, and in float32 ``exp`` is computed inline (``2^t``: round-to-nearest range reduction,
 a degree-7 Taylor polynomial on ``[-ln2/2, ln2/2]``, the exponent written into the bits; ``-inf``
