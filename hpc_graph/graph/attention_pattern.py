@@ -29,9 +29,8 @@ attention there is every pair inside a graph (``full=True``), never across graph
 """
 from __future__ import annotations
 
-import math
-
 import logging
+import math
 from dataclasses import dataclass
 
 import numpy as np

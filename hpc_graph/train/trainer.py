@@ -280,9 +280,8 @@ class Trainer:
             # replicas are equal now; decorrelate the ranks' dropout streams
             torch.manual_seed(tc.seed + 1_000_003 * self.rank)
         if state is not None:  # before the model is handed over: a pipeline keeps its checkpoint's stage split
-            per_rank = state.get("engine_rank_states")
-            self.engine.load_state_dict(per_rank[self.rank] if per_rank and len(per_rank) == self.size
-                                        else state.get("engine_state") or {})
+            engine_state = state.get("engine_state") or {}
+            self.engine.load_state_dict(engine_state[self.rank] if isinstance(engine_state, list) else engine_state)
         try:
             self.engine.check_model(self.model)
         except ValueError as exc:
@@ -817,14 +816,13 @@ class Trainer:
         states = self.comm.allgather_object(rng) if self.size > 1 else [rng]
         model_state, best_state = self._model_state(), self.best_state
         optimizer_state: Any = self.optimizer.state_dict()
-        if self.pipeline and self.size > 1:  # each stage holds its own parameters and optimiser state
-            parts = self.comm.allgather_object((self.best_state, optimizer_state))
-            optimizer_state = [opt for _, opt in parts]
+        engine_state: Any = self.engine.state_dict()
+        if self.pipeline and self.size > 1:  # each stage holds its own parameters, optimiser and engine state
+            parts = self.comm.allgather_object((self.best_state, optimizer_state, engine_state))
+            optimizer_state = [opt for _, opt, _ in parts]
+            engine_state = [eng for _, _, eng in parts]  # e.g. each stage's stale history
             if best_state is not None:
-                best_state = {k: v for own, _ in parts for k, v in (own or {}).items()}
-        engine_state = self.engine.state_dict()
-        # a pipeline's stages hold different engine state (a stage's stale history): keep every rank's
-        engine_states = self.comm.allgather_object(engine_state) if self.pipeline and self.size > 1 else None
+                best_state = {k: v for own, _, _ in parts for k, v in (own or {}).items()}
         lm_state = None
         if self.cotrain is not None:  # the LM is the same on every rank; its random stream is not
             lm_state = self.cotrain.state_dict()
@@ -848,7 +846,6 @@ class Trainer:
                 "world_size": self.size,
                 "engine": self.engine_name,
                 "engine_state": engine_state,
-                "engine_rank_states": engine_states,
                 "param_shapes": _shapes(self.model),
                 "lm_state": lm_state,
             }
