@@ -85,20 +85,17 @@ def parse_bytes(text: str | int) -> int:
     return int(value)
 
 
-def format_bytes(n: float) -> str:
-    """Bytes in binary units with one decimal: ``1536`` -> ``'1.5 KiB'``, ``36 * 2**40`` -> ``'36.0 TiB'``.
-
-    (``hpc_graph.train.report.format_bytes`` prints two decimals for its tables; the data
-    layer cannot import ``hpc_graph``, so this one lives here.)
-    """
+def format_bytes(n: float, digits: int = 1) -> str:
+    """Bytes in binary units with ``digits`` decimals: ``1536`` -> ``'1.5 KiB'``, ``36 * 2**40`` -> ``'36.0 TiB'``
+    (whole bytes below 1 KiB). ``hpc_graph.train.report`` prints its tables with two."""
     n = float(n)
     if abs(n) < 1024:
         return f"{n:.0f} B"
     for unit in ("KiB", "MiB", "GiB", "TiB", "PiB"):
         n /= 1024.0
         if abs(n) < 1024 or unit == "PiB":
-            return f"{n:.1f} {unit}"
-    return f"{n:.1f} PiB"  # pragma: no cover
+            return f"{n:.{digits}f} {unit}"
+    return f"{n:.{digits}f} PiB"  # pragma: no cover
 
 
 # -- what is available ----------------------------------------------------------------------

@@ -43,6 +43,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from data_io.errors import DataError, FormatError, atomic_output
+from data_io.memory import format_bytes as _format_bytes
 
 log = logging.getLogger(__name__)
 
@@ -329,14 +330,8 @@ def summarize(run: Run) -> dict[str, Any]:
 # -- text -------------------------------------------------------------------------------------
 
 def format_bytes(n: float | None) -> str:
-    """``1536`` -> ``'1.50 KiB'`` (binary units); ``'-'`` for None."""
-    if n is None:
-        return "-"
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if abs(n) < 1024 or unit == "TiB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.2f} {unit}"
-        n /= 1024.0
-    return f"{n:.2f} TiB"  # pragma: no cover
+    """``1536`` -> ``'1.50 KiB'`` (binary units, two decimals); ``'-'`` for None."""
+    return "-" if n is None else _format_bytes(n, 2)
 
 
 def format_seconds(s: float | None) -> str:

@@ -305,3 +305,10 @@ def test_partition_refused_then_forced(rmat_file, tmp_path, monkeypatch, capsys)
     assert not out.exists() and list(tmp_path.iterdir()) == []
     meta = partition_dataset(rmat_file, out, 2, method="random", force=True)
     assert meta["num_parts"] == 2 and (out / "partition.json").is_file()
+
+
+def test_format_bytes_digits_and_the_report_tables():
+    from hpc_graph.train.report import format_bytes as table_bytes
+
+    assert format_bytes(1536, 2) == "1.50 KiB" and format_bytes(3 * 2**30 + 2**29, 3) == "3.500 GiB"
+    assert table_bytes(1536) == "1.50 KiB" and table_bytes(None) == "-" and table_bytes(12) == "12 B"
