@@ -34,9 +34,10 @@ and rows fetched, and the seconds spent building batches.
 """
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
-from typing import Any
+from typing import Any, Iterator
 
 import numpy as np
 import torch
@@ -132,11 +133,12 @@ class APTEngine(Engine):
         self.plan: Any = None
         self._epoch = None
         self.build_seconds = 0.0
+        self._iterations_done = 0
+        self.strategy = ""
         if strategy == "auto" or self.cache_mb > 0:
             self.run_dry_run(strategy)
             if strategy == "auto":
                 strategy = self.plan.choice
-        self.strategy = ""
         self.use_strategy(strategy)
 
     def use_strategy(self, strategy: str) -> None:
@@ -148,7 +150,7 @@ class APTEngine(Engine):
             raise ValueError(f"engine.strategy: {strategy} {self.ruled_out[strategy]}")
         self.strategy = strategy
         if self.cache_mb > 0:
-            self._fill_cache(self.plan.hot_rows(strategy, self._cache_rows()))
+            self._fill_cache(self.plan.hot_rows(strategy, self.cache_rows()))
         if strategy == "nfp" and self._nfp is None:
             self._setup_nfp()
         elif strategy != "nfp":
@@ -176,7 +178,8 @@ class APTEngine(Engine):
         return out
 
     # -- set-up -------------------------------------------------------------------------------------
-    def _cache_rows(self) -> int:
+    def cache_rows(self) -> int:
+        """How many remote feature rows ``cache_mb`` holds (a row: its features and its int64 id)."""
         row = self.num_features * self.feat.element_size() + 8
         return int(self.cache_mb * (1 << 20) // row)
 
@@ -201,6 +204,25 @@ class APTEngine(Engine):
         cols = got.view(int(ranges[-1]), width)
         deg, _ = self.comm.alltoallv(self.owned_degree.repeat(self.size), np.full(self.size, self.num_owned))
         self._nfp = {"bounds": bounds, "cols": cols, "degree": deg, "lo": int(bounds[self.rank]), "width": width}
+
+    @contextlib.contextmanager
+    def scratch(self, cache: bool = True) -> Iterator[None]:
+        """Within: batches of any strategy and epoch may be built without leaving a trace (the dry run).
+        On the way out the strategy, counters, build time, iteration count, NFP layout and feature cache
+        are as before, the current epoch is forgotten and the store's statistics are zeroed. With
+        ``cache=False`` the cache is empty within (builds timed without it)."""
+        st = self.store
+        saved = (self.strategy, dict(self.counter), self.build_seconds, self._iterations_done,
+                 self._nfp, st.cache_gid, st.cache_feat, st.cache_degree)
+        if not cache:
+            st.cache_gid = np.zeros(0, np.int64)
+        try:
+            yield
+        finally:
+            (self.strategy, self.counter, self.build_seconds, self._iterations_done, self._nfp,
+             st.cache_gid, st.cache_feat, st.cache_degree) = saved
+            self._epoch = None
+            st.reset_stats()
 
     # -- statistics ---------------------------------------------------------------------------------
     def reset_stats(self) -> None:
@@ -269,7 +291,9 @@ class APTEngine(Engine):
     def _count(self, op: str, nbytes: int) -> None:
         self.counter[op] = self.counter.get(op, 0) + int(nbytes)
 
-    def _hop(self, dst: np.ndarray, layer: int, epoch: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    def hop(self, dst: np.ndarray, layer: int, epoch: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Sample ``layer``'s in-neighbours of ``dst`` (global ids) for ``epoch``: the sampler's
+        ``(counts, neighbours, degrees)``; its bytes are counted under ``sample`` (collective)."""
         b0 = self.sampler.bytes_sent
         fanout = self.fanouts[len(self.fanouts) - 1 - layer]
         out = self.sampler.hop(dst, fanout, sample_key(self.seed, epoch, layer))
@@ -282,7 +306,7 @@ class APTEngine(Engine):
         dst = seed_gid.numpy().astype(np.int64)
         hops = []
         for layer in range(len(self.fanouts) - 1, 0, -1):
-            counts, nbrs, deg = self._hop(dst, layer, epoch)
+            counts, nbrs, deg = self.hop(dst, layer, epoch)
             src, col = relabel(dst, nbrs)
             hops.append((layer, dst, deg, counts, col, src))
             dst = src
@@ -309,7 +333,7 @@ class APTEngine(Engine):
 
     # -- the four strategies: block 0, its input rows, block 1's hook, block 1's source degrees -----
     def _build_gdp(self, dst: np.ndarray, epoch: int):
-        counts, nbrs, deg = self._hop(dst, 0, epoch)
+        counts, nbrs, deg = self.hop(dst, 0, epoch)
         src, col = relabel(dst, nbrs)
         feat, src_deg = self._load(src)
         src_t = torch.from_numpy(src)
@@ -339,7 +363,7 @@ class APTEngine(Engine):
         if self._nfp is None:
             self._setup_nfp()
         nfp = self._nfp
-        counts, nbrs, deg = self._hop(dst, 0, epoch)
+        counts, nbrs, deg = self.hop(dst, 0, epoch)
         src, col = relabel(dst, nbrs)
         mine = np.concatenate([[dst.size, src.size, col.size], src, counts, col]).astype(np.int64)
         blocks = []
@@ -370,7 +394,7 @@ class APTEngine(Engine):
 
     def _build_snp(self, dst: np.ndarray, epoch: int):
         P, r = self.size, self.rank
-        counts, nbrs, deg = self._hop(dst, 0, epoch)
+        counts, nbrs, deg = self.hop(dst, 0, epoch)
         n = dst.size
         rows = np.repeat(np.arange(n, dtype=np.int64), counts)
         own = self.sampler.owner(nbrs) if nbrs.size else np.zeros(0, np.int64)

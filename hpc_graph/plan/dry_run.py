@@ -124,14 +124,9 @@ def _time_builds(engine: Any, strategies: list[str], iters: int, epoch: int, bat
     restored; NFP's column layout is kept only if the engine already had it."""
     if iters == 0:
         return {}
-    saved = (engine.strategy if hasattr(engine, "strategy") else "", dict(engine.counter), engine.build_seconds,
-             engine._iterations_done if hasattr(engine, "_iterations_done") else 0, engine._nfp,
-             engine.store.cache_gid, engine.store.cache_feat, engine.store.cache_degree)
-    engine.store.cache_gid = np.zeros(0, np.int64)
-    engine._iterations_done = 0
     out = {}
     n = min(batches + 1, max(iters, 1))
-    try:
+    with engine.scratch(cache=False):
         for s in strategies:
             engine.strategy = s
             times = []
@@ -143,11 +138,6 @@ def _time_builds(engine: Any, strategies: list[str], iters: int, epoch: int, bat
             if engine.size > 1:
                 engine.comm.allreduce_(t, "max")
             out[s] = float(t.item()) * iters
-    finally:
-        (engine.strategy, engine.counter, engine.build_seconds, engine._iterations_done, engine._nfp,
-         engine.store.cache_gid, engine.store.cache_feat, engine.store.cache_degree) = saved
-        engine._epoch = None
-        engine.store.reset_stats()
     return out
 
 
@@ -172,79 +162,77 @@ def dry_run(engine: Any, requested: str = "auto", profile: Profile | None = None
     snp_v = np.zeros(P, np.int64)
     snp_e = np.zeros(P, np.int64)
     snp_u = np.zeros(P, np.int64)
-    saved_counter = dict(engine.counter)
-    local_times: list[float] = []  # per batch: sampling work outside communication
-    for it in range(nb):
-        t0, c0 = time.perf_counter(), comm.comm_seconds
-        epoch = dry_epochs[it % FOLDS]
-        seeds = engine.seeds(epoch, (it // FOLDS) % max(iters, 1))
-        acc["seeds"] += seeds.numel()
-        s0 = engine.counter.get("sample", 0)
-        upper, D = engine.sample_upper(seeds + first, epoch)
-        s_up = engine.counter.get("sample", 0) - s0
-        counts, nbrs, deg = engine._hop(D, 0, epoch)
-        s_all = engine.counter.get("sample", 0) - s0
-        src, col = relabel(D, nbrs)
-        # the rest of a GDP batch's local work: blocks, and the input rows gathered (owned rows here)
-        blocks = engine.upper_blocks(upper, deg, None)
-        csr0 = block_csr(counts, col, src.size)
-        src_t = torch.from_numpy(src)
-        own_src = src[sampler.is_owned(src)]
-        Block(csr0, src_t, engine.dg.orig_ids_of(src_t), torch.zeros(src.size, dtype=torch.int64), comm)
-        engine.feat.index_select(0, torch.from_numpy(own_src - first))
-        local_times.append((time.perf_counter() - t0) - (comm.comm_seconds - c0))
-        acc["sample"] += s_all
-        for (_, dst, _, c, _, s) in upper:
-            acc["up_rows"] += s.size
-            acc["up_edges"] += int(c.sum())
-            acc["up_dst"] += dst.size
-        acc["max_up_rows"] = max(acc["max_up_rows"], sum(h[5].size for h in upper))
-        nd = D.size
-        acc["nd"] += nd
-        acc["rows1"] += src.size
-        acc["edges1"] += nbrs.size
-        acc["max_rows1"] = max(acc["max_rows1"], src.size)
-        loads["gdp"].append(src[~sampler.is_owned(src)])
-        # NFP: block 0 all-broadcast
-        acc["nfp_struct"] += (P - 1) * 8 * (3 + src.size + nd + nbrs.size)
-        # SNP: virtual nodes and edges per source owner
-        own = sampler.owner(nbrs) if nbrs.size else np.zeros(0, np.int64)
-        rows = np.repeat(np.arange(nd, dtype=np.int64), counts)
-        pairs = np.unique(own * max(nd, 1) + rows)
-        v = np.bincount(pairs // max(nd, 1), minlength=P).astype(np.int64)
-        e = np.bincount(own, minlength=P).astype(np.int64)
-        u = np.bincount(sampler.owner(np.unique(nbrs)), minlength=P).astype(np.int64) if nbrs.size \
-            else np.zeros(P, np.int64)  # distinct sources per owner: the rows each owner projects for me
-        snp_u += u
-        v[r], e[r] = 0, 0
-        snp_v += v
-        snp_e += e
-        acc["snp_struct"] += 8 * (int(v.sum()) + int(e.sum()))
-        acc["snp_local_edges"] += int((own == r).sum())
-        loads["snp"].append(D[~sampler.is_owned(D)])
-        # DNP: destinations to their owners (collective, as in training), who sample and load their sources
-        downer = sampler.owner(D)
-        mine = downer == r
-        rpos = np.flatnonzero(~mine)
-        rpos = rpos[np.argsort(downer[rpos], kind="stable")]
-        req = np.bincount(downer[rpos], minlength=P).astype(np.int64)
-        asked, _ = comm.alltoallv(torch.from_numpy(D[rpos]), req)
-        uniq = np.unique(np.concatenate([D[mine], asked.numpy()]))
-        c_d, nb_d, _ = sampler.local(uniq, engine.fanouts[-1], sample_key(engine.seed, epoch, 0))
-        src_d, _ = relabel(uniq, nb_d)
-        loads["dnp"].append(src_d[~sampler.is_owned(src_d)])
-        acc["dnp_rows1"] += src_d.size
-        acc["dnp_dst"] += uniq.size  # the destinations this rank computes for everyone
-        acc["dnp_edges1"] += nb_d.size
-        acc["max_dnp_rows1"] = max(acc["max_dnp_rows1"], src_d.size)
-        acc["dnp_asked"] += asked.shape[0]
-        acc["dnp_remote"] += rpos.size
-        acc["dnp_sample"] += s_up + 8 * (rpos.size + asked.shape[0])
-    engine.counter = saved_counter
-    engine._epoch = None
+    with engine.scratch():  # counters, epoch and the rest as they were afterwards
+        local_times: list[float] = []  # per batch: sampling work outside communication
+        for it in range(nb):
+            t0, c0 = time.perf_counter(), comm.comm_seconds
+            epoch = dry_epochs[it % FOLDS]
+            seeds = engine.seeds(epoch, (it // FOLDS) % max(iters, 1))
+            acc["seeds"] += seeds.numel()
+            s0 = engine.counter.get("sample", 0)
+            upper, D = engine.sample_upper(seeds + first, epoch)
+            s_up = engine.counter.get("sample", 0) - s0
+            counts, nbrs, deg = engine.hop(D, 0, epoch)
+            s_all = engine.counter.get("sample", 0) - s0
+            src, col = relabel(D, nbrs)
+            # the rest of a GDP batch's local work: blocks, and the input rows gathered (owned rows here)
+            blocks = engine.upper_blocks(upper, deg, None)
+            csr0 = block_csr(counts, col, src.size)
+            src_t = torch.from_numpy(src)
+            own_src = src[sampler.is_owned(src)]
+            Block(csr0, src_t, engine.dg.orig_ids_of(src_t), torch.zeros(src.size, dtype=torch.int64), comm)
+            engine.feat.index_select(0, torch.from_numpy(own_src - first))
+            local_times.append((time.perf_counter() - t0) - (comm.comm_seconds - c0))
+            acc["sample"] += s_all
+            for (_, dst, _, c, _, s) in upper:
+                acc["up_rows"] += s.size
+                acc["up_edges"] += int(c.sum())
+                acc["up_dst"] += dst.size
+            acc["max_up_rows"] = max(acc["max_up_rows"], sum(h[5].size for h in upper))
+            nd = D.size
+            acc["nd"] += nd
+            acc["rows1"] += src.size
+            acc["edges1"] += nbrs.size
+            acc["max_rows1"] = max(acc["max_rows1"], src.size)
+            loads["gdp"].append(src[~sampler.is_owned(src)])
+            # NFP: block 0 all-broadcast
+            acc["nfp_struct"] += (P - 1) * 8 * (3 + src.size + nd + nbrs.size)
+            # SNP: virtual nodes and edges per source owner
+            own = sampler.owner(nbrs) if nbrs.size else np.zeros(0, np.int64)
+            rows = np.repeat(np.arange(nd, dtype=np.int64), counts)
+            pairs = np.unique(own * max(nd, 1) + rows)
+            v = np.bincount(pairs // max(nd, 1), minlength=P).astype(np.int64)
+            e = np.bincount(own, minlength=P).astype(np.int64)
+            u = np.bincount(sampler.owner(np.unique(nbrs)), minlength=P).astype(np.int64) if nbrs.size \
+                else np.zeros(P, np.int64)  # distinct sources per owner: the rows each owner projects for me
+            snp_u += u
+            v[r], e[r] = 0, 0
+            snp_v += v
+            snp_e += e
+            acc["snp_struct"] += 8 * (int(v.sum()) + int(e.sum()))
+            acc["snp_local_edges"] += int((own == r).sum())
+            loads["snp"].append(D[~sampler.is_owned(D)])
+            # DNP: destinations to their owners (collective, as in training), who sample and load their sources
+            downer = sampler.owner(D)
+            mine = downer == r
+            rpos = np.flatnonzero(~mine)
+            rpos = rpos[np.argsort(downer[rpos], kind="stable")]
+            req = np.bincount(downer[rpos], minlength=P).astype(np.int64)
+            asked, _ = comm.alltoallv(torch.from_numpy(D[rpos]), req)
+            uniq = np.unique(np.concatenate([D[mine], asked.numpy()]))
+            c_d, nb_d, _ = sampler.local(uniq, engine.fanouts[-1], sample_key(engine.seed, epoch, 0))
+            src_d, _ = relabel(uniq, nb_d)
+            loads["dnp"].append(src_d[~sampler.is_owned(src_d)])
+            acc["dnp_rows1"] += src_d.size
+            acc["dnp_dst"] += uniq.size  # the destinations this rank computes for everyone
+            acc["dnp_edges1"] += nb_d.size
+            acc["max_dnp_rows1"] = max(acc["max_dnp_rows1"], src_d.size)
+            acc["dnp_asked"] += asked.shape[0]
+            acc["dnp_remote"] += rpos.size
+            acc["dnp_sample"] += s_up + 8 * (rpos.size + asked.shape[0])
     # what the other ranks counted
     row_bytes = engine.num_features * engine.feat.element_size() + 8
-    cache_rows = engine._cache_rows() if engine.cache_mb > 0 else 0
+    cache_rows = engine.cache_rows() if engine.cache_mb > 0 else 0
     remote_nodes = np.concatenate([np.arange(engine.dg.node_ranges[0], first),
                                    np.arange(first + engine.num_owned, engine.dg.node_ranges[-1])]).astype(np.int64)
     hot, fetch_by_owner, fetch_nocache = {}, {}, {}
