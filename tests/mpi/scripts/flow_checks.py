@@ -125,7 +125,10 @@ def main() -> None:
     from hpc_graph.comm.local import LocalCommunicator
     from hpc_graph.train.trainer import Trainer
 
+    from hpc_graph.comm.threads import configure_threads
+
     comm = get_communicator("mpi")
+    configure_threads(comm=comm)  # decided over all ranks before the single-process references run
     rank, size = comm.rank, comm.size
     work = Path(sys.argv[1])
     data = work / "rand.h5"
