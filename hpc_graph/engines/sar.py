@@ -82,6 +82,9 @@ class _SARGraph(GraphContext):
     def global_ids(self) -> torch.Tensor:
         return self.dg.gid
 
+    def dataset_ids(self) -> torch.Tensor:
+        return self.dg.orig_id
+
     def all_reduce_sum(self, t: torch.Tensor) -> torch.Tensor:
         return all_reduce_sum(t, self.comm)
 

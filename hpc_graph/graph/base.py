@@ -236,6 +236,12 @@ class GraphContext(ABC):
     def global_ids(self) -> torch.Tensor:
         """int64[num_nodes]: global (relabelled) id of each owned node."""
 
+    def dataset_ids(self) -> torch.Tensor:
+        """int64[num_nodes]: each owned node's id in the source dataset (recipes that read per-node data
+        from it use these). A partition relabels nodes, so graphs over one override this; elsewhere the
+        global ids are the dataset's."""
+        return self.global_ids()
+
     @abstractmethod
     def all_reduce_sum(self, t: torch.Tensor) -> torch.Tensor:
         """Differentiable sum of ``t`` over all ranks (identity on one process).

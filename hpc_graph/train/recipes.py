@@ -118,19 +118,9 @@ def node_uniforms(node_ids: torch.Tensor, seed: int, epoch: int) -> torch.Tensor
 
 
 def dataset_node_ids(engine: Any) -> torch.Tensor:
-    """int64[num_nodes]: the source-dataset id of every owned node of ``engine``.
-
-    A partitioned dataset relabels nodes; its ``DistGraph`` keeps the original ids (``orig_id``), which
-    the ``dp``, ``sar``, ``sylvie`` and ``minibatch`` engines reach through ``engine.dg`` or
-    ``engine.graph.dg``. Any other engine (``single``) uses ``engine.graph.global_ids()``, which are the
-    dataset's ids there.
-    """
-    for holder in (engine, getattr(engine, "graph", None)):
-        dg = getattr(holder, "dg", None)
-        orig = getattr(dg, "orig_id", None)
-        if isinstance(orig, torch.Tensor):
-            return orig
-    return engine.graph.global_ids()
+    """int64[num_nodes]: the source-dataset id of every owned node of ``engine`` (its graph's
+    :meth:`~hpc_graph.graph.base.GraphContext.dataset_ids`: a partition relabels nodes)."""
+    return engine.graph.dataset_ids()
 
 
 def train_onehot(label: torch.Tensor, train_mask: torch.Tensor, num_classes: int,
