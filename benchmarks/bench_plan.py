@@ -32,6 +32,9 @@ before each repetition, so rates and run see the same machine.
 them, and 3,231,371,744 as SAR trains it, symmetrised; 128 features, 172 classes, 1.1 % training
 nodes; 3-layer SAGE hidden 256, SAR's setup) at 192 GB per rank, with every assumption printed.
 
+``--replan`` makes the plans of finished runs again with the planner as it is now (after a change to
+it), on a quiet machine, and keeps the runs: the old prediction stays in the record as ``predicted_first``.
+
 Results: ``--out`` (one JSON record per run, re-running a configuration replaces it), a table on
 stdout and, with ``--plot``, predicted vs measured memory and time (``docs/img/plan_vs_measured.png``).
 """
@@ -46,7 +49,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 ROOT = Path(__file__).resolve().parent.parent
 HIDDEN = {"gcn": 128, "sage": 128, "gat": 32}
@@ -216,13 +219,7 @@ def one(args: argparse.Namespace, work: Path, scale: int, model: str, ranks: int
             pred = planned["predictions"][0]
             run_dir = work / "runs" / f"s{scale}-{model}-{engine}-{ranks}-{attempt}"
             measured, train_cmd = train(cfg, data, ranks, engine, run_dir, args)
-            rec = {"scale": scale, "model": model, "engine": engine, "ranks": ranks,
-                   "predicted": {"peak_mb": [p / MB for p in pred["rank_peaks"]],
-                                 "peak_where": pred["memory"]["where"],
-                                 "components_mb": {k: v / MB for k, v in pred["memory"]["components"].items()},
-                                 "epoch_s": pred["time"]["epoch_seconds"], "terms": pred["time"]["terms"],
-                                 "halo_s": pred["time"]["halo"], "allreduce_s": pred["time"]["allreduce"],
-                                 "bytes_sent": pred["rank_bytes_sent"], "rank_seconds": pred["rank_seconds"]},
+            rec = {"scale": scale, "model": model, "engine": engine, "ranks": ranks, "predicted": _predicted(pred),
                    "measured": measured, "plan_command": plan_cmd, "train_command": train_cmd,
                    "plan_load": plan_quiet, "floor_mb": floor_mb, "attempt": attempt,
                    "assumptions": planned["assumptions"]}
@@ -239,6 +236,36 @@ def one(args: argparse.Namespace, work: Path, scale: int, model: str, ranks: int
         print(_line(best), flush=True)
         out.append(best)
     return out
+
+
+def _predicted(pred: dict[str, Any]) -> dict[str, Any]:
+    """The record's ``predicted`` part from one prediction of ``plan --json``."""
+    return {"peak_mb": [p / MB for p in pred["rank_peaks"]], "peak_where": pred["memory"]["where"],
+            "components_mb": {k: v / MB for k, v in pred["memory"]["components"].items()},
+            "epoch_s": pred["time"]["epoch_seconds"], "terms": pred["time"]["terms"],
+            "halo_s": pred["time"]["halo"], "allreduce_s": pred["time"]["allreduce"],
+            "bytes_sent": pred["rank_bytes_sent"], "rank_seconds": pred["rank_seconds"]}
+
+
+def replan(args: argparse.Namespace, work: Path, records: list[dict[str, Any]], save: Callable[[], None]) -> None:
+    """``--replan``: make the plan of every finished run of the selected configurations again (after a change
+    of the planner), on a quiet machine, and put it in place of the old one, which stays under
+    ``predicted_first``; the measured run is kept as it is."""
+    for r in records:
+        if (r["scale"] not in args.scales or r["model"] not in args.models or r["engine"] not in args.engines
+                or r["ranks"] not in args.ranks):
+            continue
+        scale, model, engine, ranks = r["scale"], r["model"], r["engine"], r["ranks"]
+        cfg = write_config(work, model, args.epochs)
+        data = work / f"rmat-s{scale}-p{ranks}"
+        pj = work / f"replan-s{scale}-{model}-{engine}-{ranks}.json"
+        planned, cmd, quiet = plan(cfg, data, ranks, [engine], r["floor_mb"], work, pj, args)
+        r.setdefault("predicted_first", r["predicted"])
+        r.update(predicted=_predicted(planned["predictions"][0]), plan_command=cmd, plan_load=quiet,
+                 assumptions=planned["assumptions"], replanned=True)
+        _errors(r)
+        print(_line(r), flush=True)
+        save()
 
 
 def _errors(rec: dict[str, Any]) -> None:
@@ -366,13 +393,21 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--papers100m", action="store_true", help="also plan ogbn-papers100M at 192 GB per rank")
     ap.add_argument("--papers-floor-mb", type=float, default=480.0)
     ap.add_argument("--report-only", action="store_true", help="table and plot from --out, nothing run")
+    ap.add_argument("--replan", action="store_true",
+                    help="re-make the plans of the finished runs in --out (selected by --scales/--models/--engines/"
+                         "--ranks) with the planner as it is now; the runs are not repeated")
     args = ap.parse_args(argv)
     work = Path(args.workdir)
     work.mkdir(parents=True, exist_ok=True)
     out_path = Path(args.out)
     doc = json.loads(out_path.read_text()) if out_path.exists() else {"records": [], "papers100m": None}
     records = doc["records"]
-    if not args.report_only:
+    if args.replan:
+        def save() -> None:
+            out_path.write_text(json.dumps(doc, indent=1))
+
+        replan(args, work, records, save)
+    elif not args.report_only:
         sys.path.insert(0, str(ROOT))
         from hpc_graph.commands.plan import measure_floor
         from hpc_graph.train.config import load_config

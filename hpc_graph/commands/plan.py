@@ -461,13 +461,9 @@ def _run_fullbatch(args: argparse.Namespace, config: Any) -> int:
             csr, what = _rank_graph(data, parted or fb.single_layout(graph), 4_000_000)
         kr = kernel_rates(csr, dtype, gat=gat, label=what)
         del csr
-        rates = fb.Rates(spmm_fwd=kr.spmm_fwd, spmm_bwd=kr.spmm_bwd, gat_fwd=kr.gat_fwd, gat_bwd=kr.gat_bwd,
-                         gemm_flops=kr.gemm_flops, stream=kr.stream, mask=kr.mask, score=kr.score,
-                         threads=kr.threads,
-                         parallel=kr.parallel,
-                         exchange=exchange, allreduce=allreduce, link=link,
-                         sources={"kernels": f"measured now on {kr.graph} at {kr.threads} thread(s) "
-                                             f"({kr.seconds:.1f} s)", "links": links_src})
+        rates = fb.Rates.from_kernels(kr, exchange=exchange, allreduce=allreduce, link=link,
+                                      sources={"kernels": f"measured now on {kr.graph} at {kr.threads} thread(s) "
+                                                          f"({kr.seconds:.1f} s)", "links": links_src})
         rate_src = rates.sources["kernels"]
     threads_fixed = config.train.threads
     preds: list[Any] = []

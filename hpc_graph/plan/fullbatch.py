@@ -431,6 +431,14 @@ class Rates:
     link: Any = None
     sources: dict[str, str] = dataclasses.field(default_factory=dict)
 
+    @classmethod
+    def from_kernels(cls, kernels: Any, **links: Any) -> "Rates":
+        """The rates of a measured :class:`~hpc_graph.plan.profile.KernelRates` (every field they share),
+        plus the links' fields (``exchange``, ``allreduce``, ``link``, ``sources``) given by keyword."""
+        own = {f.name for f in dataclasses.fields(cls)}
+        shared = {f.name: getattr(kernels, f.name) for f in dataclasses.fields(kernels) if f.name in own}
+        return cls(**shared, **links)
+
     def slowdown(self, threads: int, cores_share: float) -> float:
         """Factor on the measured kernel times for a rank running ``threads`` threads on
         ``cores_share`` cores (less than its threads when ranks oversubscribe a node)."""

@@ -209,3 +209,16 @@ def test_train_estimate(tmp_path, graphs):
     cfg.model.name = "gcn2"
     assert fb.train_estimate(cfg, "sar", 1, 3) is None
     assert fb.train_estimate(cfg, "minibatch", 1, 3) is None
+
+
+def test_rates_from_kernel_rates_copy_every_shared_field():
+    from hpc_graph.plan.profile import KernelRates
+
+    kr = KernelRates(spmm_fwd=(1.0, 2.0), spmm_bwd=(3.0, 4.0), gat_fwd=(5.0, 6.0), gat_bwd=(7.0, 8.0),
+                     gemm_flops=9.0, stream=10.0, mask=11.0, score=12.0, threads=13, parallel=0.5, graph="g",
+                     seconds=1.0)
+    r = fb.Rates.from_kernels(kr, exchange=(1e-6, 1e9), sources={"links": "x"})
+    for name in ("spmm_fwd", "spmm_bwd", "gat_fwd", "gat_bwd", "gemm_flops", "stream", "mask", "score", "threads",
+                 "parallel"):
+        assert getattr(r, name) == getattr(kr, name), name
+    assert r.exchange == (1e-6, 1e9) and r.sources == {"links": "x"} and r.allreduce is None
