@@ -291,7 +291,7 @@ def _line(r: dict[str, Any]) -> str:
 def papers100m(args: argparse.Namespace, work: Path) -> list[dict[str, Any]]:
     cfg = work / "bench_plan_papers100m.yaml"
     cfg.write_text("# SAR's ogbn-papers100M GraphSAGE (3 layers, hidden 256), written by benchmarks/bench_plan.py\n"
-                   "data: {path: PLACEHOLDER}\nengine: {name: sar, prefetch: true}\n"
+                   "engine: {name: sar, prefetch: true}\n"
                    "model: {name: sage, hidden: 256, num_layers: 3, dropout: 0.5}\n"
                    "optim: {name: adam, lr: 0.01}\ntrain: {dtype: float32}\n")
     out = []

@@ -102,7 +102,17 @@ def run(args: argparse.Namespace) -> int:
     from hpc_graph.train.config import ConfigError, load_config
 
     try:
-        config = load_config(args.config, args.overrides)
+        try:
+            config = load_config(args.config, args.overrides)
+        except ConfigError as exc:
+            # a plan needs no data.path when the graph comes from --data or a description (--nodes ...)
+            given = args.data if args.data is not None else ("described graph" if args.nodes is not None else None)
+            if not str(exc).startswith("data.path: required"):
+                raise
+            if given is None:
+                raise CLIError("--data: no graph given (--data, data.path, or a description with --nodes ...)") \
+                    from None
+            config = load_config(args.config, list(args.overrides) + [f"data.path={json.dumps(str(given))}"])
         threads = parse_threads(args.threads, "--threads") if args.threads is not None else config.train.threads
         configure_threads(threads, explicit_name="--threads" if args.threads is not None else "train.threads",
                           world=True)

@@ -196,3 +196,18 @@ def test_plan_bad_profile_and_json_paths(tmp_path, fb_data, capsys):
     assert f"--profile: {bad} is not a readable machine profile" in capsys.readouterr().err
     assert main(base + ["--rates", "none", "--json", str(tmp_path / "no" / "dir" / "p.json")]) == 2
     assert "--json: cannot write" in capsys.readouterr().err
+
+
+def test_plan_needs_no_data_path_when_the_graph_is_given_otherwise(tmp_path, fb_data, capsys):
+    cfg = tmp_path / "nodata.yaml"
+    cfg.write_text("model: {name: gcn, hidden: 16, num_layers: 2}\n")
+    described = ["--nodes", "5000", "--edges", "80000", "--features", "16", "--classes", "4"]
+    assert main(["-q", "plan", "--config", str(cfg), *described, "--engines", "dp", "--ranks", "2",
+                 "--rates", "none", "--floor", "400MiB"]) == 0
+    assert "graph: described: 5,000 nodes" in capsys.readouterr().out
+    assert main(["-q", "plan", "--config", str(cfg), "--data", str(fb_data / "g.h5"), "--engines", "single",
+                 "--rates", "none", "--floor", "400MiB"]) == 0
+    assert f"graph: {fb_data / 'g.h5'}" in capsys.readouterr().out
+    assert main(["-q", "plan", "--config", str(cfg), "--rates", "none", "--floor", "400MiB"]) == 2
+    err = capsys.readouterr().err
+    assert "--data: no graph given" in err and len(err.strip().splitlines()) == 1
