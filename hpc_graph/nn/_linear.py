@@ -87,7 +87,8 @@ def input_linear(x: torch.Tensor, weights, biases, act: str | None = None, p: fl
     autograd node that keeps only ``x`` (:func:`hpc_graph.ops.dropout_linear.dropout_linear_multi`):
     neither the activation's output nor the dropped copy stays alive until the
     backward pass. Otherwise the same masks are drawn the same way
-    (:func:`hpc_graph.nn._dropout.dropout`), step by step.
+    (:func:`hpc_graph.nn._dropout.dropout`), step by step, and without autograd (evaluation) the row
+    scale is applied in place.
     """
     fused = (act is not None or p > 0.0) and x.layout == torch.strided and x.dim() == 2 \
         and x.dtype in (torch.float32, torch.float64) and p < 1.0 and torch.is_grad_enabled() \
@@ -98,7 +99,11 @@ def input_linear(x: torch.Tensor, weights, biases, act: str | None = None, p: fl
         return dropout_linear_multi(x, weights, biases, p, act, row_scale)
     a = act_dropout(x, act, p)
     outs = tuple(linear(a, w, b) for w, b in zip(weights, biases))
-    return outs if row_scale is None else tuple(o * row_scale for o in outs)
+    del a  # the activation's output dies before the caller's next tensor exists
+    if row_scale is None:
+        return outs
+    # in place where nothing records it (evaluation): no third N x F_out tensor beside x and the projection
+    return tuple(o.mul_(row_scale) if not o.requires_grad else o * row_scale for o in outs)
 
 
 def act_dropout(x: torch.Tensor, act: str | None, p: float) -> torch.Tensor:

@@ -926,7 +926,7 @@ class _Walk:
 
     def eval_forward(self) -> None:
         """Walk the evaluation forward pass (``torch.no_grad``, no dropout): nothing is kept for a backward
-        pass, but the unfused layers make copies (GCN/SAGE: ReLU output, projections, row-scaled copy)."""
+        pass, but the unfused layers make copies (GCN/SAGE: the ReLU output beside the projections)."""
         spec, t, n = self.spec, self.tape, self.n
         dims = spec.layer_dims()
         x = "features"
@@ -956,11 +956,10 @@ class _Walk:
         fin, fout, x, first = st["fin"], st["fout"], st["x"], st["first"]
         r = None if first else t.new(self.rows(n, fin))  # ReLU output
         if spec.name == "gcn":
-            h = t.new(self.rows(n, fout))
-            hs = t.new(self.rows(n, fout))  # h * deg^-1/2, a copy
-            t.free(r, h)
-            out = self.agg_forward(hs, fout, "gcn")
-            t.free(hs)
+            h = t.new(self.rows(n, fout))  # scaled by deg^-1/2 in place
+            t.free(r)
+            out = self.agg_forward(h, fout, "gcn")
+            t.free(h)
             return out
         if fout <= fin:
             tt, root = t.new(self.rows(n, fout)), t.new(self.rows(n, fout))

@@ -52,3 +52,33 @@ def test_matches_pyg_with_same_weights():
 def test_no_bias():
     conv = GCNConv(3, 2, bias=False)
     assert conv.bias is None and [n for n, _ in conv.named_parameters()] == ["lin.weight"]
+
+
+def test_evaluation_scales_the_projection_in_place():
+    """Under no_grad the row scale goes into the projection itself: no third N x F tensor beside the input and
+    the projection (the evaluation pass set the peak memory of a GCN run before); values as the formula."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    from hpc_graph.nn._linear import input_linear
+
+    ops: list[str] = []
+
+    class Record(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            ops.append(str(func))
+            return func(*args, **(kwargs or {}))
+
+    gen = torch.Generator().manual_seed(3)
+    x = torch.randn(50, 6, generator=gen, dtype=torch.float64)
+    w = torch.randn(4, 6, generator=gen, dtype=torch.float64)
+    s = torch.rand(50, 1, generator=gen, dtype=torch.float64)
+    with torch.no_grad(), Record():
+        (out,) = input_linear(x, (w,), (None,), "relu", 0.0, row_scale=s)
+    torch.testing.assert_close(out, (x.clamp_min(0) @ w.t()) * s, rtol=1e-12, atol=1e-12)
+    assert any(op.startswith("aten.mul_") for op in ops) and not any(op.startswith("aten.mul.") for op in ops)
+    # with autograd recording (a CSR input takes this path) the scale is a new node, the gradient exact
+    w1 = w.clone().requires_grad_(True)
+    (y,) = input_linear(x.to_sparse_csr(), (w1,), (None,), None, 0.0, row_scale=s)
+    y.sum().backward()
+    torch.testing.assert_close(w1.grad, (s * torch.ones(50, 4, dtype=torch.float64)).t() @ x, rtol=1e-12,
+                               atol=1e-12)
