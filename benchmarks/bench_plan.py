@@ -131,6 +131,11 @@ def _env(threads: int | None) -> dict[str, str]:
 
 
 # -- data and configs ------------------------------------------------------------------------------
+def part_dir(work: Path, scale: int, parts: int) -> Path:
+    """The METIS partition of the scale-``scale`` graph into ``parts`` parts."""
+    return work / f"rmat-s{scale}-p{parts}"
+
+
 def prepare(work: Path, scale: int, ranks: list[int]) -> dict[int, Path]:
     src = work / f"rmat-s{scale}.h5"
     if not src.exists():
@@ -138,7 +143,7 @@ def prepare(work: Path, scale: int, ranks: list[int]) -> dict[int, Path]:
                        "--num-classes", 16], _env(None))
     out = {}
     for p in ranks:
-        d = work / f"rmat-s{scale}-p{p}"
+        d = part_dir(work, scale, p)
         if not (d / "partition.json").exists():
             _run(_cli() + ["-q", "partition", src, "-o", d, "-n", p, "--method", "metis", "--force"], _env(None))
         out[p] = d
@@ -257,7 +262,7 @@ def replan(args: argparse.Namespace, work: Path, records: list[dict[str, Any]], 
             continue
         scale, model, engine, ranks = r["scale"], r["model"], r["engine"], r["ranks"]
         cfg = write_config(work, model, args.epochs)
-        data = work / f"rmat-s{scale}-p{ranks}"
+        data = part_dir(work, scale, ranks)
         pj = work / f"replan-s{scale}-{model}-{engine}-{ranks}.json"
         planned, cmd, quiet = plan(cfg, data, ranks, [engine], r["floor_mb"], work, pj, args)
         r.setdefault("predicted_first", r["predicted"])

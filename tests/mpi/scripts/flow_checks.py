@@ -123,9 +123,8 @@ def main() -> None:
     logging.basicConfig(level=logging.WARNING, format="rank %(process)d %(name)s: %(message)s")
     from hpc_graph.comm import get_communicator
     from hpc_graph.comm.local import LocalCommunicator
-    from hpc_graph.train.trainer import Trainer
-
     from hpc_graph.comm.threads import configure_threads
+    from hpc_graph.train.trainer import Trainer
 
     comm = get_communicator("mpi")
     configure_threads(comm=comm)  # decided over all ranks before the single-process references run
