@@ -306,7 +306,7 @@ def _rank_graph(data: str, layout: Any, max_edges: int) -> tuple[Any, str]:
         part = read_partition(data, part_id, features=False)
         n = int(part.num_owned)
         csr = CSR(torch.from_numpy(np.asarray(part.indptr, dtype=np.int64)),
-                  torch.from_numpy(np.asarray(part.indices, dtype=np.int64)), n + int(part.num_halo), validate=False)
+                  torch.from_numpy(np.asarray(part.indices, dtype=np.int32)), n + int(part.num_halo), validate=False)
         return csr, f"part {part_id} of {data} (its [owned | halo] CSR)"
     from data_io.dataset import open_dataset
 
@@ -317,7 +317,7 @@ def _rank_graph(data: str, layout: Any, max_edges: int) -> tuple[Any, str]:
         ptr, indices, _, _ = ds.graph_rows(0, stop)  # the first rows only
         n = int(ds.num_nodes)
     csr = CSR(torch.from_numpy(np.asarray(ptr, dtype=np.int64)),
-              torch.from_numpy(np.asarray(indices, dtype=np.int64)), n, validate=False)
+              torch.from_numpy(np.asarray(indices, dtype=np.int32)), n, validate=False)
     return csr, f"{data}"
 
 

@@ -112,7 +112,8 @@ class DistGraph:
         self.book = PartitionBook(self.node_ranges)
 
         indptr = np.asarray(indptr, dtype=np.int64)
-        indices = np.asarray(indices, dtype=np.int64)
+        # int32 columns where the local ids fit (half the bytes of the structure every layer reads)
+        indices = np.asarray(indices, dtype=np.int32 if n + h < 2**31 else np.int64)
         w = None if edge_weight is None else torch.as_tensor(np.asarray(edge_weight)).to(dtype)
         self.local = CSR(indptr, indices, n + h, w).to(self.device)
         self.in_degree = self.local.in_degree()
@@ -398,7 +399,7 @@ def dataset_as_partition(path: str, device: torch.device, dtype: torch.dtype) ->
         if not ds.has("feat"):
             raise FormatError(path, "/node/feat", "missing (training needs node features)")
         n = ds.num_nodes
-        indptr, indices = ds.indptr(), ds.indices().astype(np.int64, copy=False)
+        indptr, indices = ds.indptr(), ds.indices()
         feat = ds.feat_rows(0, n)
         label = ds.label() if ds.has("label") else np.full(n, -1, dtype=np.int64)
         masks = {k: (ds.mask(f"{k}_mask") if ds.has(f"{k}_mask") else np.zeros(n, dtype=bool))

@@ -20,7 +20,9 @@ class CSR:
 
     Args:
         indptr: int64[num_dst + 1] row pointer.
-        indices: int64[E] source column of each edge, in ``[0, num_src)``.
+        indices: int[E] source column of each edge, in ``[0, num_src)``: kept as int32 when given as
+            int32 (half the bytes of the structure every layer reads; loaders pass int32 when the
+            column count fits), else converted to int64.
         num_src: number of source columns (defaults to ``num_dst``).
         edge_weight: optional float[E] per-edge weight.
         validate: check shapes and index ranges now (raises ``ValueError``).
@@ -31,7 +33,8 @@ class CSR:
     def __init__(self, indptr, indices, num_src: int | None = None, edge_weight=None,
                  validate: bool = True):
         self.indptr = torch.as_tensor(indptr, dtype=torch.int64)
-        self.indices = torch.as_tensor(indices, dtype=torch.int64)
+        indices = torch.as_tensor(indices)
+        self.indices = indices if indices.dtype == torch.int32 else indices.to(torch.int64)
         self.num_dst = int(self.indptr.shape[0] - 1)
         self.num_src = int(self.num_dst if num_src is None else num_src)
         self.edge_weight = None if edge_weight is None else torch.as_tensor(edge_weight)
@@ -69,7 +72,8 @@ class CSR:
                              f"got {tuple(self.edge_weight.shape)}")
 
     def csc(self, perm: bool = True) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
-        """The transpose, built once: ``(indptr_t int64[num_src+1], indices_t int64[E], perm int64[E])``.
+        """The transpose, built once: ``(indptr_t int64[num_src+1], indices_t int[E], perm int64[E])``
+        (``indices_t`` int32 when this CSR's indices are).
 
         ``indices_t[k]`` is the destination row of the k-th edge in source-major
         order and ``perm[k]`` its position in this CSR's edge order (to gather
@@ -85,6 +89,8 @@ class CSR:
             from numba_kernels.cpu._transpose import csr_transpose
 
             indptr, indices = self.indptr.contiguous().numpy(), self.indices.contiguous().numpy()
+            if indices.dtype == np.int32 and self.num_dst >= 2**31:  # row ids of the transpose need int64
+                indices = indices.astype(np.int64)
             if self.is_symmetric():
                 # the transpose is this CSR: share its arrays (only the permutation is new)
                 p = torch.from_numpy(csr_transpose(indptr, indices, self.num_src, True)[2]) if perm else None
@@ -99,7 +105,10 @@ class CSR:
             counts = torch.bincount(self.indices, minlength=self.num_src)
             indptr_t = torch.zeros(self.num_src + 1, dtype=torch.int64, device=self.device)
             torch.cumsum(counts, 0, out=indptr_t[1:])
-            self._csc = (indptr_t, dst[order].contiguous(), order if perm else None)
+            rows = dst[order]
+            if self.indices.dtype == torch.int32 and self.num_dst < 2**31:
+                rows = rows.to(torch.int32)
+            self._csc = (indptr_t, rows.contiguous(), order if perm else None)
         return self._csc
 
     def is_symmetric(self) -> bool:
@@ -127,10 +136,10 @@ class CSR:
             n, dev = self.num_dst, self.device
             ar = torch.arange(n + 1, device=dev)
             indptr = self.indptr + ar
-            indices = torch.empty(self.num_edges + n, dtype=torch.int64, device=dev)
+            indices = torch.empty(self.num_edges + n, dtype=self.indices.dtype, device=dev)
             rows = torch.repeat_interleave(ar[:-1], self.in_degree())
             indices[torch.arange(self.num_edges, device=dev) + rows] = self.indices
-            indices[indptr[1:] - 1] = ar[:-1]
+            indices[indptr[1:] - 1] = ar[:-1].to(indices.dtype)
             self._cache["self_loops"] = CSR(indptr, indices, self.num_src, validate=False)
         return self._cache["self_loops"]
 

@@ -59,7 +59,8 @@ ENGINES = ("single", "dp", "sar")
 #: models whose layer shapes this planner describes (GNN stacks without residuals or batch norm, MLP)
 MODELS = ("gcn", "sage", "gat", "mlp")
 DTYPE_BYTES = {"float32": 4, "float64": 8}
-IDX = 8  # every index array is int64 in memory (read as int32 or int64 from disk)
+IDX = 8  # row pointers, ids, permutations: int64 in memory
+COL = 4  # a CSR's column indices (and a transpose's row ids): int32 in memory (CSR keeps int32 where ids fit)
 #: what the process floor is when it cannot be measured: Python, torch, numba with the compiled kernels
 #: and MPI, measured by a 3-epoch training run on a 1024-node graph on the development machine
 DEFAULT_FLOOR_BYTES = 480 << 20
@@ -81,7 +82,7 @@ class GraphShape:
         nodes: N. edges: E, stored in-edges (CSR entries; an undirected graph counts both directions).
         features: F, input feature width. classes: C. train_nodes: labelled training nodes.
         directed: the CSR is not its own transpose (an undirected graph stored with ascending rows is).
-        disk_index_bytes: bytes per stored index in the dataset file (4: int32; read as int64).
+        disk_index_bytes: bytes per stored index in the dataset file (4: int32, kept; 8: converted to int32).
         name: for messages.
     """
 
@@ -620,16 +621,16 @@ class _Walk:
         train = self.graph.train_nodes if self.engine == "single" else rs.train
         features = feat + n * 8 + 6 * n + train * 8  # labels, 3 masks x 2 (engine's, trainer's), train ids
         if self.engine == "single":
-            graph = (n + 1) * IDX + E * IDX + n * IDX  # CSR + global ids
+            graph = (n + 1) * IDX + E * COL + n * IDX  # CSR + global ids
         else:
             # in-degree, global and source-dataset ids of owned, halo and [owned | halo] nodes, send lists,
             # the node ranges and halo offsets
             ids = (n * 3 + h * 2 + 2 * (n + h)) * IDX + rs.send * IDX + 2 * (self.P + 1) * IDX
             if self.engine == "dp":
-                graph = (n + 1) * IDX + E * IDX + ids
+                graph = (n + 1) * IDX + E * COL + ids
             else:
                 blocks = 1 + rs.peers
-                graph = blocks * (n + 1) * IDX + E * IDX + ids
+                graph = blocks * (n + 1) * IDX + E * COL + ids
         p = spec.num_params() * d
         opt = 2 if spec.optimizer == "adam" else (1 if spec.momentum > 0 else 0)
         params = p * (1 + 1 + opt + 1)  # parameters, gradients, optimiser state, best-validation copy
@@ -641,12 +642,12 @@ class _Walk:
         graph, E, n = b["graph"], self.E, self.n
         extra = 0
         if self.engine == "single":
-            if self.graph.disk_index_bytes != IDX:  # int32 indices on disk, converted to int64
+            if self.graph.disk_index_bytes != COL:  # int64 indices on disk, converted to int32
                 extra = E * self.graph.disk_index_bytes
         elif self.engine == "sar":
             # release_local: the [owned | halo] CSR, a running count, a mask and the blocks built so far
             graph = graph - (1 + self.rs.peers) * (n + 1) * IDX + (n + 1) * IDX  # the CSR, no blocks yet
-            extra = (E + 1) * IDX + E + E * IDX + (1 + self.rs.peers) * (n + 1) * IDX
+            extra = (E + 1) * IDX + E + E * COL + (1 + self.rs.peers) * (n + 1) * IDX
         if self.spec.dtype == "float64":  # features read as float32, then converted
             extra = max(extra, n * self.graph.features * 4)
         parts = {"graph": graph, "features": b["features"], "workspace": extra}
@@ -693,13 +694,13 @@ class _Walk:
                 self._blocked(("csr",), n, src, E, width)
                 return
             if not self.symmetric:
-                self._once(("csc",), (src + 1) * IDX + E * IDX, src * IDX)
+                self._once(("csc",), (src + 1) * IDX + E * COL, src * IDX)
             self._blocked(("csr",) if self.symmetric else ("csc",), src, n, E, width)
             return
         # sar: blocks G_{p,q} forward; their transposes (always new CSRs, one per block) backward
         rs, p = self.rs, self.rs.rank
         if backward:
-            self._once(("block_t",), (n + 1 + self.h + rs.peers) * IDX + E * IDX, max(n, self.h) * IDX)
+            self._once(("block_t",), (n + 1 + self.h + rs.peers) * IDX + E * COL, max(n, self.h) * IDX)
         cut = E - rs.local_edges
         blocks = [(p, n, float(rs.local_edges))] + [(q, c, cut * c / max(self.h, 1))
                                                     for q, c in enumerate(rs.halo_from) if c > 0]
@@ -1112,7 +1113,7 @@ class _Walk:
             t.free(tmp)
             self.work.score += 2 * n * hd  # both scores; the rate covers their backward too
             # the self-loop copy of the CSR (built on the first call; transient repeat/arange/sum arrays)
-            loops = (n + 1) * IDX + (E + n) * IDX
+            loops = (n + 1) * IDX + (E + n) * COL
             self._once(("self_loops",), loops, 3 * E * IDX)
             saved = [z, s1, s2]
             if self.engine == "dp":
@@ -1214,7 +1215,7 @@ class _Walk:
         else:
             delta = t.new(self.rows(n, H))
             src = n + (h if self.engine == "dp" else 0)
-            self._once(("self_loops_t",), (src + 1) * IDX + (E + n) * IDX, src * IDX)
+            self._once(("self_loops_t",), (src + 1) * IDX + (E + n) * COL, src * IDX)
             gz = t.new(self.rows(src, hd))
             gs = t.new(self.rows(src, H))
             gd = t.new(self.rows(n, H))
@@ -1264,8 +1265,8 @@ class _Walk:
         if not self.graph.directed:
             own = 0.0  # the owned block of an undirected graph is symmetric: its own transpose
         else:
-            own = (n + 1) * IDX + rs.local_edges * IDX
-        remote = (self.h + rs.peers) * IDX + (self.E - rs.local_edges) * IDX
+            own = (n + 1) * IDX + rs.local_edges * COL
+        remote = (self.h + rs.peers) * IDX + (self.E - rs.local_edges) * COL
         self._once(("blocks_csc",), own + remote, max(n, self.h) * IDX)
 
     # MLP (no graph): dropout + linear as one node keeping x, ReLU keeping its output

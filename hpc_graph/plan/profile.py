@@ -286,7 +286,7 @@ def synthetic_graph(scale: int = 16, edge_factor: int = 16) -> Any:
 
     g = generate_rmat(scale, edge_factor, feat_dim=0, num_classes=2)
     return CSR(torch.from_numpy(np.asarray(g.indptr, dtype=np.int64)),
-               torch.from_numpy(np.asarray(g.indices, dtype=np.int64)), int(g.num_nodes), validate=False)
+               torch.from_numpy(np.asarray(g.indices, dtype=np.int32)), int(g.num_nodes), validate=False)
 
 
 def _set_threads(n: int) -> tuple[int, int]:

@@ -16,10 +16,11 @@ def csr_transpose(indptr, indices, num_src, with_perm=True):
     """Transpose a CSR with ``num_src`` columns.
 
     Args:
-        indptr: int64[Nd+1]; indices: int64[E] in ``[0, num_src)``.
+        indptr: int64[Nd+1]; indices: int32 or int64[E] in ``[0, num_src)`` (int32 only when Nd < 2**31:
+            the transpose's row ids take the same type).
         with_perm: also return the edge permutation (else an empty int64[0]).
     Returns:
-        ``(indptr_t int64[num_src+1], indices_t int64[E], perm int64[E] or int64[0])``:
+        ``(indptr_t int64[num_src+1], indices_t int[E] (``indices``' type), perm int64[E] or int64[0])``:
         source ``j`` lists destination rows ``indices_t[indptr_t[j]:indptr_t[j+1]]``
         (ascending), and ``perm[p]`` is the CSR position of CSC edge ``p``.
     """
@@ -31,7 +32,7 @@ def csr_transpose(indptr, indices, num_src, with_perm=True):
     for j in range(num_src):
         indptr_t[j + 1] += indptr_t[j]
     cursor = indptr_t[:-1].copy()
-    indices_t = np.empty(E, np.int64)
+    indices_t = np.empty(E, indices.dtype)  # int32 stays int32 (a CSR's row ids fit its own index type)
     perm = np.empty(E if with_perm else 0, np.int64)
     for i in range(n):
         for k in range(indptr[i], indptr[i + 1]):

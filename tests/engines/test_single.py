@@ -58,6 +58,7 @@ def test_loads_data(dataset):
     assert eng.graph.num_nodes == eng.graph.global_num_nodes == g.num_nodes
     assert eng.graph.global_ids().tolist() == list(range(g.num_nodes))
     assert eng.graph.in_degree().tolist() == np.diff(g.indptr).tolist()
+    assert eng.graph.csr.indices.dtype == torch.int32  # node ids fit: 4 bytes per edge
     assert eng.stats() == {"bytes_sent": 0.0, "comm_seconds": 0.0}
     eng.reset_stats()
 

@@ -85,6 +85,9 @@ def test_blocks_plans_degrees(num_parts, seed):
         # local CSR unchanged; global in-degree == local row length
         assert torch.equal(dg.local.indptr, torch.as_tensor(pt.indptr))
         assert dg.local.num_src == pt.num_owned + pt.num_halo
+        # int32 columns (the local ids fit), in the blocks too
+        assert dg.local.indices.dtype == torch.int32 and all(b.indices.dtype == torch.int32
+                                                             for b in dg.blocks.values())
         np.testing.assert_array_equal(dg.in_degree.numpy(), np.bincount(gdst[mine] - lo, minlength=hi - lo))
         np.testing.assert_array_equal(dg.gid.numpy(), np.arange(lo, hi))
         # blocks partition the edges by the owner of the source, columns re-based per owner

@@ -1,5 +1,7 @@
 """``CSR`` construction helpers against brute force."""
 import numpy as np
+import pytest
+import torch
 
 from hpc_graph.ops.csr import CSR
 
@@ -29,3 +31,30 @@ def test_with_self_loops_appends_one_loop_per_row_and_is_cached():
     for r in range(8):
         row = loops.indices[loops.indptr[r]:loops.indptr[r + 1]].tolist()
         assert row[:-1] == g.indices[g.indptr[r]:g.indptr[r + 1]].tolist() and row[-1] == r
+
+
+@pytest.mark.parametrize("symmetric", [False, True])
+def test_int32_indices_are_kept_and_the_derived_structures_follow(symmetric):
+    """An int32 CSR (what the loaders build) keeps int32 columns; its transpose, self-loop copy and device copy
+    hold the same structure as the int64 CSR's, in int32; other integer types become int64."""
+    rng = np.random.default_rng(6)
+    n = 25
+    src, dst = rng.integers(0, n, 90), rng.integers(0, n, 90)
+    if symmetric:
+        src, dst = np.concatenate([src, dst]), np.concatenate([dst, src])
+        order = np.lexsort((src, dst))
+        src, dst = src[order], dst[order]
+    g64 = CSR.from_edges(src, dst, n)
+    g32 = CSR(g64.indptr, g64.indices.to(torch.int32), n)
+    assert g32.indices.dtype == torch.int32 and g32.is_symmetric() == symmetric
+    assert CSR(g64.indptr, g64.indices.to(torch.int16), n).indices.dtype == torch.int64
+    t64, t32 = g64.csc(), g32.csc()
+    assert t32[1].dtype == torch.int32
+    for a, b in zip(t64, t32):
+        assert torch.equal(a, b.to(a.dtype))
+    loops = g32.with_self_loops()
+    assert loops.indices.dtype == torch.int32
+    assert torch.equal(loops.indices.long(), g64.with_self_loops().indices)
+    assert torch.equal(loops.indptr, g64.with_self_loops().indptr)
+    moved = g32.to("cpu")
+    assert moved.indices.dtype == torch.int32 and torch.equal(moved.csc()[1], t32[1])

@@ -1,6 +1,7 @@
 """``hpc_graph.ops.edge_softmax``: vs a torch per-row softmax, gradcheck on awkward graphs, input checks."""
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 
@@ -8,9 +9,9 @@ import hpc_graph.ops._kernel_args as kargs
 from hpc_graph.ops import CSR, edge_softmax
 
 
-def _graph(awkward_graph, seed, num_dst=16, num_edges=80) -> CSR:
+def _graph(awkward_graph, seed, num_dst=16, num_edges=80, index_dtype=np.int64) -> CSR:
     indptr, indices = awkward_graph(seed, num_dst=num_dst, num_edges=num_edges)
-    return CSR(indptr, indices)
+    return CSR(indptr, indices.astype(index_dtype))
 
 
 def _reference(g: CSR, s):
@@ -20,8 +21,9 @@ def _reference(g: CSR, s):
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
 @pytest.mark.parametrize("heads", [None, 4])
-def test_edge_softmax_matches_torch(awkward_graph, dtype, heads):
-    g = _graph(awkward_graph, heads or 1)
+@pytest.mark.parametrize("index_dtype", [np.int64, np.int32])
+def test_edge_softmax_matches_torch(awkward_graph, dtype, heads, index_dtype):
+    g = _graph(awkward_graph, heads or 1, index_dtype=index_dtype)
     gen = torch.Generator().manual_seed(0)
     shape = (g.num_edges,) if heads is None else (g.num_edges, heads)
     s = (torch.randn(shape, dtype=dtype, generator=gen) * 10 + 200).requires_grad_()

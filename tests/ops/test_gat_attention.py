@@ -29,8 +29,10 @@ def _inputs(seed, g, heads, dim, dtype, requires_grad=True):
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
 @pytest.mark.parametrize("p", [0.0, 0.25])
-def test_op_matches_reference_forward_and_grads(dtype, p):
+@pytest.mark.parametrize("index_dtype", [torch.int64, torch.int32])
+def test_op_matches_reference_forward_and_grads(dtype, p, index_dtype):
     g = awkward_graph(np.random.default_rng(0), 37, 31, 280)
+    g = CSR(g.indptr, g.indices.to(index_dtype), g.num_src)  # int32 columns are kept (half the bytes)
     z, s_src, s_dst = _inputs(0, g, 4, 3, dtype)
     out = G.gat_attention(g, z, s_src, s_dst, negative_slope=0.1, attn_dropout=p, seed=9)
     grad_out = torch.randn_like(out)

@@ -1,6 +1,7 @@
 """``hpc_graph.ops.sddmm``: forward/backward vs torch, gradcheck on awkward graphs, input checks."""
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 
@@ -8,9 +9,9 @@ import hpc_graph.ops._kernel_args as kargs
 from hpc_graph.ops import CSR, sddmm
 
 
-def _graph(awkward_graph, seed, num_dst=15, num_src=None, num_edges=70) -> CSR:
+def _graph(awkward_graph, seed, num_dst=15, num_src=None, num_edges=70, index_dtype=np.int64) -> CSR:
     indptr, indices = awkward_graph(seed, num_dst=num_dst, num_src=num_src, num_edges=num_edges)
-    return CSR(indptr, indices, num_src=num_src)
+    return CSR(indptr, indices.astype(index_dtype), num_src=num_src)
 
 
 def _reference(g: CSR, a, b):
@@ -20,8 +21,9 @@ def _reference(g: CSR, a, b):
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
 @pytest.mark.parametrize("shape", [(4,), (3, 8)])
-def test_sddmm_matches_torch(awkward_graph, dtype, shape):
-    g = _graph(awkward_graph, 1, num_dst=17, num_src=11)
+@pytest.mark.parametrize("index_dtype", [np.int64, np.int32])
+def test_sddmm_matches_torch(awkward_graph, dtype, shape, index_dtype):
+    g = _graph(awkward_graph, 1, num_dst=17, num_src=11, index_dtype=index_dtype)
     gen = torch.Generator().manual_seed(1)
     a = torch.randn((17,) + shape, dtype=dtype, generator=gen, requires_grad=True)
     b = torch.randn((11,) + shape, dtype=dtype, generator=gen, requires_grad=True)

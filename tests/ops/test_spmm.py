@@ -9,9 +9,11 @@ import hpc_graph.ops._kernel_args as kargs
 from hpc_graph.ops import CSR, spmm
 
 
-def _graph(awkward_graph, seed=0, num_dst=19, num_src=None, num_edges=90) -> CSR:
+def _graph(awkward_graph, seed=0, num_dst=19, num_src=None, num_edges=90, index_dtype=np.int64) -> CSR:
     indptr, indices = awkward_graph(seed, num_dst=num_dst, num_src=num_src, num_edges=num_edges)
-    return CSR(indptr, indices, num_src=num_src)
+    g = CSR(indptr, indices.astype(index_dtype), num_src=num_src)
+    assert g.indices.dtype == torch.from_numpy(np.zeros(1, index_dtype)).dtype  # int32 is kept as given
+    return g
 
 
 def _reference(g: CSR, x, reduce, w=None):
@@ -33,8 +35,9 @@ def _reference(g: CSR, x, reduce, w=None):
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
 @pytest.mark.parametrize("reduce", ["sum", "mean", "max"])
 @pytest.mark.parametrize("weighted", [False, True])
-def test_spmm_forward_backward_match_torch(awkward_graph, dtype, reduce, weighted):
-    g = _graph(awkward_graph, 1, num_dst=21, num_src=17)
+@pytest.mark.parametrize("index_dtype", [np.int64, np.int32])
+def test_spmm_forward_backward_match_torch(awkward_graph, dtype, reduce, weighted, index_dtype):
+    g = _graph(awkward_graph, 1, num_dst=21, num_src=17, index_dtype=index_dtype)
     gen = torch.Generator().manual_seed(3)
     x = torch.randn(17, 6, dtype=dtype, generator=gen, requires_grad=True)
     w = (torch.rand(g.num_edges, dtype=dtype, generator=gen) + 0.5).requires_grad_() if weighted else None
@@ -165,13 +168,15 @@ def test_spmm_large_outputs_use_numpy_memory_and_stay_correct():
 @pytest.mark.parametrize("weighted", [False, True])
 @pytest.mark.parametrize("heads", [None, 3])
 @pytest.mark.parametrize("block_bytes", [24, 200])
-def test_column_blocked_path_matches_torch(awkward_graph, monkeypatch, reduce, weighted, heads, block_bytes):
+@pytest.mark.parametrize("index_dtype", [np.int64, np.int32])
+def test_column_blocked_path_matches_torch(awkward_graph, monkeypatch, reduce, weighted, heads, block_bytes,
+                                           index_dtype):
     """A tiny ``BLOCK_BYTES`` forces the column-blocked CPU kernel (several source ranges, forward and backward)."""
     import sys
 
     spmm_mod = sys.modules["hpc_graph.ops.spmm"]
     monkeypatch.setattr(spmm_mod, "BLOCK_BYTES", block_bytes)
-    g = _graph(awkward_graph, 5, num_dst=23, num_src=31, num_edges=150)
+    g = _graph(awkward_graph, 5, num_dst=23, num_src=31, num_edges=150, index_dtype=index_dtype)
     gen = torch.Generator().manual_seed(4)
     shape = (31, 4) if heads is None else (31, heads, 2)
     x = torch.randn(*shape, dtype=torch.float64, generator=gen, requires_grad=True)
