@@ -60,12 +60,13 @@ class _SARGraph(GraphContext):
                        prefetch=self.prefetch)
 
     def gat_projected(self, x: torch.Tensor, weight: torch.Tensor, att_src: torch.Tensor,
-                      att_dst: torch.Tensor, *, negative_slope: float = 0.2, attn_dropout: float = 0.0,
+                      att_dst: torch.Tensor, *, act: str | None = None, p: float = 0.0,
+                      negative_slope: float = 0.2, attn_dropout: float = 0.0,
                       seed: int = 0, add_self_loops: bool = True) -> torch.Tensor:
         from hpc_graph.ops.sar_aggregate import sar_gat_projected
-        return sar_gat_projected(x, weight, att_src, att_dst, self.dg, self.comm, negative_slope=negative_slope,
-                                 attn_dropout=attn_dropout, seed=seed, add_self_loops=add_self_loops,
-                                 prefetch=self.prefetch)
+        return sar_gat_projected(x, weight, att_src, att_dst, self.dg, self.comm, act=act, p=p,
+                                 negative_slope=negative_slope, attn_dropout=attn_dropout, seed=seed,
+                                 add_self_loops=add_self_loops, prefetch=self.prefetch)
 
     def attention(self, q, k, v, *, bias=None, mode="sparse", global_token=False, far_prior=True):
         """Sparse graph-transformer attention over self loops + in-edges, remote k/v blocks fetched one at a

@@ -195,22 +195,29 @@ class GraphContext(ABC):
         """
 
     def gat_projected(self, x: torch.Tensor, weight: torch.Tensor, att_src: torch.Tensor,
-                      att_dst: torch.Tensor, *, negative_slope: float = 0.2, attn_dropout: float = 0.0,
+                      att_dst: torch.Tensor, *, act: str | None = None, p: float = 0.0,
+                      negative_slope: float = 0.2, attn_dropout: float = 0.0,
                       seed: int = 0, add_self_loops: bool = True) -> torch.Tensor:
-        """Project, score and attend in one call: a GAT layer without its bias.
+        """Activate, drop, project, score and attend in one call: a GAT layer without its bias.
 
-        ``z = (x W^T).view(N, H, D)``, ``s_src = (z * att_src).sum(-1)``,
+        ``a = dropout(act(x), p)``, ``z = (a W^T).view(N, H, D)``, ``s_src = (z * att_src).sum(-1)``,
         ``s_dst = (z * att_dst).sum(-1)``, then :meth:`gat`. This default runs
         those steps with autograd; an engine may fuse them to keep less for the
-        backward pass (``sar`` keeps ``x`` only and recomputes ``z``).
+        backward pass (``single`` and ``sar`` keep ``x`` only and recompute ``a`` and ``z``;
+        every engine draws the same dropout masks: :func:`hpc_graph.ops.dropout.act_dropout`).
 
         Args:
-            x: float[num_nodes, F_in] dense rows of owned nodes.
+            x: float[input rows, F_in] dense (the layer's input rows, :meth:`layer_input`).
             weight: float[H*D, F_in]; att_src, att_dst: float[1, H, D].
+            act: None, ``"relu"`` or ``"elu"``; p: feature dropout probability in [0, 1).
             negative_slope, attn_dropout, seed, add_self_loops: as for :meth:`gat`.
         Returns:
             float[num_nodes, H, D]; differentiable in ``x``, ``weight``, ``att_src``, ``att_dst``.
         """
+        if act is not None or p > 0:
+            from hpc_graph.ops.dropout import act_dropout
+
+            x = act_dropout(x, act, p)
         heads, dim = int(att_src.shape[1]), int(att_src.shape[2])
         z = F.linear(x, weight).view(-1, heads, dim)
         return self.gat(z, (z * att_src).sum(-1), (self.dst(z) * att_dst).sum(-1), negative_slope=negative_slope,

@@ -15,7 +15,7 @@ import torch
 
 from hpc_graph.graph.base import GraphContext
 from hpc_graph.ops.csr import CSR, relational_csr
-from hpc_graph.ops.gat_attention import gat_attention
+from hpc_graph.ops.gat_attention import gat_attention, gat_projected
 from hpc_graph.ops.spmm import spmm, spmm_fused
 
 
@@ -133,6 +133,20 @@ class WholeGraph(GraphContext):
         g = self.with_self_loops() if add_self_loops else self.csr
         return gat_attention(g, z, s_src, s_dst, negative_slope=negative_slope, attn_dropout=attn_dropout,
                              seed=seed, src_gid=self._gid, dst_gid=self._gid, training=attn_dropout > 0)
+
+    def gat_projected(self, x: torch.Tensor, weight: torch.Tensor, att_src: torch.Tensor,
+                      att_dst: torch.Tensor, *, act: str | None = None, p: float = 0.0,
+                      negative_slope: float = 0.2, attn_dropout: float = 0.0, seed: int = 0,
+                      add_self_loops: bool = True) -> torch.Tensor:
+        """One fused op keeping only ``x`` (:func:`hpc_graph.ops.gat_attention.gat_projected`): the dropped
+        input and the projection are recomputed in the backward pass."""
+        if x.dtype not in (torch.float32, torch.float64) or x.layout != torch.strided:
+            return super().gat_projected(x, weight, att_src, att_dst, act=act, p=p, negative_slope=negative_slope,
+                                         attn_dropout=attn_dropout, seed=seed, add_self_loops=add_self_loops)
+        g = self.with_self_loops() if add_self_loops else self.csr
+        return gat_projected(g, x, weight, att_src, att_dst, act=act, p=p, negative_slope=negative_slope,
+                             attn_dropout=attn_dropout, seed=seed, src_gid=self._gid, dst_gid=self._gid,
+                             training=attn_dropout > 0)
 
     def in_degree(self) -> torch.Tensor:
         return self.csr.in_degree()

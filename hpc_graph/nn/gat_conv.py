@@ -6,7 +6,7 @@ from torch import nn
 
 from hpc_graph.graph.base import GraphContext
 from hpc_graph.nn._init import glorot_
-from hpc_graph.nn._linear import linear
+from hpc_graph.nn._linear import act_dropout, linear
 
 _SEED_MOD = 2**31 - 1
 
@@ -38,7 +38,10 @@ class GATConv(nn.Module):
 
     Parameters mirror PyG's names: ``lin.weight`` float[H*D, F_in], ``att_src``/``att_dst``
     float[1, H, D], ``bias``.
-    ``forward(graph, x)``: x float[num_nodes, F_in] (dense or sparse CSR) -> float[num_nodes, H*D or D].
+    ``forward(graph, x, act=None, p=0.0)``: x float[num_nodes, F_in] (dense or sparse CSR) -> float[num_nodes,
+    H*D or D]; ``act`` (None, ``"relu"`` or ``"elu"``, dense ``x`` only) and feature dropout ``p`` are applied to
+    ``x`` first, inside the graph's :meth:`~hpc_graph.graph.base.GraphContext.gat_projected` (which may keep
+    only ``x`` for the backward pass and recompute the rest).
     """
 
     def __init__(self, in_channels: int, out_channels: int, heads: int = 1, concat: bool = True,
@@ -72,14 +75,15 @@ class GATConv(nn.Module):
         self._calls += 1
         return (self.seed * 1_000_003 + self._calls) % _SEED_MOD
 
-    def forward(self, graph: GraphContext, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, graph: GraphContext, x: torch.Tensor, act: str | None = None, p: float = 0.0) -> torch.Tensor:
         h, d = self.heads, self.out_channels
-        p = self.attn_dropout if self.training else 0.0
-        seed = self._next_seed() if p > 0 else 0
-        kw = dict(negative_slope=self.negative_slope, attn_dropout=p, seed=seed, add_self_loops=self.add_self_loops)
-        if x.layout == torch.strided:  # the graph may fuse projection and attention (less kept for backward)
-            out = graph.gat_projected(x, self.lin.weight, self.att_src, self.att_dst, **kw)
+        q = self.attn_dropout if self.training else 0.0
+        seed = self._next_seed() if q > 0 else 0
+        kw = dict(negative_slope=self.negative_slope, attn_dropout=q, seed=seed, add_self_loops=self.add_self_loops)
+        if x.layout == torch.strided:  # the graph may fuse it all (less kept for backward)
+            out = graph.gat_projected(x, self.lin.weight, self.att_src, self.att_dst, act=act, p=p, **kw)
         else:  # sparse CSR input features
+            x = act_dropout(x, act, p)
             z = linear(x, self.lin.weight).view(-1, h, d)
             out = graph.gat(z, (z * self.att_src).sum(-1), (graph.dst(z) * self.att_dst).sum(-1), **kw)
         out = out.reshape(-1, h * d) if self.concat else out.mean(dim=1)

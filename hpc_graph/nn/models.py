@@ -90,10 +90,12 @@ class GNN(nn.Module):
     DistBatchNorm only with ``batchnorm``); ``h = y``. ``act`` is ELU for GAT,
     ReLU otherwise. Dropout is applied to the input features too (as in the
     GCN and GAT papers); its mask comes from a fast CPU sampler (see
-    :mod:`hpc_graph.nn._dropout`). For GCN and SAGE without residuals the
-    ReLU of a hidden layer is applied by the next convolution together with
-    its dropout and projection (the same function, one autograd node keeping
-    only the pre-activation: :func:`hpc_graph.nn._linear.input_linear`).
+    :mod:`hpc_graph.nn._dropout`). Without residuals the activation of a
+    hidden layer is applied by the next convolution together with its dropout
+    and projection (the same function; GCN and SAGE: one autograd node keeping
+    only the pre-activation, :func:`hpc_graph.nn._linear.input_linear`; GAT: the
+    graph's ``gat_projected``, which on ``single`` and ``sar`` keeps only the
+    pre-activation too).
 
     GAT hidden layers have ``heads`` concatenated heads of ``hidden`` features
     (width ``heads * hidden``); the output layer averages ``out_heads`` heads.
@@ -158,15 +160,16 @@ class GNN(nn.Module):
         """Units ``start .. stop - 1`` of :meth:`pipeline_units` on ``h``: the features (``start`` 0) or what unit
         ``start - 1`` returned; returns the logits when ``stop`` is the last unit's. ``forward`` is all of them."""
         last = len(self.convs) - 1
-        # GCN/SAGE without residuals: a hidden layer's ReLU waits for the next layer, whose
-        # convolution applies ReLU, dropout and its projection as one step keeping only h
-        fuse = self.name in ("gcn", "sage") and self.residuals is None
+        # without residuals a hidden layer's activation waits for the next layer, whose
+        # convolution applies it, the dropout and its projection as one step keeping only h
+        fuse = self.residuals is None
+        act = "elu" if self.name == "gat" else "relu"
         p = self.dropout if self.training else 0.0
         for layer in range(start, stop):
             conv = self.convs[layer]
             g = graph.layer(layer)
             if fuse:
-                y = conv(g, g.layer_input(h), act="relu" if layer else None, p=p)
+                y = conv(g, g.layer_input(h), act=act if layer else None, p=p)
             else:
                 h_in = dropout(g.layer_input(h), self.dropout, self.training)
                 y = conv(g, h_in)

@@ -42,3 +42,17 @@ def dropout(x: torch.Tensor, p: float) -> torch.Tensor:
     keep = 1.0 - cut / _LEVELS
     key = int(torch.randint(0, 2**62, (1,)).item())
     return _Dropout.apply(x, key, cut, 1.0 / keep)
+
+
+def act_dropout(x: torch.Tensor, act: str | None, p: float) -> torch.Tensor:
+    """``dropout(act(x), p)`` step by step for a dense float ``x`` (``act`` None, ``"relu"`` or ``"elu"``): the
+    masks and values the fused ops (:func:`hpc_graph.ops.dropout_linear.mask_params`) draw, with autograd."""
+    from torch.nn import functional as F
+
+    if act == "relu":
+        x = F.relu(x)
+    elif act == "elu":
+        x = F.elu(x)
+    elif act is not None:
+        raise ValueError(f"act: must be None, 'relu' or 'elu', got {act!r}")
+    return dropout(x, p) if p > 0 else x

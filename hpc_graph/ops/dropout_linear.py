@@ -15,7 +15,8 @@ from ``x`` in the backward pass, so nothing N x F_in is kept but ``x`` itself
     db_k    = sum_rows g_k                             float[F_out_k]
     dx      = mask * scale * act'(x) * sum_k g_k W_k   float[N, F_in]
 
-``act`` is ``None`` or ``"relu"``. Several weights share one input (e.g.
+``act`` is ``None``, ``"relu"`` (fused into the mask kernel) or ``"elu"`` (torch's vectorised ELU, then
+the mask kernel in place; its derivative from ``x`` by torch's ``elu_backward``). Several weights share one input (e.g.
 SAGE's neighbour and root projections): ``a`` is built once per pass. The
 cost is one extra activation-dropout pass over ``x`` in the backward pass.
 """
@@ -27,12 +28,33 @@ from hpc_graph.ops._bridge import as_array
 from hpc_graph.ops._kernel_args import empty, kernel
 
 _LEVELS = 1 << 16
-ACTS = {None: 0, "relu": 1}
+ACTS = {None: 0, "relu": 1, "elu": 2}
+_ELU = 2
 
 
-def _act_mask(t: torch.Tensor, key: int, cut: int, scale: float, act: int) -> torch.Tensor:
+def mask_params(p: float, act: str | None) -> tuple[int, int, float, int] | None:
+    """``(key, cut, scale, act code)`` of ``dropout(act(x), p)`` (the key drawn from torch's default generator,
+    as :func:`hpc_graph.ops.dropout.dropout` draws it, only when something is dropped), or None for the
+    identity (no activation, ``p`` 0)."""
+    if act not in ACTS:
+        raise ValueError(f"act: must be one of {', '.join(map(repr, ACTS))}, got {act!r}")
+    if not 0.0 <= p < 1.0:
+        raise ValueError(f"dropout: p must be in [0, 1), got {p}")
+    cut = int(round(p * _LEVELS))
+    if cut == 0 and act is None:
+        return None
+    key = int(torch.randint(0, 2**62, (1,)).item()) if cut else 0
+    return key, cut, 1.0 / (1.0 - cut / _LEVELS), ACTS[act]
+
+
+def act_mask(t: torch.Tensor, key: int, cut: int, scale: float, act: int) -> torch.Tensor:
     """``dropout(act(t))`` with the mask of ``key`` (``act(t) * scale`` where kept, else 0), as a new tensor."""
     t = t.contiguous()
+    if act == _ELU:
+        out = torch.nn.functional.elu(t)
+        if cut:
+            kernel("dropout.dropout_apply", t)(as_array(out.view(-1)), key, cut, scale, as_array(out.view(-1)))
+        return out
     out = empty(tuple(t.shape), t.dtype, t.device)
     if act == 0:
         kernel("dropout.dropout_apply", t)(as_array(t.view(-1)), key, cut, scale, as_array(out.view(-1)))
@@ -42,9 +64,14 @@ def _act_mask(t: torch.Tensor, key: int, cut: int, scale: float, act: int) -> to
     return out
 
 
-def _act_mask_grad(x: torch.Tensor, g: torch.Tensor, key: int, cut: int, scale: float, act: int) -> torch.Tensor:
-    """Gradient through ``dropout(act(x))`` of the gradient ``g`` of its output (written over ``g``)."""
+def act_mask_grad(x: torch.Tensor, g: torch.Tensor, key: int, cut: int, scale: float, act: int) -> torch.Tensor:
+    """Gradient through ``dropout(act(x))`` of the gradient ``g`` of its output (written over ``g``; ELU: a
+    new tensor)."""
     g = g.contiguous()
+    if act == _ELU:
+        if cut:
+            kernel("dropout.dropout_apply", g)(as_array(g.view(-1)), key, cut, scale, as_array(g.view(-1)))
+        return torch.ops.aten.elu_backward(g, 1.0, 1, 1, False, x.contiguous())
     if act == 0:
         kernel("dropout.dropout_apply", g)(as_array(g.view(-1)), key, cut, scale, as_array(g.view(-1)))
     else:
@@ -57,7 +84,7 @@ class _DropoutLinear(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, key, cut, scale, act, n, row_scale, *params):
         weights, biases = params[:n], params[n:]
-        a = _act_mask(x, key, cut, scale, act)
+        a = act_mask(x, key, cut, scale, act)
         outs = tuple(torch.addmm(b, a, w.t()) if b is not None else a @ w.t() for w, b in zip(weights, biases))
         del a
         if row_scale is not None:
@@ -81,7 +108,7 @@ class _DropoutLinear(torch.autograd.Function):
         need_b = [ctx.has_bias[k] and ctx.needs_input_grad[7 + n + k] and grads[k] is not None for k in range(n)]
         grad_ws, grad_bs = [None] * n, [None] * n
         if any(need_w):
-            a = _act_mask(x, ctx.key, ctx.cut, ctx.scale, ctx.act)
+            a = act_mask(x, ctx.key, ctx.cut, ctx.scale, ctx.act)
             if rs is not None:
                 a.mul_(rs)
             for k in range(n):
@@ -100,7 +127,7 @@ class _DropoutLinear(torch.autograd.Function):
             if grad_x is not None:
                 if rs is not None:
                     grad_x.mul_(rs)
-                grad_x = _act_mask_grad(x, grad_x, ctx.key, ctx.cut, ctx.scale, ctx.act)
+                grad_x = act_mask_grad(x, grad_x, ctx.key, ctx.cut, ctx.scale, ctx.act)
         return (grad_x, None, None, None, None, None, None, *grad_ws, *grad_bs)
 
 
@@ -128,7 +155,7 @@ def dropout_linear_multi(x: torch.Tensor, weights, biases, p: float, act: str | 
             ``round(p * 65536) / 65536`` and kept ones scaled by the inverse keep
             probability, exactly as :func:`hpc_graph.ops.dropout.dropout` (whose key
             is drawn the same way, from torch's default generator).
-        act: ``None`` or ``"relu"``, applied before the dropout.
+        act: ``None``, ``"relu"`` or ``"elu"``, applied before the dropout.
         row_scale: optional float[N, 1] constant (no gradient) multiplying every output row
             (GCN's ``deg^-1/2``), applied in place inside the node.
     Returns:
@@ -138,13 +165,11 @@ def dropout_linear_multi(x: torch.Tensor, weights, biases, p: float, act: str | 
     weights, biases = tuple(weights), tuple(biases)
     if len(weights) != len(biases) or not weights:
         raise ValueError(f"dropout_linear: {len(weights)} weights and {len(biases)} biases")
-    cut = int(round(p * _LEVELS))
-    keep = 1.0 - cut / _LEVELS
-    key = int(torch.randint(0, 2**62, (1,)).item()) if cut else 0  # p = 0 draws nothing, as dropout does
+    key, cut, scale, code = mask_params(p, act) or (0, 0, 1.0, 0)  # p = 0 draws nothing, as dropout does
     if row_scale is not None and (row_scale.requires_grad or row_scale.shape != (x.shape[0], 1)):
         raise ValueError(f"dropout_linear: row_scale must be a constant [N, 1] = [{x.shape[0]}, 1], got "
                          f"{tuple(row_scale.shape)}{' requiring grad' if row_scale.requires_grad else ''}")
-    return _DropoutLinear.apply(x, key, cut, 1.0 / keep, ACTS[act], len(weights), row_scale, *weights, *biases)
+    return _DropoutLinear.apply(x, key, cut, scale, code, len(weights), row_scale, *weights, *biases)
 
 
 def dropout_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, p: float,

@@ -39,7 +39,7 @@ from hpc_graph.ops.csr import CSR
 from numba_kernels import get_kernel
 
 __all__ = ["AttentionState", "init_state", "accumulate", "finalize", "output_delta", "backward_block",
-           "GATAttention", "gat_attention"]
+           "GATAttention", "gat_attention", "project", "project_backward", "GATProjected", "gat_projected"]
 
 def _check_dropout(attn_dropout: float, seed: int) -> tuple[float, int]:
     p = float(attn_dropout)
@@ -183,3 +183,128 @@ def gat_attention(g: CSR, z_src: torch.Tensor, s_src: torch.Tensor, s_dst: torch
     p = float(attn_dropout) if training else 0.0
     return GATAttention.apply(g, z_src.contiguous(), s_src.contiguous(), s_dst.contiguous(),
                               float(negative_slope), p, int(seed), src_gid, dst_gid)
+
+
+# -- projection, scores and attention as one op that keeps only its input ---------------------------
+def project(x: torch.Tensor, weight: torch.Tensor, att_src: torch.Tensor, att_dst: torch.Tensor,
+            mask: tuple | None = None):
+    """``(z float[n, H, D], s_src float[n, H], s_dst float[n, H], a float[n, F_in])`` of a GAT layer, no autograd.
+
+    ``a = dropout(act(x))`` with ``mask = (key, cut, scale, act code)`` of
+    :func:`hpc_graph.ops.dropout_linear.mask_params` (``a`` is ``x`` itself when ``mask`` is None);
+    ``z = (a W^T).view(n, H, D)``, ``s_src = (z * att_src).sum(-1)``, ``s_dst = (z * att_dst).sum(-1)``.
+    """
+    from hpc_graph.ops.dropout_linear import act_mask
+
+    heads, dim = int(att_src.shape[1]), int(att_src.shape[2])
+    a = x if mask is None else act_mask(x, *mask)
+    z = torch.nn.functional.linear(a, weight).view(-1, heads, dim)
+    return z, (z * att_src).sum(-1), (z * att_dst).sum(-1), a
+
+
+def project_backward(x: torch.Tensor, work: list, weight: torch.Tensor, att_src: torch.Tensor,
+                     att_dst: torch.Tensor, grad_s_src: torch.Tensor, grad_s_dst: torch.Tensor, mask: tuple | None,
+                     needs: tuple[bool, bool, bool, bool]):
+    """Gradients ``(x, weight, att_src, att_dst)`` (None where ``needs`` is False) of :func:`project`.
+
+    ``work = [z, a, grad_z]`` (``grad_z`` float[n, H, D], written over) is emptied: the caller drops its own
+    references first, so each tensor is freed here as soon as it has been used (``z``, then ``a``, then
+    ``grad_z``), and at most two float[n, *] temporaries live at once beside ``grad_s_*``.
+    """
+    from hpc_graph.ops.dropout_linear import act_mask_grad
+
+    z, a, grad_z = work
+    work.clear()
+    gs, gd = grad_s_src.unsqueeze(-1), grad_s_dst.unsqueeze(-1)
+    grad_att_src = (gs * z).sum(0, keepdim=True) if needs[2] else None
+    grad_att_dst = (gd * z).sum(0, keepdim=True) if needs[3] else None
+    del z
+    grad_z += gs * att_src
+    grad_z += gd * att_dst
+    del gs, gd
+    gz = grad_z.view(grad_z.shape[0], -1)
+    del grad_z
+    grad_w = gz.t() @ a if needs[1] else None
+    del a
+    grad_x = None
+    if needs[0]:
+        grad_x = gz @ weight
+        del gz
+        if mask is not None:
+            grad_x = act_mask_grad(x, grad_x, *mask)
+    return grad_x, grad_w, grad_att_src, grad_att_dst
+
+
+class GATProjected(torch.autograd.Function):
+    """``out = GATProjected.apply(x, weight, att_src, att_dst, g, mask, negative_slope, attn_dropout, seed,
+    src_gid, dst_gid)``: ``dropout(act(x))``, projection, scores and attention over one CSR whose sources
+    are its destinations (a whole graph), keeping only ``x``.
+
+    Saved for the backward pass: ``x`` (referenced; usually alive anyway: the previous layer's output or
+    the input features), the parameters, the output and the softmax state ``m``, ``l``. The dropped
+    activation ``a``, the projection ``z`` and the scores are recomputed from ``x`` in the backward pass
+    (one extra GEMM and one mask pass), so a hidden GAT layer keeps two N x H*D tensors (its output
+    and, as the next layer's input, output + bias) instead of five.
+    """
+
+    @staticmethod
+    def forward(ctx, x, weight, att_src, att_dst, g, mask, negative_slope, attn_dropout, seed, src_gid, dst_gid):
+        with torch.no_grad():
+            z, s_src, s_dst, a = project(x, weight, att_src, att_dst, mask)
+            del a
+            state = init_state(g.num_dst, z.shape[1], z.shape[2], z.dtype, z.device)
+            accumulate(state, g, z, s_src.contiguous(), s_dst.contiguous(), negative_slope, attn_dropout, seed,
+                       src_gid, dst_gid)
+            del z, s_src, s_dst
+            out = finalize(state)
+        ctx.save_for_backward(x, weight, att_src, att_dst, state.m, state.l, out)
+        ctx.g, ctx.mask = g, mask
+        ctx.args = (negative_slope, attn_dropout, seed, src_gid, dst_gid)
+        return out
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        x, weight, att_src, att_dst, m, l, out = ctx.saved_tensors
+        with torch.no_grad():
+            z, s_src, s_dst, a = project(x, weight, att_src, att_dst, ctx.mask)
+            state = AttentionState(m, l, out, finalized=True)
+            grad_out = grad_out.contiguous()
+            delta = output_delta(state, grad_out)
+            gz, gs, gd = backward_block(state, grad_out, delta, ctx.g, z, s_src.contiguous(), s_dst.contiguous(),
+                                        *ctx.args)
+            del state, delta, s_src, s_dst
+            work = [z, a, gz]
+            del z, a, gz
+            grads = project_backward(x, work, weight, att_src, att_dst, gs, gd, ctx.mask,
+                                     tuple(ctx.needs_input_grad[:4]))
+        return (*grads, None, None, None, None, None, None, None)
+
+
+def gat_projected(g: CSR, x: torch.Tensor, weight: torch.Tensor, att_src: torch.Tensor, att_dst: torch.Tensor,
+                  act: str | None = None, p: float = 0.0, negative_slope: float = 0.2, attn_dropout: float = 0.0,
+                  seed: int = 0, src_gid: torch.Tensor | None = None, dst_gid: torch.Tensor | None = None,
+                  training: bool = True) -> torch.Tensor:
+    """float[N, H, D]: a GAT layer (without bias) on a whole graph, keeping only ``x`` (:class:`GATProjected`).
+
+    Args:
+        g: CSR with ``num_src == num_dst`` (self loops included if wanted).
+        x: float[N, F_in] dense; ``act`` (None, ``"relu"``, ``"elu"``) and feature dropout ``p`` are applied
+            to it first, with the masks :func:`hpc_graph.ops.dropout.act_dropout` would draw.
+        weight: float[H*D, F_in]; att_src, att_dst: float[1, H, D].
+        negative_slope, attn_dropout, seed, src_gid, dst_gid, training: as for :func:`gat_attention`.
+    """
+    from hpc_graph.ops.dropout_linear import mask_params
+
+    if x.layout != torch.strided or x.dim() != 2 or x.dtype not in (torch.float32, torch.float64):
+        raise ValueError(f"gat_projected: x must be a dense float [N, F_in] tensor, got {x.layout} {x.dtype} "
+                         f"of shape {tuple(x.shape)}")
+    if g.num_src != g.num_dst or x.shape[0] != g.num_src:
+        raise ValueError(f"gat_projected: the graph must be square over x's {x.shape[0]} rows, got "
+                         f"{g.num_dst} x {g.num_src}")
+    if att_src.dim() != 3 or weight.shape != (att_src.shape[1] * att_src.shape[2], x.shape[1]):
+        raise ValueError(f"gat_projected: weight {tuple(weight.shape)} must be [H*D, F_in] for att_src "
+                         f"{tuple(att_src.shape)} and x {tuple(x.shape)}")
+    mask = mask_params(float(p), act)
+    q = float(attn_dropout) if training else 0.0
+    return GATProjected.apply(x, weight, att_src, att_dst, g, mask, float(negative_slope), q, int(seed), src_gid,
+                              dst_gid)

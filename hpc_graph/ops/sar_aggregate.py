@@ -27,7 +27,8 @@ import torch
 
 from hpc_graph.ops._kernel_args import csc
 from hpc_graph.ops.attention_state import AttentionState
-from hpc_graph.ops.gat_attention import accumulate, backward_block, finalize, init_state, output_delta
+from hpc_graph.ops.gat_attention import (accumulate, backward_block, finalize, init_state, output_delta, project,
+                                         project_backward)
 from hpc_graph.ops.spmm import spmm
 
 
@@ -319,40 +320,35 @@ class SARGat(torch.autograd.Function):
         return (*grads, None, None, None, None, None, None, None)
 
 
-def _project(x: torch.Tensor, weight: torch.Tensor, att_src: torch.Tensor, att_dst: torch.Tensor):
-    """``(z float[n, H, D], s_src float[n, H], s_dst float[n, H])`` of a GAT layer's input ``x``."""
-    heads, dim = int(att_src.shape[1]), int(att_src.shape[2])
-    z = torch.nn.functional.linear(x, weight).view(-1, heads, dim)
-    return z, (z * att_src).sum(-1), (z * att_dst).sum(-1)
-
-
 class SARGatProjected(torch.autograd.Function):
-    """``out = SARGatProjected.apply(x, weight, att_src, att_dst, dg, comm, negative_slope, attn_dropout,
-    seed, add_self_loops, prefetch)``: projection, scores and :class:`SARGat` in one op.
+    """``out = SARGatProjected.apply(x, weight, att_src, att_dst, dg, comm, mask, negative_slope, attn_dropout,
+    seed, add_self_loops, prefetch)``: activation-dropout, projection, scores and :class:`SARGat` in one op.
 
-    Rematerialisation one step further than SAR's attention: the projected rows
-    ``z = x W^T`` (float[n, H, D], as large as the layer's output) are not kept for
-    the backward pass but recomputed from ``x``, which the weight gradient needs
-    anyway. Saves ``x``, the parameters, the output and ``m``, ``l``.
+    Rematerialisation one step further than SAR's attention: the dropped input ``a = dropout(act(x))``
+    and the projected rows ``z = a W^T`` (float[n, H, D], as large as the layer's output) are not kept
+    for the backward pass but recomputed from ``x`` (:func:`hpc_graph.ops.gat_attention.project`).
+    Saves ``x``, the parameters, the output and ``m``, ``l``.
 
     Args:
         x: float[n, F_in] dense rows of owned nodes; weight: float[H*D, F_in];
-        att_src, att_dst: float[1, H, D]; the rest as for :class:`SARGat`.
+        att_src, att_dst: float[1, H, D]; mask: ``(key, cut, scale, act code)`` of
+        :func:`hpc_graph.ops.dropout_linear.mask_params` or None; the rest as for :class:`SARGat`.
     Returns:
         float[n, H, D].
     """
 
     @staticmethod
-    def forward(ctx, x, weight, att_src, att_dst, dg, comm, negative_slope, attn_dropout, seed,
+    def forward(ctx, x, weight, att_src, att_dst, dg, comm, mask, negative_slope, attn_dropout, seed,
                 add_self_loops, prefetch):
         kw = _gat_kw(dg, negative_slope, attn_dropout, seed)
         with torch.no_grad():
-            z, s_src, s_dst = _project(x, weight, att_src, att_dst)
+            z, s_src, s_dst, a = project(x, weight, att_src, att_dst, mask)
+            del a
             state = _gat_forward(z.contiguous(), s_src.contiguous(), s_dst.contiguous(), dg, comm, kw,
                                  add_self_loops, prefetch)
         del z, s_src, s_dst
         ctx.save_for_backward(x, weight, att_src, att_dst, state.m, state.l, state.acc)
-        ctx.dg, ctx.comm, ctx.kw = dg, comm, kw
+        ctx.dg, ctx.comm, ctx.kw, ctx.mask = dg, comm, kw, mask
         ctx.add_self_loops, ctx.prefetch = add_self_loops, prefetch
         return state.acc
 
@@ -360,31 +356,29 @@ class SARGatProjected(torch.autograd.Function):
     def backward(ctx, grad_out):
         x, weight, att_src, att_dst, m, l, out = ctx.saved_tensors
         with torch.no_grad():
-            z, s_src, s_dst = _project(x, weight, att_src, att_dst)
+            z, s_src, s_dst, a = project(x, weight, att_src, att_dst, ctx.mask)
             state = AttentionState(m, l, out, finalized=True)
             grad_z, grad_s_src, grad_s_dst = _gat_backward(
                 state, grad_out, z.contiguous(), s_src.contiguous(), s_dst.contiguous(), ctx.dg, ctx.comm,
                 ctx.kw, ctx.add_self_loops, ctx.prefetch)
-            del state
-            gs, gd = grad_s_src.unsqueeze(-1), grad_s_dst.unsqueeze(-1)
-            grad_att_src = (gs * z).sum(0, keepdim=True) if ctx.needs_input_grad[2] else None
-            grad_att_dst = (gd * z).sum(0, keepdim=True) if ctx.needs_input_grad[3] else None
-            del z
-            grad_z += gs * att_src
-            grad_z += gd * att_dst
-            del gs, gd, grad_s_src, grad_s_dst
-            gz = grad_z.view(grad_z.shape[0], -1)
-            grad_w = gz.t() @ x if ctx.needs_input_grad[1] else None
-            grad_x = gz @ weight if ctx.needs_input_grad[0] else None
-        return grad_x, grad_w, grad_att_src, grad_att_dst, None, None, None, None, None, None, None
+            del state, s_src, s_dst
+            work = [z, a, grad_z]
+            del z, a, grad_z
+            grads = project_backward(x, work, weight, att_src, att_dst, grad_s_src, grad_s_dst, ctx.mask,
+                                     tuple(ctx.needs_input_grad[:4]))
+        return (*grads, None, None, None, None, None, None, None, None)
 
 
 def sar_gat_projected(x: torch.Tensor, weight: torch.Tensor, att_src: torch.Tensor, att_dst: torch.Tensor,
-                      dg: Any, comm: Any, *, negative_slope: float = 0.2, attn_dropout: float = 0.0,
-                      seed: int = 0, add_self_loops: bool = True, prefetch: bool = False) -> torch.Tensor:
-    """float[n, H, D]: a GAT layer (without bias) whose backward recomputes ``z`` (see :class:`SARGatProjected`)."""
-    return SARGatProjected.apply(x, weight, att_src, att_dst, dg, comm, negative_slope, attn_dropout, seed,
-                                 add_self_loops, prefetch)
+                      dg: Any, comm: Any, *, act: str | None = None, p: float = 0.0, negative_slope: float = 0.2,
+                      attn_dropout: float = 0.0, seed: int = 0, add_self_loops: bool = True,
+                      prefetch: bool = False) -> torch.Tensor:
+    """float[n, H, D]: ``dropout(act(x), p)`` and a GAT layer (without bias) whose backward recomputes the
+    dropped input and ``z`` (see :class:`SARGatProjected`)."""
+    from hpc_graph.ops.dropout_linear import mask_params
+
+    return SARGatProjected.apply(x, weight, att_src, att_dst, dg, comm, mask_params(float(p), act), negative_slope,
+                                 attn_dropout, seed, add_self_loops, prefetch)
 
 
 def sar_gat(z: torch.Tensor, s_src: torch.Tensor, s_dst: torch.Tensor, dg: Any, comm: Any, *,

@@ -1076,20 +1076,34 @@ class _Walk:
         spec, t, n, h = self.spec, self.tape, self.n, self.h
         fin, fout, H, D, x, first = st["fin"], st["fout"], st["heads"], st["dim"], st["x"], st["first"]
         hd = H * D
-        xd = t.new(self.rows(n, fin)) if self.p > 0 else x
-        if self.p > 0:
-            self.work.mask += n * fin
-            if not first:
-                t.free(x)  # the previous layer's ELU output: only its dropped copy is kept
-        t.keep(xd)
-        st["xd"] = xd if (self.p > 0 or not first) else None
-        self.work.flops += 2.0 * n * fin * hd
         E = self.E
+        # single and sar run the layer as one op keeping only its input x (the previous layer's
+        # pre-activation, or the features): ELU, dropout and z are recomputed in the backward pass.
+        # dp runs the graph's default: ELU and dropout step by step, then projection and attention
+        fused = st["fused"] = self.engine in ("single", "sar")
+        if fused:
+            masked = st["masked"] = (not first) or self.p > 0
+            if not first:
+                t.keep(x)
+            st["xd"] = None if first else x
+            if self.engine == "single":
+                # the self-loop copy of the CSR (built on the first call; transient repeat/arange/sum arrays)
+                self._once(("self_loops",), (n + 1) * IDX + (E + n) * COL, 3 * E * IDX)
+            a = self._gat_input(fin, first) if masked else None
+        else:
+            xd = t.new(self.rows(n, fin)) if self.p > 0 else x
+            if self.p > 0:
+                self.work.mask += n * fin
+                if not first:
+                    t.free(x)  # the previous layer's ELU output: only its dropped copy is kept
+            t.keep(xd)
+            st["xd"] = xd if (self.p > 0 or not first) else None
+        self.work.flops += 2.0 * n * fin * hd
         if self.engine == "sar":
             z = t.new(self.rows(n, hd))
             tmp = t.new(self.rows(n, hd))
             s1, s2 = t.new(self.rows(n, H)), t.new(self.rows(n, H))
-            t.free(tmp)
+            t.free(tmp, a)
             self.work.score += n * hd  # both scores, forward only (no autograd)
             m, l_ = t.new(self.rows(n, H), "activations"), t.new(self.rows(n, H), "activations")
             out = t.new(self.rows(n, hd), "activations")
@@ -1103,6 +1117,19 @@ class _Walk:
             self._sar_rotation(hd + H, block)
             t.free(z, s1, s2)
             st.update(m=m, l=l_, out=out, saved=[m, l_, out])
+        elif fused:  # single: GATProjected
+            z = t.new(self.rows(n, hd))
+            for _ in range(2):  # (z * att).sum(-1), one score at a time
+                tmp = t.new(self.rows(n, hd))
+                st.setdefault("scores", []).append(t.new(self.rows(n, H)))
+                t.free(tmp)
+            t.free(a)
+            self.work.score += n * hd
+            m, l_ = t.new(self.rows(n, H), "activations"), t.new(self.rows(n, H), "activations")
+            out = t.new(self.rows(n, hd), "activations")
+            self.work.gat_fwd.append((E + n, hd))
+            t.free(z, *st.pop("scores"))
+            st.update(saved=[m, l_, out])
         else:
             z = t.new(self.rows(n, hd), "activations")
             tmp = t.new(self.rows(n, hd))
@@ -1141,6 +1168,10 @@ class _Walk:
         """Heads concatenated + bias + ELU (hidden layers; ELU keeps its output) or averaged + bias."""
         t, n = self.tape, self.n
         D, hd = st["dim"], st["heads"] * st["dim"]
+        if not st["last"] and st["fused"]:
+            y = t.new(self.rows(n, hd))  # out + bias: the next layer's input (it keeps it, and applies the ELU)
+            self.work.stream += 3 * self.rows(n, hd)
+            return y
         if not st["last"]:
             y = t.new(self.rows(n, hd), "activations")  # ELU keeps its input
             e = t.new(self.rows(n, hd))
@@ -1158,12 +1189,34 @@ class _Walk:
         fin, H, D, first = st["fin"], st["heads"], st["dim"], st["first"]
         hd = H * D
         E = self.E
-        go = t.new(self.rows(n, hd))  # ELU backward (hidden) or the head mean's backward (last)
-        self.work.stream += 3 * self.rows(n, hd)
-        t.free(g, st.get("elu"))
+        if st["fused"] and not st["last"]:
+            go = g  # the bias add and the head view pass the gradient through (the ELU is the next layer's)
+        else:
+            go = t.new(self.rows(n, hd))  # ELU backward (hidden) or the head mean's backward (last)
+            self.work.stream += 3 * self.rows(n, hd)
+            t.free(g, st.get("elu"))
+        if self.engine == "single":
+            # GATProjected.backward: the dropped input, z and the scores recomputed, then the attention's
+            # backward over the self-loop CSR and its transpose
+            a = self._gat_input(fin, first) if st["masked"] else None
+            z = t.new(self.rows(n, hd))
+            scores = []
+            for _ in range(2):
+                tmp = t.new(self.rows(n, hd))
+                scores.append(t.new(self.rows(n, H)))
+                t.free(tmp)
+            self.work.flops += 2.0 * n * fin * hd
+            self.work.score += 2 * n * hd  # recomputed scores and their gradients by hand
+            delta = t.new(self.rows(n, H))
+            self._once(("self_loops_t",), (n + 1) * IDX + (E + n) * COL, n * IDX)
+            gz, gs, gd = t.new(self.rows(n, hd)), t.new(self.rows(n, H)), t.new(self.rows(n, H))
+            self.work.gat_bwd.append((E + n, hd))
+            t.free(delta, *scores)
+            return self._gat_project_backward(st, z, a, gz, gs, gd, go)
         if self.engine == "sar":
-            # SARGatProjected.backward: z and the scores recomputed, local and self-loop blocks, then the
-            # remote blocks fetched again in the rotation, their rows' gradients sent back
+            # SARGatProjected.backward: the dropped input, z and the scores recomputed, local and self-loop
+            # blocks, then the remote blocks fetched again in the rotation, their rows' gradients sent back
+            a = self._gat_input(fin, first) if st["masked"] else None
             z = t.new(self.rows(n, hd))
             tmp = t.new(self.rows(n, hd))
             s1, s2 = t.new(self.rows(n, H)), t.new(self.rows(n, H))
@@ -1206,12 +1259,8 @@ class _Walk:
                 if not self.prefetch:
                     t.free(packed, rr)
             t.free(*pend)
-            t.free(delta)
-            for _ in range(4):  # the parameters' and z's gradients from the scores, one temporary at a time
-                tmp = t.new(self.rows(n, hd))
-                t.free(tmp)
-            t.free(z, s1, s2, gs, gd, go, *st["saved"])
-            self.work.flops += 2.0 * n * fin * hd  # weight gradient
+            t.free(delta, s1, s2)
+            return self._gat_project_backward(st, z, a, gz, gs, gd, go)
         else:
             delta = t.new(self.rows(n, H))
             src = n + (h if self.engine == "dp" else 0)
@@ -1257,6 +1306,46 @@ class _Walk:
             self.work.mask += n * fin
             t.free(gx)
             gx = gdrop
+        return gx
+
+    def _gat_input(self, fin: float, first: bool) -> str:
+        """``a = dropout(act(x))`` recomputed by a fused GAT op (torch's ELU on hidden layers, then the mask)."""
+        a = self.tape.new(self.rows(self.n, fin))
+        if self.p > 0:
+            self.work.mask += self.n * fin
+        if not first:
+            self.work.stream += 2 * self.rows(self.n, fin)
+        return a
+
+    def _gat_project_backward(self, st: dict, z: str, a: str | None, gz: str, gs: str, gd: str,
+                              go: str) -> str | None:
+        """:func:`hpc_graph.ops.gat_attention.project_backward` and the end of the fused op's backward: the
+        att gradients, the score paths into z's gradient, the weight gradient, the input's gradient through
+        the projection, the dropout and the ELU; then the op's saved tensors and ``go`` are released."""
+        t, n = self.tape, self.n
+        fin, hd, first = st["fin"], st["heads"] * st["dim"], st["first"]
+        for _ in range(2):  # the att gradients: (g * z) summed over the rows, one temporary at a time
+            tmp = t.new(self.rows(n, hd))
+            t.free(tmp)
+        t.free(z)
+        for _ in range(2):  # the two score paths into z's gradient, accumulated in place
+            tmp = t.new(self.rows(n, hd))
+            t.free(tmp)
+        self.work.stream += 4 * self.rows(n, hd)
+        self.work.flops += 2.0 * n * fin * hd  # weight gradient
+        t.free(a)
+        gx = None
+        if not first:
+            gx = t.new(self.rows(n, fin))
+            self.work.flops += 2.0 * n * fin * hd
+            t.free(gz)
+            if self.p > 0:
+                self.work.mask += n * fin
+            ge = t.new(self.rows(n, fin))  # the ELU's backward (a new tensor)
+            self.work.stream += 3 * self.rows(n, fin)
+            t.free(gx)
+            gx = ge
+        t.free(gz, gs, gd, go, *st["saved"], st["xd"])
         return gx
 
     def _sar_gat_structs(self) -> None:

@@ -39,33 +39,47 @@ def _saved_bytes(model, eng) -> tuple[int, torch.Tensor]:
     return sum(storages.values()), out
 
 
-def test_sar_gat_keeps_no_projection_and_matches_single(tmp_path):
+def test_fused_gat_keeps_no_projection_and_matches_dp(tmp_path):
+    """``single`` and ``sar`` run a GAT layer as one op keeping only its input; ``dp`` (the graph's default
+    gat_projected, step by step with autograd) keeps z and the activation's copies. Same values and grads."""
     g = _graph()
     write_dataset(tmp_path / "g.h5", g)
     partition_dataset(tmp_path / "g.h5", tmp_path / "p1", 1, "random")
     comm = LocalCommunicator()
     single = create_engine("single", str(tmp_path / "g.h5"), comm, torch.device("cpu"), torch.float64)
     sar = create_engine("sar", str(tmp_path / "p1"), comm, torch.device("cpu"), torch.float64)
+    dp = create_engine("dp", str(tmp_path / "p1"), comm, torch.device("cpu"), torch.float64)
     heads, hidden, layers = 2, 4, 3
     torch.manual_seed(0)
     ref = build_model("gat", 8, hidden, 3, num_layers=layers, dropout=0.0, heads=heads, out_heads=1).double()
-    model = build_model("gat", 8, hidden, 3, num_layers=layers, dropout=0.0, heads=heads, out_heads=1).double()
-    model.load_state_dict(ref.state_dict())
+    models = []
+    for _ in range(2):
+        m = build_model("gat", 8, hidden, 3, num_layers=layers, dropout=0.0, heads=heads, out_heads=1).double()
+        m.load_state_dict(ref.state_dict())
+        models.append(m.train())
     ref.train()
-    model.train()
 
-    kept_ref, out_ref = _saved_bytes(ref, single)
-    kept_sar, out_sar = _saved_bytes(model, sar)
+    kept_ref, out_ref = _saved_bytes(ref, dp)
+    kept_single, out_single = _saved_bytes(models[0], single)
+    kept_sar, out_sar = _saved_bytes(models[1], sar)
     # the random partition relabels nodes: compare rows by source-dataset id
     orig = sar.graph.dg.orig_id
-    torch.testing.assert_close(out_sar, out_ref[orig], rtol=1e-10, atol=1e-10)
-    # every GAT layer's z (N x H x D, float64) is recomputed in sar's backward instead of kept
+    torch.testing.assert_close(out_sar, out_ref, rtol=1e-10, atol=1e-10)
+    torch.testing.assert_close(out_single[orig], out_ref, rtol=1e-10, atol=1e-10)
+    # every GAT layer's z (N x H x D, float64) is recomputed in the backward pass instead of kept, and so is
+    # the ELU's output (the next layer's input)
     n = g.num_nodes
     z_bytes = 8 * n * (heads * hidden * (layers - 1) + 1 * 3)
-    assert kept_sar <= kept_ref - z_bytes, (kept_sar, kept_ref, z_bytes)
+    elu_bytes = 8 * n * heads * hidden * (layers - 1)
+    for kept in (kept_single, kept_sar):
+        assert kept <= kept_ref - z_bytes - elu_bytes, (kept, kept_ref, z_bytes, elu_bytes)
 
     w = torch.randn_like(out_ref)
     (out_ref * w).sum().backward()
-    (out_sar * w[orig]).sum().backward()
-    for (name, p), q in zip(ref.named_parameters(), model.parameters()):
-        torch.testing.assert_close(q.grad, p.grad, rtol=1e-9, atol=1e-12, msg=name)
+    (out_sar * w).sum().backward()
+    inv = torch.empty_like(orig)
+    inv[orig] = torch.arange(len(orig))
+    (out_single * w[inv]).sum().backward()
+    for model in models:
+        for (name, p), q in zip(ref.named_parameters(), model.parameters()):
+            torch.testing.assert_close(q.grad, p.grad, rtol=1e-9, atol=1e-12, msg=name)

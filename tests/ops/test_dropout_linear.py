@@ -74,8 +74,9 @@ def test_bad_inputs(kwargs, message):
 
 
 @pytest.mark.parametrize("p", [0.0, 0.5])
-def test_relu_and_two_weights_equal_plain_torch(p):
-    """act='relu' and two projections of one input: values and every gradient equal linear(dropout(relu(x)))."""
+@pytest.mark.parametrize("act", ["relu", "elu"])
+def test_act_and_two_weights_equal_plain_torch(p, act):
+    """act and two projections of one input: values and every gradient equal linear(dropout(act(x)))."""
     from hpc_graph.ops.dropout_linear import dropout_linear_multi
 
     torch.manual_seed(4)
@@ -89,11 +90,11 @@ def test_relu_and_two_weights_equal_plain_torch(p):
 
     r = leaves()
     torch.manual_seed(9)
-    a = dropout(F.relu(r[0]), p)
+    a = dropout(F.relu(r[0]) if act == "relu" else F.elu(r[0]), p)
     (F.linear(a, r[1], r[3]) * g1).sum().add((F.linear(a, r[2]) * g2).sum()).backward()
     o = leaves()
     torch.manual_seed(9)
-    y1, y2 = dropout_linear_multi(o[0], (o[1], o[2]), (o[3], None), p, act="relu")
+    y1, y2 = dropout_linear_multi(o[0], (o[1], o[2]), (o[3], None), p, act=act)
     torch.testing.assert_close(y1, F.linear(a, r[1], r[3]).detach())
     torch.testing.assert_close(y2, F.linear(a, r[2]).detach())
     ((y1 * g1).sum() + (y2 * g2).sum()).backward()
@@ -114,7 +115,7 @@ def test_relu_variant_keeps_only_the_input():
 
 
 @pytest.mark.parametrize("bad, message", [
-    ({"act": "elu"}, "act must be one of"), ({"p": 1.0}, "p must be in [0, 1)"),
+    ({"act": "tanh"}, "act must be one of"), ({"p": 1.0}, "p must be in [0, 1)"),
 ])
 def test_bad_arguments_are_named(bad, message):
     from hpc_graph.ops.dropout_linear import dropout_linear_multi

@@ -134,3 +134,57 @@ def test_bad_inputs_raise_value_error():
     G.finalize(state)
     with pytest.raises(ValueError, match="finalized"):
         G.accumulate(state, g, z, s_src, s_dst)
+
+
+@pytest.mark.parametrize("act, p", [(None, 0.0), ("elu", 0.0), ("elu", 0.4), ("relu", 0.3), (None, 0.5)])
+@pytest.mark.parametrize("attn_p", [0.0, 0.3])
+def test_projected_op_equals_the_composed_layer(act, p, attn_p):
+    """gat_projected (keeps x, recomputes dropout(act(x)) and z) equals act_dropout -> linear -> scores ->
+    gat_attention with autograd: output and the gradients of x, W, att_src, att_dst (float64)."""
+    from hpc_graph.ops.dropout import act_dropout
+
+    rng = np.random.default_rng(3)
+    g = awkward_graph(rng, 33, 33, 200)
+    gen = torch.Generator().manual_seed(2)
+    H, D, F_in = 3, 4, 7
+    leaves = [torch.randn(33, F_in, generator=gen, dtype=torch.float64),
+              torch.randn(H * D, F_in, generator=gen, dtype=torch.float64) * 0.5,
+              torch.randn(1, H, D, generator=gen, dtype=torch.float64),
+              torch.randn(1, H, D, generator=gen, dtype=torch.float64)]
+    gid = torch.arange(33) * 5 + 1
+    grad_out = torch.randn(33, H, D, generator=gen, dtype=torch.float64)
+
+    ref = [t.clone().requires_grad_() for t in leaves]
+    torch.manual_seed(11)
+    a = act_dropout(ref[0], act, p)
+    z = torch.nn.functional.linear(a, ref[1]).view(-1, H, D)
+    out_ref = G.gat_attention(g, z, (z * ref[2]).sum(-1), (z * ref[3]).sum(-1), 0.2, attn_p, 7, gid, gid)
+    (out_ref * grad_out).sum().backward()
+
+    ours = [t.clone().requires_grad_() for t in leaves]
+    torch.manual_seed(11)
+    saved = []
+    with torch.autograd.graph.saved_tensors_hooks(lambda t: saved.append(t) or t, lambda t: t):
+        out = G.gat_projected(g, ours[0], ours[1], ours[2], ours[3], act=act, p=p, negative_slope=0.2,
+                              attn_dropout=attn_p, seed=7, src_gid=gid, dst_gid=gid)
+    # nothing the size of x or z is kept but x itself and the output
+    big = [t for t in saved if t.numel() >= 33 * min(F_in, H * D)]
+    assert {t.data_ptr() for t in big} == {ours[0].data_ptr(), out.data_ptr()}
+    torch.testing.assert_close(out, out_ref.detach(), rtol=1e-12, atol=1e-12)
+    (out * grad_out).sum().backward()
+    for got, want in zip(ours, ref):
+        torch.testing.assert_close(got.grad, want.grad, rtol=1e-10, atol=1e-12)
+
+
+def test_projected_op_bad_inputs():
+    g = awkward_graph(np.random.default_rng(0), 12, 12, 40)
+    x, w = torch.randn(12, 5), torch.randn(6, 5)
+    att = torch.randn(1, 2, 3)
+    with pytest.raises(ValueError, match="act"):
+        G.gat_projected(g, x, w, att, att, act="tanh")
+    with pytest.raises(ValueError, match="square"):
+        G.gat_projected(g, x[:10], w, att, att)
+    with pytest.raises(ValueError, match="weight"):
+        G.gat_projected(g, x, torch.randn(5, 5), att, att)
+    with pytest.raises(ValueError, match="p must be"):
+        G.gat_projected(g, x, w, att, att, p=1.0)
