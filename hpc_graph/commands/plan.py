@@ -552,8 +552,8 @@ def _model_assumptions(spec: Any, config: Any, prefetch: bool) -> list[str]:
     out = [f"model: {spec.name}, {spec.layers} layers, hidden {spec.hidden}{heads}, input width {spec.in_dim}, "
            f"{spec.classes} classes, dropout {spec.dropout:g}, {spec.dtype}, optimiser {spec.optimizer}"
            f"{' (feature_norm row: two copies of the features)' if spec.feature_copies == 2 else ''}",
-           f"sar prefetch: {'on (3 blocks resident)' if prefetch else 'off (2 blocks resident)'}; indices int64 in "
-           "memory; peaks include loading, one step and the evaluation pass; freed memory is returned to the "
+           f"sar prefetch: {'on (3 blocks resident)' if prefetch else 'off (2 blocks resident)'}; column indices int32, "
+           "row pointers and ids int64 in memory; peaks include loading, one step and the evaluation pass; freed memory is returned to the "
            "system (glibc with a low mmap threshold, e.g. MALLOC_MMAP_THRESHOLD_=1048576)"]
     if config.data.feature_layout == "sparse":
         out.append("data.feature_layout sparse: features counted as dense (the planner does not model CSR features)")

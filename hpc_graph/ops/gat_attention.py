@@ -186,20 +186,34 @@ def gat_attention(g: CSR, z_src: torch.Tensor, s_src: torch.Tensor, s_dst: torch
 
 
 # -- projection, scores and attention as one op that keeps only its input ---------------------------
+def _head_dots(z: torch.Tensor, att: torch.Tensor) -> torch.Tensor:
+    """float[n, H] ``(z * att).sum(-1)`` for z float[n, H, D], att float[1, H, D]: one matrix-vector product per
+    head on a strided view of ``z`` (no n x H x D temporary)."""
+    return torch.stack([torch.mv(z[:, h, :], att[0, h]) for h in range(z.shape[1])], 1)
+
+
+def _head_grads(z: torch.Tensor, g: torch.Tensor) -> torch.Tensor:
+    """float[1, H, D] ``(g.unsqueeze(-1) * z).sum(0, keepdim=True)`` for g float[n, H]: the gradient of an
+    attention vector, one matrix-vector product per head (no n x H x D temporary)."""
+    return torch.stack([torch.mv(z[:, h, :].t(), g[:, h]) for h in range(z.shape[1])], 0).unsqueeze(0)
+
+
 def project(x: torch.Tensor, weight: torch.Tensor, att_src: torch.Tensor, att_dst: torch.Tensor,
             mask: tuple | None = None):
-    """``(z float[n, H, D], s_src float[n, H], s_dst float[n, H], a float[n, F_in])`` of a GAT layer, no autograd.
+    """``(z float[n, H, D], s_src float[n, H], s_dst float[n, H])`` of a GAT layer, no autograd.
 
     ``a = dropout(act(x))`` with ``mask = (key, cut, scale, act code)`` of
     :func:`hpc_graph.ops.dropout_linear.mask_params` (``a`` is ``x`` itself when ``mask`` is None);
     ``z = (a W^T).view(n, H, D)``, ``s_src = (z * att_src).sum(-1)``, ``s_dst = (z * att_dst).sum(-1)``.
+    ``a`` is dropped as soon as ``z`` exists.
     """
     from hpc_graph.ops.dropout_linear import act_mask
 
     heads, dim = int(att_src.shape[1]), int(att_src.shape[2])
     a = x if mask is None else act_mask(x, *mask)
     z = torch.nn.functional.linear(a, weight).view(-1, heads, dim)
-    return z, (z * att_src).sum(-1), (z * att_dst).sum(-1), a
+    del a
+    return z, _head_dots(z, att_src), _head_dots(z, att_dst)
 
 
 def project_backward(x: torch.Tensor, work: list, weight: torch.Tensor, att_src: torch.Tensor,
@@ -207,25 +221,27 @@ def project_backward(x: torch.Tensor, work: list, weight: torch.Tensor, att_src:
                      needs: tuple[bool, bool, bool, bool]):
     """Gradients ``(x, weight, att_src, att_dst)`` (None where ``needs`` is False) of :func:`project`.
 
-    ``work = [z, a, grad_z]`` (``grad_z`` float[n, H, D], written over) is emptied: the caller drops its own
-    references first, so each tensor is freed here as soon as it has been used (``z``, then ``a``, then
-    ``grad_z``), and at most two float[n, *] temporaries live at once beside ``grad_s_*``.
+    ``work = [z, grad_z]`` (``grad_z`` float[n, H, D], written over) is emptied: the caller drops its own
+    references first, so each is freed here as soon as it has been used. The dropped input ``a`` is
+    recomputed once ``z`` is gone (for the weight gradient), so at most three float[n, *] tensors live
+    at once (``z``/``a``, ``grad_z``, the input's gradient) beside the caller's.
     """
-    from hpc_graph.ops.dropout_linear import act_mask_grad
+    from hpc_graph.ops.dropout_linear import act_mask, act_mask_grad
 
-    z, a, grad_z = work
+    z, grad_z = work
     work.clear()
-    gs, gd = grad_s_src.unsqueeze(-1), grad_s_dst.unsqueeze(-1)
-    grad_att_src = (gs * z).sum(0, keepdim=True) if needs[2] else None
-    grad_att_dst = (gd * z).sum(0, keepdim=True) if needs[3] else None
+    grad_att_src = _head_grads(z, grad_s_src) if needs[2] else None
+    grad_att_dst = _head_grads(z, grad_s_dst) if needs[3] else None
     del z
-    grad_z += gs * att_src
-    grad_z += gd * att_dst
-    del gs, gd
+    grad_z.addcmul_(grad_s_src.unsqueeze(-1), att_src)  # the score paths, in place
+    grad_z.addcmul_(grad_s_dst.unsqueeze(-1), att_dst)
     gz = grad_z.view(grad_z.shape[0], -1)
     del grad_z
-    grad_w = gz.t() @ a if needs[1] else None
-    del a
+    grad_w = None
+    if needs[1]:
+        a = x if mask is None else act_mask(x, *mask)
+        grad_w = gz.t() @ a
+        del a
     grad_x = None
     if needs[0]:
         grad_x = gz @ weight
@@ -243,15 +259,15 @@ class GATProjected(torch.autograd.Function):
     Saved for the backward pass: ``x`` (referenced; usually alive anyway: the previous layer's output or
     the input features), the parameters, the output and the softmax state ``m``, ``l``. The dropped
     activation ``a``, the projection ``z`` and the scores are recomputed from ``x`` in the backward pass
-    (one extra GEMM and one mask pass), so a hidden GAT layer keeps two N x H*D tensors (its output
-    and, as the next layer's input, output + bias) instead of five.
+    (one extra GEMM and two mask passes), so a hidden GAT layer keeps two N x H*D tensors (its output
+    and, as the next layer's input, output + bias) instead of five; scores and attention-vector
+    gradients are matrix-vector products per head, with no N x H x D temporaries.
     """
 
     @staticmethod
     def forward(ctx, x, weight, att_src, att_dst, g, mask, negative_slope, attn_dropout, seed, src_gid, dst_gid):
         with torch.no_grad():
-            z, s_src, s_dst, a = project(x, weight, att_src, att_dst, mask)
-            del a
+            z, s_src, s_dst = project(x, weight, att_src, att_dst, mask)
             state = init_state(g.num_dst, z.shape[1], z.shape[2], z.dtype, z.device)
             accumulate(state, g, z, s_src.contiguous(), s_dst.contiguous(), negative_slope, attn_dropout, seed,
                        src_gid, dst_gid)
@@ -266,15 +282,15 @@ class GATProjected(torch.autograd.Function):
     def backward(ctx, grad_out):
         x, weight, att_src, att_dst, m, l, out = ctx.saved_tensors
         with torch.no_grad():
-            z, s_src, s_dst, a = project(x, weight, att_src, att_dst, ctx.mask)
+            z, s_src, s_dst = project(x, weight, att_src, att_dst, ctx.mask)
             state = AttentionState(m, l, out, finalized=True)
             grad_out = grad_out.contiguous()
             delta = output_delta(state, grad_out)
             gz, gs, gd = backward_block(state, grad_out, delta, ctx.g, z, s_src.contiguous(), s_dst.contiguous(),
                                         *ctx.args)
             del state, delta, s_src, s_dst
-            work = [z, a, gz]
-            del z, a, gz
+            work = [z, gz]
+            del z, gz
             grads = project_backward(x, work, weight, att_src, att_dst, gs, gd, ctx.mask,
                                      tuple(ctx.needs_input_grad[:4]))
         return (*grads, None, None, None, None, None, None, None)

@@ -342,8 +342,7 @@ class SARGatProjected(torch.autograd.Function):
                 add_self_loops, prefetch):
         kw = _gat_kw(dg, negative_slope, attn_dropout, seed)
         with torch.no_grad():
-            z, s_src, s_dst, a = project(x, weight, att_src, att_dst, mask)
-            del a
+            z, s_src, s_dst = project(x, weight, att_src, att_dst, mask)
             state = _gat_forward(z.contiguous(), s_src.contiguous(), s_dst.contiguous(), dg, comm, kw,
                                  add_self_loops, prefetch)
         del z, s_src, s_dst
@@ -356,14 +355,14 @@ class SARGatProjected(torch.autograd.Function):
     def backward(ctx, grad_out):
         x, weight, att_src, att_dst, m, l, out = ctx.saved_tensors
         with torch.no_grad():
-            z, s_src, s_dst, a = project(x, weight, att_src, att_dst, ctx.mask)
+            z, s_src, s_dst = project(x, weight, att_src, att_dst, ctx.mask)
             state = AttentionState(m, l, out, finalized=True)
             grad_z, grad_s_src, grad_s_dst = _gat_backward(
                 state, grad_out, z.contiguous(), s_src.contiguous(), s_dst.contiguous(), ctx.dg, ctx.comm,
                 ctx.kw, ctx.add_self_loops, ctx.prefetch)
             del state, s_src, s_dst
-            work = [z, a, grad_z]
-            del z, a, grad_z
+            work = [z, grad_z]
+            del z, grad_z
             grads = project_backward(x, work, weight, att_src, att_dst, grad_s_src, grad_s_dst, ctx.mask,
                                      tuple(ctx.needs_input_grad[:4]))
         return (*grads, None, None, None, None, None, None, None, None)

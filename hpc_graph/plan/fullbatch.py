@@ -18,13 +18,14 @@ Inputs:
   MLP; every other model is refused by name, see :data:`MODELS`);
 * :class:`Rates`: kernel and link rates from :mod:`hpc_graph.plan.profile` (only for time).
 
-What a rank holds (bytes; ``I = 8``: every index is int64 in memory; ``d``: dtype bytes; ``n`` owned
-rows, ``h`` halo rows, ``E`` in-edges, ``E_p`` edges from owned sources, ``S`` rows sent, ``r`` peers):
+What a rank holds (bytes; ``I = 8``: a row pointer or id, int64 in memory; ``C = 4``: a column index,
+int32; ``d``: dtype bytes; ``n`` owned rows, ``h`` halo rows, ``E`` in-edges, ``E_p`` edges from owned
+sources, ``S`` rows sent, ``r`` peers):
 
-* graph: ``single`` the CSR (``(N+1) I + E I``), its transpose when the graph is not symmetric, node
+* graph: ``single`` the CSR (``(N+1) I + E C``), its transpose when the graph is not symmetric, node
   ids; GAT a self-loop copy of the CSR and its transpose; ``dp`` the ``[owned | halo]`` CSR and its
   transpose, node ids of owned and halo nodes (6 id vectors), send lists; ``sar`` one CSR block per
-  source partition (``(r+1)(n+1) I + E I``) and their transposes (GCN/SAGE) or the remote blocks'
+  source partition (``(r+1)(n+1) I + E C``) and their transposes (GCN/SAGE) or the remote blocks'
   transposes and an identity block (GAT); column-blocked copies of any CSR whose source rows outgrow
   the cache (``hpc_graph.ops.spmm.BLOCK_BYTES``; int32 indices);
 * features ``n F d`` (twice with ``data.feature_norm: row``), labels, masks, training ids;
@@ -36,7 +37,7 @@ rows, ``h`` halo rows, ``E`` in-edges, ``E_p`` edges from owned sources, ``S`` r
 * the process floor (Python, torch, numba and its compiled kernels, MPI), measured at plan time.
 
 The peak is also taken over the loading phase (reading the part; ``sar`` splitting its CSR into
-blocks keeps the CSR, a running count and the blocks at once, 25 bytes per edge).
+blocks keeps the CSR, a running count and the blocks at once, 17 bytes per edge).
 
 Epoch time of a rank = compute (SpMM and attention kernels at edges x width, GEMM flops, memory
 passes of elementwise ops, each at the measured rate) + halo exchange (``alpha`` per message +
@@ -1101,9 +1102,8 @@ class _Walk:
         self.work.flops += 2.0 * n * fin * hd
         if self.engine == "sar":
             z = t.new(self.rows(n, hd))
-            tmp = t.new(self.rows(n, hd))
-            s1, s2 = t.new(self.rows(n, H)), t.new(self.rows(n, H))
-            t.free(tmp, a)
+            t.free(a)
+            s1, s2 = t.new(self.rows(n, H)), t.new(self.rows(n, H))  # one matrix-vector product per head
             self.work.score += n * hd  # both scores, forward only (no autograd)
             m, l_ = t.new(self.rows(n, H), "activations"), t.new(self.rows(n, H), "activations")
             out = t.new(self.rows(n, hd), "activations")
@@ -1119,11 +1119,8 @@ class _Walk:
             st.update(m=m, l=l_, out=out, saved=[m, l_, out])
         elif fused:  # single: GATProjected
             z = t.new(self.rows(n, hd))
-            for _ in range(2):  # (z * att).sum(-1), one score at a time
-                tmp = t.new(self.rows(n, hd))
-                st.setdefault("scores", []).append(t.new(self.rows(n, H)))
-                t.free(tmp)
             t.free(a)
+            st["scores"] = [t.new(self.rows(n, H)), t.new(self.rows(n, H))]  # one matrix-vector product per head
             self.work.score += n * hd
             m, l_ = t.new(self.rows(n, H), "activations"), t.new(self.rows(n, H), "activations")
             out = t.new(self.rows(n, hd), "activations")
@@ -1200,11 +1197,8 @@ class _Walk:
             # backward over the self-loop CSR and its transpose
             a = self._gat_input(fin, first) if st["masked"] else None
             z = t.new(self.rows(n, hd))
-            scores = []
-            for _ in range(2):
-                tmp = t.new(self.rows(n, hd))
-                scores.append(t.new(self.rows(n, H)))
-                t.free(tmp)
+            t.free(a)
+            scores = [t.new(self.rows(n, H)), t.new(self.rows(n, H))]
             self.work.flops += 2.0 * n * fin * hd
             self.work.score += 2 * n * hd  # recomputed scores and their gradients by hand
             delta = t.new(self.rows(n, H))
@@ -1212,15 +1206,14 @@ class _Walk:
             gz, gs, gd = t.new(self.rows(n, hd)), t.new(self.rows(n, H)), t.new(self.rows(n, H))
             self.work.gat_bwd.append((E + n, hd))
             t.free(delta, *scores)
-            return self._gat_project_backward(st, z, a, gz, gs, gd, go)
+            return self._gat_project_backward(st, z, gz, gs, gd, go)
         if self.engine == "sar":
             # SARGatProjected.backward: the dropped input, z and the scores recomputed, local and self-loop
             # blocks, then the remote blocks fetched again in the rotation, their rows' gradients sent back
             a = self._gat_input(fin, first) if st["masked"] else None
             z = t.new(self.rows(n, hd))
-            tmp = t.new(self.rows(n, hd))
+            t.free(a)
             s1, s2 = t.new(self.rows(n, H)), t.new(self.rows(n, H))
-            t.free(tmp)
             self.work.flops += 2.0 * n * fin * hd
             self.work.score += 2 * n * hd  # recomputed scores and their gradients by hand
             delta = t.new(self.rows(n, H))
@@ -1260,7 +1253,7 @@ class _Walk:
                     t.free(packed, rr)
             t.free(*pend)
             t.free(delta, s1, s2)
-            return self._gat_project_backward(st, z, a, gz, gs, gd, go)
+            return self._gat_project_backward(st, z, gz, gs, gd, go)
         else:
             delta = t.new(self.rows(n, H))
             src = n + (h if self.engine == "dp" else 0)
@@ -1317,21 +1310,16 @@ class _Walk:
             self.work.stream += 2 * self.rows(self.n, fin)
         return a
 
-    def _gat_project_backward(self, st: dict, z: str, a: str | None, gz: str, gs: str, gd: str,
-                              go: str) -> str | None:
+    def _gat_project_backward(self, st: dict, z: str, gz: str, gs: str, gd: str, go: str) -> str | None:
         """:func:`hpc_graph.ops.gat_attention.project_backward` and the end of the fused op's backward: the
-        att gradients, the score paths into z's gradient, the weight gradient, the input's gradient through
-        the projection, the dropout and the ELU; then the op's saved tensors and ``go`` are released."""
+        att gradients (matrix-vector products), the score paths into z's gradient (in place), the weight
+        gradient from the dropped input recomputed once more, the input's gradient through the projection,
+        the dropout and the ELU; then the op's saved tensors and ``go`` are released."""
         t, n = self.tape, self.n
         fin, hd, first = st["fin"], st["heads"] * st["dim"], st["first"]
-        for _ in range(2):  # the att gradients: (g * z) summed over the rows, one temporary at a time
-            tmp = t.new(self.rows(n, hd))
-            t.free(tmp)
+        self.work.stream += 6 * self.rows(n, hd)  # two reads of z, the two in-place score paths
         t.free(z)
-        for _ in range(2):  # the two score paths into z's gradient, accumulated in place
-            tmp = t.new(self.rows(n, hd))
-            t.free(tmp)
-        self.work.stream += 4 * self.rows(n, hd)
+        a = self._gat_input(fin, first) if st["masked"] else None
         self.work.flops += 2.0 * n * fin * hd  # weight gradient
         t.free(a)
         gx = None
