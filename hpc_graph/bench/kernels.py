@@ -490,7 +490,8 @@ def run_kernel_bench(cfg: KernelBenchConfig) -> list[dict]:
         if op not in cfg.ops:
             continue
         if op in ("spmm", "sddmm", "sage") and g is None:
-            g = CSR(ctx.indptr, ctx.indices.astype(np.int64))
+            # int32 columns, as the engines load them
+            g = CSR(ctx.indptr, ctx.indices.astype(np.int32 if ctx.num_nodes < 2**31 else np.int64))
         if op == "memcpy":
             records += _bench_memcpy(ctx)
         elif op == "spmm":
