@@ -349,13 +349,17 @@ def load_dist_graph(directory: str | os.PathLike, comm: Any, device: torch.devic
     """Read this rank's part of partition directory ``directory`` and build its DistGraph.
 
     Checks the rank count against ``partition.json`` before reading the part file.
-    Returns ``(DistGraph, Partition)``; the Partition carries feat/label/masks as NumPy.
+    Returns ``(DistGraph, Partition)``; the Partition carries feat/label/masks as NumPy, its ``indices``
+    released (None): the DistGraph holds the structure, with int32 columns, and the file's int64 copy
+    is not kept beside it.
     """
     directory = str(directory)
     num_parts = int(read_partition_meta(directory)["num_parts"])
     check_ranks(num_parts, comm, directory)
     part = read_partition(directory, int(comm.rank))
     dg = DistGraph.from_partition(part, comm, device, dtype, source=directory)
+    if dg.local is not None and dg.local.indices.dtype != torch.int64:
+        part.indices = None  # converted to int32 by the DistGraph: drop the int64 copy now
     dg.fetch_halo_orig_ids(comm)
     # the same number of relations on every rank (a part may lack the highest types)
     counts = torch.tensor([float(dg.num_relations if dg.edge_type is not None else 0)], dtype=torch.float64)

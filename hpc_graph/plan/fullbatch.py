@@ -645,10 +645,13 @@ class _Walk:
         if self.engine == "single":
             if self.graph.disk_index_bytes != COL:  # int64 indices on disk, converted to int32
                 extra = E * self.graph.disk_index_bytes
-        elif self.engine == "sar":
+        else:
+            # a part file's int64 columns, alive while the DistGraph makes its int32 copy
+            extra = E * IDX
+        if self.engine == "sar":
             # release_local: the [owned | halo] CSR, a running count, a mask and the blocks built so far
             graph = graph - (1 + self.rs.peers) * (n + 1) * IDX + (n + 1) * IDX  # the CSR, no blocks yet
-            extra = (E + 1) * IDX + E + E * COL + (1 + self.rs.peers) * (n + 1) * IDX
+            extra = max(extra, (E + 1) * IDX + E + E * COL + (1 + self.rs.peers) * (n + 1) * IDX)
         if self.spec.dtype == "float64":  # features read as float32, then converted
             extra = max(extra, n * self.graph.features * 4)
         parts = {"graph": graph, "features": b["features"], "workspace": extra}

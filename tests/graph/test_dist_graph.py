@@ -202,6 +202,8 @@ def test_load_dist_graph_checks_rank_count_and_loads(tmp_path):
     partition_dataset(tmp_path / "g.h5", tmp_path / "p1", 1, "random")
     dg, part = load_dist_graph(tmp_path / "p1", LocalCommunicator(), "cpu", torch.float64)
     assert dg.num_halo == 0 and dg.num_owned == 50 and set(dg.blocks) == {0}
+    # the structure lives in the DistGraph (int32 columns); the part file's int64 copy is not kept
+    assert dg.local.indices.dtype == torch.int32 and part.indices is None
     data = partition_tensors(part, "cpu", torch.float64)
     assert data["feat"].dtype == torch.float64 and data["feat"].shape == (50, 3)
     np.testing.assert_array_equal(data["masks"]["train"].numpy(), part.train_mask)
