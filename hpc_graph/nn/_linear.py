@@ -110,11 +110,6 @@ def act_dropout(x: torch.Tensor, act: str | None, p: float) -> torch.Tensor:
     """``dropout(act(x), p)`` step by step (the masks :func:`input_linear` draws); ``act`` None, ``"relu"`` or
     ``"elu"``; ``x`` dense or (``act`` None) sparse CSR."""
     from hpc_graph.nn._dropout import dropout
+    from hpc_graph.ops.dropout import activation
 
-    if act == "relu":
-        x = F.relu(x)
-    elif act == "elu":
-        x = F.elu(x)
-    elif act is not None:
-        raise ValueError(f"act_dropout: act must be None, 'relu' or 'elu', got {act!r}")
-    return dropout(x, p, p > 0.0)
+    return dropout(activation(x, act), p, p > 0.0)

@@ -44,15 +44,21 @@ def dropout(x: torch.Tensor, p: float) -> torch.Tensor:
     return _Dropout.apply(x, key, cut, 1.0 / keep)
 
 
-def act_dropout(x: torch.Tensor, act: str | None, p: float) -> torch.Tensor:
-    """``dropout(act(x), p)`` step by step for a dense float ``x`` (``act`` None, ``"relu"`` or ``"elu"``): the
-    masks and values the fused ops (:func:`hpc_graph.ops.dropout_linear.mask_params`) draw, with autograd."""
+def activation(x: torch.Tensor, act: str | None) -> torch.Tensor:
+    """``act(x)`` with autograd: ``act`` None (``x`` itself), ``"relu"`` or ``"elu"``."""
     from torch.nn import functional as F
 
     if act == "relu":
-        x = F.relu(x)
-    elif act == "elu":
-        x = F.elu(x)
-    elif act is not None:
+        return F.relu(x)
+    if act == "elu":
+        return F.elu(x)
+    if act is not None:
         raise ValueError(f"act: must be None, 'relu' or 'elu', got {act!r}")
+    return x
+
+
+def act_dropout(x: torch.Tensor, act: str | None, p: float) -> torch.Tensor:
+    """``dropout(act(x), p)`` step by step for a dense float ``x`` (``act`` None, ``"relu"`` or ``"elu"``): the
+    masks and values the fused ops (:func:`hpc_graph.ops.dropout_linear.mask_params`) draw, with autograd."""
+    x = activation(x, act)
     return dropout(x, p) if p > 0 else x

@@ -39,7 +39,8 @@ from hpc_graph.ops.csr import CSR
 from numba_kernels import get_kernel
 
 __all__ = ["AttentionState", "init_state", "accumulate", "finalize", "output_delta", "backward_block",
-           "GATAttention", "gat_attention", "project", "project_backward", "GATProjected", "gat_projected"]
+           "GATAttention", "gat_attention", "project", "project_backward", "GATProjected", "WholeAttend",
+           "gat_projected"]
 
 def _check_dropout(attn_dropout: float, seed: int) -> tuple[float, int]:
     p = float(attn_dropout)
@@ -252,9 +253,13 @@ def project_backward(x: torch.Tensor, work: list, weight: torch.Tensor, att_src:
 
 
 class GATProjected(torch.autograd.Function):
-    """``out = GATProjected.apply(x, weight, att_src, att_dst, g, mask, negative_slope, attn_dropout, seed,
-    src_gid, dst_gid)``: ``dropout(act(x))``, projection, scores and attention over one CSR whose sources
-    are its destinations (a whole graph), keeping only ``x``.
+    """``out = GATProjected.apply(x, weight, att_src, att_dst, attend, mask)``: ``dropout(act(x))``, projection,
+    scores and attention as one op keeping only ``x``.
+
+    ``attend`` runs the attention itself: ``attend.forward(z, s_src, s_dst)`` -> the finalized
+    :class:`AttentionState` and ``attend.backward(state, grad_out, z, s_src, s_dst)`` -> ``(grad_z, grad_s_src,
+    grad_s_dst)`` (one CSR: :class:`WholeAttend`; SAR's blocks in rotation:
+    :class:`hpc_graph.ops.sar_aggregate.SARAttend`). ``mask``: :func:`project`'s.
 
     Saved for the backward pass: ``x`` (referenced; usually alive anyway: the previous layer's output or
     the input features), the parameters, the output and the softmax state ``m``, ``l``. The dropped
@@ -265,18 +270,14 @@ class GATProjected(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(ctx, x, weight, att_src, att_dst, g, mask, negative_slope, attn_dropout, seed, src_gid, dst_gid):
+    def forward(ctx, x, weight, att_src, att_dst, attend, mask):
         with torch.no_grad():
             z, s_src, s_dst = project(x, weight, att_src, att_dst, mask)
-            state = init_state(g.num_dst, z.shape[1], z.shape[2], z.dtype, z.device)
-            accumulate(state, g, z, s_src.contiguous(), s_dst.contiguous(), negative_slope, attn_dropout, seed,
-                       src_gid, dst_gid)
+            state = attend.forward(z, s_src.contiguous(), s_dst.contiguous())
             del z, s_src, s_dst
-            out = finalize(state)
-        ctx.save_for_backward(x, weight, att_src, att_dst, state.m, state.l, out)
-        ctx.g, ctx.mask = g, mask
-        ctx.args = (negative_slope, attn_dropout, seed, src_gid, dst_gid)
-        return out
+        ctx.save_for_backward(x, weight, att_src, att_dst, state.m, state.l, state.acc)
+        ctx.attend, ctx.mask = attend, mask
+        return state.acc
 
     @staticmethod
     def backward(ctx, grad_out):
@@ -284,16 +285,31 @@ class GATProjected(torch.autograd.Function):
         with torch.no_grad():
             z, s_src, s_dst = project(x, weight, att_src, att_dst, ctx.mask)
             state = AttentionState(m, l, out, finalized=True)
-            grad_out = grad_out.contiguous()
-            delta = output_delta(state, grad_out)
-            gz, gs, gd = backward_block(state, grad_out, delta, ctx.g, z, s_src.contiguous(), s_dst.contiguous(),
-                                        *ctx.args)
-            del state, delta, s_src, s_dst
+            gz, gs, gd = ctx.attend.backward(state, grad_out.contiguous(), z, s_src.contiguous(), s_dst.contiguous())
+            del state, s_src, s_dst
             work = [z, gz]
             del z, gz
             grads = project_backward(x, work, weight, att_src, att_dst, gs, gd, ctx.mask,
                                      tuple(ctx.needs_input_grad[:4]))
-        return (*grads, None, None, None, None, None, None, None)
+        return (*grads, None, None)
+
+
+class WholeAttend:
+    """:class:`GATProjected`'s attention over one CSR holding every source (a whole graph)."""
+
+    def __init__(self, g: CSR, negative_slope: float, attn_dropout: float, seed: int, src_gid, dst_gid):
+        self.g = g
+        self.args = (negative_slope, attn_dropout, seed, src_gid, dst_gid)
+
+    def forward(self, z, s_src, s_dst) -> AttentionState:
+        state = init_state(self.g.num_dst, z.shape[1], z.shape[2], z.dtype, z.device)
+        accumulate(state, self.g, z, s_src, s_dst, *self.args)
+        finalize(state)
+        return state
+
+    def backward(self, state, grad_out, z, s_src, s_dst):
+        delta = output_delta(state, grad_out)
+        return backward_block(state, grad_out, delta, self.g, z, s_src, s_dst, *self.args)
 
 
 def gat_projected(g: CSR, x: torch.Tensor, weight: torch.Tensor, att_src: torch.Tensor, att_dst: torch.Tensor,
@@ -321,6 +337,6 @@ def gat_projected(g: CSR, x: torch.Tensor, weight: torch.Tensor, att_src: torch.
         raise ValueError(f"gat_projected: weight {tuple(weight.shape)} must be [H*D, F_in] for att_src "
                          f"{tuple(att_src.shape)} and x {tuple(x.shape)}")
     mask = mask_params(float(p), act)
-    q = float(attn_dropout) if training else 0.0
-    return GATProjected.apply(x, weight, att_src, att_dst, g, mask, float(negative_slope), q, int(seed), src_gid,
-                              dst_gid)
+    q, seed = _check_dropout(float(attn_dropout) if training else 0.0, seed)
+    return GATProjected.apply(x, weight, att_src, att_dst,
+                              WholeAttend(g, float(negative_slope), q, seed, src_gid, dst_gid), mask)

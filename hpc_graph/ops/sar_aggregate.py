@@ -27,8 +27,8 @@ import torch
 
 from hpc_graph.ops._kernel_args import csc
 from hpc_graph.ops.attention_state import AttentionState
-from hpc_graph.ops.gat_attention import (accumulate, backward_block, finalize, init_state, output_delta, project,
-                                         project_backward)
+from hpc_graph.ops.gat_attention import (GATProjected, accumulate, backward_block, finalize, init_state,
+                                         output_delta)
 from hpc_graph.ops.spmm import spmm
 
 
@@ -320,52 +320,29 @@ class SARGat(torch.autograd.Function):
         return (*grads, None, None, None, None, None, None, None)
 
 
-class SARGatProjected(torch.autograd.Function):
-    """``out = SARGatProjected.apply(x, weight, att_src, att_dst, dg, comm, mask, negative_slope, attn_dropout,
-    seed, add_self_loops, prefetch)``: activation-dropout, projection, scores and :class:`SARGat` in one op.
+class SARAttend:
+    """:class:`hpc_graph.ops.gat_attention.GATProjected`'s attention run block by block, as :class:`SARGat`
+    (the local block and self loops, then the remote blocks in rotation, fetched again in the backward pass).
 
-    Rematerialisation one step further than SAR's attention: the dropped input ``a = dropout(act(x))``
-    and the projected rows ``z = a W^T`` (float[n, H, D], as large as the layer's output) are not kept
-    for the backward pass but recomputed from ``x`` (:func:`hpc_graph.ops.gat_attention.project`).
-    Saves ``x``, the parameters, the output and ``m``, ``l``.
-
-    Args:
-        x: float[n, F_in] dense rows of owned nodes; weight: float[H*D, F_in];
-        att_src, att_dst: float[1, H, D]; mask: ``(key, cut, scale, act code)`` of
-        :func:`hpc_graph.ops.dropout_linear.mask_params` or None; the rest as for :class:`SARGat`.
-    Returns:
-        float[n, H, D].
+    With it a GAT layer under SAR rematerialises one step further than SAR's attention: the dropped input
+    ``a = dropout(act(x))`` and the projected rows ``z = a W^T`` (float[n, H, D], as large as the layer's
+    output) are not kept but recomputed from ``x``; the op keeps ``x``, the parameters, the output and
+    ``m``, ``l``.
     """
 
-    @staticmethod
-    def forward(ctx, x, weight, att_src, att_dst, dg, comm, mask, negative_slope, attn_dropout, seed,
-                add_self_loops, prefetch):
-        kw = _gat_kw(dg, negative_slope, attn_dropout, seed)
-        with torch.no_grad():
-            z, s_src, s_dst = project(x, weight, att_src, att_dst, mask)
-            state = _gat_forward(z.contiguous(), s_src.contiguous(), s_dst.contiguous(), dg, comm, kw,
-                                 add_self_loops, prefetch)
-        del z, s_src, s_dst
-        ctx.save_for_backward(x, weight, att_src, att_dst, state.m, state.l, state.acc)
-        ctx.dg, ctx.comm, ctx.kw, ctx.mask = dg, comm, kw, mask
-        ctx.add_self_loops, ctx.prefetch = add_self_loops, prefetch
-        return state.acc
+    def __init__(self, dg: Any, comm: Any, negative_slope: float, attn_dropout: float, seed: int,
+                 add_self_loops: bool, prefetch: bool):
+        self.dg, self.comm = dg, comm
+        self.kw = _gat_kw(dg, negative_slope, attn_dropout, seed)
+        self.add_self_loops, self.prefetch = add_self_loops, prefetch
 
-    @staticmethod
-    def backward(ctx, grad_out):
-        x, weight, att_src, att_dst, m, l, out = ctx.saved_tensors
-        with torch.no_grad():
-            z, s_src, s_dst = project(x, weight, att_src, att_dst, ctx.mask)
-            state = AttentionState(m, l, out, finalized=True)
-            grad_z, grad_s_src, grad_s_dst = _gat_backward(
-                state, grad_out, z.contiguous(), s_src.contiguous(), s_dst.contiguous(), ctx.dg, ctx.comm,
-                ctx.kw, ctx.add_self_loops, ctx.prefetch)
-            del state, s_src, s_dst
-            work = [z, grad_z]
-            del z, grad_z
-            grads = project_backward(x, work, weight, att_src, att_dst, grad_s_src, grad_s_dst, ctx.mask,
-                                     tuple(ctx.needs_input_grad[:4]))
-        return (*grads, None, None, None, None, None, None, None, None)
+    def forward(self, z, s_src, s_dst) -> AttentionState:
+        return _gat_forward(z.contiguous(), s_src, s_dst, self.dg, self.comm, self.kw, self.add_self_loops,
+                            self.prefetch)
+
+    def backward(self, state, grad_out, z, s_src, s_dst):
+        return _gat_backward(state, grad_out, z.contiguous(), s_src, s_dst, self.dg, self.comm, self.kw,
+                             self.add_self_loops, self.prefetch)
 
 
 def sar_gat_projected(x: torch.Tensor, weight: torch.Tensor, att_src: torch.Tensor, att_dst: torch.Tensor,
@@ -373,11 +350,11 @@ def sar_gat_projected(x: torch.Tensor, weight: torch.Tensor, att_src: torch.Tens
                       attn_dropout: float = 0.0, seed: int = 0, add_self_loops: bool = True,
                       prefetch: bool = False) -> torch.Tensor:
     """float[n, H, D]: ``dropout(act(x), p)`` and a GAT layer (without bias) whose backward recomputes the
-    dropped input and ``z`` (see :class:`SARGatProjected`)."""
+    dropped input and ``z`` (:class:`~hpc_graph.ops.gat_attention.GATProjected` with :class:`SARAttend`)."""
     from hpc_graph.ops.dropout_linear import mask_params
 
-    return SARGatProjected.apply(x, weight, att_src, att_dst, dg, comm, mask_params(float(p), act), negative_slope,
-                                 attn_dropout, seed, add_self_loops, prefetch)
+    attend = SARAttend(dg, comm, negative_slope, attn_dropout, seed, add_self_loops, prefetch)
+    return GATProjected.apply(x, weight, att_src, att_dst, attend, mask_params(float(p), act))
 
 
 def sar_gat(z: torch.Tensor, s_src: torch.Tensor, s_dst: torch.Tensor, dg: Any, comm: Any, *,

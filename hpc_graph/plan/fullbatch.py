@@ -1196,8 +1196,8 @@ class _Walk:
             self.work.stream += 3 * self.rows(n, hd)
             t.free(g, st.get("elu"))
         if self.engine == "single":
-            # GATProjected.backward: the dropped input, z and the scores recomputed, then the attention's
-            # backward over the self-loop CSR and its transpose
+            # GATProjected.backward with WholeAttend: the dropped input, z and the scores recomputed, then
+            # the attention's backward over the self-loop CSR and its transpose
             a = self._gat_input(fin, first) if st["masked"] else None
             z = t.new(self.rows(n, hd))
             t.free(a)
@@ -1211,7 +1211,7 @@ class _Walk:
             t.free(delta, *scores)
             return self._gat_project_backward(st, z, gz, gs, gd, go)
         if self.engine == "sar":
-            # SARGatProjected.backward: the dropped input, z and the scores recomputed, local and self-loop
+            # GATProjected.backward with SARAttend: the dropped input, z and the scores recomputed, local and self-loop
             # blocks, then the remote blocks fetched again in the rotation, their rows' gradients sent back
             a = self._gat_input(fin, first) if st["masked"] else None
             z = t.new(self.rows(n, hd))
