@@ -255,7 +255,8 @@ def _bench_spmm(ctx: _Ctx, g: CSR, x0: torch.Tensor) -> list[dict]:
     N, E, F = ctx.num_nodes, ctx.num_edges, ctx.cfg.feat
     with warnings.catch_warnings():  # "sparse CSR support is in beta"
         warnings.simplefilter("ignore", UserWarning)
-        A = torch.sparse_csr_tensor(g.indptr, g.indices, torch.ones(E), size=(N, N), check_invariants=False)
+        A = torch.sparse_csr_tensor(g.indptr, g.indices.to(g.indptr.dtype), torch.ones(E), size=(N, N),
+                                    check_invariants=False)
     ei = _edge_index(ctx)
     src, dst = ei[0], ei[1]
     del ei

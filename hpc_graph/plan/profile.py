@@ -367,10 +367,10 @@ def kernel_rates(csr: Any = None, dtype: torch.dtype = torch.float32, *, widths:
     if gat:
         ar = torch.arange(n_dst + 1, dtype=torch.int64)
         deg = csr.indptr[1:] - csr.indptr[:-1]
-        loops = torch.empty(E + n_dst, dtype=torch.int64)
+        loops = torch.empty(E + n_dst, dtype=csr.indices.dtype)  # int32 columns, as the engines hold them
         pos = torch.arange(E, dtype=torch.int64) + torch.repeat_interleave(ar[:-1], deg)
         loops[pos] = csr.indices
-        loops[csr.indptr[1:] + ar[:-1]] = torch.arange(n_dst, dtype=torch.int64) % max(n_src, 1)
+        loops[csr.indptr[1:] + ar[:-1]] = (torch.arange(n_dst, dtype=torch.int64) % max(n_src, 1)).to(loops.dtype)
         g_loops = CSR(csr.indptr + ar, loops, n_src, validate=False)
         del pos, loops
         for heads, dim in gat_shapes:
