@@ -52,7 +52,7 @@ import torch
 
 from hpc_graph.bench import KERNEL_OPS
 from hpc_graph.bench.memory import PeakRSS
-from hpc_graph.ops.csr import CSR
+from hpc_graph.ops.csr import CSR, column_dtype
 from hpc_graph.ops.spmm import spmm
 
 log = logging.getLogger(__name__)
@@ -491,8 +491,7 @@ def run_kernel_bench(cfg: KernelBenchConfig) -> list[dict]:
         if op not in cfg.ops:
             continue
         if op in ("spmm", "sddmm", "sage") and g is None:
-            # int32 columns, as the engines load them
-            g = CSR(ctx.indptr, ctx.indices.astype(np.int32 if ctx.num_nodes < 2**31 else np.int64))
+            g = CSR(ctx.indptr, ctx.indices.astype(column_dtype(ctx.num_nodes)))  # as the engines load it
         if op == "memcpy":
             records += _bench_memcpy(ctx)
         elif op == "spmm":

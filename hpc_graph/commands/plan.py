@@ -297,7 +297,7 @@ def _rank_graph(data: str, layout: Any, max_edges: int) -> tuple[Any, str]:
     import numpy as np
     import torch
 
-    from hpc_graph.ops.csr import CSR
+    from hpc_graph.ops.csr import CSR, column_dtype
 
     if os.path.isdir(data):
         from data_io.partition import read_partition
@@ -306,7 +306,8 @@ def _rank_graph(data: str, layout: Any, max_edges: int) -> tuple[Any, str]:
         part = read_partition(data, part_id, features=False)
         n = int(part.num_owned)
         csr = CSR(torch.from_numpy(np.asarray(part.indptr, dtype=np.int64)),
-                  torch.from_numpy(np.asarray(part.indices, dtype=np.int32)), n + int(part.num_halo), validate=False)
+                  torch.from_numpy(np.asarray(part.indices, dtype=column_dtype(n + int(part.num_halo)))),
+                  n + int(part.num_halo), validate=False)
         return csr, f"part {part_id} of {data} (its [owned | halo] CSR)"
     from data_io.dataset import open_dataset
 
@@ -317,7 +318,7 @@ def _rank_graph(data: str, layout: Any, max_edges: int) -> tuple[Any, str]:
         ptr, indices, _, _ = ds.graph_rows(0, stop)  # the first rows only
         n = int(ds.num_nodes)
     csr = CSR(torch.from_numpy(np.asarray(ptr, dtype=np.int64)),
-              torch.from_numpy(np.asarray(indices, dtype=np.int32)), n, validate=False)
+              torch.from_numpy(np.asarray(indices, dtype=column_dtype(n))), n, validate=False)
     return csr, f"{data}"
 
 
@@ -552,9 +553,10 @@ def _model_assumptions(spec: Any, config: Any, prefetch: bool) -> list[str]:
     out = [f"model: {spec.name}, {spec.layers} layers, hidden {spec.hidden}{heads}, input width {spec.in_dim}, "
            f"{spec.classes} classes, dropout {spec.dropout:g}, {spec.dtype}, optimiser {spec.optimizer}"
            f"{' (feature_norm row: two copies of the features)' if spec.feature_copies == 2 else ''}",
-           f"sar prefetch: {'on (3 blocks resident)' if prefetch else 'off (2 blocks resident)'}; column indices int32, "
-           "row pointers and ids int64 in memory; peaks include loading, one step and the evaluation pass; freed memory is returned to the "
-           "system (glibc with a low mmap threshold, e.g. MALLOC_MMAP_THRESHOLD_=1048576)"]
+           f"sar prefetch: {'on (3 blocks resident)' if prefetch else 'off (2 blocks resident)'}; column indices "
+           "int32, row pointers and ids int64 in memory; peaks include loading, one step and the evaluation pass; "
+           "freed memory is returned to the system (glibc with a low mmap threshold, e.g. "
+           "MALLOC_MMAP_THRESHOLD_=1048576)"]
     if config.data.feature_layout == "sparse":
         out.append("data.feature_layout sparse: features counted as dense (the planner does not model CSR features)")
     return out

@@ -18,7 +18,7 @@ from data_io.dataset import open_dataset
 from data_io.errors import FormatError
 from hpc_graph.engines.base import Batch, Engine
 from hpc_graph.graph.whole_graph import WholeGraph
-from hpc_graph.ops.csr import CSR
+from hpc_graph.ops.csr import CSR, column_dtype
 
 log = logging.getLogger(__name__)
 
@@ -55,9 +55,7 @@ class SingleEngine(Engine):
             if not ds.has("feat"):
                 raise FormatError(self.source, "/node/feat", "missing (training needs node features)")
             n = ds.num_nodes
-            # int32 columns where the node ids fit: half the bytes of the structure every layer reads
-            csr = CSR(ds.indptr(), ds.indices().astype(np.int32 if n < 2**31 else np.int64, copy=False), n,
-                      validate=False)
+            csr = CSR(ds.indptr(), ds.indices().astype(column_dtype(n), copy=False), n, validate=False)
             edge_type = ds.edge_type()
             lap_pe = ds.lap_pe() if ds.has("lap_pe") else None
             feat = ds.feat_rows(0, n)

@@ -32,7 +32,7 @@ import torch
 
 from data_io.errors import DataError
 from data_io.partition import PartitionBook, read_partition, read_partition_meta
-from hpc_graph.ops.csr import CSR, relational_csr
+from hpc_graph.ops.csr import CSR, column_dtype, relational_csr
 
 log = logging.getLogger(__name__)
 
@@ -112,8 +112,7 @@ class DistGraph:
         self.book = PartitionBook(self.node_ranges)
 
         indptr = np.asarray(indptr, dtype=np.int64)
-        # int32 columns where the local ids fit (half the bytes of the structure every layer reads)
-        indices = np.asarray(indices, dtype=np.int32 if n + h < 2**31 else np.int64)
+        indices = np.asarray(indices, dtype=column_dtype(n + h))
         w = None if edge_weight is None else torch.as_tensor(np.asarray(edge_weight)).to(dtype)
         self.local = CSR(indptr, indices, n + h, w).to(self.device)
         self.in_degree = self.local.in_degree()
@@ -358,7 +357,7 @@ def load_dist_graph(directory: str | os.PathLike, comm: Any, device: torch.devic
     check_ranks(num_parts, comm, directory)
     part = read_partition(directory, int(comm.rank))
     dg = DistGraph.from_partition(part, comm, device, dtype, source=directory)
-    if dg.local is not None and dg.local.indices.dtype != torch.int64:
+    if dg.local.indices.dtype == torch.int32:
         part.indices = None  # converted to int32 by the DistGraph: drop the int64 copy now
     dg.fetch_halo_orig_ids(comm)
     # the same number of relations on every rank (a part may lack the highest types)

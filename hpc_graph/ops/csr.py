@@ -15,14 +15,20 @@ import numpy as np
 import torch
 
 
+def column_dtype(num_src: int) -> type:
+    """The NumPy type loaders give a CSR's column indices: int32 when the ``num_src`` column ids fit (half the
+    bytes of the structure every layer reads), else int64."""
+    return np.int32 if int(num_src) < 2**31 else np.int64
+
+
 class CSR:
     """Sparse destination-major adjacency with a cached transpose.
 
     Args:
         indptr: int64[num_dst + 1] row pointer.
         indices: int[E] source column of each edge, in ``[0, num_src)``: kept as int32 when given as
-            int32 (half the bytes of the structure every layer reads; loaders pass int32 when the
-            column count fits), else converted to int64.
+            int32 (half the bytes of the structure every layer reads; loaders pass :func:`column_dtype`),
+            else converted to int64.
         num_src: number of source columns (defaults to ``num_dst``).
         edge_weight: optional float[E] per-edge weight.
         validate: check shapes and index ranges now (raises ``ValueError``).

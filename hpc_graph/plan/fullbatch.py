@@ -1086,14 +1086,13 @@ class _Walk:
         # dp runs the graph's default: ELU and dropout step by step, then projection and attention
         fused = st["fused"] = self.engine in ("single", "sar")
         if fused:
-            masked = st["masked"] = (not first) or self.p > 0
+            st["masked"] = (not first) or self.p > 0
             if not first:
                 t.keep(x)
             st["xd"] = None if first else x
             if self.engine == "single":
                 # the self-loop copy of the CSR (built on the first call; transient repeat/arange/sum arrays)
                 self._once(("self_loops",), (n + 1) * IDX + (E + n) * COL, 3 * E * IDX)
-            a = self._gat_input(fin, first) if masked else None
         else:
             xd = t.new(self.rows(n, fin)) if self.p > 0 else x
             if self.p > 0:
@@ -1104,9 +1103,7 @@ class _Walk:
             st["xd"] = xd if (self.p > 0 or not first) else None
         self.work.flops += 2.0 * n * fin * hd
         if self.engine == "sar":
-            z = t.new(self.rows(n, hd))
-            t.free(a)
-            s1, s2 = t.new(self.rows(n, H)), t.new(self.rows(n, H))  # one matrix-vector product per head
+            z, (s1, s2) = self._gat_project(st)
             self.work.score += n * hd  # both scores, forward only (no autograd)
             m, l_ = t.new(self.rows(n, H), "activations"), t.new(self.rows(n, H), "activations")
             out = t.new(self.rows(n, hd), "activations")
@@ -1121,14 +1118,12 @@ class _Walk:
             t.free(z, s1, s2)
             st.update(m=m, l=l_, out=out, saved=[m, l_, out])
         elif fused:  # single: GATProjected
-            z = t.new(self.rows(n, hd))
-            t.free(a)
-            st["scores"] = [t.new(self.rows(n, H)), t.new(self.rows(n, H))]  # one matrix-vector product per head
+            z, scores = self._gat_project(st)
             self.work.score += n * hd
             m, l_ = t.new(self.rows(n, H), "activations"), t.new(self.rows(n, H), "activations")
             out = t.new(self.rows(n, hd), "activations")
             self.work.gat_fwd.append((E + n, hd))
-            t.free(z, *st.pop("scores"))
+            t.free(z, *scores)
             st.update(saved=[m, l_, out])
         else:
             z = t.new(self.rows(n, hd), "activations")
@@ -1198,10 +1193,7 @@ class _Walk:
         if self.engine == "single":
             # GATProjected.backward with WholeAttend: the dropped input, z and the scores recomputed, then
             # the attention's backward over the self-loop CSR and its transpose
-            a = self._gat_input(fin, first) if st["masked"] else None
-            z = t.new(self.rows(n, hd))
-            t.free(a)
-            scores = [t.new(self.rows(n, H)), t.new(self.rows(n, H))]
+            z, scores = self._gat_project(st)
             self.work.flops += 2.0 * n * fin * hd
             self.work.score += 2 * n * hd  # recomputed scores and their gradients by hand
             delta = t.new(self.rows(n, H))
@@ -1211,12 +1203,10 @@ class _Walk:
             t.free(delta, *scores)
             return self._gat_project_backward(st, z, gz, gs, gd, go)
         if self.engine == "sar":
-            # GATProjected.backward with SARAttend: the dropped input, z and the scores recomputed, local and self-loop
-            # blocks, then the remote blocks fetched again in the rotation, their rows' gradients sent back
-            a = self._gat_input(fin, first) if st["masked"] else None
-            z = t.new(self.rows(n, hd))
-            t.free(a)
-            s1, s2 = t.new(self.rows(n, H)), t.new(self.rows(n, H))
+            # GATProjected.backward with SARAttend: the dropped input, z and the scores recomputed, local
+            # and self-loop blocks, then the remote blocks fetched again in the rotation, their rows'
+            # gradients sent back
+            z, (s1, s2) = self._gat_project(st)
             self.work.flops += 2.0 * n * fin * hd
             self.work.score += 2 * n * hd  # recomputed scores and their gradients by hand
             delta = t.new(self.rows(n, H))
@@ -1303,6 +1293,15 @@ class _Walk:
             t.free(gx)
             gx = gdrop
         return gx
+
+    def _gat_project(self, st: dict) -> tuple[str, tuple[str, str]]:
+        """:func:`hpc_graph.ops.gat_attention.project`: the dropped input (when there is a mask), ``z`` from it,
+        the input dropped, then both scores (one matrix-vector product per head). Returns ``(z, scores)``."""
+        t, n = self.tape, self.n
+        a = self._gat_input(st["fin"], st["first"]) if st["masked"] else None
+        z = t.new(self.rows(n, st["heads"] * st["dim"]))
+        t.free(a)
+        return z, (t.new(self.rows(n, st["heads"])), t.new(self.rows(n, st["heads"])))
 
     def _gat_input(self, fin: float, first: bool) -> str:
         """``a = dropout(act(x))`` recomputed by a fused GAT op (torch's ELU on hidden layers, then the mask)."""

@@ -282,11 +282,12 @@ def synthetic_graph(scale: int = 16, edge_factor: int = 16) -> Any:
     """An undirected R-MAT graph (Graph500 parameters) as a :class:`~hpc_graph.ops.csr.CSR`, for kernel rates
     when no real graph is at hand."""
     from data_io.generators.rmat import generate_rmat
-    from hpc_graph.ops.csr import CSR
+    from hpc_graph.ops.csr import CSR, column_dtype
 
     g = generate_rmat(scale, edge_factor, feat_dim=0, num_classes=2)
     return CSR(torch.from_numpy(np.asarray(g.indptr, dtype=np.int64)),
-               torch.from_numpy(np.asarray(g.indices, dtype=np.int32)), int(g.num_nodes), validate=False)
+               torch.from_numpy(np.asarray(g.indices, dtype=column_dtype(g.num_nodes))), int(g.num_nodes),
+               validate=False)
 
 
 def _set_threads(n: int) -> tuple[int, int]:
