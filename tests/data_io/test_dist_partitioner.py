@@ -128,3 +128,45 @@ def test_unique_helpers_match_numpy():
     assert np.array_equal(u, ru) and np.array_equal(inv, rinv.reshape(-1)) and np.array_equal(u[inv], a)
     assert np.array_equal(dp._sorted_unique(a), ru)
     assert len(dp._sorted_unique(np.zeros(0, np.int64))) == 0 and len(dp._unique_inverse(np.zeros(0, np.int64))[0]) == 0
+
+
+@pytest.mark.parametrize("n,edges,parts", [(60, 40, 4), (60, 12, 5), (40, 400, 3)])
+def test_library_parts_leaves_out_nodes_without_edges(monkeypatch, n, edges, parts):
+    """The library gets exactly the subgraph induced by the connected nodes, relabelled in order, and the
+    fewest parts that hold it at n/P nodes each; the nodes without edges fill every part up to ceil(n/P)."""
+    indptr, indices = _random_csr(n, edges, n + edges)
+    xadj, adj = dp._symmetrise(SELF, 0, n, n, indptr, indices)
+    connected = np.flatnonzero(np.diff(xadj) > 0)
+    c = len(connected)
+    calls = []
+
+    def fake_part_kway(lib, comm, vtxdist, sx, sa, vw, k, *, seed, imbalance):
+        calls.append((vtxdist.copy(), sx.copy(), sa.copy(), vw.copy(), k))
+        return np.arange(len(sx) - 1) * k // (len(sx) - 1)  # contiguous, balanced
+
+    monkeypatch.setattr(parmetis, "part_kway", fake_part_kway)
+    vw = np.stack([np.ones(n, np.int64), np.arange(n) % 2], 1)
+    info = {}
+    got = dp._library_parts(SELF, None, n, np.array([0, n]), xadj, adj, vw, parts, 0, 1.05, info)
+    want_parts = min(parts, -(-c * parts // n))
+    assert info == {"isolated_nodes": n - c, "library_parts": want_parts}
+    assert len(calls) == (1 if want_parts > 1 else 0)  # one part needs no library call
+    (vtxdist, sx, sa, svw, k), = calls or [(None,) * 5]
+    if want_parts == parts:  # no room to leave anything out: the whole graph goes in
+        assert np.array_equal(sx, xadj) and np.array_equal(sa, adj) and k == parts
+        return
+    if want_parts > 1:
+        new = np.full(n, -1)
+        new[connected] = np.arange(c)
+        assert vtxdist.tolist() == [0, c] and k == want_parts
+        assert np.array_equal(sx, np.concatenate([xadj[connected], [xadj[-1]]]))
+        assert np.array_equal(sa, new[adj]) and np.array_equal(svw, vw[connected])
+    cap = -(-n // parts)
+    counts = np.bincount(got, minlength=parts)
+    conn = np.bincount(got[connected], minlength=parts)
+    assert counts.sum() == n and set(got[connected].tolist()) <= set(range(want_parts))  # the rest hold no edges
+    lonely = np.setdiff1d(np.arange(n), connected)
+    assert (np.diff(got[lonely]) >= 0).all()  # dealt in id order, part after part
+    filled = np.unique(got[lonely])
+    assert (counts[filled[:-1]] == cap).all() and counts[filled[-1]] <= cap  # each filled up to ceil(n/P)
+    assert (conn[filled] < cap).all()

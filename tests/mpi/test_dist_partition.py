@@ -68,13 +68,24 @@ def test_distributed_random(graphs, tmp_path, ranks, name, parts):
 
 
 @pytest.mark.parametrize("ranks", [2, 4])
-@pytest.mark.parametrize("name,parts", [("cora", 4), ("rmat14", 3)])
+@pytest.mark.parametrize("name,parts", [("cora", 4), ("rmat14", 5)])
 def test_distributed_parmetis(graphs, tmp_path, ranks, name, parts):
     out = tmp_path / "p"
     run_mpi(CLI + ["partition", str(graphs[name]), "-o", str(out), "-n", str(parts), "--distributed"], ranks,
             timeout=TIMEOUT, launcher=openmpi_launcher())
     meta = _same_as_source(graphs[name], out)
     assert meta["distributed"]["library"] and meta["distributed"]["ranks"] == ranks
+    # nodes without edges (none in Cora, about a quarter of R-MAT's) stay out of the library call
+    with open_dataset(graphs[name]) as ds:
+        g = ds.load()
+    n = len(g.indptr) - 1
+    dst = np.repeat(np.arange(n), np.diff(g.indptr))
+    deg = np.bincount(dst[dst != g.indices], minlength=n) + np.bincount(g.indices[dst != g.indices], minlength=n)
+    c = int((deg > 0).sum())
+    lib_parts = min(parts, -(-c * parts // n))
+    assert meta["distributed"]["isolated_nodes"] == n - c and meta["distributed"]["library_parts"] == lib_parts
+    assert (lib_parts < parts) == (name == "rmat14")
+    assert all(e["num_edges"] == 0 for e in meta["parts"][lib_parts:])
     tol = 1.05
     mean_nodes = meta["global_num_nodes"] / parts
     assert meta["balance"]["nodes"] <= tol + 1.0 / mean_nodes
