@@ -4,7 +4,8 @@ Which library: ``HPC_GRAPH_PARMETIS_LIB`` (a path or a soname; ``HPC_GRAPH_PARME
 its index width when the name does not) or else PT-Scotch's implementation of the ParMETIS API as
 Debian/Ubuntu package it (``libscotchparmetis-dev``: 64-bit indices under
 ``/usr/lib/<arch>/scotch-int64/``, 32-bit ones as the default ``libptscotchparmetisv3.so``), or a real
-``libparmetis.so`` on the loader's path.
+``libparmetis.so`` on the loader's path (32-bit indices, as ParMETIS and Debian's non-free
+``libparmetis4.0`` build it).
 
 One process cannot hold two MPI libraries. The library found is checked against the MPI library this
 process uses (mpi4py's): a PT-Scotch built against Open MPI (as Debian's is) refuses to run in a process
@@ -126,7 +127,7 @@ def _candidates() -> list[tuple[str, int, list[str]]]:
         found = ctypes.util.find_library(name)
         path = _resolve(found) if found else None
         if path and all(os.path.realpath(path) != os.path.realpath(c[0]) for c in out):
-            out.append((path, 32 if "scotch" in name else 64, []))
+            out.append((path, 32, []))  # both build with 32-bit indices unless configured otherwise
     return out
 
 
