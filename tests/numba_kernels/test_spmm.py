@@ -271,3 +271,12 @@ def test_spmm_sum_epilogue_matches_numpy(awkward_graph, dtype, mean, terms, nb):
     else:
         K.spmm_sum(indptr, indices, no_e, w, no_s, x, out, mean, (rs, sx, ss, bias))
     np.testing.assert_allclose(out, _epilogue_ref(plain, rs, sx, ss, bias), **_tol(dtype))
+
+
+def test_spmm_sum_refuses_a_non_contiguous_output(awkward_graph):
+    """The sum kernels write through a flat [rows, H*D] view of ``out``: a strided ``out`` would be
+    written to a copy and lost, so it is refused."""
+    indptr, indices, x, w = _case(awkward_graph, 3, np.float32, heads=2, dim=4)
+    out = np.zeros((23, 4, 2), np.float32).transpose(0, 2, 1)  # [23, 2, 4], not C-contiguous
+    with pytest.raises(ValueError, match="C-contiguous"):
+        K.spmm_sum(indptr, indices, np.empty(0, np.int64), w, np.empty(0, np.float32), x, out, False)
