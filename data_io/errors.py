@@ -20,6 +20,10 @@ class DataError(Exception):
     """Base class of all expected data errors (bad input, bad output path, full disk)."""
 
 
+class SettingError(DataError, ValueError):
+    """A bad value in an environment setting (``HPC_GRAPH_...``): the message names the variable."""
+
+
 class FormatError(DataError):
     """A file is not in the expected format: names the file and the field.
 

@@ -1,6 +1,8 @@
 """``hpc_graph.ops.spmm``: forward vs a torch reference, gradcheck on awkward graphs, input checks."""
 from __future__ import annotations
 
+import os
+
 import numpy as np
 import pytest
 import torch
@@ -310,3 +312,48 @@ def test_spmm_fused_bad_inputs(awkward_graph):
     narrow = _graph(awkward_graph, 2, num_dst=19, num_src=12, num_edges=40)
     with pytest.raises(ValueError, match="self_loop"):
         spmm_fused(narrow, torch.randn(12, 4), self_loop=True)
+
+
+@pytest.mark.parametrize("env,expect", [
+    ({"HPC_GRAPH_SPMM_BLOCK_BYTES": "256MiB", "HPC_GRAPH_SPMM_MAX_BLOCKS": "2"}, "268435456 2"),
+    ({"HPC_GRAPH_SPMM_BLOCK_BYTES": "0"}, "0 8"),
+    ({}, f"{32 << 20} 8"),
+])
+def test_block_settings_from_the_environment(env, expect):
+    """The column-range settings are read once, when the module is imported."""
+    import subprocess
+    import sys
+
+    code = ("import sys, hpc_graph.ops.spmm, hpc_graph.plan.fullbatch; s = sys.modules['hpc_graph.ops.spmm']; "
+            "print(s.BLOCK_BYTES, s.MAX_BLOCKS)")
+    full = {k: v for k, v in os.environ.items() if not k.startswith("HPC_GRAPH_SPMM_")}
+    out = subprocess.run([sys.executable, "-c", code], env={**full, **env}, capture_output=True, text=True,
+                         timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split()[-2:] == expect.split()
+
+
+@pytest.mark.parametrize("name,value,message", [
+    ("HPC_GRAPH_SPMM_BLOCK_BYTES", "lots", "not a size"),
+    ("HPC_GRAPH_SPMM_MAX_BLOCKS", "0", "at least 1"),
+])
+def test_bad_block_settings_name_the_variable(monkeypatch, name, value, message):
+    import sys
+
+    spmm_mod = sys.modules["hpc_graph.ops.spmm"]
+    monkeypatch.setenv(name, value)
+    with pytest.raises(ValueError, match=f"{name}=.*{message}"):
+        spmm_mod._setting(name, 8, 1 if "MAX" in name else 0)
+
+
+def test_bad_block_setting_is_one_cli_error_line():
+    import subprocess
+    import sys
+
+    env = {**os.environ, "HPC_GRAPH_SPMM_MAX_BLOCKS": "-3"}
+    out = subprocess.run([sys.executable, "-m", "hpc_graph.cli", "-q", "bench", "kernels", "--scale", "6", "--ops",
+                          "spmm"], env=env, capture_output=True, text=True, timeout=300)
+    assert out.returncode != 0
+    errors = [ln for ln in out.stderr.splitlines() if "error:" in ln]
+    assert len(errors) == 1 and "HPC_GRAPH_SPMM_MAX_BLOCKS='-3'" in errors[0], out.stderr
+    assert "Traceback" not in out.stderr
