@@ -231,7 +231,8 @@ def _library_parts(comm: Any, lib: Any, n: int, vtx: np.ndarray, xadj: np.ndarra
     where 29-34 % of the nodes have no edge, this is what puts serial METIS' cut far below a k-way
     partitioner's). Parts past the first ``ceil(c * num_parts / n)`` hold no edges: like serial METIS'
     partitions of such graphs they balance nodes, not work. Falls back to one call on the whole graph
-    when every node has an edge or some rank holds no connected node (the API needs >= 1 node per rank).
+    when every node has an edge, when the connected nodes need all parts, or when some rank holds no
+    connected node (the API needs >= 1 node per rank).
     ``info`` gets ``isolated_nodes`` and ``library_parts``.
     """
     from mpi4py import MPI
