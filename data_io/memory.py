@@ -25,7 +25,7 @@ import os
 import re
 from pathlib import Path
 
-from data_io.errors import DataError
+from data_io.errors import DataError, SettingError
 
 log = logging.getLogger(__name__)
 
@@ -187,6 +187,25 @@ def _cgroup_room(cgroup_root: Path = Path("/sys/fs/cgroup")) -> int | None:
     return min(rooms) if rooms else None
 
 
+def env_bytes(name: str, default: int | None, minimum: int = 0) -> int | None:
+    """A size (or count) from environment variable ``name``, parsed by :func:`parse_bytes`; ``default``
+    when it is unset or empty.
+
+    Raises:
+        SettingError: naming the variable and its value, when it is not a size or below ``minimum``.
+    """
+    text = os.environ.get(name, "").strip()
+    if not text:
+        return default
+    try:
+        value = parse_bytes(text)
+    except ValueError as exc:
+        raise SettingError(f"{name}={text!r}: {exc}") from None
+    if value < minimum:
+        raise SettingError(f"{name}={text!r}: must be at least {minimum}")
+    return value
+
+
 def available_bytes() -> int:
     """Memory this process can still use, in bytes.
 
@@ -195,14 +214,11 @@ def available_bytes() -> int:
     limit of this process (when one is set).
 
     Raises:
-        DataError: ``HPC_GRAPH_MEMORY_LIMIT`` is set but not a size.
+        SettingError: ``HPC_GRAPH_MEMORY_LIMIT`` is set but not a size (a :class:`DataError`).
     """
-    env = os.environ.get(ENV_VAR, "").strip()
-    if env:
-        try:
-            return parse_bytes(env)
-        except ValueError as exc:
-            raise DataError(f"{ENV_VAR}: {exc}") from None
+    limit = env_bytes(ENV_VAR, None)
+    if limit is not None:
+        return limit
     import psutil
 
     avail = int(psutil.virtual_memory().available)

@@ -8,35 +8,17 @@ intermediate is ever allocated; ``max`` keeps an int64 ``argmax[num_dst, F]``.
 """
 from __future__ import annotations
 
-import os
-
 import torch
 from torch.autograd.function import once_differentiable
 
 from hpc_graph.ops._bridge import as_array
 from hpc_graph.ops._kernel_args import (absent, check_graph, check_tensor, csc, empty, gathered,
                                         inv_degree, kernel, no_eids)
+from data_io.memory import env_bytes
 from hpc_graph.ops.csr import CSR
 from numba_kernels import get_kernel
 
 REDUCES = ("sum", "mean", "max")
-
-
-def _setting(name: str, default: int, minimum: int) -> int:
-    """An integer tuning setting from the environment (sizes with units, see ``data_io.memory.parse_bytes``)."""
-    text = os.environ.get(name, "").strip()
-    if not text:
-        return default
-    from data_io.errors import SettingError
-    from data_io.memory import parse_bytes
-
-    try:
-        value = parse_bytes(text)
-    except ValueError as exc:
-        raise SettingError(f"{name}={text!r}: {exc}") from None
-    if value < minimum:
-        raise SettingError(f"{name}={text!r}: must be at least {minimum}")
-    return value
 
 
 #: CPU sum/mean SpMM: source rows are processed in column ranges of about this many bytes of ``x``
@@ -44,12 +26,12 @@ def _setting(name: str, default: int, minimum: int) -> int:
 #: see :func:`numba_kernels.cpu.spmm.spmm_sum_blocked`. 0 turns the blocking off.
 #: ``HPC_GRAPH_SPMM_BLOCK_BYTES`` (e.g. ``256MiB``, ``0``) sets it per machine
 #: (``benchmarks/bench_spmm_blocks.py`` shows which suits a machine).
-BLOCK_BYTES = _setting("HPC_GRAPH_SPMM_BLOCK_BYTES", 32 << 20, 0)
+BLOCK_BYTES = env_bytes("HPC_GRAPH_SPMM_BLOCK_BYTES", 32 << 20, 0)
 #: at most this many ranges: every range a destination row has edges in costs one read and one
 #: write of that output row, so past ~8 ranges the output traffic eats the gain (R-MAT scale 20,
 #: F = 128: 8 ranges 0.62 s, 16 ranges 0.75 s, unblocked 0.93 s on one machine; on another 2 ranges
 #: were best and 8 cost 12 %). ``HPC_GRAPH_SPMM_MAX_BLOCKS`` sets it.
-MAX_BLOCKS = _setting("HPC_GRAPH_SPMM_MAX_BLOCKS", 8, 1)
+MAX_BLOCKS = env_bytes("HPC_GRAPH_SPMM_MAX_BLOCKS", 8, 1)
 
 
 def _num_blocks(num_src: int, row_bytes: int) -> int:

@@ -50,7 +50,7 @@ def _flat(weight, x, out, sx):
     """``(heads, x, out, self_x)`` as 2-D row-major views ``[rows, H * D]`` for the sum kernels.
 
     The kernels walk a row as one flat run of ``H * D`` values (LLVM vectorises it better than a
-    ``[H, D]`` nest: ~14 % less time per edge on R-MAT scale 20, F = 128); ``heads`` is ``H`` when
+    ``[H, D]`` nest: 4-8 % less time on R-MAT scale 20, F = 128); ``heads`` is ``H`` when
     the weights differ per head and 1 otherwise (nothing in the row then depends on the head).
     """
     if not out.flags.c_contiguous:

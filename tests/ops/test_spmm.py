@@ -338,12 +338,11 @@ def test_block_settings_from_the_environment(env, expect):
     ("HPC_GRAPH_SPMM_MAX_BLOCKS", "0", "at least 1"),
 ])
 def test_bad_block_settings_name_the_variable(monkeypatch, name, value, message):
-    import sys
+    from data_io.memory import env_bytes
 
-    spmm_mod = sys.modules["hpc_graph.ops.spmm"]
     monkeypatch.setenv(name, value)
     with pytest.raises(ValueError, match=f"{name}=.*{message}"):
-        spmm_mod._setting(name, 8, 1 if "MAX" in name else 0)
+        env_bytes(name, 8, 1 if "MAX" in name else 0)
 
 
 def test_bad_block_setting_is_one_cli_error_line():
