@@ -1,6 +1,6 @@
 """``hpc-graph plan --config CFG.yaml [--set key=value ...]``: what a job will cost, before it trains.
 
-Full-batch engines (``single``, ``dp``, ``sar``; ``engine.name`` of the config, ``auto``, or
+Full-batch engines (``single``, ``dp``, ``sar``, ``sylvie``; ``engine.name`` of the config, ``auto``, or
 ``--engines``): one process predicts, per rank, the peak memory (by component) and the epoch time
 (compute, halo exchange, gradient all-reduce) for each engine and rank count, the bottleneck, and
 with ``--memory-per-rank`` the smallest rank count that fits (``hpc_graph.plan.fullbatch``,
@@ -34,7 +34,9 @@ from hpc_graph.cli import CLIError, add_threads_option
 #: the CLI leaves the thread decision to this command (``train.threads`` takes part in it)
 CONFIGURES_THREADS = True
 
-FULLBATCH = ("single", "dp", "sar")
+FULLBATCH = ("single", "dp", "sar", "sylvie")
+#: what ``engine.name: auto`` plans for (the engines ``auto`` chooses among, and SAR)
+AUTO_ENGINES = ("single", "dp", "sar")
 #: the link assumed when none was measured (no ``--profile`` file, one process, no ``comm.link_*``)
 DEFAULT_LINK = ("10GB/s", "5us")
 DESCRIPTION_FLAGS = ("nodes", "edges", "features", "classes")
@@ -42,19 +44,19 @@ DESCRIPTION_FLAGS = ("nodes", "edges", "features", "classes")
 
 def add_parser(subparsers) -> None:
     parser = subparsers.add_parser(
-        "plan", help="predict a job's memory and epoch time per rank before training (single, dp, sar, apt)",
-        description="Predict per-rank peak memory and epoch time of the full-batch engines (single, dp, sar) "
+        "plan", help="predict a job's memory and epoch time per rank before training (single, dp, sar, sylvie, apt)",
+        description="Predict per-rank peak memory and epoch time of the full-batch engines (single, dp, sar, sylvie) "
                     "over rank counts, or run the apt engine's dry run; nothing is trained (docs/plan.md).")
     parser.add_argument("--config", required=True, metavar="CFG.yaml", help="training config (see configs/)")
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.KEY=VALUE",
                         help="override one config field (repeatable)")
     parser.add_argument("--json", default=None, metavar="FILE", help="also write the predictions as JSON")
-    fb = parser.add_argument_group("full-batch engines (single, dp, sar)")
+    fb = parser.add_argument_group("full-batch engines (single, dp, sar, sylvie)")
     fb.add_argument("--data", default=None, metavar="DATASET.h5|PARTITION_DIR",
                     help="the graph to plan for (default: the config's data.path)")
     fb.add_argument("--engines", default=None, metavar="LIST",
-                    help="comma-separated engines among single, dp, sar, or 'all' (default: the config's engine; "
-                         "all three for engine.name auto)")
+                    help="comma-separated engines among single, dp, sar, sylvie, or 'all' (default: the config's engine; "
+                         "single, dp and sar for engine.name auto; 'all': the four)")
     fb.add_argument("--ranks", default=None, metavar="LIST|A-B",
                     help="rank counts: '1,2,4' or a range 'A-B' (powers of two in the table, every count searched "
                          "for the smallest that fits); default: the partition's part count, else 1 (a description: "
@@ -118,7 +120,7 @@ def run(args: argparse.Namespace) -> int:
                           world=True)
         fullbatch = args.engines is not None or config.engine.name in FULLBATCH + ("auto",)
         if not fullbatch and config.engine.name != "apt":
-            raise ConfigError(f"engine.name: hpc-graph plan covers engines apt, single, dp and sar, not "
+            raise ConfigError(f"engine.name: hpc-graph plan covers engines apt, single, dp, sar and sylvie, not "
                               f"{config.engine.name!r} (or choose engines with --engines)")
     except (ConfigError, ValueError, OSError) as exc:
         raise CLIError(str(exc)) from exc
@@ -200,7 +202,7 @@ def parse_ranks(text: str | None, default: list[int]) -> tuple[list[int], list[i
 
 def parse_engines(text: str | None, config_engine: str) -> list[str]:
     if text is None:
-        return list(FULLBATCH) if config_engine not in FULLBATCH else [config_engine]
+        return list(AUTO_ENGINES) if config_engine not in FULLBATCH else [config_engine]
     if text.strip() == "all":
         return list(FULLBATCH)
     names = [x.strip() for x in text.split(",") if x.strip()]
@@ -481,6 +483,10 @@ def _run_fullbatch(args: argparse.Namespace, config: Any) -> int:
     smallest: dict[str, int | None] = {}
     shown_set = set(shown)
     prefetch = bool(config.engine.prefetch)
+    try:
+        codec = fb.engine_codec("sylvie", config.engine) if "sylvie" in engines else None
+    except ValueError as exc:
+        raise CLIError(str(exc)) from None
     for engine in engines:
         counts = [1] if engine == "single" else searched
         found = None
@@ -492,13 +498,17 @@ def _run_fullbatch(args: argparse.Namespace, config: Any) -> int:
             t_rank, share = fb.threads_for(rpn, cores)
             pred = fb.predict(engine, spec, graph, lay, floor=floor + (fb.MPI_ALLOWANCE_BYTES if P > 1 else 0),
                               rates=rates if P in shown_set else None, prefetch=prefetch, memory_per_rank=memory,
-                              cores_per_node=cores, ranks_per_node=rpn, threads=threads_fixed or t_rank)
+                              cores_per_node=cores, ranks_per_node=rpn, threads=threads_fixed or t_rank,
+                              codec=codec if engine == "sylvie" else None)
             if memory is not None and found is None and pred.fits:
                 found = P
             if P in shown_set:
                 preds.append(pred)
         smallest[engine] = found
     assumptions += _model_assumptions(spec, config, prefetch)
+    if codec is not None:
+        assumptions.append(codec.describe() + ("; the stale exchanges are hidden behind the step's computation "
+                                               "up to its length" if codec.stale else ""))
     assumptions.append(f"process floor: {floor / 2**20:.0f} MiB ({floor_src})"
                        + (f", + {fb.MPI_ALLOWANCE_BYTES >> 20} MiB with 2+ ranks (MPI)" if any(p > 1 for p in shown) else ""))
     assumptions.append(f"threads: {cores} cores per node; ranks per node: "

@@ -1,4 +1,4 @@
-"""Predicted peak memory and epoch time per rank of the full-batch engines (``single``, ``dp``, ``sar``).
+"""Predicted peak memory and epoch time per rank of the full-batch engines (``single``, ``dp``, ``sar``, ``sylvie``).
 
 How it works: one training step (forward, loss, backward, gradient all-reduce, optimiser step) is
 *walked* for one rank the way the engine runs it, tensor by tensor, from the sizes alone. Every
@@ -56,7 +56,7 @@ from typing import Any, Callable, Iterable
 
 log = logging.getLogger(__name__)
 
-ENGINES = ("single", "dp", "sar")
+ENGINES = ("single", "dp", "sar", "sylvie")
 #: models whose layer shapes this planner describes (GNN stacks without residuals or batch norm, MLP)
 MODELS = ("gcn", "sage", "gat", "mlp")
 DTYPE_BYTES = {"float32": 4, "float64": 8}
@@ -108,6 +108,7 @@ class RankShape:
         train: training nodes owned.
         halo_from: rows of part q in this rank's halo, per q (len P; 0 for q == p).
         send_to: rows this rank sends to part q, per q (len P).
+        boundary: distinct owned rows sent to any peer (-1: unknown, then ``min(send, owned)``).
     """
 
     rank: int
@@ -119,6 +120,11 @@ class RankShape:
     train: int
     halo_from: tuple[int, ...]
     send_to: tuple[int, ...]
+    boundary: int = -1
+
+    @property
+    def boundary_rows(self) -> int:
+        return self.boundary if self.boundary >= 0 else min(self.send, self.owned)
 
     @property
     def peers(self) -> int:
@@ -228,6 +234,67 @@ def model_spec(model: Any, num_features: int, num_classes: int, *, dtype: str = 
                      feature_copies=2 if feature_norm == "row" else 1)
 
 
+@dataclasses.dataclass(frozen=True)
+class HaloCodec:
+    """How ``sylvie`` sends halo rows and halo gradients (its ``engine`` options).
+
+    Attributes:
+        bits: bits per row (1, 2, 4, 8: quantised; 32: full precision). ``engine.bits: auto`` gives
+            every row 1 to 8 bits by its degree and the epoch's base width; the planner counts 8 (the
+            most the policy gives, so the memory is an upper bound) and says so (``auto`` True).
+        pipeline: ``off`` (synchronous) or ``on``/``adaptive`` (halo rows and gradients one epoch
+            stale, exchanged behind the next epoch's computation; every layer keeps two sets of halo
+            rows and halo gradients between epochs).
+        param_bytes: bytes of each quantised row's zero point and scale (float32: 4, float16: 2).
+    """
+
+    bits: int = 8
+    pipeline: str = "off"
+    param_bytes: int = 4
+    auto: bool = False
+
+    @classmethod
+    def from_options(cls, bits: Any = "auto", pipeline: str = "off", scale_dtype: str = "float32") -> "HaloCodec":
+        """From ``engine.bits``, ``engine.pipeline`` and ``engine.scale_dtype``; ValueError naming the option."""
+        auto = bits == "auto"
+        b = 8 if auto else (int(bits) if isinstance(bits, (int, str)) and str(bits).isdigit() else None)
+        if isinstance(bits, bool) or b not in (1, 2, 4, 8, 32):
+            raise ValueError(f"engine.bits: must be one of auto, 1, 2, 4, 8, 32, got {bits!r}")
+        if pipeline not in ("off", "on", "adaptive"):
+            raise ValueError(f"engine.pipeline: must be one of off, on, adaptive, got {pipeline!r}")
+        if scale_dtype not in ("float32", "float16"):
+            raise ValueError(f"engine.scale_dtype: must be float32 or float16, got {scale_dtype!r}")
+        return cls(bits=b, pipeline=pipeline, param_bytes=4 if scale_dtype == "float32" else 2, auto=auto)
+
+    @property
+    def stale(self) -> bool:
+        return self.pipeline != "off"
+
+    def message_bytes(self, rows: float, width: float, extra: float, itemsize: int) -> int:
+        """Bytes of one message of ``rows`` rows (``hpc_graph.ops.quant``'s layout): quantised rows carry a zero
+        point, a scale and ``width * bits`` bits (padded to a byte per message); ``extra`` columns go unquantised."""
+        rows, width, extra = int(rows), int(width), int(extra)
+        if rows <= 0:
+            return 0
+        if self.bits == 32:
+            return rows * (width + extra) * itemsize
+        return rows * extra * itemsize + 2 * rows * self.param_bytes + -(-rows * width * self.bits // 8)
+
+    def describe(self) -> str:
+        bits = "auto (counted at 8 bits: an upper bound)" if self.auto else str(self.bits)
+        pipe = {"off": "synchronous", "on": "one epoch stale, behind the computation",
+                "adaptive": "one epoch stale (adaptive: counted as on)"}[self.pipeline]
+        return f"sylvie: {bits} bits per halo row, scales {self.param_bytes * 8}-bit, exchange {pipe}"
+
+
+def engine_codec(engine: str, section: Any) -> HaloCodec | None:
+    """The :class:`HaloCodec` of ``engine`` from a config's ``engine`` section (None but for ``sylvie``)."""
+    if engine != "sylvie":
+        return None
+    return HaloCodec.from_options(getattr(section, "bits", "auto"), getattr(section, "pipeline", "off"),
+                                  getattr(section, "scale_dtype", "float32"))
+
+
 # -- graph statistics -----------------------------------------------------------------------------------
 def graph_from_dataset(path: str | os.PathLike) -> GraphShape:
     """The :class:`GraphShape` of a dataset file, from its header (nothing but the masks is read).
@@ -259,9 +326,11 @@ def graph_from_partition(directory: str | os.PathLike) -> GraphShape:
                       disk_index_bytes=8, name=str(meta.get("name", Path(directory).name)))
 
 
-def _peer_counts(directory: Path, part: dict, num_parts: int) -> tuple[tuple[int, ...], tuple[int, ...]] | None:
-    """Halo rows per source part and rows sent per peer of one part file (``/halo/offsets`` and
-    ``/send/offsets``, two int64[P+1] arrays: see docs/file-format.md), or None when unreadable."""
+def _peer_counts(directory: Path, part: dict, num_parts: int
+                 ) -> tuple[tuple[int, ...], tuple[int, ...], int] | None:
+    """Halo rows per source part, rows sent per peer and the distinct rows sent of one part file
+    (``/halo/offsets``, ``/send/offsets``: int64[P+1]; ``/send/lid``: see docs/file-format.md), or None
+    when unreadable."""
     try:
         import h5py
         import numpy as np
@@ -269,11 +338,12 @@ def _peer_counts(directory: Path, part: dict, num_parts: int) -> tuple[tuple[int
         with h5py.File(directory / part["file"], "r") as f:
             halo = np.diff(np.asarray(f["halo/offsets"][...], dtype=np.int64))
             send = np.diff(np.asarray(f["send/offsets"][...], dtype=np.int64))
+            boundary = int(np.unique(np.asarray(f["send/lid"][...])).shape[0]) if "send/lid" in f else -1
     except (OSError, KeyError, ValueError, TypeError):
         return None
     if halo.shape != (num_parts,) or send.shape != (num_parts,):
         return None
-    return tuple(int(x) for x in halo), tuple(int(x) for x in send)
+    return tuple(int(x) for x in halo), tuple(int(x) for x in send), boundary
 
 
 def layout_from_partition(directory: str | os.PathLike) -> Layout:
@@ -296,13 +366,14 @@ def layout_from_partition(directory: str | os.PathLike) -> Layout:
         if counts is None:
             if not notes:
                 notes.append("per-peer halo counts unreadable: halo spread evenly over the other parts")
-            halo_from, send_to = _even(h, p, P), _even(s, p, P)
+            halo_from, send_to, boundary = _even(h, p, P), _even(s, p, P), -1
         else:
-            halo_from, send_to = counts
+            halo_from, send_to, boundary = counts
         e = int(info["num_edges"])
         parts.append(RankShape(rank=p, owned=int(info["num_nodes"]), edges=e,
                                local_edges=max(0, e - int(info.get("cut_edges", 0))), halo=h, send=s,
-                               train=int(info.get("num_train", 0)), halo_from=halo_from, send_to=send_to))
+                               train=int(info.get("num_train", 0)), halo_from=halo_from, send_to=send_to,
+                               boundary=boundary))
     cut = float(meta.get("edge_cut_fraction") or 0.0)
     return Layout(ranks=P, parts=parts, source=f"partition {directory} ({meta.get('method', '?')}, {P} parts)",
                   cut_fraction=cut, notes=notes)
@@ -411,7 +482,8 @@ class Rates:
     seconds (forward over the CSR, backward over its transpose). ``gat_fwd``/``gat_bwd``: the same for
     the fused attention kernels with ``w = H D``. ``gemm_flops``: flop/s of a dense GEMM.
     ``stream``: bytes/s of an elementwise pass (reads + writes); ``mask``: elements/s of the counter-based
-    dropout kernels; ``score``: elements/s of a GAT score with its backward. ``parallel``: fraction of the
+    dropout kernels; ``score``: elements/s of a GAT score with its backward; ``codec``: row elements/s
+    through sylvie's low-bit encode or decode (8 bits). ``parallel``: fraction of the
     kernels' time that scales with threads (Amdahl), measured at 1 and ``threads`` threads.
     ``exchange``/``allreduce``: ``(alpha s, beta bytes/s)`` or None (no measured link: ``link`` used).
     ``link``: a :class:`~hpc_graph.comm.link.LinkModel` (a modelled network, or the default).
@@ -426,6 +498,7 @@ class Rates:
     stream: float
     mask: float = 1e9
     score: float = 1e9
+    codec: float = 1e9
     threads: int = 1
     parallel: float = 1.0
     exchange: tuple[float, float] | None = None
@@ -492,6 +565,7 @@ class _Tape:
         self.peak_parts: dict[str, int] = {}
         self.peak_where = ""
         self.no_grad = False
+        self.pinned: set[str] = set()  # held by something outside autograd (sylvie's pipeline slots)
         self._n = 0
         self._check()
 
@@ -516,8 +590,22 @@ class _Tape:
 
     def free(self, *names: str | None) -> None:
         for name in names:
-            if name is not None:
+            if name is not None and name not in self.pinned:
                 self.live.pop(name, None)
+
+    def pin(self, *names: str | None) -> None:
+        """``names`` stay live when their users free them, until :meth:`unpin`."""
+        self.pinned.update(n for n in names if n is not None)
+
+    def unpin(self, *names: str | None) -> None:
+        """Release pinned tensors (freed)."""
+        for name in names:
+            if name is not None:
+                self.pinned.discard(name)
+                self.live.pop(name, None)
+
+    def pinned_bytes(self) -> int:
+        return sum(self.live[n][0] for n in self.pinned if n in self.live)
 
     def keep(self, name: str | None) -> None:
         """``name`` is saved for the backward pass from now on (component ``activations``)."""
@@ -547,13 +635,21 @@ class _Work:
     mask: float = 0.0  # elements through the counter-based dropout kernels
     score: float = 0.0  # elements of z through a GAT score (z * att).sum(-1), forward and backward
     exchanges: list[tuple[float, float, int]] = dataclasses.field(default_factory=list)  # (out, in, peers)
+    # exchanges running behind the computation (sylvie's pipeline): hidden up to the step's compute time
+    background: list[tuple[float, float, int]] = dataclasses.field(default_factory=list)
+    codec: float = 0.0  # row elements encoded or decoded by the low-bit message codec (sylvie)
 
 
 class _Walk:
     """One rank, one engine, one model: the training step as the engine runs it (see module docstring)."""
 
     def __init__(self, engine: str, spec: ModelSpec, graph: GraphShape, rs: RankShape, P: int, *,
-                 prefetch: bool = True, block_bytes: int | None = None, max_blocks: int | None = None):
+                 prefetch: bool = True, block_bytes: int | None = None, max_blocks: int | None = None,
+                 codec: HaloCodec | None = None):
+        # sylvie is dp with another halo exchange: walked as dp, with the codec at every exchange
+        self.name = engine
+        self.codec = (codec or HaloCodec()) if engine == "sylvie" else None
+        engine = "dp" if engine == "sylvie" else engine
         self.engine, self.spec, self.graph, self.rs, self.P = engine, spec, graph, rs, P
         self.prefetch = prefetch and engine == "sar"
         self.d = spec.dbytes
@@ -574,6 +670,11 @@ class _Walk:
         self.symmetric = not graph.directed and (engine == "single" or (engine == "dp" and h == 0))
         self.tape = _Tape({})
         self.eval_mode = False
+        self.step_index = -1  # training steps walked so far - 1 (sylvie's pipeline: the first is synchronous)
+        self.slots: dict[int, dict[str, Any]] = {}  # sylvie: per halo call, what its pipeline slot holds
+        self._calls: list[int] = []  # sylvie: this step's halo calls, popped by their backward passes
+        self._ncalls = 0
+        self.slot_bytes: list[int] = []  # sylvie: bytes the slots hold after each step
 
     @property
     def p(self) -> float:
@@ -635,7 +736,19 @@ class _Walk:
         p = spec.num_params() * d
         opt = 2 if spec.optimizer == "adam" else (1 if spec.momentum > 0 else 0)
         params = p * (1 + 1 + opt + 1)  # parameters, gradients, optimiser state, best-validation copy
-        return {"graph": int(graph), "features": int(features), "params": int(params)}
+        out = {"graph": int(graph), "features": int(features), "params": int(params)}
+        if self.codec is not None:
+            out["halo"] = self.codec_state()
+        return out
+
+    def codec_state(self) -> int:
+        """sylvie's exchange plan: global ids of the rows sent, all send lists in one, the distinct rows sent
+        and each send row's place among them (int64), importances of the rows sent and received (float64),
+        bit tables (int8 per row sent and received; ``auto``: one per base width, up to four)."""
+        rs = self.rs
+        S, h, B = rs.send, self.h, rs.boundary_rows
+        tables = 4 if self.codec.auto else 1
+        return int(4 * S * IDX + B * IDX + h * 8 + tables * (S + h))
 
     def load_peak(self) -> tuple[int, dict[str, int]]:
         """The high-water mark while the engine loads (before training), by component."""
@@ -661,6 +774,8 @@ class _Walk:
     def _halo_forward(self, width: float) -> str | None:
         """HaloExchange forward of ``width``-wide rows: send copies, receive buffers, one concatenation."""
         rs, h = self.rs, self.h
+        if self.codec is not None and not self.eval_mode:
+            return self._quant_forward(width, 0)[0]
         if h == 0 and rs.send == 0:  # no peer (one rank): an empty halo, the concatenation still copies
             return self.tape.new(0, "halo")
         send = self.tape.new(self.rows(rs.send, width), "halo")
@@ -677,6 +792,8 @@ class _Walk:
     def _halo_backward(self, width: float) -> str | None:
         """HaloExchange backward: the halo rows' gradients go back; the owner sums what it receives."""
         rs = self.rs
+        if self.codec is not None:
+            return self._quant_backward(width, 0)[0]
         if self.h == 0 and rs.send == 0:  # no peer: the owned rows' share is a fresh zero tensor
             self.work.stream += self.rows(self.n, width)
             return self.tape.new(self.rows(self.n, width))
@@ -687,6 +804,99 @@ class _Walk:
         self.work.stream += self.rows(self.n, width) + 3 * self.rows(rs.send, width)
         self.tape.free(recv)
         return g
+
+    # -- halo exchange (sylvie: hpc_graph.ops.quant_exchange) ---------------------------------------
+    def _messages(self, rows_per_peer: Iterable[int], width: float, extra: float) -> int:
+        return sum(self.codec.message_bytes(r, width, extra, self.d) for r in rows_per_peer if r > 0)
+
+    def _stale(self) -> bool:
+        """This step runs on last epoch's halo rows (the pipeline's steps after the first)."""
+        return self.codec is not None and self.codec.stale and self.step_index >= 1
+
+    def _slot_replace(self, slot: dict, key: str, names: list) -> None:
+        self.tape.unpin(*slot.get(key, []))
+        slot[key] = [x for x in names if x is not None]
+        self.tape.pin(*slot[key])
+
+    def _slot_finish(self, slot: dict, pending: str, key: str) -> None:
+        """A stale exchange in flight since the last step completes: its buffers become the slot's data."""
+        if pending in slot:
+            bufs, msgs = slot.pop(pending)
+            self.tape.unpin(*msgs)
+            self._slot_replace(slot, key, bufs)
+
+    def _quant_forward(self, width: float, extra: float) -> tuple[str, str | None]:
+        """QuantHaloExchange / StaleHaloExchange forward: ``(halo rows h x width, extra h x extra or None)``.
+
+        Synchronous: decoded into fresh buffers from the peers' messages (encoded here from the rows sent);
+        with a pipeline the slot keeps them for the next step. Stale: last epoch's rows (from the slot, or
+        the exchange in flight since then, completed now), while this step's rows travel behind the
+        computation in fresh buffers held by the slot."""
+        t, rs, h = self.tape, self.rs, self.h
+        k = self._ncalls
+        self._ncalls += 1
+        self._calls.append(k)
+        slot = self.slots.setdefault(k, {}) if self.codec.stale else None
+        out_b = self._messages(rs.send_to, width, extra)
+        in_b = self._messages(rs.halo_from, width, extra)
+        self.work.codec += (rs.send + h) * width  # encode the rows sent, decode the rows received
+        self.work.stream += 2 * self.rows(rs.send + h, extra)
+        self.halo_recv_max = max(self.halo_recv_max, in_b)
+        peers = rs.peers + rs.send_peers
+        ranges = t.new(2 * 4 * rs.boundary_rows) if rs.send_peers > 1 else None  # rows' min/max, float32
+        if not self._stale():
+            halo = t.new(self.rows(h, width), "halo")
+            halo_e = t.new(self.rows(h, extra), "halo") if extra else None
+            msgs = [t.new(out_b, "halo"), t.new(in_b, "halo")]
+            self.work.exchanges.append((out_b, in_b, peers))
+            t.free(*msgs, ranges)
+            if slot is not None:
+                self._slot_replace(slot, "halo", [halo, halo_e])
+            return halo, halo_e
+        self._slot_finish(slot, "pending_fwd", "halo")
+        halo, halo_e = (slot["halo"] + [None])[:2] if extra else (slot["halo"][0], None)
+        bufs = [t.new(self.rows(h, width), "halo"), t.new(self.rows(h, extra), "halo") if extra else None]
+        msgs = [t.new(out_b, "halo"), t.new(in_b, "halo")]
+        t.pin(*bufs, *msgs)
+        t.free(ranges)
+        slot["pending_fwd"] = ([b for b in bufs if b is not None], msgs)
+        self.work.background.append((out_b, in_b, peers))
+        return halo, halo_e
+
+    def _quant_backward(self, width: float, extra: float) -> tuple[str, str | None]:
+        """QuantHaloExchange / StaleHaloExchange backward: the owned rows' gradients ``(n x width, n x extra
+        or None)`` from the halo-row gradients their holders send back (this step's, or last epoch's when
+        stale, while this step's travel behind the computation)."""
+        t, rs, h, n = self.tape, self.rs, self.h, self.n
+        k = self._calls.pop() if self._calls else 0
+        slot = self.slots.setdefault(k, {}) if self.codec.stale else None
+        out_b = self._messages(rs.halo_from, width, extra)
+        in_b = self._messages(rs.send_to, width, extra)
+        self.work.codec += (rs.send + h) * width
+        self.work.stream += 2 * self.rows(rs.send + h, extra)
+        self.halo_recv_max = max(self.halo_recv_max, in_b)
+        peers = rs.peers + rs.send_peers
+        if not self._stale():
+            buf = [t.new(self.rows(rs.send, width), "halo"), t.new(self.rows(rs.send, extra), "halo") if extra else None]
+            msgs = [t.new(out_b, "halo"), t.new(in_b, "halo")]
+            self.work.exchanges.append((out_b, in_b, peers))
+            t.free(*msgs)
+            if slot is not None:
+                self._slot_replace(slot, "grad", buf)
+        else:
+            self._slot_finish(slot, "pending_bwd", "grad")
+            buf = (slot["grad"] + [None])[:2]
+            bufs = [t.new(self.rows(rs.send, width), "halo"),
+                    t.new(self.rows(rs.send, extra), "halo") if extra else None]
+            msgs = [t.new(out_b, "halo"), t.new(in_b, "halo")]
+            t.pin(*bufs, *msgs)
+            slot["pending_bwd"] = ([b for b in bufs if b is not None], msgs)
+            self.work.background.append((out_b, in_b, peers))
+        gx = t.new(self.rows(n, width))  # zeros, then the received rows added at their owners' rows
+        ge = t.new(self.rows(n, extra)) if extra else None
+        self.work.stream += self.rows(n, width + extra) + 3 * self.rows(rs.send, width + extra)
+        t.free(*buf)
+        return gx, ge
 
     # -- aggregation: GraphContext.aggregate / aggregate_combine as each engine runs it ---------------
     def _spmm_structs(self, width: float, backward: bool) -> None:
@@ -891,6 +1101,8 @@ class _Walk:
         spec, t, n = self.spec, self.tape, self.n
         dims = spec.layer_dims()
         train = self.graph.train_nodes if self.engine == "single" else self.rs.train
+        self.step_index += 1
+        self._ncalls, self._calls = 0, []
         x = "features"  # the input features: held by the engine, never freed
         inputs: list[str] = []
         layer_state: list[dict] = []
@@ -928,6 +1140,14 @@ class _Walk:
         self.work.stream += p * 8
         tmp = t.new(2 * p)
         t.free(tmp)
+        self.slot_bytes.append(self._slot_data())
+
+    def _slot_data(self) -> int:
+        """Bytes of the halo rows and gradients sylvie's slots hold (kept, and in flight), messages not counted."""
+        names = [x for slot in self.slots.values() for key in ("halo", "grad") for x in slot.get(key, [])]
+        names += [x for slot in self.slots.values() for key in ("pending_fwd", "pending_bwd")
+                  for x in slot.get(key, ([], []))[0]]
+        return sum(self.tape.live[x][0] for x in names if x in self.tape.live)
 
     def eval_forward(self) -> None:
         """Walk the evaluation forward pass (``torch.no_grad``, no dropout): nothing is kept for a backward
@@ -1139,10 +1359,13 @@ class _Walk:
             self._once(("self_loops",), loops, 3 * E * IDX)
             saved = [z, s1, s2]
             if self.engine == "dp":
-                cat = t.new(self.rows(n, hd + H))
-                self.work.stream += 2 * self.rows(n, hd + H)
-                packed = self._halo_forward(hd + H)
-                t.free(cat)
+                if self.codec is not None and not self.eval_mode:  # z and the source scores, one message
+                    packed = list(self._quant_forward(hd, H))
+                else:
+                    cat = t.new(self.rows(n, hd + H))
+                    self.work.stream += 2 * self.rows(n, hd + H)
+                    packed = [self._halo_forward(hd + H)]
+                    t.free(cat)
                 z_all = t.new(self.rows(n + h, hd), "activations")
                 s_all = t.new(self.rows(n + h, H), "activations")
                 self.work.stream += 2 * self.rows(n + h, hd + H)
@@ -1150,11 +1373,11 @@ class _Walk:
                 t.free(s1)
                 saved.remove(s1)
             else:
-                packed = None
+                packed = []
             m, l_ = t.new(self.rows(n, H), "activations"), t.new(self.rows(n, H), "activations")
             out = t.new(self.rows(n, hd), "activations")
             self.work.gat_fwd.append((E + n, hd))
-            t.free(packed)
+            t.free(*packed)
             saved += [m, l_, out]
             st.update(saved=saved, z=z)
         return self._gat_epilogue(st)
@@ -1259,7 +1482,16 @@ class _Walk:
             saved = list(st["saved"])
             keep_z = st["z"]
             t.free(*[x for x in saved if x != keep_z])
-            if self.engine == "dp":
+            if self.engine == "dp" and self.codec is not None:
+                # the halo rows' gradients are slices of gz and gs: sent back as they are; z's and the source
+                # scores' gradients: the owned rows' slices + what came back
+                back, back_s = self._quant_backward(hd, H)
+                zsum, ssum = t.new(self.rows(n, hd)), t.new(self.rows(n, H))
+                t.free(gz, back, gs, back_s)
+                self.work.stream += 3 * self.rows(n, hd + H)
+                gz = zsum
+                t.free(ssum)
+            elif self.engine == "dp":
                 # the halo rows' gradients: the two slices of the exchanged message, summed, sent back
                 gp = t.new(self.rows(h, hd + H), "halo")
                 gp2 = t.new(self.rows(h, hd + H), "halo")
@@ -1402,7 +1634,8 @@ class MemoryEstimate:
 @dataclasses.dataclass
 class TimeEstimate:
     """One rank's predicted training step (seconds): ``compute`` (``terms``: ``spmm``,
-    ``attention``, ``gemm``, ``elementwise``), ``halo`` (exchanges), ``allreduce`` (gradients)."""
+    ``attention``, ``gemm``, ``elementwise``, and sylvie's ``codec``), ``halo`` (exchanges the step waits
+    for), ``allreduce`` (gradients)."""
 
     rank: int
     compute: float
@@ -1412,6 +1645,7 @@ class TimeEstimate:
     messages: int = 0
     halo_bytes: float = 0.0
     bytes_sent: float = 0.0
+    hidden: float = 0.0  # exchange time behind the computation (sylvie's pipeline), not in ``halo``
 
     @property
     def total(self) -> float:
@@ -1419,23 +1653,30 @@ class TimeEstimate:
 
 
 def walk_step(engine: str, spec: ModelSpec, graph: GraphShape, rank: RankShape, ranks: int, *,
-              prefetch: bool = True, block_bytes: int | None = None, max_blocks: int | None = None) -> _Walk:
-    """Walk one training step of ``engine`` for ``rank`` (memory on the tape, work recorded)."""
+              prefetch: bool = True, block_bytes: int | None = None, max_blocks: int | None = None,
+              codec: HaloCodec | None = None) -> _Walk:
+    """Walk one training step of ``engine`` for ``rank`` (memory on the tape, work recorded): the first step
+    (which builds transposes and caches), a later one (its work is the one timed: with sylvie's pipeline
+    the first step is synchronous, the later ones stale), and the evaluation pass. ``codec``: sylvie's
+    options (default: :class:`HaloCodec`'s)."""
     if engine not in ENGINES:
         raise ValueError(f"engine: the planner covers {', '.join(ENGINES)}, not {engine!r}")
     if spec.name not in MODELS:
         raise ValueError(f"model.name: the planner describes models {', '.join(MODELS)}, not {spec.name!r}")
-    w = _Walk(engine, spec, graph, rank, ranks, prefetch=prefetch, block_bytes=block_bytes, max_blocks=max_blocks)
+    w = _Walk(engine, spec, graph, rank, ranks, prefetch=prefetch, block_bytes=block_bytes, max_blocks=max_blocks,
+              codec=codec)
     w.tape = _Tape(w.base())
     w.forward_backward()
     # a later step: the graph's transposes and caches exist, nothing is built (its high-water mark alone)
     first = (w.tape.peak, w.tape.peak_parts, w.tape.peak_where)
     w.tape.peak = -1
-    work, w.work = w.work, _Work()
+    w.first_work, w.work = w.work, _Work()
     w.forward_backward()
     w.steady_peak = w.tape.peak
+    work, w.work = w.work, _Work()
+    recv_max = w.halo_recv_max  # of the training step (evaluation sends full rows, also on sylvie)
     w.eval_forward()  # the trainer evaluates every train.eval_every epochs and after the last
-    w.work = work
+    w.work, w.halo_recv_max = work, recv_max
     if first[0] >= w.tape.peak:
         w.tape.peak, w.tape.peak_parts, w.tape.peak_where = first
     return w
@@ -1471,16 +1712,26 @@ def time_of(w: _Walk, rates: Rates, *, threads: int, cores_share: float, ranks: 
     att = (lin(wk.gat_fwd, rates.gat_fwd) + lin(wk.gat_bwd, rates.gat_bwd)) * k
     gemm = wk.flops / rates.gemm_flops * k
     elem = (wk.stream / rates.stream + wk.mask / rates.mask + wk.score / rates.score) * k
+    codec = wk.codec / rates.codec * k
+    compute = spmm + att + gemm + elem + codec
     halo = sum(rates.exchange_time(o, i, p) for o, i, p in wk.exchanges)
+    # sylvie's pipeline: an exchange has a whole epoch of computation to travel behind
+    behind = sum(rates.exchange_time(o, i, p) for o, i, p in wk.background)
+    halo += max(0.0, behind - compute)
+    every = wk.exchanges + wk.background
     pbytes = w.spec.num_params() * w.d
     calls = max(1, -(-pbytes // (25 << 20)))
     ar = rates.allreduce_time(pbytes, ranks, calls)
     # the gradient all-reduce also carries the loss and the ranks' stop/finite flags: 2 + 2P values
-    sent = sum(o for o, _, _ in wk.exchanges) + ((pbytes + (2 + 2 * ranks) * w.d) if ranks > 1 else 0)
-    return TimeEstimate(rank=w.rs.rank, compute=spmm + att + gemm + elem, halo=halo, allreduce=ar,
-                        terms={"spmm": spmm, "attention": att, "gemm": gemm, "elementwise": elem},
-                        messages=len(wk.exchanges), halo_bytes=sum(max(o, i) for o, i, _ in wk.exchanges),
-                        bytes_sent=sent)
+    sent = sum(o for o, _, _ in every) + ((pbytes + (2 + 2 * ranks) * w.d) if ranks > 1 else 0)
+    if w.codec is not None and ranks > 1:
+        sent += 16  # sylvie's bit policy: the epoch's loss and time, all-reduced (two float64)
+    terms = {"spmm": spmm, "attention": att, "gemm": gemm, "elementwise": elem}
+    if w.codec is not None:
+        terms["codec"] = codec
+    return TimeEstimate(rank=w.rs.rank, compute=compute, halo=halo, allreduce=ar, terms=terms,
+                        messages=len(every), halo_bytes=sum(max(o, i) for o, i, _ in every), bytes_sent=sent,
+                        hidden=min(behind, compute))
 
 
 @dataclasses.dataclass
@@ -1527,7 +1778,7 @@ def threads_for(ranks_per_node: int, cores_per_node: int) -> tuple[int, float]:
 def predict(engine: str, spec: ModelSpec, graph: GraphShape, layout: Layout, *, floor: int,
             rates: Rates | None = None, prefetch: bool = True, memory_per_rank: int | None = None,
             cores_per_node: int | None = None, ranks_per_node: int | None = None,
-            threads: int | None = None) -> Prediction:
+            threads: int | None = None, codec: HaloCodec | None = None) -> Prediction:
     """Predict ``engine`` on ``layout.ranks`` ranks: walk every rank of the layout, keep the largest
     peak memory and the slowest step. ``single`` needs ``layout.ranks == 1`` (ValueError otherwise)."""
     P = layout.ranks
@@ -1541,7 +1792,7 @@ def predict(engine: str, spec: ModelSpec, graph: GraphShape, layout: Layout, *, 
     worst: TimeEstimate | None = None
     peaks, seconds, sent = [], [], []
     for rs in layout.parts:
-        w = walk_step(engine, spec, graph, rs, P, prefetch=prefetch)
+        w = walk_step(engine, spec, graph, rs, P, prefetch=prefetch, codec=codec)
         mem = memory_of(w, floor)
         peaks.append(mem.peak)
         if best_mem is None or mem.peak > best_mem.peak:
@@ -1578,11 +1829,11 @@ def rank_from_partition(directory: str | os.PathLike, rank: int) -> tuple[Layout
     info = next(p for p in meta["parts"] if int(p["part_id"]) == int(rank))
     h, s = int(info["num_halo"]), int(info["num_send"])
     counts = _peer_counts(directory, info, P)
-    halo_from, send_to = counts if counts is not None else (_even(h, rank, P), _even(s, rank, P))
+    halo_from, send_to, boundary = counts if counts is not None else (_even(h, rank, P), _even(s, rank, P), -1)
     e = int(info["num_edges"])
     rs = RankShape(rank=int(rank), owned=int(info["num_nodes"]), edges=e,
                    local_edges=max(0, e - int(info.get("cut_edges", 0))), halo=h, send=s,
-                   train=int(info.get("num_train", 0)), halo_from=halo_from, send_to=send_to)
+                   train=int(info.get("num_train", 0)), halo_from=halo_from, send_to=send_to, boundary=boundary)
     layout = Layout(ranks=P, parts=[rs], source=f"partition {directory}",
                     cut_fraction=float(meta.get("edge_cut_fraction") or 0.0))
     return layout, rs
@@ -1613,7 +1864,8 @@ def train_estimate(config: Any, engine: str, rank: int, size: int) -> tuple[int,
     spec = model_spec(config.model, graph.features, graph.classes, dtype=config.train.dtype,
                       optimizer=config.optim.name, momentum=config.optim.momentum,
                       feature_norm=config.data.feature_norm, label_aug=getattr(config.recipes, "label_aug", 0.0))
-    w = walk_step(engine, spec, graph, rs, P, prefetch=bool(getattr(config.engine, "prefetch", True)))
+    w = walk_step(engine, spec, graph, rs, P, prefetch=bool(getattr(config.engine, "prefetch", True)),
+                  codec=engine_codec(engine, config.engine))
     mem = memory_of(w, 0)
     need = mem.peak + KERNEL_ALLOWANCE_BYTES
     from data_io.memory import format_bytes

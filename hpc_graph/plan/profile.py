@@ -241,7 +241,9 @@ class KernelRates:
     layers' GEMMs (the mean of ``x W^T`` and of the weight gradient ``g^T x`` at ``[65536, 128] x
     [128, 128]``). ``stream``: bytes/s of an elementwise add (two reads, one write). ``mask``: elements/s
     of the counter-based dropout kernel (``hpc_graph.ops.dropout``: a hash per element). ``score``:
-    elements/s of a GAT layer's score ``(z * att).sum(-1)``, forward and backward, per element of ``z``. ``threads``: the
+    elements/s of a GAT layer's score ``(z * att).sum(-1)``, forward and backward, per element of ``z``. ``codec``: row
+    elements/s through sylvie's message codec (``hpc_graph.ops.quant``: encode at 8 bits, then decode; per element
+    of each). ``threads``: the
     threads they were measured with; ``parallel``: the fraction of the kernels' time that scales with
     threads (Amdahl), from the median speed-up of SpMM forward, backward and the GEMMs measured again at
     one thread. ``graph``: what they were measured on.
@@ -255,6 +257,7 @@ class KernelRates:
     stream: float
     mask: float
     score: float
+    codec: float
     threads: int
     parallel: float
     graph: str
@@ -410,6 +413,17 @@ def kernel_rates(csr: Any = None, dtype: torch.dtype = torch.float32, *, widths:
         zs.grad = att.grad = None
 
     probes.append(("score", threads, score))
+    from hpc_graph.ops.quant import decode, encode, message_layout
+
+    qx = torch.randn(rows, 128, generator=gen, dtype=dtype)
+    q_rows = torch.arange(rows, dtype=torch.int64)
+    q_layout = message_layout(np.full(rows, 8, np.int8), 128, 0, dtype)
+    q_out = torch.empty_like(qx)
+
+    def codec():
+        decode(encode(qx, q_rows, q_layout, ids=q_rows, key=5), q_layout, q_out, q_rows)
+
+    probes.append(("codec", threads, codec))
     times: dict[tuple[str, int], list[float]] = {(name, k): [] for name, k, _ in probes}
     before = (threads, threads)
     try:
@@ -441,14 +455,15 @@ def kernel_rates(csr: Any = None, dtype: torch.dtype = torch.float32, *, widths:
     stream = 3.0 * big.numel() * big.element_size() / max(med["stream", threads], 1e-9)
     mask = big.numel() / max(med["mask", threads], 1e-9)
     score_rate = zs.numel() / max(med["score", threads], 1e-9)
+    codec_rate = 2 * qx.numel() / max(med["codec", threads], 1e-9)
     rates = KernelRates(spmm_fwd=_fit_per_edge(fwd_pts), spmm_bwd=_fit_per_edge(bwd_pts),
                         gat_fwd=_fit_per_edge(gat_f) if gat_f else (0.0, 0.0),
                         gat_bwd=_fit_per_edge(gat_b) if gat_b else (0.0, 0.0), gemm_flops=gemm, stream=stream,
-                        mask=mask, score=score_rate, threads=threads, parallel=parallel, graph=label or repr(csr),
+                        mask=mask, score=score_rate, codec=codec_rate, threads=threads, parallel=parallel, graph=label or repr(csr),
                         seconds=time.perf_counter() - t_start)
     log.info("kernel rates (%s, %d threads): spmm %.3g+%.3g w ns/edge, gemm %.3g GFLOP/s, stream %.3g GB/s, "
-             "mask %.3g G/s, parallel fraction %.2f", rates.graph, threads, rates.spmm_fwd[0] * 1e9,
-             rates.spmm_fwd[1] * 1e9, gemm / 1e9, stream / 1e9, mask / 1e9, parallel)
+             "mask %.3g G/s, codec %.3g G/s, parallel fraction %.2f", rates.graph, threads, rates.spmm_fwd[0] * 1e9,
+             rates.spmm_fwd[1] * 1e9, gemm / 1e9, stream / 1e9, mask / 1e9, codec_rate / 1e9, parallel)
     return rates
 
 

@@ -35,12 +35,12 @@ def test_plan_prints_the_table_and_writes_json(tmp_path, capsys):
 
 
 def test_plan_refuses_engines_it_does_not_cover(tmp_path, capsys):
-    rc = main(["-q", "plan", "--config", _cfg(tmp_path, engine={"name": "sylvie"}, sampler={})])
+    rc = main(["-q", "plan", "--config", _cfg(tmp_path, engine={"name": "minibatch"})])
     err = capsys.readouterr().err
-    assert rc == 2 and "engine.name" in err and "'sylvie'" in err and err.count("\n") == 1
+    assert rc == 2 and "engine.name" in err and "'minibatch'" in err and err.count("\n") == 1
 
 
-# -- full-batch engines (single, dp, sar) ------------------------------------------------------------
+# -- full-batch engines (single, dp, sar, sylvie) -----------------------------------------------------
 @pytest.fixture(scope="module")
 def fb_data(tmp_path_factory):
     from data_io.generators.rmat import write_rmat
@@ -66,7 +66,7 @@ def _rows(out):
     rows = {}
     for line in out.splitlines():
         parts = line.split()
-        if len(parts) > 10 and parts[0] in ("single", "dp", "sar") and parts[1].isdigit():
+        if len(parts) > 10 and parts[0] in ("single", "dp", "sar", "sylvie") and parts[1].isdigit():
             rows[parts[0], int(parts[1])] = parts
     return rows
 
@@ -78,7 +78,8 @@ def test_plan_dataset_all_engines_table_and_json(tmp_path, fb_data, capsys):
     out = capsys.readouterr().out
     assert rc == 0
     rows = _rows(out)
-    assert set(rows) == {("single", 1), ("dp", 1), ("dp", 2), ("dp", 4), ("sar", 1), ("sar", 2), ("sar", 4)}
+    assert set(rows) == {("single", 1), ("dp", 1), ("dp", 2), ("dp", 4), ("sar", 1), ("sar", 2), ("sar", 4),
+                         ("sylvie", 1), ("sylvie", 2), ("sylvie", 4)}
     plan = json.loads(out_json.read_text())
     peaks = {(p["engine"], p["ranks"]): p["memory"]["peak"] for p in plan["predictions"]}
     data = {k: v - next(p["memory"]["components"]["floor"] for p in plan["predictions"]
@@ -89,7 +90,7 @@ def test_plan_dataset_all_engines_table_and_json(tmp_path, fb_data, capsys):
         assert comp["floor"] >= 470 << 20 and sum(comp.values()) == p["memory"]["peak"]
         assert p["fits"] == (p["memory"]["peak"] <= 480 << 20) and "time" not in p
     fits = plan["smallest_fitting"]
-    for engine in ("dp", "sar"):
+    for engine in ("dp", "sar", "sylvie"):
         ok = sorted(P for (e, P), v in peaks.items() if e == engine and v <= 480 << 20)
         assert fits[engine] == (ok[0] if ok else None)
         assert f"smallest rank count that fits 480MiB per rank, {engine}: " in out
@@ -127,6 +128,26 @@ def test_plan_times_with_rates_measured_on_the_graph(tmp_path, fb_data, capsys):
     assert "links: default link 10GB/s, 5us per message (not measured" in out
 
 
+def test_plan_sylvie_sends_fewer_bytes_and_hides_them_with_its_pipeline(tmp_path, fb_data, capsys):
+    p = tmp_path / "sy.yaml"
+    p.write_text(yaml.safe_dump({"data": {"path": str(fb_data / "p2")},
+                                 "engine": {"name": "sylvie", "bits": 2, "pipeline": "on"},
+                                 "model": {"name": "gcn", "hidden": 16, "num_layers": 2},
+                                 "train": {"progress": False, "run_dir": str(tmp_path / "run")}}))
+    out_json = tmp_path / "p.json"
+    rc = main(["-q", "plan", "--config", str(p), "--engines", "dp,sylvie", "--floor", "400MiB", "--rates", "synthetic",
+               "--link-bandwidth", "1MB/s", "--json", str(out_json)])
+    out = capsys.readouterr().out
+    assert rc == 0 and set(_rows(out)) == {("dp", 2), ("sylvie", 2)}
+    assert "sylvie: 2 bits per halo row, scales 32-bit, exchange one epoch stale" in out
+    preds = {q["engine"]: q for q in json.loads(out_json.read_text())["predictions"]}
+    dp, sy = preds["dp"]["time"], preds["sylvie"]["time"]
+    assert sy["bytes_sent"] < dp["bytes_sent"] / 2
+    assert sy["hidden"] > 0 and sy["halo"] == pytest.approx(max(0.0, sy["halo"] + sy["hidden"] - sy["compute"]))
+    assert sy["terms"]["codec"] > 0
+    assert preds["sylvie"]["memory"]["components"]["halo"] > 0 and not (tmp_path / "run").exists()
+
+
 def test_plan_papers100m_description(tmp_path, fb_data, capsys):
     cfg = _fb_cfg(tmp_path, fb_data / "g.h5", hidden=256, num_layers=3)
     rc = main(["-q", "plan", "--config", cfg, "--engines", "all", "--nodes", "111059956", "--edges", "1615685872",
@@ -161,7 +182,8 @@ def test_plan_measures_the_floor_by_default(tmp_path, fb_data, capsys):
     (["--ranks", "0"], "--ranks: expected positive rank counts"),
     (["--ranks", "4-2"], "--ranks: expected positive rank counts"),
     (["--ranks", "two"], "--ranks: expected positive rank counts"),
-    (["--engines", "dp,gpu"], "--engines: choose among single, dp, sar"),
+    (["--engines", "dp,gpu"], "--engines: choose among single, dp, sar, sylvie"),
+    (["--engines", "sylvie", "--set", "engine.bits=3"], "engine.bits"),
     (["--engines", "single", "--ranks", "2,4"], "--engines: 'single' runs on one rank"),
     (["--memory-per-rank", "lots"], "--memory-per-rank: 'lots': not a size"),
     (["--memory-per-rank", "0"], "--memory-per-rank: must be positive"),

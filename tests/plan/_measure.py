@@ -11,7 +11,9 @@ Shared by ``tests/plan/test_fullbatch.py`` (engine ``single``, one process) and
 * ``saved``: what autograd saves during one training step (``saved_tensors_hooks``), each storage
   once, without parameters, the storages above and 0-d/1-element tensors;
 * ``halo_recv_max``: the largest receive of one ``exchange`` (all peers of the call together);
-* ``bytes_sent``: what the rank's communicator sent during the step (halo exchanges, gradient all-reduce).
+* ``bytes_sent``: what the rank's communicator sent during the step (halo exchanges, gradient all-reduce);
+* ``sylvie`` only: ``codec_state`` (its exchange plan, node importances and bit tables, beyond the graph's
+  storages) and ``slots`` (halo rows and gradients its pipeline slots hold after the step, kept or in flight).
 """
 from __future__ import annotations
 
@@ -25,6 +27,7 @@ import torch
 from hpc_graph.plan import fullbatch as fb
 
 KEYS = ("saved", "graph", "features", "params", "halo_recv_max", "bytes_sent")
+SYLVIE_KEYS = ("codec_state", "slots")
 
 
 def _np_key(a: np.ndarray) -> tuple[int, int]:
@@ -65,7 +68,7 @@ def storages(obj: Any, seen: dict[int, int], objs: set[int] | None = None, depth
             return seen
         objs.add(id(obj))
         for k, v in vars(obj).items():
-            if k != "comm":
+            if k not in ("comm", "engine"):  # sylvie's graph refers back to its engine
                 storages(v, seen, objs, depth + 1)
     return seen
 
@@ -111,8 +114,22 @@ def measure(trainer: Any) -> dict[str, int]:
     g = sum(x.grad.nbytes for x in trainer.model.parameters())
     opt = sum(v.nbytes for st in trainer.optimizer.state.values() for v in st.values()
               if torch.is_tensor(v) and v.dim() > 0)
-    return {"saved": sum(saved.values()), "graph": sum(graph.values()), "features": sum(feats.values()),
-            "params": p + g + opt + p, "halo_recv_max": recv[0], "bytes_sent": sent}
+    out = {"saved": sum(saved.values()), "graph": sum(graph.values()), "features": sum(feats.values()),
+           "params": p + g + opt + p, "halo_recv_max": recv[0], "bytes_sent": sent}
+    eng = trainer.engine
+    if trainer.engine_name == "sylvie":
+        state: dict[int, int] = {}
+        for obj in (eng.plan, eng.send_p, eng.recv_p, eng._tables):
+            storages(obj, state)
+        out["codec_state"] = sum(v for k, v in state.items() if k not in graph and k not in feats)
+        held: dict[int, int] = {}
+        for slot in eng._slots.values():
+            storages((slot.halo, slot.grad), held)
+            for pending in (slot.pending_fwd, slot.pending_bwd):
+                if pending is not None:
+                    storages(pending[1], held)  # the buffers it decodes into
+        out["slots"] = sum(held.values())
+    return out
 
 
 def predict(trainer: Any) -> dict[str, int]:
@@ -127,12 +144,17 @@ def predict(trainer: Any) -> dict[str, int]:
         rank = fb.single_layout(graph).parts[0]
     spec = fb.model_spec(cfg.model, graph.features, graph.classes, dtype=cfg.train.dtype, optimizer=cfg.optim.name,
                          momentum=cfg.optim.momentum, feature_norm=cfg.data.feature_norm)
-    w = fb.walk_step(trainer.engine_name, spec, graph, rank, trainer.size, prefetch=cfg.engine.prefetch)
+    w = fb.walk_step(trainer.engine_name, spec, graph, rank, trainer.size, prefetch=cfg.engine.prefetch,
+                     codec=fb.engine_codec(trainer.engine_name, cfg.engine))
     m = fb.memory_of(w, 0)
     rates = fb.Rates(spmm_fwd=(0, 0), spmm_bwd=(0, 0), gat_fwd=(0, 0), gat_bwd=(0, 0), gemm_flops=1.0, stream=1.0)
     t = fb.time_of(w, rates, threads=1, cores_share=1.0, ranks=trainer.size)
-    return {"saved": m.saved, "graph": m.graph, "features": m.features, "params": m.params,
-            "halo_recv_max": m.halo_recv_max, "bytes_sent": int(t.bytes_sent)}
+    out = {"saved": m.saved, "graph": m.graph, "features": m.features, "params": m.params,
+           "halo_recv_max": m.halo_recv_max, "bytes_sent": int(t.bytes_sent)}
+    if w.codec is not None:
+        out["codec_state"] = w.codec_state()
+        out["slots"] = w.slot_bytes  # after the first step, and after a later one
+    return out
 
 
 def compare(trainer: Any) -> list[str]:

@@ -1,7 +1,7 @@
 """``hpc_graph.plan.fullbatch``: predicted memory components equal the tensors of a real ``single`` run; the
 cut model, the rank statistics of a partition and the predictions' structure (no timing).
 
-The multi-rank half (``dp`` and ``sar`` on 2 and 4 ranks) is ``tests/mpi/test_plan.py``.
+The multi-rank half (``dp``, ``sar`` and ``sylvie`` on 2 and 4 ranks) is ``tests/mpi/test_plan.py``.
 """
 from __future__ import annotations
 
@@ -194,7 +194,7 @@ def test_models_the_planner_does_not_describe_are_refused():
     g = fb.GraphShape(nodes=10, edges=20, features=4, classes=2)
     spec = fb.model_spec(NS(name="gcn", hidden=8, num_layers=2, dropout=0.5), 4, 2)
     with pytest.raises(ValueError, match="engine"):
-        fb.walk_step("sylvie", spec, g, fb.single_layout(g).parts[0], 1)
+        fb.walk_step("flow", spec, g, fb.single_layout(g).parts[0], 1)
     with pytest.raises(ValueError, match="single"):
         fb.predict("single", spec, g, fb.layout_from_cut_model(g, 2, 0.5), floor=0)
 
@@ -215,10 +215,101 @@ def test_rates_from_kernel_rates_copy_every_shared_field():
     from hpc_graph.plan.profile import KernelRates
 
     kr = KernelRates(spmm_fwd=(1.0, 2.0), spmm_bwd=(3.0, 4.0), gat_fwd=(5.0, 6.0), gat_bwd=(7.0, 8.0),
-                     gemm_flops=9.0, stream=10.0, mask=11.0, score=12.0, threads=13, parallel=0.5, graph="g",
+                     gemm_flops=9.0, stream=10.0, mask=11.0, score=12.0, codec=14.0, threads=13, parallel=0.5, graph="g",
                      seconds=1.0)
     r = fb.Rates.from_kernels(kr, exchange=(1e-6, 1e9), sources={"links": "x"})
-    for name in ("spmm_fwd", "spmm_bwd", "gat_fwd", "gat_bwd", "gemm_flops", "stream", "mask", "score", "threads",
-                 "parallel"):
+    for name in ("spmm_fwd", "spmm_bwd", "gat_fwd", "gat_bwd", "gemm_flops", "stream", "mask", "score", "codec",
+                 "threads", "parallel"):
         assert getattr(r, name) == getattr(kr, name), name
     assert r.exchange == (1e-6, 1e9) and r.sources == {"links": "x"} and r.allreduce is None
+
+
+# -- sylvie: the codec's message sizes, its options, and what the pipeline changes -----------------------
+@pytest.mark.parametrize("bits", [1, 2, 4, 8, 32])
+@pytest.mark.parametrize("param", ["float32", "float16"])
+def test_codec_message_bytes_equal_the_real_layout(bits, param):
+    import torch
+
+    from hpc_graph.ops.quant import message_layout
+
+    codec = fb.HaloCodec.from_options(bits, "off", param)
+    rng = np.random.default_rng(bits)
+    for _ in range(5):
+        rows, width, extra = int(rng.integers(0, 50)), int(rng.integers(1, 40)), int(rng.integers(0, 5))
+        for dtype in (torch.float32, torch.float64):
+            want = message_layout(np.full(rows, bits, np.int8), width, extra, dtype,
+                                  torch.float32 if param == "float32" else torch.float16).nbytes
+            got = codec.message_bytes(rows, width, extra, torch.empty((), dtype=dtype).element_size())
+            assert got == want, (rows, width, extra, dtype)
+
+
+@pytest.mark.parametrize("opts,message", [
+    ({"bits": 3}, "engine.bits"), ({"bits": True}, "engine.bits"), ({"bits": "many"}, "engine.bits"),
+    ({"pipeline": "sometimes"}, "engine.pipeline"), ({"scale_dtype": "int8"}, "engine.scale_dtype"),
+])
+def test_codec_bad_options_name_the_option(opts, message):
+    with pytest.raises(ValueError, match=message):
+        fb.HaloCodec.from_options(**opts)
+
+
+def test_codec_auto_counts_eight_bits_and_four_tables():
+    auto = fb.HaloCodec.from_options("auto")
+    assert auto.bits == 8 and auto.auto and "upper bound" in auto.describe()
+    g = fb.GraphShape(nodes=20_000, edges=400_000, features=64, classes=8, train_nodes=2_000)
+    spec = fb.model_spec(NS(name="sage", hidden=32, num_layers=2, dropout=0.5), 64, 8)
+    rs = fb.layout_from_cut_model(g, 4, 0.3).parts[0]
+    eight = fb.walk_step("sylvie", spec, g, rs, 4, codec=fb.HaloCodec(bits=8))
+    w = fb.walk_step("sylvie", spec, g, rs, 4, codec=auto)
+    assert w.codec_state() - eight.codec_state() == 3 * (rs.send + rs.halo)  # three more bit tables
+    assert w.work.exchanges == eight.work.exchanges
+
+
+def _sylvie_setup():
+    g = fb.GraphShape(nodes=20_000, edges=400_000, features=64, classes=8, train_nodes=2_000)
+    lay = fb.layout_from_cut_model(g, 4, 0.3)
+    rates = fb.Rates(spmm_fwd=(1e-9, 1e-10), spmm_bwd=(1e-9, 1e-10), gat_fwd=(2e-9, 1e-10), gat_bwd=(4e-9, 2e-10),
+                     gemm_flops=1e10, stream=1e10, codec=1e9, exchange=(1e-4, 1e8), allreduce=(1e-4, 1e9))
+    return g, lay, rates
+
+
+@pytest.mark.parametrize("model", ["gcn", "sage", "gat"])
+def test_sylvie_full_precision_moves_what_dp_moves(model):
+    g, lay, rates = _sylvie_setup()
+    spec = fb.model_spec(NS(name=model, hidden=16, num_layers=3, dropout=0.5, heads=2, out_heads=1), 64, 8)
+    dp = fb.predict("dp", spec, g, lay, floor=0, rates=rates)
+    full = fb.predict("sylvie", spec, g, lay, floor=0, rates=rates, codec=fb.HaloCodec(bits=32))
+    low = fb.predict("sylvie", spec, g, lay, floor=0, rates=rates, codec=fb.HaloCodec(bits=2))
+    assert full.time.bytes_sent == dp.time.bytes_sent + 16  # + the bit policy's loss and time
+    assert full.time.messages == dp.time.messages
+    assert full.time.halo == pytest.approx(dp.time.halo, rel=1e-9)
+    assert low.time.bytes_sent < full.time.bytes_sent / 3 and low.time.halo < full.time.halo  # narrow rows: scales weigh
+    assert low.time.terms["codec"] > 0 and "codec" not in dp.time.terms
+    # the plan's extra state and nothing else: the same graph, features, parameters, saved activations
+    for a, b in ((dp, full), (dp, low)):
+        assert (a.memory.graph, a.memory.features, a.memory.params, a.memory.saved) == \
+            (b.memory.graph, b.memory.features, b.memory.params, b.memory.saved)
+
+
+@pytest.mark.parametrize("model", ["gcn", "gat"])
+def test_sylvie_pipeline_keeps_two_sets_and_hides_the_exchange(model):
+    g, lay, rates = _sylvie_setup()
+    spec = fb.model_spec(NS(name=model, hidden=16, num_layers=3, dropout=0.5, heads=2, out_heads=1), 64, 8)
+    rs = lay.parts[0]
+    sync = fb.walk_step("sylvie", spec, g, rs, 4, codec=fb.HaloCodec(bits=4))
+    pipe = fb.walk_step("sylvie", spec, g, rs, 4, codec=fb.HaloCodec(bits=4, pipeline="on"))
+    assert sync.slot_bytes == [0, 0]
+    # per exchanging layer: its halo rows (h x width) and the gradients of the rows sent (S x width) after the
+    # first (synchronous) step; twice that once the exchanges of a stale step are in flight
+    widths = [fo for _, fo, _, _ in spec.layer_dims()] if model == "gcn" else \
+        [hd for _, _, heads, dim in spec.layer_dims() for hd in [heads * dim + heads]]
+    one = sum((rs.halo + rs.send) * w * spec.dbytes for w in widths)
+    assert pipe.slot_bytes == [one, 2 * one]
+    assert pipe.work.exchanges == [] and len(pipe.work.background) == len(sync.work.exchanges)
+    assert pipe.work.background == sync.work.exchanges
+    t_sync = fb.time_of(sync, rates, threads=1, cores_share=1.0, ranks=4)
+    t_pipe = fb.time_of(pipe, rates, threads=1, cores_share=1.0, ranks=4)
+    assert t_pipe.bytes_sent == t_sync.bytes_sent and t_pipe.compute == pytest.approx(t_sync.compute)
+    assert t_pipe.hidden == pytest.approx(min(t_sync.halo, t_sync.compute))
+    assert t_pipe.halo == pytest.approx(max(0.0, t_sync.halo - t_sync.compute))
+    mem_sync, mem_pipe = fb.memory_of(sync, 0), fb.memory_of(pipe, 0)
+    assert mem_pipe.peak > mem_sync.peak

@@ -1,9 +1,12 @@
-"""Run under ``mpiexec -n N``: the planner's memory components equal the tensors of real ``dp``/``sar`` steps.
+"""Run under ``mpiexec -n N``: the planner's memory components equal the tensors of real ``dp``/``sar``/``sylvie`` steps.
 
 Rank 0 writes an undirected and a directed R-MAT graph (512 nodes) and METIS-partitions each into N
-parts; every rank then trains one step of GCN, SAGE and GAT on ``dp``, ``sar`` and ``sar`` without
-prefetch, with column-blocked SpMM copies forced on (small ``BLOCK_BYTES``), and compares graph,
-features, parameters + optimiser, saved activations and the largest exchange receive with
+parts; every rank then trains one step of GCN, SAGE and GAT on ``dp``, ``sar``, ``sar`` without
+prefetch and ``sylvie`` (2 bits, synchronous), and two steps on ``sylvie`` with its pipeline (4 bits,
+float16 scales: the first step synchronous, the second on stale halo rows), with column-blocked SpMM
+copies forced on (small ``BLOCK_BYTES``), and compares graph,
+features, parameters + optimiser, saved activations, the largest exchange receive, the bytes sent and,
+for ``sylvie``, its exchange plan and what its pipeline slots hold after each step, with
 ``hpc_graph.plan.fullbatch`` (``tests/plan/_measure.py``): equal, except the graph bytes of ``sar``
 with several remote blocks, where the planner splits the cut edges over the blocks in proportion to
 their halo rows (partition.json has no per-block edge count): within 0.5 %.
@@ -22,6 +25,25 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "plan"))
 import yaml  # noqa: E402
 
 from hpc_graph.comm import get_communicator  # noqa: E402
+
+
+def compare_step(case: str, tr, got: dict, want: dict, step: int) -> list[str]:
+    """Mismatches of one measured step against the prediction (``slots``: after step ``step``)."""
+    out = []
+    engine, P = tr.engine_name, tr.size
+    for k in got:
+        w = want[k][step] if k == "slots" else want[k]
+        if got[k] == w:
+            continue
+        several = sum(1 for c in tr.graph.dg.recv_count.values() if c) > 1
+        if k == "graph" and engine == "sar" and several and abs(got[k] - w) <= 0.005 * got[k]:
+            continue
+        out.append(f"{case}: {k} measured {got[k]}, predicted {w}")
+    if not got["saved"] or not got["graph"] or (P > 1 and not got["halo_recv_max"]):
+        out.append(f"{case}: nothing measured ({got})")
+    if engine == "sylvie" and P > 1 and not got["codec_state"]:
+        out.append(f"{case}: no exchange plan measured ({got})")
+    return out
 
 
 def main() -> int:
@@ -44,27 +66,23 @@ def main() -> int:
     from hpc_graph.train.trainer import Trainer
 
     problems, cases = [], 0
+    variants = (("dp", {"prefetch": True}, 1), ("sar", {"prefetch": True}, 1), ("sar", {"prefetch": False}, 1),
+                ("sylvie", {"bits": 2}, 1), ("sylvie", {"bits": 4, "pipeline": "on", "scale_dtype": "float16"}, 2))
     for graph in ("u", "d"):
-        for engine, prefetch in (("dp", True), ("sar", True), ("sar", False)):
+        for engine, opts, steps in variants:
+            prefetch = opts.get("prefetch", True)
             for model in ("gcn", "sage", "gat"):
-                raw = {"data": {"path": str(work / f"{graph}-{P}")}, "engine": {"name": engine, "prefetch": prefetch},
+                raw = {"data": {"path": str(work / f"{graph}-{P}")}, "engine": {"name": engine, **opts},
                        "model": {"name": model, "hidden": 8, "num_layers": 3, **({"heads": 2} if model == "gat" else {})},
                        "train": {"epochs": 1, "progress": False, "run_dir": str(work / "run")}}
                 cfg_path = work / f"cfg{comm.rank}.yaml"
                 cfg_path.write_text(yaml.safe_dump(raw))
-                case = f"{graph} {engine}{'' if prefetch else ' (no prefetch)'} {model} rank {comm.rank}"
+                case = f"{graph} {engine}{'' if prefetch else ' (no prefetch)'} {opts} {model} rank {comm.rank}"
                 try:
                     tr = Trainer(load_config(cfg_path), comm)
-                    got, want = measure(tr), predict(tr)
-                    for k in got:
-                        if got[k] == want[k]:
-                            continue
-                        several = sum(1 for c in tr.graph.dg.recv_count.values() if c) > 1
-                        if k == "graph" and engine == "sar" and several and abs(got[k] - want[k]) <= 0.005 * got[k]:
-                            continue
-                        problems.append(f"{case}: {k} measured {got[k]}, predicted {want[k]}")
-                    if not got["saved"] or not got["graph"] or (P > 1 and not got["halo_recv_max"]):
-                        problems.append(f"{case}: nothing measured ({got})")
+                    want = predict(tr)
+                    for step in range(steps):
+                        problems += compare_step(f"{case}, step {step + 1}", tr, measure(tr), want, step)
                 except Exception:  # noqa: BLE001
                     problems.append(f"{case}: {traceback.format_exc()}")
                 cases += 1
