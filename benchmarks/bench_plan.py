@@ -1,7 +1,10 @@
-"""Benchmark: ``hpc-graph plan`` against real ``dp`` and ``sar`` training runs (peak memory and epoch time per rank).
+"""Benchmark: ``hpc-graph plan`` against real ``dp``, ``sar`` and ``sylvie`` training runs (peak memory and epoch time per rank).
 
     python benchmarks/bench_plan.py --scales 16 18 --ranks 1 2 4 --models gcn sage gat --engines dp sar \\
         --epochs 5 --out results/bench_plan.json --plot docs/img/plan_vs_measured.png
+
+Engines: ``dp``, ``sar``, ``sylvie`` (2-bit halo rows, synchronous) and ``sylvie-pipe`` (2 bits, its
+pipeline on: halo rows one epoch stale), each passed to ``plan`` and ``train`` as ``--set`` overrides.
 
 For every scale an R-MAT graph is generated once (``hpc-graph generate rmat --scale S --edge-factor 16
 --feat-dim 128 --num-classes 16``, as benchmarks/bench_training.py) and METIS-partitioned once per rank
@@ -56,6 +59,19 @@ HIDDEN = {"gcn": 128, "sage": 128, "gat": 32}
 HEADS, LAYERS = 4, 3
 MB = 2.0 ** 20
 PAPERS = {"nodes": 111_059_956, "features": 128, "classes": 172, "train_fraction": 0.011}
+#: the engines measured: the engine's name and the config overrides of each
+ENGINES = {"dp": ("dp", []), "sar": ("sar", []),
+           "sylvie": ("sylvie", ["engine.bits=2"]),
+           "sylvie-pipe": ("sylvie", ["engine.bits=2", "engine.pipeline=on"])}
+
+
+def _engine_args(variant: str) -> tuple[str, list[str]]:
+    """``(engine name, ['--set', 'k=v', ...])`` of a measured engine variant."""
+    name, sets = ENGINES[variant]
+    out: list[str] = ["--set", f"engine.name={name}"]
+    for kv in sets:
+        out += ["--set", kv]
+    return name, out
 
 
 def _cli() -> list[str]:
@@ -167,8 +183,10 @@ def write_config(work: Path, model: str, epochs: int) -> Path:
 # -- one configuration -----------------------------------------------------------------------------
 def plan(cfg: Path, data: Path, ranks: int, engines: list[str], floor_mb: float, work: Path, out: Path,
          args: argparse.Namespace) -> tuple[dict[str, Any], list[str], dict[str, Any]]:
-    cmd = _cli() + ["-q", "plan", "--config", cfg, "--data", data, "--engines", ",".join(engines), "--ranks", ranks,
-                    "--floor", f"{floor_mb:.1f}MiB", "--json", out]
+    (variant,) = engines
+    name, sets = _engine_args(variant)
+    cmd = _cli() + ["-q", "plan", "--config", cfg, "--data", data, "--engines", name, "--ranks", ranks,
+                    "--floor", f"{floor_mb:.1f}MiB", "--json", out] + sets
     if ranks > 1:
         cmd += ["--profile", work / f"links-{ranks}.json"]
     quiet = wait_for_quiet(args.max_busy, args.wait)
@@ -182,7 +200,7 @@ def train(cfg: Path, data: Path, ranks: int, engine: str, run_dir: Path, args: a
           ) -> tuple[dict[str, Any], list[str]]:
     threads = max(1, args.cores // ranks)
     cmd = (["mpiexec", "-n", ranks] if ranks > 1 else []) + _cli() + [
-        "-q", "train", "--config", cfg, "--set", f"data.path={data}", "--set", f"engine.name={engine}",
+        "-q", "train", "--config", cfg, "--set", f"data.path={data}", *_engine_args(engine)[1],
         "--run-dir", run_dir]
     quiet = wait_for_quiet(args.max_busy, args.wait)
     import resource
@@ -284,7 +302,7 @@ def _errors(rec: dict[str, Any]) -> None:
 
 
 def _line(r: dict[str, Any]) -> str:
-    return (f"s{r['scale']} {r['model']:4s} {r['engine']:3s} P={r['ranks']}: peak/rank predicted "
+    return (f"s{r['scale']} {r['model']:4s} {r['engine']:11s} P={r['ranks']}: peak/rank predicted "
             f"{max(r['predicted']['peak_mb']):7.0f} MiB measured {max(r['measured']['peak_rss_mb']):7.0f} MiB "
             f"({r['err_mem_max']:+.1%}; worst rank {max(r['err_mem'], key=abs):+.1%}); epoch predicted "
             f"{r['predicted']['epoch_s']:.3f} s measured {r['measured']['median_epoch_s']:.3f} s ({r['err_time']:+.1%}); "
@@ -332,7 +350,8 @@ def plot(records: list[dict[str, Any]], path: Path) -> None:
 
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4.8))
     marks = {"gcn": "o", "sage": "s", "gat": "^"}
-    colours = {"dp": "tab:blue", "sar": "tab:orange", "single": "tab:green"}
+    colours = {"dp": "tab:blue", "sar": "tab:orange", "single": "tab:green", "sylvie": "tab:red",
+               "sylvie-pipe": "tab:purple"}
     for r in records:
         for p, m in zip(r["predicted"]["peak_mb"], r["measured"]["peak_rss_mb"]):
             ax1.scatter(m, p, marker=marks[r["model"]], color=colours[r["engine"]], s=22, alpha=0.8)
@@ -381,7 +400,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--scales", type=int, nargs="+", default=[16, 18])
     ap.add_argument("--ranks", type=int, nargs="+", default=[1, 2, 4])
     ap.add_argument("--models", nargs="+", default=["gcn", "sage", "gat"], choices=sorted(HIDDEN))
-    ap.add_argument("--engines", nargs="+", default=["dp", "sar"], choices=["dp", "sar"])
+    ap.add_argument("--engines", nargs="+", default=["dp", "sar"], choices=sorted(ENGINES))
     ap.add_argument("--epochs", type=int, default=5)
     ap.add_argument("--cores", type=int, default=os.cpu_count() or 1)
     ap.add_argument("--max-busy", type=float, default=0.15,
