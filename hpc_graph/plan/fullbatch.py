@@ -819,9 +819,11 @@ class _Walk:
         self.tape.pin(*slot[key])
 
     def _slot_finish(self, slot: dict, pending: str, key: str) -> None:
-        """A stale exchange in flight since the last step completes: its buffers become the slot's data."""
+        """A stale exchange in flight since the last step completes: decoded into its buffers (allocated when it
+        was posted, resident only now that they are written), which become the slot's data."""
         if pending in slot:
-            bufs, msgs = slot.pop(pending)
+            sizes, msgs = slot.pop(pending)
+            bufs = [self.tape.new(size, "halo") for size in sizes]
             self.tape.unpin(*msgs)
             self._slot_replace(slot, key, bufs)
 
@@ -855,11 +857,12 @@ class _Walk:
             return halo, halo_e
         self._slot_finish(slot, "pending_fwd", "halo")
         halo, halo_e = (slot["halo"] + [None])[:2] if extra else (slot["halo"][0], None)
-        bufs = [t.new(self.rows(h, width), "halo"), t.new(self.rows(h, extra), "halo") if extra else None]
+        # the buffers the rows will be decoded into: allocated now, written (resident) when the exchange completes
+        sizes = [self.rows(h, width)] + ([self.rows(h, extra)] if extra else [])
         msgs = [t.new(out_b, "halo"), t.new(in_b, "halo")]
-        t.pin(*bufs, *msgs)
+        t.pin(*msgs)
         t.free(ranges)
-        slot["pending_fwd"] = ([b for b in bufs if b is not None], msgs)
+        slot["pending_fwd"] = (sizes, msgs)
         self.work.background.append((out_b, in_b, peers))
         return halo, halo_e
 
@@ -886,11 +889,10 @@ class _Walk:
         else:
             self._slot_finish(slot, "pending_bwd", "grad")
             buf = (slot["grad"] + [None])[:2]
-            bufs = [t.new(self.rows(rs.send, width), "halo"),
-                    t.new(self.rows(rs.send, extra), "halo") if extra else None]
+            sizes = [self.rows(rs.send, width)] + ([self.rows(rs.send, extra)] if extra else [])
             msgs = [t.new(out_b, "halo"), t.new(in_b, "halo")]
-            t.pin(*bufs, *msgs)
-            slot["pending_bwd"] = ([b for b in bufs if b is not None], msgs)
+            t.pin(*msgs)
+            slot["pending_bwd"] = (sizes, msgs)
             self.work.background.append((out_b, in_b, peers))
         gx = t.new(self.rows(n, width))  # zeros, then the received rows added at their owners' rows
         ge = t.new(self.rows(n, extra)) if extra else None
@@ -1143,11 +1145,12 @@ class _Walk:
         self.slot_bytes.append(self._slot_data())
 
     def _slot_data(self) -> int:
-        """Bytes of the halo rows and gradients sylvie's slots hold (kept, and in flight), messages not counted."""
+        """Bytes of the halo rows and gradients sylvie's slots hold (kept, and allocated for the exchanges in
+        flight, resident or not), messages not counted."""
         names = [x for slot in self.slots.values() for key in ("halo", "grad") for x in slot.get(key, [])]
-        names += [x for slot in self.slots.values() for key in ("pending_fwd", "pending_bwd")
-                  for x in slot.get(key, ([], []))[0]]
-        return sum(self.tape.live[x][0] for x in names if x in self.tape.live)
+        kept = sum(self.tape.live[x][0] for x in names if x in self.tape.live)
+        return int(kept + sum(size for slot in self.slots.values() for key in ("pending_fwd", "pending_bwd")
+                              for size in slot.get(key, ([], []))[0]))
 
     def eval_forward(self) -> None:
         """Walk the evaluation forward pass (``torch.no_grad``, no dropout): nothing is kept for a backward
@@ -1698,9 +1701,12 @@ def memory_of(w: _Walk, floor: int) -> MemoryEstimate:
                           halo_recv_max=int(w.halo_recv_max), load_peak=int(load_total + floor))
 
 
-def time_of(w: _Walk, rates: Rates, *, threads: int, cores_share: float, ranks: int) -> TimeEstimate:
+def time_of(w: _Walk, rates: Rates, *, threads: int, cores_share: float, ranks: int,
+            overlap: bool = True) -> TimeEstimate:
     """The :class:`TimeEstimate` of a walked step at ``rates`` for a rank of ``threads`` threads on
-    ``cores_share`` cores."""
+    ``cores_share`` cores. ``overlap``: exchanges started in the background (sylvie's pipeline) travel while
+    the rank computes (a network link); False: they cost their full time (ranks of one node, whose
+    transfers are copies by the same cores, as measured on this machine)."""
     k = rates.slowdown(threads, cores_share)
     wk = w.work
 
@@ -1717,7 +1723,8 @@ def time_of(w: _Walk, rates: Rates, *, threads: int, cores_share: float, ranks: 
     halo = sum(rates.exchange_time(o, i, p) for o, i, p in wk.exchanges)
     # sylvie's pipeline: an exchange has a whole epoch of computation to travel behind
     behind = sum(rates.exchange_time(o, i, p) for o, i, p in wk.background)
-    halo += max(0.0, behind - compute)
+    hidden = min(behind, compute) if overlap else 0.0
+    halo += behind - hidden
     every = wk.exchanges + wk.background
     pbytes = w.spec.num_params() * w.d
     calls = max(1, -(-pbytes // (25 << 20)))
@@ -1731,7 +1738,7 @@ def time_of(w: _Walk, rates: Rates, *, threads: int, cores_share: float, ranks: 
         terms["codec"] = codec
     return TimeEstimate(rank=w.rs.rank, compute=compute, halo=halo, allreduce=ar, terms=terms,
                         messages=len(every), halo_bytes=sum(max(o, i) for o, i, _ in every), bytes_sent=sent,
-                        hidden=min(behind, compute))
+                        hidden=hidden)
 
 
 @dataclasses.dataclass
@@ -1798,7 +1805,10 @@ def predict(engine: str, spec: ModelSpec, graph: GraphShape, layout: Layout, *, 
         if best_mem is None or mem.peak > best_mem.peak:
             best_mem = mem
         if rates is not None:
-            tm = time_of(w, rates, threads=thr, cores_share=share, ranks=P)
+            # background exchanges overlap the computation over a network (a modelled link, or peers on other
+            # nodes), not between ranks of one node measured by the profile (their transfers are CPU copies)
+            overlap = rates.link is not None or rpn < P
+            tm = time_of(w, rates, threads=thr, cores_share=share, ranks=P, overlap=overlap)
             seconds.append(tm.total)
             sent.append(tm.bytes_sent)
             if worst is None or tm.total > worst.total:

@@ -5,6 +5,7 @@ The multi-rank half (``dp``, ``sar`` and ``sylvie`` on 2 and 4 ranks) is ``tests
 """
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import json
 import math
@@ -311,5 +312,14 @@ def test_sylvie_pipeline_keeps_two_sets_and_hides_the_exchange(model):
     assert t_pipe.bytes_sent == t_sync.bytes_sent and t_pipe.compute == pytest.approx(t_sync.compute)
     assert t_pipe.hidden == pytest.approx(min(t_sync.halo, t_sync.compute))
     assert t_pipe.halo == pytest.approx(max(0.0, t_sync.halo - t_sync.compute))
+    # ranks of one node (measured links): the transfers are the same cores' copies, nothing hidden
+    t_node = fb.time_of(pipe, rates, threads=1, cores_share=1.0, ranks=4, overlap=False)
+    assert t_node.hidden == 0 and t_node.halo == pytest.approx(t_sync.halo)
+    measured = dataclasses.replace(rates, link=None)
+    one_node = fb.predict("sylvie", spec, g, lay, floor=0, rates=measured, codec=fb.HaloCodec(bits=4, pipeline="on"),
+                          cores_per_node=4, ranks_per_node=4)
+    two_nodes = fb.predict("sylvie", spec, g, lay, floor=0, rates=measured, codec=fb.HaloCodec(bits=4, pipeline="on"),
+                           cores_per_node=4, ranks_per_node=2)
+    assert one_node.time.hidden == 0 and two_nodes.time.hidden > 0
     mem_sync, mem_pipe = fb.memory_of(sync, 0), fb.memory_of(pipe, 0)
     assert mem_pipe.peak > mem_sync.peak
