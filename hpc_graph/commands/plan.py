@@ -1,7 +1,7 @@
 """``hpc-graph plan --config CFG.yaml [--set key=value ...]``: what a job will cost, before it trains.
 
-Full-batch engines (``single``, ``dp``, ``sar``, ``sylvie``; ``engine.name`` of the config, ``auto``, or
-``--engines``): one process predicts, per rank, the peak memory (by component) and the epoch time
+Full-batch engines (``single``, ``dp``, ``sar``, ``sylvie``, ``flow``; ``engine.name`` of the config, ``auto``,
+or ``--engines``): one process predicts, per rank, the peak memory (by component) and the epoch time
 (compute, halo exchange, gradient all-reduce) for each engine and rank count, the bottleneck, and
 with ``--memory-per-rank`` the smallest rank count that fits (``hpc_graph.plan.fullbatch``,
 docs/plan.md). The graph comes from ``--data`` (default ``data.path``): a dataset file or a partition
@@ -34,7 +34,7 @@ from hpc_graph.cli import CLIError, add_threads_option
 #: the CLI leaves the thread decision to this command (``train.threads`` takes part in it)
 CONFIGURES_THREADS = True
 
-FULLBATCH = ("single", "dp", "sar", "sylvie")
+FULLBATCH = ("single", "dp", "sar", "sylvie", "flow")
 #: what ``engine.name: auto`` plans for (the engines ``auto`` chooses among, and SAR)
 AUTO_ENGINES = ("single", "dp", "sar")
 #: the link assumed when none was measured (no ``--profile`` file, one process, no ``comm.link_*``)
@@ -44,19 +44,19 @@ DESCRIPTION_FLAGS = ("nodes", "edges", "features", "classes")
 
 def add_parser(subparsers) -> None:
     parser = subparsers.add_parser(
-        "plan", help="predict a job's memory and epoch time per rank before training (single, dp, sar, sylvie, apt)",
-        description="Predict per-rank peak memory and epoch time of the full-batch engines (single, dp, sar, sylvie) "
+        "plan", help="predict a job's memory and epoch time per rank before training (single, dp, sar, sylvie, flow, apt)",
+        description="Predict per-rank peak memory and epoch time of the full-batch engines (single, dp, sar, sylvie, flow) "
                     "over rank counts, or run the apt engine's dry run; nothing is trained (docs/plan.md).")
     parser.add_argument("--config", required=True, metavar="CFG.yaml", help="training config (see configs/)")
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.KEY=VALUE",
                         help="override one config field (repeatable)")
     parser.add_argument("--json", default=None, metavar="FILE", help="also write the predictions as JSON")
-    fb = parser.add_argument_group("full-batch engines (single, dp, sar, sylvie)")
+    fb = parser.add_argument_group("full-batch engines (single, dp, sar, sylvie, flow)")
     fb.add_argument("--data", default=None, metavar="DATASET.h5|PARTITION_DIR",
                     help="the graph to plan for (default: the config's data.path)")
     fb.add_argument("--engines", default=None, metavar="LIST",
-                    help="comma-separated engines among single, dp, sar, sylvie, or 'all' (default: the config's engine; "
-                         "single, dp and sar for engine.name auto; 'all': the four)")
+                    help="comma-separated engines among single, dp, sar, sylvie, flow, or 'all' (default: the config's engine; "
+                         "single, dp and sar for engine.name auto; 'all': the five)")
     fb.add_argument("--ranks", default=None, metavar="LIST|A-B",
                     help="rank counts: '1,2,4' or a range 'A-B' (powers of two in the table, every count searched "
                          "for the smallest that fits); default: the partition's part count, else 1 (a description: "
@@ -120,7 +120,7 @@ def run(args: argparse.Namespace) -> int:
                           world=True)
         fullbatch = args.engines is not None or config.engine.name in FULLBATCH + ("auto",)
         if not fullbatch and config.engine.name != "apt":
-            raise ConfigError(f"engine.name: hpc-graph plan covers engines apt, single, dp, sar and sylvie, not "
+            raise ConfigError(f"engine.name: hpc-graph plan covers engines apt, single, dp, sar, sylvie and flow, not "
                               f"{config.engine.name!r} (or choose engines with --engines)")
     except (ConfigError, ValueError, OSError) as exc:
         raise CLIError(str(exc)) from exc
@@ -487,8 +487,19 @@ def _run_fullbatch(args: argparse.Namespace, config: Any) -> int:
         codec = fb.engine_codec("sylvie", config.engine) if "sylvie" in engines else None
     except ValueError as exc:
         raise CLIError(str(exc)) from None
+    flow_opts = None
+    if "flow" in engines:
+        try:
+            flow_opts = fb.check_flow(config.engine, 1)
+        except ValueError as exc:
+            raise CLIError(str(exc)) from None
     for engine in engines:
         counts = [1] if engine == "single" else searched
+        if engine == "flow":  # one stage of at least one layer per rank
+            counts = [P for P in searched if P <= spec.layers]
+            if not counts:
+                raise CLIError(f"--ranks: flow runs one stage of layers per rank, and model.num_layers is {spec.layers}; "
+                               f"no rank count in {args.ranks} is at most that")
         found = None
         for P in counts:
             if engine == "single" and P != 1:
@@ -499,7 +510,7 @@ def _run_fullbatch(args: argparse.Namespace, config: Any) -> int:
             pred = fb.predict(engine, spec, graph, lay, floor=floor + (fb.MPI_ALLOWANCE_BYTES if P > 1 else 0),
                               rates=rates if P in shown_set else None, prefetch=prefetch, memory_per_rank=memory,
                               cores_per_node=cores, ranks_per_node=rpn, threads=threads_fixed or t_rank,
-                              codec=codec if engine == "sylvie" else None)
+                              codec=codec if engine == "sylvie" else None, flow=flow_opts or (1, "cost"))
             if memory is not None and found is None and pred.fits:
                 found = P
             if P in shown_set:
@@ -509,6 +520,11 @@ def _run_fullbatch(args: argparse.Namespace, config: Any) -> int:
     if codec is not None:
         assumptions.append(codec.describe() + ("; the stale exchanges are hidden behind the step's computation "
                                                "up to its length" if codec.stale else ""))
+    if flow_opts is not None:
+        assumptions.append(f"flow: the whole graph on every rank, one stage of layers each (at most {spec.layers} ranks), "
+                           f"{flow_opts[0]} micro-batch(es), cross_edges exact (stages run one after the other); "
+                           "the epoch adds the stages' steps and every activation transfer; the first stage also "
+                           "times every layer once to split the stages")
     assumptions.append(f"process floor: {floor / 2**20:.0f} MiB ({floor_src})"
                        + (f", + {fb.MPI_ALLOWANCE_BYTES >> 20} MiB with 2+ ranks (MPI)" if any(p > 1 for p in shown) else ""))
     assumptions.append(f"threads: {cores} cores per node; ranks per node: "

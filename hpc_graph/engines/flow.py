@@ -50,7 +50,7 @@ from data_io.errors import FormatError
 from hpc_graph.engines.base import Engine
 from hpc_graph.graph.microbatch import CROSS_EDGES, History, MicroBatchPlan
 from hpc_graph.graph.whole_graph import WholeGraph
-from hpc_graph.ops.csr import CSR
+from hpc_graph.ops.csr import CSR, column_dtype
 
 log = logging.getLogger(__name__)
 
@@ -97,6 +97,16 @@ def _same_units_same_cost(units: list[list[torch.nn.Module]], costs: list[float]
     return out
 
 
+def _cut_edges(csr: CSR, offsets: np.ndarray) -> int:
+    """Edges of ``csr`` whose source lies in another micro-batch than their destination (rows ``offsets``)."""
+    m = int(offsets.shape[0] - 1)
+    if m <= 1:
+        return 0
+    part = np.repeat(np.arange(m, dtype=np.int32), np.diff(offsets))
+    deg = np.diff(csr.indptr.numpy())
+    return int(np.count_nonzero(part[csr.indices.numpy()] != np.repeat(part, deg)))
+
+
 class FlowEngine(Engine):
     """See the module docstring. ``source``: a dataset file (every rank reads all of it)."""
 
@@ -137,7 +147,7 @@ class FlowEngine(Engine):
                                   "classifiers (use engine single)")
             n = ds.num_nodes
             indptr = np.asarray(ds.indptr(), dtype=np.int64)
-            indices = np.asarray(ds.indices(), dtype=np.int64)
+            indices = np.asarray(ds.indices())
             feat = ds.feat_rows(0, n)
             label, masks = ds.node_labels(), ds.split_masks()
             self.num_classes = int(ds.num_classes) or int(label.max()) + 1
@@ -145,19 +155,30 @@ class FlowEngine(Engine):
             raise ValueError(f"engine.microbatches: {m} micro-batches but {self.source} has only {n} nodes")
         self.num_microbatches = m
         order, offsets = self._microbatches(indptr, indices, masks["train"], m)
-        csr = CSR.permuted(indptr, indices, order)
+        if m == 1:  # one micro-batch: the graph as stored (no renaming, no copies of the structure or features)
+            csr = CSR(torch.from_numpy(indptr), torch.from_numpy(indices.astype(column_dtype(n), copy=False)), n,
+                      validate=False)
+        else:
+            csr = CSR.permuted(indptr, indices, order)
+        del indices
         self.order = torch.from_numpy(order)  # row r of this engine is dataset node order[r]
         self.offsets = offsets
         # attention dropout hashes the dataset ids, as on single
         self.graph = WholeGraph(csr.to(self.device), global_ids=self.order)
+        # exact runs every stage on the whole graph: the micro-batches' own structures are never used
         self.plan = MicroBatchPlan(csr.indptr.numpy(), csr.indices.numpy(), offsets, order, self.device) \
-            if m > 1 else None
-        self.cut_edges = 0 if self.plan is None else self.plan.cut_edges
+            if m > 1 and self.cross_edges != "exact" else None
+        self.cut_edges = self.plan.cut_edges if self.plan is not None else _cut_edges(csr, offsets)
         self.history = History(n) if (self.cross_edges == "stale" and m > 1) else None
         self._contexts: dict[tuple, Any] = {}
-        self.feat = torch.from_numpy(np.ascontiguousarray(feat[order])).to(device=self.device, dtype=dtype)
-        self.label = torch.from_numpy(np.asarray(label, dtype=np.int64)[order]).to(self.device)
-        self.masks = {k: torch.from_numpy(np.asarray(v, dtype=bool)[order]).to(self.device) for k, v in masks.items()}
+        ident = m == 1
+        self.feat = torch.from_numpy(np.ascontiguousarray(feat if ident else feat[order])).to(device=self.device,
+                                                                                             dtype=dtype)
+        del feat
+        self.label = torch.from_numpy(np.asarray(label, dtype=np.int64) if ident else
+                                      np.asarray(label, dtype=np.int64)[order]).to(self.device)
+        self.masks = {k: torch.from_numpy(np.asarray(v, dtype=bool) if ident else np.asarray(v, dtype=bool)[order])
+                      .to(self.device) for k, v in masks.items()}
         self.num_features = int(self.feat.shape[1])
         self.units: tuple[int, int] = (0, 0)
         self.boundaries: list[int] = []
@@ -171,8 +192,8 @@ class FlowEngine(Engine):
         self._busy_start = 0.0
         self._step_stats: dict[str, float] = {}
         log.info("flow engine: %s, %d nodes, %d edges, stage %d of %d, %d micro-batch(es), %d cut edges (%.1f %%), "
-                 "cross edges %s", self.source, n, int(indices.shape[0]), self.stage, self.num_stages, m,
-                 self.cut_edges, 100.0 * self.cut_edges / max(int(indices.shape[0]), 1), self.cross_edges)
+                 "cross edges %s", self.source, n, csr.num_edges, self.stage, self.num_stages, m,
+                 self.cut_edges, 100.0 * self.cut_edges / max(csr.num_edges, 1), self.cross_edges)
 
     # -- set-up ---------------------------------------------------------------------------------------
     def _microbatches(self, indptr: np.ndarray, indices: np.ndarray, train: np.ndarray, m: int):

@@ -182,6 +182,7 @@ class CSR:
         Args:
             indptr: int64[N+1], indices: int[E] (row i lists the sources of i's in-edges); order: int64[N], a
                 permutation of the nodes.
+        Returns: the renamed CSR, its columns int32 where the ids fit (:func:`column_dtype`).
         """
         indptr = np.asarray(indptr, dtype=np.int64)
         indices = np.asarray(indices, dtype=np.int64)
@@ -195,7 +196,8 @@ class CSR:
         rows = np.repeat(np.arange(n, dtype=np.int64), deg)
         take = np.arange(int(new_ptr[-1]), dtype=np.int64) + np.repeat(indptr[order] - new_ptr[:-1], deg)
         cols = pos[indices[take]]
-        cols = cols[np.lexsort((cols, rows))]
+        del take
+        cols = cols[np.lexsort((cols, rows))].astype(column_dtype(n), copy=False)
         return cls(torch.from_numpy(new_ptr), torch.from_numpy(cols), n, validate=False)
 
     def __repr__(self) -> str:

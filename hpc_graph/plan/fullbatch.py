@@ -56,7 +56,7 @@ from typing import Any, Callable, Iterable
 
 log = logging.getLogger(__name__)
 
-ENGINES = ("single", "dp", "sar", "sylvie")
+ENGINES = ("single", "dp", "sar", "sylvie", "flow")
 #: models whose layer shapes this planner describes (GNN stacks without residuals or batch norm, MLP)
 MODELS = ("gcn", "sage", "gat", "mlp")
 DTYPE_BYTES = {"float32": 4, "float64": 8}
@@ -194,9 +194,10 @@ class ModelSpec:
             width = fout
         return out
 
-    def num_params(self) -> int:
+    def num_params(self, start: int = 0, stop: int | None = None) -> int:
+        """Parameters of layers ``start .. stop - 1`` (default: the whole model)."""
         total = 0
-        for fin, fout, heads, dim in self.layer_dims():
+        for fin, fout, heads, dim in self.layer_dims()[start:stop]:
             if self.name == "gcn":
                 total += fin * fout + fout
             elif self.name == "sage":
@@ -293,6 +294,48 @@ def engine_codec(engine: str, section: Any) -> HaloCodec | None:
         return None
     return HaloCodec.from_options(getattr(section, "bits", "auto"), getattr(section, "pipeline", "off"),
                                   getattr(section, "scale_dtype", "float32"))
+
+
+@dataclasses.dataclass(frozen=True)
+class FlowStage:
+    """One rank of the ``flow`` engine: layers ``start .. stop - 1`` of a ``layers``-layer model, the graph in
+    ``microbatches`` micro-batches (``exact``: every stage runs its layers on the whole graph, see
+    ``hpc_graph.engines.flow``)."""
+
+    start: int
+    stop: int
+    layers: int
+    microbatches: int = 1
+
+    @property
+    def first(self) -> bool:
+        return self.start == 0
+
+    @property
+    def last(self) -> bool:
+        return self.stop == self.layers
+
+
+def flow_bounds(layers: int, stages: int, costs: list[float] | None = None) -> list[int]:
+    """The stage boundaries the flow engine cuts a ``layers``-layer chain into: by ``costs`` (one per layer,
+    ``stage_split: cost``; the engine measures them, the plan predicts them) or by count (None)."""
+    from hpc_graph.engines.flow import split_stages
+
+    if not 1 <= stages <= layers:
+        raise ValueError(f"engine.stages: {stages} stages (ranks) but the model has {layers} layers; the flow engine "
+                         "needs at least one layer per stage")
+    return split_stages(list(costs) if costs is not None else [1.0] * layers, stages)
+
+
+def check_flow(section: Any, ranks: int) -> tuple[int, str]:
+    """``(micro-batches, stage split)`` of a config's ``engine`` section for flow on ``ranks`` ranks; ValueError
+    naming the option the planner does not model (``cross_edges`` stale/drop with several micro-batches)."""
+    m = int(getattr(section, "microbatches", 1) or 1)
+    mode = str(getattr(section, "cross_edges", "exact"))
+    if m > 1 and mode != "exact":
+        raise ValueError(f"engine.cross_edges: the planner models flow's exact mode (or one micro-batch), not "
+                         f"{mode!r} with {m} micro-batches")
+    return m, str(getattr(section, "stage_split", "cost"))
 
 
 # -- graph statistics -----------------------------------------------------------------------------------
@@ -645,11 +688,14 @@ class _Walk:
 
     def __init__(self, engine: str, spec: ModelSpec, graph: GraphShape, rs: RankShape, P: int, *,
                  prefetch: bool = True, block_bytes: int | None = None, max_blocks: int | None = None,
-                 codec: HaloCodec | None = None):
-        # sylvie is dp with another halo exchange: walked as dp, with the codec at every exchange
+                 codec: HaloCodec | None = None, stage: FlowStage | None = None):
+        # sylvie is dp with another halo exchange: walked as dp, with the codec at every exchange; a flow stage is
+        # single on the whole graph for its own layers, its input from the previous stage, its output to the next
         self.name = engine
         self.codec = (codec or HaloCodec()) if engine == "sylvie" else None
-        engine = "dp" if engine == "sylvie" else engine
+        layers = spec.layers
+        self.flow = (stage or FlowStage(0, layers, layers)) if engine == "flow" else None
+        engine = {"sylvie": "dp", "flow": "single"}.get(engine, engine)
         self.engine, self.spec, self.graph, self.rs, self.P = engine, spec, graph, rs, P
         self.prefetch = prefetch and engine == "sar"
         self.d = spec.dbytes
@@ -733,7 +779,7 @@ class _Walk:
             else:
                 blocks = 1 + rs.peers
                 graph = blocks * (n + 1) * IDX + E * COL + ids
-        p = spec.num_params() * d
+        p = (spec.num_params(self.flow.start, self.flow.stop) if self.flow else spec.num_params()) * d
         opt = 2 if spec.optimizer == "adam" else (1 if spec.momentum > 0 else 0)
         params = p * (1 + 1 + opt + 1)  # parameters, gradients, optimiser state, best-validation copy
         out = {"graph": int(graph), "features": int(features), "params": int(params)}
@@ -758,6 +804,10 @@ class _Walk:
         if self.engine == "single":
             if self.graph.disk_index_bytes != COL:  # int64 indices on disk, converted to int32
                 extra = E * self.graph.disk_index_bytes
+            if self.flow is not None and self.flow.microbatches > 1:
+                # flow renames the nodes into micro-batch order: the file's columns, four int64 arrays per edge
+                # (rows, sources, the sort order, the sorted columns) and a renamed copy of the features
+                extra = E * self.graph.disk_index_bytes + 4 * E * IDX + n * self.graph.features * self.d
         else:
             # a part file's int64 columns, alive while the DistGraph makes its int32 copy
             extra = E * IDX
@@ -1098,18 +1148,50 @@ class _Walk:
             self.work.mask += n * fin  # and for the input gradient
         return gx
 
-    def forward_backward(self) -> None:
-        """Walk one training step of the model (memory on the tape, work in ``self.work``)."""
+    def _stage(self) -> tuple[int, int]:
+        """The layers this rank runs (a flow stage's; every layer otherwise)."""
+        return (self.flow.start, self.flow.stop) if self.flow else (0, self.spec.layers)
+
+    def _flow_recv(self, width: float, comp: str) -> str:
+        """A flow stage receives the rows of every micro-batch (one exchange each) and concatenates them."""
+        t, M, n = self.tape, self.flow.microbatches, self.n
+        rows = -(-n // M)
+        bufs = [t.new(self.rows(min(rows, n - i * rows), width), "halo") for i in range(M) if i * rows < n]
+        self.halo_recv_max = max(self.halo_recv_max, int(self.rows(rows, width)))
+        for _ in bufs:
+            self.work.exchanges.append((0.0, self.rows(rows, width), 1))
+        x = t.new(self.rows(n, width), comp)
+        self.work.stream += 2 * self.rows(n, width)
+        t.free(*bufs)
+        return x
+
+    def _flow_send(self, width: float) -> None:
+        """A flow stage sends each micro-batch's rows of a tensor (views of it: nothing allocated)."""
+        M, n = self.flow.microbatches, self.n
+        rows = -(-n // M)
+        for i in range(M):
+            if i * rows < n:
+                self.work.exchanges.append((self.rows(min(rows, n - i * rows), width), 0.0, 1))
+
+    def forward_backward(self, where: str = "") -> None:
+        """Walk one training step of the model (memory on the tape, work in ``self.work``; ``where`` prefixes the
+        moments named in the peak)."""
         spec, t, n = self.spec, self.tape, self.n
         dims = spec.layer_dims()
         train = self.graph.train_nodes if self.engine == "single" else self.rs.train
         self.step_index += 1
         self._ncalls, self._calls = 0, []
+        lo, hi = self._stage()
         x = "features"  # the input features: held by the engine, never freed
+        if lo > 0:  # a later flow stage: the previous stage's output, kept (with its gradient) until the end
+            t.where = where + "forward, receiving"
+            x = self._flow_recv(dims[lo][0], "activations")
+        h_in = x
         inputs: list[str] = []
         layer_state: list[dict] = []
-        for layer, (fin, fout, heads, dim) in enumerate(dims):
-            t.where = f"forward, layer {layer + 1}"
+        for layer in range(lo, hi):
+            fin, fout, heads, dim = dims[layer]
+            t.where = f"{where}forward, layer {layer + 1}"
             st = {"x": x, "fin": fin, "fout": fout, "heads": heads, "dim": dim, "first": layer == 0,
                   "last": layer == len(dims) - 1}
             y = self._layer_forward(st)
@@ -1117,31 +1199,41 @@ class _Walk:
             inputs.append(x)
             x = y
         logits = x
-        t.where = "loss"
-        c = dims[-1][1]
-        picked = t.new(train * c * self.d)
-        lsm = t.new(train * c * self.d + train * 8, "activations")  # log-softmax and the targets, kept
-        self.work.stream += 4 * train * c * self.d
-        t.free(picked)
-        self.saved_at_end_of_forward = t.total("activations")
-        t.where = "backward, loss"
-        g = t.new(self.rows(n, c))  # the gradient of the logits (zeros, scattered)
-        self.work.stream += self.rows(n, c) + 2 * train * c * self.d
-        t.free(lsm)
-        for layer in range(len(dims) - 1, -1, -1):
-            t.where = f"backward, layer {layer + 1}"
-            st = layer_state[layer]
+        if hi == len(dims):
+            t.where = where + "loss"
+            c = dims[-1][1]
+            picked = t.new(train * c * self.d)
+            # log-softmax and the targets, kept (a flow stage picks the rows by a fresh index of the loss rows: kept too)
+            lsm = t.new(train * c * self.d + train * 8 * (2 if self.flow else 1), "activations")
+            self.work.stream += 4 * train * c * self.d
+            t.free(picked)
+            self.saved_at_end_of_forward = t.total("activations")
+            t.where = where + "backward, loss"
+            g = t.new(self.rows(n, c))  # the gradient of the logits (zeros, scattered)
+            self.work.stream += self.rows(n, c) + 2 * train * c * self.d
+            t.free(lsm)
+        else:  # the output goes to the next stage, its gradient comes back
+            self._flow_send(dims[hi - 1][1])
+            self.saved_at_end_of_forward = t.total("activations")
+            t.where = where + "backward, receiving"
+            g = self._flow_recv(dims[hi - 1][1], "workspace")
+        for i in range(len(layer_state) - 1, -1, -1):
+            layer = lo + i
+            t.where = f"{where}backward, layer {layer + 1}"
+            st = layer_state[i]
             g_in = self._layer_backward(st, g)
             t.free(g)
-            if layer > 0 and spec.name in ("gcn", "sage"):
+            if layer > lo and spec.name in ("gcn", "sage"):
                 t.free(st["x"])  # the previous layer's output, kept until now
             g = g_in
-        t.free(g, logits)
-        t.where = "optimizer step"
-        p = spec.num_params() * self.d
+        if lo > 0:  # the input's gradient goes back to the previous stage (sent from it, freed at the step's end)
+            self._flow_send(dims[lo][0])
+        t.where = where + "optimizer step"
+        p = (spec.num_params(lo, hi) if self.flow else spec.num_params()) * self.d
         self.work.stream += p * 8
         tmp = t.new(2 * p)
         t.free(tmp)
+        t.free(g, logits, None if h_in == "features" else h_in)
         self.slot_bytes.append(self._slot_data())
 
     def _slot_data(self) -> int:
@@ -1158,9 +1250,14 @@ class _Walk:
         spec, t, n = self.spec, self.tape, self.n
         dims = spec.layer_dims()
         x = "features"
+        lo, hi = self._stage()
         self.eval_mode = t.no_grad = True
         try:
-            for layer, (fin, fout, heads, dim) in enumerate(dims):
+            if lo > 0:
+                t.where = "evaluation, receiving"
+                x = self._flow_recv(dims[lo][0], "workspace")
+            for layer in range(lo, hi):
+                fin, fout, heads, dim = dims[layer]
                 t.where = f"evaluation, layer {layer + 1}"
                 before = set(t.live)
                 st = {"x": x, "fin": fin, "fout": fout, "heads": heads, "dim": dim, "first": layer == 0,
@@ -1657,18 +1754,26 @@ class TimeEstimate:
 
 def walk_step(engine: str, spec: ModelSpec, graph: GraphShape, rank: RankShape, ranks: int, *,
               prefetch: bool = True, block_bytes: int | None = None, max_blocks: int | None = None,
-              codec: HaloCodec | None = None) -> _Walk:
+              codec: HaloCodec | None = None, stage: FlowStage | None = None) -> _Walk:
     """Walk one training step of ``engine`` for ``rank`` (memory on the tape, work recorded): the first step
     (which builds transposes and caches), a later one (its work is the one timed: with sylvie's pipeline
     the first step is synchronous, the later ones stale), and the evaluation pass. ``codec``: sylvie's
-    options (default: :class:`HaloCodec`'s)."""
+    options (default: :class:`HaloCodec`'s); ``stage``: a flow rank's layers (default: all, one stage)."""
     if engine not in ENGINES:
         raise ValueError(f"engine: the planner covers {', '.join(ENGINES)}, not {engine!r}")
     if spec.name not in MODELS:
         raise ValueError(f"model.name: the planner describes models {', '.join(MODELS)}, not {spec.name!r}")
     w = _Walk(engine, spec, graph, rank, ranks, prefetch=prefetch, block_bytes=block_bytes, max_blocks=max_blocks,
-              codec=codec)
+              codec=codec, stage=stage)
     w.tape = _Tape(w.base())
+    if w.flow is not None and w.flow.first:
+        # the first flow stage times every unit (forward + backward, one at a time, on the first micro-batch: the
+        # whole graph under exact) to split the stages: what those build (transposes, copies) stays with it
+        stage = w.flow
+        for layer in range(stage.layers):
+            w.flow = FlowStage(layer, layer + 1, stage.layers, stage.microbatches)
+            w.forward_backward(where="stage split probe, ")
+        w.flow, w.work, w.step_index, w.slot_bytes = stage, _Work(), -1, []
     w.forward_backward()
     # a later step: the graph's transposes and caches exist, nothing is built (its high-water mark alone)
     first = (w.tape.peak, w.tape.peak_parts, w.tape.peak_where)
@@ -1726,9 +1831,10 @@ def time_of(w: _Walk, rates: Rates, *, threads: int, cores_share: float, ranks: 
     hidden = min(behind, compute) if overlap else 0.0
     halo += behind - hidden
     every = wk.exchanges + wk.background
-    pbytes = w.spec.num_params() * w.d
+    # the gradients (a flow stage's are its own: only the loss and the flags travel)
+    pbytes = 0 if w.flow is not None else w.spec.num_params() * w.d
     calls = max(1, -(-pbytes // (25 << 20)))
-    ar = rates.allreduce_time(pbytes, ranks, calls)
+    ar = rates.allreduce_time(pbytes or (2 + 2 * ranks) * w.d, ranks, calls)
     # the gradient all-reduce also carries the loss and the ranks' stop/finite flags: 2 + 2P values
     sent = sum(o for o, _, _ in every) + ((pbytes + (2 + 2 * ranks) * w.d) if ranks > 1 else 0)
     if w.codec is not None and ranks > 1:
@@ -1782,15 +1888,52 @@ def threads_for(ranks_per_node: int, cores_per_node: int) -> tuple[int, float]:
     return max(1, c // r), c / r
 
 
+def flow_layout(graph: GraphShape, ranks: int) -> Layout:
+    """The flow engine's ranks: every one holds the whole graph (its stage's layers differ)."""
+    whole = single_layout(graph).parts[0]
+    return Layout(ranks=ranks, parts=[dataclasses.replace(whole, rank=p) for p in range(ranks)],
+                  source="whole graph on every rank (flow)", cut_fraction=0.0)
+
+
+def flow_costs(spec: ModelSpec, graph: GraphShape, rates: Rates, *, threads: int, cores_share: float) -> list[float]:
+    """Predicted forward + backward seconds of each layer on the whole graph (what ``stage_split: cost`` weighs)."""
+    whole = single_layout(graph).parts[0]
+    costs = []
+    for layer in range(spec.layers):
+        w = walk_step("flow", spec, graph, whole, 1, stage=FlowStage(layer, layer + 1, spec.layers))
+        costs.append(time_of(w, rates, threads=threads, cores_share=cores_share, ranks=1).compute)
+    return costs
+
+
 def predict(engine: str, spec: ModelSpec, graph: GraphShape, layout: Layout, *, floor: int,
             rates: Rates | None = None, prefetch: bool = True, memory_per_rank: int | None = None,
             cores_per_node: int | None = None, ranks_per_node: int | None = None,
-            threads: int | None = None, codec: HaloCodec | None = None) -> Prediction:
+            threads: int | None = None, codec: HaloCodec | None = None,
+            flow: tuple[int, str] = (1, "cost")) -> Prediction:
     """Predict ``engine`` on ``layout.ranks`` ranks: walk every rank of the layout, keep the largest
-    peak memory and the slowest step. ``single`` needs ``layout.ranks == 1`` (ValueError otherwise)."""
+    peak memory and the slowest step. ``single`` needs ``layout.ranks == 1`` (ValueError otherwise).
+
+    ``flow``: (micro-batches, stage split) of the flow engine; its layout is :func:`flow_layout` (any other is
+    replaced), its stages split by count, or by the layers' predicted costs when there are rates (else by
+    count, noted in the layout), and its epoch is the stages' steps one after the other (``exact``: no stage
+    overlaps another) with every activation transfer between them."""
     P = layout.ranks
     if engine == "single" and P != 1:
         raise ValueError(f"engine 'single' runs on one rank, not {P}")
+    stages: list[FlowStage | None] = [None] * len(layout.parts)
+    if engine == "flow":
+        micro, split = flow
+        layout = flow_layout(graph, P)
+        cores0 = int(cores_per_node or os.cpu_count() or 1)
+        t0, share0 = threads_for(int(ranks_per_node or P), cores0)
+        costs = None
+        if split == "cost" and rates is not None:
+            costs = flow_costs(spec, graph, rates, threads=int(threads or t0), cores_share=share0)
+        bounds = flow_bounds(spec.layers, P, costs)
+        layout.notes.append(f"flow: {P} stage(s), layers {', '.join(f'{a + 1}-{b}' for a, b in zip(bounds, bounds[1:]))}"
+                            f" ({'predicted layer costs' if costs else 'by count'}"
+                            f"{'; stage_split cost without rates: by count' if split == 'cost' and not costs else ''})")
+        stages = [FlowStage(bounds[p], bounds[p + 1], spec.layers, micro) for p in range(P)]
     cores = int(cores_per_node or os.cpu_count() or 1)
     rpn = int(ranks_per_node or P)
     t_default, share = threads_for(rpn, cores)
@@ -1798,8 +1941,9 @@ def predict(engine: str, spec: ModelSpec, graph: GraphShape, layout: Layout, *, 
     best_mem: MemoryEstimate | None = None
     worst: TimeEstimate | None = None
     peaks, seconds, sent = [], [], []
-    for rs in layout.parts:
-        w = walk_step(engine, spec, graph, rs, P, prefetch=prefetch, codec=codec)
+    stage_times: list[TimeEstimate] = []
+    for rs, stage in zip(layout.parts, stages):
+        w = walk_step(engine, spec, graph, rs, P, prefetch=prefetch, codec=codec, stage=stage)
         mem = memory_of(w, floor)
         peaks.append(mem.peak)
         if best_mem is None or mem.peak > best_mem.peak:
@@ -1811,9 +1955,18 @@ def predict(engine: str, spec: ModelSpec, graph: GraphShape, layout: Layout, *, 
             tm = time_of(w, rates, threads=thr, cores_share=share, ranks=P, overlap=overlap)
             seconds.append(tm.total)
             sent.append(tm.bytes_sent)
+            stage_times.append(tm)
             if worst is None or tm.total > worst.total:
                 worst = tm
     assert best_mem is not None
+    if engine == "flow" and stage_times:
+        # exact GPipe: the stages compute one after the other, each transfer once (counted by both of its ends)
+        worst = TimeEstimate(rank=worst.rank, compute=sum(x.compute for x in stage_times),
+                             halo=sum(x.halo for x in stage_times) / 2,
+                             allreduce=max(x.allreduce for x in stage_times),
+                             terms={k: sum(x.terms.get(k, 0.0) for x in stage_times) for k in stage_times[0].terms},
+                             messages=sum(x.messages for x in stage_times) // 2,
+                             halo_bytes=sum(x.halo_bytes for x in stage_times) / 2, bytes_sent=max(sent))
     fits = None if memory_per_rank is None else best_mem.peak <= memory_per_rank
     if fits is False:
         bottleneck = "memory"
@@ -1862,11 +2015,20 @@ def train_estimate(config: Any, engine: str, rank: int, size: int) -> tuple[int,
     if engine not in ENGINES or str(config.model.name) not in MODELS:
         return None
     path = str(config.data.path)
-    if engine == "single":
+    stage = None
+    if engine in ("single", "flow"):
         graph = graph_from_dataset(path)
         layout = single_layout(graph)
         rs = layout.parts[0]
         P = 1
+        if engine == "flow":
+            try:
+                micro, _ = check_flow(config.engine, size)
+                bounds = flow_bounds(int(config.model.num_layers), size)  # the engine may split by cost: by count here
+            except ValueError:
+                return None  # a configuration the planner does not model: no check
+            P, rs = size, dataclasses.replace(rs, rank=rank)
+            stage = FlowStage(bounds[rank], bounds[rank + 1], int(config.model.num_layers), micro)
     else:
         graph = graph_from_partition(path)
         layout, rs = rank_from_partition(path, rank)
@@ -1875,7 +2037,7 @@ def train_estimate(config: Any, engine: str, rank: int, size: int) -> tuple[int,
                       optimizer=config.optim.name, momentum=config.optim.momentum,
                       feature_norm=config.data.feature_norm, label_aug=getattr(config.recipes, "label_aug", 0.0))
     w = walk_step(engine, spec, graph, rs, P, prefetch=bool(getattr(config.engine, "prefetch", True)),
-                  codec=engine_codec(engine, config.engine))
+                  codec=engine_codec(engine, config.engine), stage=stage)
     mem = memory_of(w, 0)
     need = mem.peak + KERNEL_ALLOWANCE_BYTES
     from data_io.memory import format_bytes

@@ -66,7 +66,7 @@ def _rows(out):
     rows = {}
     for line in out.splitlines():
         parts = line.split()
-        if len(parts) > 10 and parts[0] in ("single", "dp", "sar", "sylvie") and parts[1].isdigit():
+        if len(parts) > 10 and parts[0] in ("single", "dp", "sar", "sylvie", "flow") and parts[1].isdigit():
             rows[parts[0], int(parts[1])] = parts
     return rows
 
@@ -79,7 +79,7 @@ def test_plan_dataset_all_engines_table_and_json(tmp_path, fb_data, capsys):
     assert rc == 0
     rows = _rows(out)
     assert set(rows) == {("single", 1), ("dp", 1), ("dp", 2), ("dp", 4), ("sar", 1), ("sar", 2), ("sar", 4),
-                         ("sylvie", 1), ("sylvie", 2), ("sylvie", 4)}
+                         ("sylvie", 1), ("sylvie", 2), ("sylvie", 4), ("flow", 1), ("flow", 2)}  # flow: <= 2 layers
     plan = json.loads(out_json.read_text())
     peaks = {(p["engine"], p["ranks"]): p["memory"]["peak"] for p in plan["predictions"]}
     data = {k: v - next(p["memory"]["components"]["floor"] for p in plan["predictions"]
@@ -148,6 +148,25 @@ def test_plan_sylvie_sends_fewer_bytes_and_hides_them_with_its_pipeline(tmp_path
     assert preds["sylvie"]["memory"]["components"]["halo"] > 0 and not (tmp_path / "run").exists()
 
 
+def test_plan_flow_holds_the_whole_graph_on_every_stage(tmp_path, fb_data, capsys):
+    p = tmp_path / "fl.yaml"
+    p.write_text(yaml.safe_dump({"data": {"path": str(fb_data / "g.h5")},
+                                 "engine": {"name": "flow", "stage_split": "count"},
+                                 "model": {"name": "gcn", "hidden": 16, "num_layers": 4},
+                                 "train": {"progress": False, "run_dir": str(tmp_path / "run")}}))
+    out_json = tmp_path / "p.json"
+    rc = main(["-q", "plan", "--config", str(p), "--ranks", "1,2,4", "--floor", "400MiB", "--rates", "none",
+               "--json", str(out_json)])
+    out = capsys.readouterr().out
+    assert rc == 0 and set(_rows(out)) == {("flow", 1), ("flow", 2), ("flow", 4)}
+    preds = {q["ranks"]: q for q in json.loads(out_json.read_text())["predictions"]}
+    # every stage holds the whole graph and features; parameters and saved activations shrink with the stages
+    assert len({q["memory"]["graph"] for q in preds.values()}) == 1
+    assert preds[4]["memory"]["params"] < preds[2]["memory"]["params"] < preds[1]["memory"]["params"]
+    assert "flow: 4 stage(s), layers 1-1, 2-2, 3-3, 4-4 (by count)" in out
+    assert "flow: the whole graph on every rank, one stage of layers each" in out
+
+
 def test_plan_papers100m_description(tmp_path, fb_data, capsys):
     cfg = _fb_cfg(tmp_path, fb_data / "g.h5", hidden=256, num_layers=3)
     rc = main(["-q", "plan", "--config", cfg, "--engines", "all", "--nodes", "111059956", "--edges", "1615685872",
@@ -182,7 +201,11 @@ def test_plan_measures_the_floor_by_default(tmp_path, fb_data, capsys):
     (["--ranks", "0"], "--ranks: expected positive rank counts"),
     (["--ranks", "4-2"], "--ranks: expected positive rank counts"),
     (["--ranks", "two"], "--ranks: expected positive rank counts"),
-    (["--engines", "dp,gpu"], "--engines: choose among single, dp, sar, sylvie"),
+    (["--engines", "dp,gpu"], "--engines: choose among single, dp, sar, sylvie, flow"),
+    (["--engines", "flow", "--ranks", "4,8"], "--ranks: flow runs one stage of layers per rank"),
+    (["--engines", "flow", "--set", "engine.name=flow", "--set", "engine.microbatches=4", "--set",
+      "engine.cross_edges=stale"],
+     "engine.cross_edges: the planner models flow's exact mode"),
     (["--engines", "sylvie", "--set", "engine.bits=3"], "engine.bits"),
     (["--engines", "single", "--ranks", "2,4"], "--engines: 'single' runs on one rank"),
     (["--memory-per-rank", "lots"], "--memory-per-rank: 'lots': not a size"),

@@ -22,7 +22,7 @@ from _run import SCRIPTS, run_mpi
 @pytest.mark.parametrize("nprocs", [2, 4])
 def test_predicted_components_equal_real_dp_and_sar_steps(tmp_path, nprocs):
     proc = run_mpi([SCRIPTS / "plan_components.py", tmp_path / "work"], nprocs, timeout=360)
-    assert f"plan_components: {nprocs} ranks, 30 cases per rank OK" in proc.stdout, proc.stdout + proc.stderr
+    assert f"plan_components: {nprocs} ranks, 42 cases per rank OK" in proc.stdout, proc.stdout + proc.stderr
 
 
 @pytest.fixture(scope="module")

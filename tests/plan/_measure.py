@@ -73,6 +73,21 @@ def storages(obj: Any, seen: dict[int, int], objs: set[int] | None = None, depth
     return seen
 
 
+class _NoCount:
+    """Stands in for ``SavedBytes`` in the pipeline loop while :func:`measure` counts."""
+
+    bytes = 0
+
+    def __init__(self, *args: Any) -> None:
+        pass
+
+    def __enter__(self) -> "_NoCount":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        return None
+
+
 def measure(trainer: Any) -> dict[str, int]:
     """Run one training step of ``trainer`` and measure the components (see the module docstring)."""
     comm = trainer.comm
@@ -89,7 +104,8 @@ def measure(trainer: Any) -> dict[str, int]:
     for t in (trainer.engine.feat, trainer.feat, trainer.engine.label, trainer.label, trainer.train_idx,
               *trainer.masks.values(), *trainer.engine.masks.values()):
         storages(t, feats)
-    params = {p.untyped_storage().data_ptr() for p in trainer.model.parameters()}
+    own = [p for p in trainer.model.parameters() if not p.is_meta]  # a flow stage holds its own layers only
+    params = {p.untyped_storage().data_ptr() for p in own}
     saved: dict[int, int] = {}
 
     def pack(t: torch.Tensor) -> torch.Tensor:
@@ -100,18 +116,23 @@ def measure(trainer: Any) -> dict[str, int]:
         return t
 
     sent0 = int(getattr(comm, "bytes_sent", 0))
+    import hpc_graph.train.pipeline as pipeline
+
+    counter = pipeline.SavedBytes
+    pipeline.SavedBytes = _NoCount  # the pipeline's own count would hide the saves from this one (innermost wins)
     try:
         with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
             trainer.step()
     finally:
         comm.exchange_start = start
+        pipeline.SavedBytes = counter
     sent = int(getattr(comm, "bytes_sent", 0)) - sent0
     graph: dict[int, int] = {}
     storages(trainer.engine.graph, graph)
     for k in feats:
         graph.pop(k, None)
-    p = sum(x.nbytes for x in trainer.model.parameters())
-    g = sum(x.grad.nbytes for x in trainer.model.parameters())
+    p = sum(x.nbytes for x in own)
+    g = sum(x.grad.nbytes for x in own)
     opt = sum(v.nbytes for st in trainer.optimizer.state.values() for v in st.values()
               if torch.is_tensor(v) and v.dim() > 0)
     out = {"saved": sum(saved.values()), "graph": sum(graph.values()), "features": sum(feats.values()),
@@ -136,16 +157,20 @@ def predict(trainer: Any) -> dict[str, int]:
     """The planner's numbers for the same rank, engine, model and data."""
     cfg = trainer.config
     data = cfg.data.path
+    stage = None
     if os.path.isdir(data):
         graph = fb.graph_from_partition(data)
         rank = fb.layout_from_partition(data).parts[trainer.rank]
     else:
         graph = fb.graph_from_dataset(data)
         rank = fb.single_layout(graph).parts[0]
+        if trainer.engine_name == "flow":
+            eng = trainer.engine
+            stage = fb.FlowStage(eng.units[0], eng.units[1], cfg.model.num_layers, eng.num_microbatches)
     spec = fb.model_spec(cfg.model, graph.features, graph.classes, dtype=cfg.train.dtype, optimizer=cfg.optim.name,
                          momentum=cfg.optim.momentum, feature_norm=cfg.data.feature_norm)
     w = fb.walk_step(trainer.engine_name, spec, graph, rank, trainer.size, prefetch=cfg.engine.prefetch,
-                     codec=fb.engine_codec(trainer.engine_name, cfg.engine))
+                     codec=fb.engine_codec(trainer.engine_name, cfg.engine), stage=stage)
     m = fb.memory_of(w, 0)
     rates = fb.Rates(spmm_fwd=(0, 0), spmm_bwd=(0, 0), gat_fwd=(0, 0), gat_bwd=(0, 0), gemm_flops=1.0, stream=1.0)
     t = fb.time_of(w, rates, threads=1, cores_share=1.0, ranks=trainer.size)

@@ -195,7 +195,7 @@ def test_models_the_planner_does_not_describe_are_refused():
     g = fb.GraphShape(nodes=10, edges=20, features=4, classes=2)
     spec = fb.model_spec(NS(name="gcn", hidden=8, num_layers=2, dropout=0.5), 4, 2)
     with pytest.raises(ValueError, match="engine"):
-        fb.walk_step("flow", spec, g, fb.single_layout(g).parts[0], 1)
+        fb.walk_step("seqpar", spec, g, fb.single_layout(g).parts[0], 1)
     with pytest.raises(ValueError, match="single"):
         fb.predict("single", spec, g, fb.layout_from_cut_model(g, 2, 0.5), floor=0)
 
@@ -323,3 +323,67 @@ def test_sylvie_pipeline_keeps_two_sets_and_hides_the_exchange(model):
     assert one_node.time.hidden == 0 and two_nodes.time.hidden > 0
     mem_sync, mem_pipe = fb.memory_of(sync, 0), fb.memory_of(pipe, 0)
     assert mem_pipe.peak > mem_sync.peak
+
+
+# -- flow: one stage of layers per rank on the whole graph ----------------------------------------------------
+def _flow_setup(model="gcn", layers=4):
+    g = fb.GraphShape(nodes=20_000, edges=400_000, features=64, classes=8, train_nodes=2_000)
+    spec = fb.model_spec(NS(name=model, hidden=16, num_layers=layers, dropout=0.5, heads=2, out_heads=1), 64, 8)
+    return g, spec
+
+
+@pytest.mark.parametrize("model", ["gcn", "sage", "gat"])
+def test_flow_stages_split_parameters_and_send_the_activations(model):
+    g, spec = _flow_setup(model)
+    whole = fb.single_layout(g).parts[0]
+    bounds = fb.flow_bounds(spec.layers, 2)
+    walks = [fb.walk_step("flow", spec, g, whole, 2, stage=fb.FlowStage(a, b, spec.layers))
+             for a, b in zip(bounds, bounds[1:])]
+    opt = 2 + 1 + 1 + 1  # parameters, gradients, Adam's two moments, the best-validation copy
+    assert sum(fb.memory_of(w, 0).params for w in walks) == spec.num_params() * spec.dbytes * opt
+    # the boundary's activations go forward and their gradients back: N x width each, one message per micro-batch
+    cut = spec.layer_dims()[bounds[1]][0]
+    first, second = (fb.time_of(w, fb.Rates((0, 0), (0, 0), (0, 0), (0, 0), 1.0, 1.0), threads=1, cores_share=1.0,
+                                ranks=2) for w in walks)
+    flags = (2 + 2 * 2) * spec.dbytes
+    assert first.bytes_sent == second.bytes_sent == g.nodes * cut * spec.dbytes + flags
+    # only the last stage computes the loss; both hold the whole graph and the features
+    assert fb.memory_of(walks[0], 0).graph == fb.memory_of(walks[1], 0).graph
+    assert fb.memory_of(walks[0], 0).features == fb.memory_of(walks[1], 0).features
+
+
+def test_flow_epoch_is_the_stages_one_after_the_other():
+    g, spec = _flow_setup("sage")
+    rates = fb.Rates(spmm_fwd=(1e-9, 1e-10), spmm_bwd=(1e-9, 1e-10), gat_fwd=(0, 0), gat_bwd=(0, 0), gemm_flops=1e10,
+                     stream=1e10, exchange=(1e-4, 1e9), allreduce=(1e-4, 1e9))
+    lay = fb.flow_layout(g, 2)
+    pred = fb.predict("flow", spec, g, lay, floor=0, rates=rates, cores_per_node=2, ranks_per_node=2, flow=(1, "count"))
+    assert len(pred.rank_seconds) == 2
+    assert pred.time.total == pytest.approx(pred.time.compute + pred.time.halo + pred.time.allreduce)
+    # the stages' computations add up; each transfer counts once (both of its ends record it)
+    whole = fb.single_layout(g).parts[0]
+    stages = [fb.time_of(fb.walk_step("flow", spec, g, dataclasses.replace(whole, rank=p), 2,
+                                      stage=fb.FlowStage(a, b, spec.layers)), rates, threads=1, cores_share=1.0, ranks=2)
+              for p, (a, b) in enumerate(((0, 2), (2, 4)))]
+    assert pred.time.compute == pytest.approx(sum(x.compute for x in stages))
+    assert pred.time.halo == pytest.approx(sum(x.halo for x in stages) / 2) and pred.time.halo > 0
+    assert any("flow: 2 stage(s), layers 1-2, 3-4 (by count)" in n for n in pred.layout.notes)
+    single = fb.predict("single", spec, g, fb.single_layout(g), floor=0, rates=rates, cores_per_node=2,
+                        ranks_per_node=1)
+    one = fb.predict("flow", spec, g, fb.flow_layout(g, 1), floor=0, rates=rates, cores_per_node=2, ranks_per_node=1,
+                     flow=(1, "count"))
+    assert one.time.compute == pytest.approx(single.time.compute)  # one stage is single's step
+    # by cost: the stages are cut where the predicted layer costs balance
+    costs = fb.flow_costs(spec, g, rates, threads=1, cores_share=1.0)
+    by_cost = fb.predict("flow", spec, g, lay, floor=0, rates=rates, cores_per_node=2, ranks_per_node=2,
+                         flow=(1, "cost"))
+    b = fb.flow_bounds(spec.layers, 2, costs)
+    assert any(f"layers 1-{b[1]}, {b[1] + 1}-4 (predicted layer costs)" in n for n in by_cost.layout.notes)
+
+
+def test_flow_options_the_planner_does_not_model_are_named():
+    with pytest.raises(ValueError, match="engine.cross_edges"):
+        fb.check_flow(NS(microbatches=4, cross_edges="stale", stage_split="cost"), 2)
+    assert fb.check_flow(NS(microbatches=1, cross_edges="drop", stage_split="count"), 2) == (1, "count")
+    with pytest.raises(ValueError, match="engine.stages"):
+        fb.flow_bounds(3, 4)
