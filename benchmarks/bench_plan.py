@@ -3,8 +3,9 @@
     python benchmarks/bench_plan.py --scales 16 18 --ranks 1 2 4 --models gcn sage gat --engines dp sar \\
         --epochs 5 --out results/bench_plan.json --plot docs/img/plan_vs_measured.png
 
-Engines: ``dp``, ``sar``, ``sylvie`` (2-bit halo rows, synchronous) and ``sylvie-pipe`` (2 bits, its
-pipeline on: halo rows one epoch stale), each passed to ``plan`` and ``train`` as ``--set`` overrides.
+Engines: ``dp``, ``sar``, ``sylvie`` (2-bit halo rows, synchronous), ``sylvie-pipe`` (2 bits, its
+pipeline on: halo rows one epoch stale) and ``flow`` (one stage of layers per rank, split by cost, on the
+dataset file; at most as many ranks as layers), each passed to ``plan`` and ``train`` as ``--set`` overrides.
 
 For every scale an R-MAT graph is generated once (``hpc-graph generate rmat --scale S --edge-factor 16
 --feat-dim 128 --num-classes 16``, as benchmarks/bench_training.py) and METIS-partitioned once per rank
@@ -62,7 +63,13 @@ PAPERS = {"nodes": 111_059_956, "features": 128, "classes": 172, "train_fraction
 #: the engines measured: the engine's name and the config overrides of each
 ENGINES = {"dp": ("dp", []), "sar": ("sar", []),
            "sylvie": ("sylvie", ["engine.bits=2"]),
-           "sylvie-pipe": ("sylvie", ["engine.bits=2", "engine.pipeline=on"])}
+           "sylvie-pipe": ("sylvie", ["engine.bits=2", "engine.pipeline=on"]),
+           "flow": ("flow", ["engine.stage_split=cost"])}
+
+
+def _data(work: Path, scale: int, ranks: int, engine: str) -> Path:
+    """What ``engine`` trains on: flow reads the whole dataset on every rank, the others their partition."""
+    return work / f"rmat-s{scale}.h5" if engine == "flow" else part_dir(work, scale, ranks)
 
 
 def _engine_args(variant: str) -> tuple[str, list[str]]:
@@ -234,6 +241,9 @@ def one(args: argparse.Namespace, work: Path, scale: int, model: str, ranks: int
     cfg = write_config(work, model, args.epochs)
     out = []
     for engine in args.engines:
+        if engine == "flow" and ranks > LAYERS:
+            continue  # a stage needs a layer
+        data = _data(work, scale, ranks, engine)
         best = None
         tries = []
         for attempt in range(1 + args.repeat_noisy):
@@ -299,7 +309,7 @@ def replan(args: argparse.Namespace, work: Path, records: list[dict[str, Any]], 
                 floors[model] = _floor(work, model, args)
             r.setdefault("floor_mb_first", r["floor_mb"])
             r["floor_mb"] = floors[model]
-        data = part_dir(work, scale, ranks)
+        data = _data(work, scale, ranks, engine)
         pj = work / f"replan-s{scale}-{model}-{engine}-{ranks}.json"
         planned, cmd, quiet = plan(cfg, data, ranks, [engine], r["floor_mb"], work, pj, args)
         r.setdefault("predicted_first", r["predicted"])
@@ -370,7 +380,7 @@ def plot(records: list[dict[str, Any]], path: Path) -> None:
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4.8))
     marks = {"gcn": "o", "sage": "s", "gat": "^"}
     colours = {"dp": "tab:blue", "sar": "tab:orange", "single": "tab:green", "sylvie": "tab:red",
-               "sylvie-pipe": "tab:purple"}
+               "sylvie-pipe": "tab:purple", "flow": "tab:brown"}
     for r in records:
         for p, m in zip(r["predicted"]["peak_mb"], r["measured"]["peak_rss_mb"]):
             ax1.scatter(m, p, marker=marks[r["model"]], color=colours[r["engine"]], s=22, alpha=0.8)
