@@ -1173,9 +1173,8 @@ class _Walk:
             if i * rows < n:
                 self.work.exchanges.append((self.rows(min(rows, n - i * rows), width), 0.0, 1))
 
-    def forward_backward(self, where: str = "") -> None:
-        """Walk one training step of the model (memory on the tape, work in ``self.work``; ``where`` prefixes the
-        moments named in the peak)."""
+    def forward_backward(self) -> None:
+        """Walk one training step of the model (memory on the tape, work in ``self.work``)."""
         spec, t, n = self.spec, self.tape, self.n
         dims = spec.layer_dims()
         train = self.graph.train_nodes if self.engine == "single" else self.rs.train
@@ -1184,14 +1183,14 @@ class _Walk:
         lo, hi = self._stage()
         x = "features"  # the input features: held by the engine, never freed
         if lo > 0:  # a later flow stage: the previous stage's output, kept (with its gradient) until the end
-            t.where = where + "forward, receiving"
+            t.where = "forward, receiving"
             x = self._flow_recv(dims[lo][0], "activations")
         h_in = x
         inputs: list[str] = []
         layer_state: list[dict] = []
         for layer in range(lo, hi):
             fin, fout, heads, dim = dims[layer]
-            t.where = f"{where}forward, layer {layer + 1}"
+            t.where = f"forward, layer {layer + 1}"
             st = {"x": x, "fin": fin, "fout": fout, "heads": heads, "dim": dim, "first": layer == 0,
                   "last": layer == len(dims) - 1}
             y = self._layer_forward(st)
@@ -1200,7 +1199,7 @@ class _Walk:
             x = y
         logits = x
         if hi == len(dims):
-            t.where = where + "loss"
+            t.where = "loss"
             c = dims[-1][1]
             picked = t.new(train * c * self.d)
             # log-softmax and the targets, kept (a flow stage picks the rows by a fresh index of the loss rows: kept too)
@@ -1208,18 +1207,18 @@ class _Walk:
             self.work.stream += 4 * train * c * self.d
             t.free(picked)
             self.saved_at_end_of_forward = t.total("activations")
-            t.where = where + "backward, loss"
+            t.where = "backward, loss"
             g = t.new(self.rows(n, c))  # the gradient of the logits (zeros, scattered)
             self.work.stream += self.rows(n, c) + 2 * train * c * self.d
             t.free(lsm)
         else:  # the output goes to the next stage, its gradient comes back
             self._flow_send(dims[hi - 1][1])
             self.saved_at_end_of_forward = t.total("activations")
-            t.where = where + "backward, receiving"
+            t.where = "backward, receiving"
             g = self._flow_recv(dims[hi - 1][1], "workspace")
         for i in range(len(layer_state) - 1, -1, -1):
             layer = lo + i
-            t.where = f"{where}backward, layer {layer + 1}"
+            t.where = f"backward, layer {layer + 1}"
             st = layer_state[i]
             g_in = self._layer_backward(st, g)
             t.free(g)
@@ -1228,13 +1227,35 @@ class _Walk:
             g = g_in
         if lo > 0:  # the input's gradient goes back to the previous stage (sent from it, freed at the step's end)
             self._flow_send(dims[lo][0])
-        t.where = where + "optimizer step"
+        t.where = "optimizer step"
         p = (spec.num_params(lo, hi) if self.flow else spec.num_params()) * self.d
         self.work.stream += p * 8
         tmp = t.new(2 * p)
         t.free(tmp)
         t.free(g, logits, None if h_in == "features" else h_in)
         self.slot_bytes.append(self._slot_data())
+
+    def probe_units(self) -> None:
+        """The first flow stage's start-up probe (``FlowEngine._measure_units``): every layer once, forward and
+        backward from a gradient of ones, on the whole graph (``exact``; the first micro-batch otherwise, counted
+        as the whole graph), the previous layer's output as its input. What it builds (transposes, copies) stays
+        with that rank; its transient memory is part of the rank's peak."""
+        spec, t, n = self.spec, self.tape, self.n
+        dims = spec.layer_dims()
+        h, grad_in = "features", None
+        for layer, (fin, fout, heads, dim) in enumerate(dims):
+            t.where = f"stage split probe, layer {layer + 1}"
+            t.free(grad_in)  # the previous input's gradient goes with it
+            st = {"x": h, "fin": fin, "fout": fout, "heads": heads, "dim": dim, "first": layer == 0,
+                  "last": layer == len(dims) - 1}
+            y = self._layer_forward(st)
+            ones = t.new(self.rows(n, fout))
+            grad_in = self._layer_backward(st, ones)
+            t.free(ones)
+            if layer > 0:
+                t.free(h)  # the previous output: replaced by this layer's
+            h = y
+        t.free(h, grad_in)
 
     def _slot_data(self) -> int:
         """Bytes of the halo rows and gradients sylvie's slots hold (kept, and allocated for the exchanges in
@@ -1767,13 +1788,8 @@ def walk_step(engine: str, spec: ModelSpec, graph: GraphShape, rank: RankShape, 
               codec=codec, stage=stage)
     w.tape = _Tape(w.base())
     if w.flow is not None and w.flow.first:
-        # the first flow stage times every unit (forward + backward, one at a time, on the first micro-batch: the
-        # whole graph under exact) to split the stages: what those build (transposes, copies) stays with it
-        stage = w.flow
-        for layer in range(stage.layers):
-            w.flow = FlowStage(layer, layer + 1, stage.layers, stage.microbatches)
-            w.forward_backward(where="stage split probe, ")
-        w.flow, w.work, w.step_index, w.slot_bytes = stage, _Work(), -1, []
+        w.probe_units()
+        w.work = _Work()
     w.forward_backward()
     # a later step: the graph's transposes and caches exist, nothing is built (its high-water mark alone)
     first = (w.tape.peak, w.tape.peak_parts, w.tape.peak_where)
