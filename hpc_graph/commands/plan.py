@@ -493,13 +493,18 @@ def _run_fullbatch(args: argparse.Namespace, config: Any) -> int:
             flow_opts = fb.check_flow(config.engine, 1)
         except ValueError as exc:
             raise CLIError(str(exc)) from None
+    unplanned: set[str] = set()
     for engine in engines:
         counts = [1] if engine == "single" else searched
         if engine == "flow":  # one stage of at least one layer per rank
             counts = [P for P in searched if P <= spec.layers]
-            if not counts:
+            if not counts and engines == ["flow"]:
                 raise CLIError(f"--ranks: flow runs one stage of layers per rank, and model.num_layers is {spec.layers}; "
-                               f"no rank count in {args.ranks} is at most that")
+                               f"no rank count in {args.ranks or searched} is at most that")
+            if len(counts) < len(searched):
+                assumptions.append(f"flow: not planned on more ranks than the model's {spec.layers} layers")
+            if not counts:
+                unplanned.add(engine)
         found = None
         for P in counts:
             if engine == "single" and P != 1:
@@ -538,6 +543,10 @@ def _run_fullbatch(args: argparse.Namespace, config: Any) -> int:
     print(format_table(preds, memory))
     if memory is not None:
         for engine in engines:
+            if engine in unplanned:
+                print(f"smallest rank count that fits {args.memory_per_rank} per rank, {engine}: not planned at these "
+                      f"rank counts (at most {spec.layers}, one layer per rank)")
+                continue
             p = smallest.get(engine)
             lim = max(([1] if engine == "single" else searched))
             print(f"smallest rank count that fits {args.memory_per_rank} per rank, {engine}: "
