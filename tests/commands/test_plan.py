@@ -96,6 +96,7 @@ def test_plan_dataset_all_engines_table_and_json(tmp_path, fb_data, capsys):
         assert f"smallest rank count that fits 480MiB per rank, {engine}: " in out
     assert "assumptions:" in out and "cut model: no --cut-fraction: a random partition's cut 1 - 1/P" in out
     assert "process floor: 470 MiB (--floor)" in out and not (tmp_path / "run").exists()
+    assert "flow: not planned on more ranks than the model's 2 layers" in out
 
 
 def test_plan_partition_dir_uses_its_statistics(tmp_path, fb_data, capsys):
