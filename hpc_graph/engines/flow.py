@@ -262,7 +262,9 @@ class FlowEngine(Engine):
 
     def _measure_units(self, model: torch.nn.Module, count: int, x: torch.Tensor) -> tuple[list[float], list[list[int]]]:
         """Forward + backward seconds of every unit on the first micro-batch (best of two passes) and the shape
-        (after the rows) of every unit's output. The random streams and GAT call counters are left as they were."""
+        (after the rows) of every unit's output. The random streams and GAT call counters are left as they were.
+        Each unit's output is let go before its backward pass and made again without autograd for the next unit,
+        so the probe needs no more memory than a training step."""
         calls = {mod: mod._calls for mod in model.modules() if hasattr(mod, "_calls")}
         group = self.groups(training=True)[0]
         lo, hi = self.group_rows(group)
@@ -279,12 +281,20 @@ class FlowEngine(Engine):
                     h_in = h.detach().requires_grad_(i > 0)
                     t0 = time.perf_counter()
                     out = model.forward_units(ctx, h_in, i, i + 1)
-                    out.backward(torch.ones_like(out))
+                    tails[i] = list(out.shape[1:])
+                    # backward from a gradient of ones without holding the output through it (as training does
+                    # not: there the next layer has consumed it); rank 0's peak stays that of a training step
+                    total = out.sum()
+                    del out
+                    total.backward()
                     if self.device.type == "cuda":
                         torch.cuda.synchronize(self.device)
                     best[i] = min(best[i], time.perf_counter() - t0)
-                    tails[i] = list(out.shape[1:])
-                    h = out.detach()
+                    del total
+                    h_in.grad = None
+                    if i + 1 < count:  # the next unit's input, made again without autograd (not timed)
+                        with torch.no_grad():
+                            h = model.forward_units(ctx, h_in.detach(), i, i + 1)
         for p in model.parameters():
             p.grad = None
         for mod, c in calls.items():

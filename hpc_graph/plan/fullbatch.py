@@ -1236,26 +1236,34 @@ class _Walk:
         self.slot_bytes.append(self._slot_data())
 
     def probe_units(self) -> None:
-        """The first flow stage's start-up probe (``FlowEngine._measure_units``): every layer once, forward and
-        backward from a gradient of ones, on the whole graph (``exact``; the first micro-batch otherwise, counted
-        as the whole graph), the previous layer's output as its input. What it builds (transposes, copies) stays
-        with that rank; its transient memory is part of the rank's peak."""
+        """The first flow stage's start-up probe (``FlowEngine._measure_units``): every layer once on the whole graph
+        (``exact``; the first micro-batch otherwise, counted as the whole graph), its output let go, backward from a
+        gradient of ones, then the layer again without autograd for the next one's input. What it builds
+        (transposes, copies) stays with that rank; its transient memory is part of the rank's peak."""
         spec, t, n = self.spec, self.tape, self.n
         dims = spec.layer_dims()
-        h, grad_in = "features", None
+        h = "features"
         for layer, (fin, fout, heads, dim) in enumerate(dims):
             t.where = f"stage split probe, layer {layer + 1}"
-            t.free(grad_in)  # the previous input's gradient goes with it
             st = {"x": h, "fin": fin, "fout": fout, "heads": heads, "dim": dim, "first": layer == 0,
                   "last": layer == len(dims) - 1}
-            y = self._layer_forward(st)
-            ones = t.new(self.rows(n, fout))
-            grad_in = self._layer_backward(st, ones)
-            t.free(ones)
+            t.free(self._layer_forward(st))
+            ones = t.new(self.rows(n, fout))  # made dense by the first kernel of the backward pass
+            t.free(self._layer_backward(st, ones), ones)
+            if layer + 1 == len(dims):
+                break
+            before = set(t.live)
+            self.eval_mode = t.no_grad = True
+            try:
+                y = self._conv_eval(st) if spec.name in ("gcn", "sage") else self._layer_forward(st)
+            finally:
+                self.eval_mode = t.no_grad = False
+            t.free(*[x for x in t.live if x not in before and x != y])
             if layer > 0:
-                t.free(h)  # the previous output: replaced by this layer's
+                t.free(h)
             h = y
-        t.free(h, grad_in)
+        if h != "features":
+            t.free(h)
 
     def _slot_data(self) -> int:
         """Bytes of the halo rows and gradients sylvie's slots hold (kept, and allocated for the exchanges in
