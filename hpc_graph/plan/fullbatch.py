@@ -1215,7 +1215,8 @@ class _Walk:
             self._flow_send(dims[hi - 1][1])
             self.saved_at_end_of_forward = t.total("activations")
             t.where = "backward, receiving"
-            g = self._flow_recv(dims[hi - 1][1], "workspace")
+            g = received = self._flow_recv(dims[hi - 1][1], "workspace")
+            t.pin(g)  # the pipeline loop holds it until the stage's backward pass returns
         for i in range(len(layer_state) - 1, -1, -1):
             layer = lo + i
             t.where = f"backward, layer {layer + 1}"
@@ -1225,6 +1226,8 @@ class _Walk:
             if layer > lo and spec.name in ("gcn", "sage"):
                 t.free(st["x"])  # the previous layer's output, kept until now
             g = g_in
+        if hi < len(dims):
+            t.unpin(received)
         if lo > 0:  # the input's gradient goes back to the previous stage (sent from it, freed at the step's end)
             self._flow_send(dims[lo][0])
         t.where = "optimizer step"
