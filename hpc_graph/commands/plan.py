@@ -420,6 +420,9 @@ def _run_fullbatch(args: argparse.Namespace, config: Any) -> int:
         engines = [e for e in engines if e != "single"]
     if engines == ["single"] and 1 not in searched:
         raise CLIError("--engines: 'single' runs on one rank, but --ranks has no 1")
+    if engines == ["flow"] and min(searched) > spec.layers:
+        raise CLIError(f"--ranks: flow runs one stage of layers per rank, and model.num_layers is {spec.layers}; "
+                       f"no rank count in {args.ranks or searched} is at most that")
     degrees = None
     if data is not None and os.path.isfile(data) and graph.edges <= 500_000_000:
         degrees = _degrees(data, graph)
@@ -498,9 +501,6 @@ def _run_fullbatch(args: argparse.Namespace, config: Any) -> int:
         counts = [1] if engine == "single" else searched
         if engine == "flow":  # one stage of at least one layer per rank
             counts = [P for P in searched if P <= spec.layers]
-            if not counts and engines == ["flow"]:
-                raise CLIError(f"--ranks: flow runs one stage of layers per rank, and model.num_layers is {spec.layers}; "
-                               f"no rank count in {args.ranks or searched} is at most that")
             if len(counts) < len(searched):
                 assumptions.append(f"flow: not planned on more ranks than the model's {spec.layers} layers")
             if not counts:
