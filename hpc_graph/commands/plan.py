@@ -493,7 +493,7 @@ def _run_fullbatch(args: argparse.Namespace, config: Any) -> int:
     flow_opts = None
     if "flow" in engines:
         try:
-            flow_opts = fb.check_flow(config.engine, 1)
+            flow_opts = fb.check_flow(config.engine)
         except ValueError as exc:
             raise CLIError(str(exc)) from None
     unplanned: set[str] = set()

@@ -1,4 +1,5 @@
-"""Predicted peak memory and epoch time per rank of the full-batch engines (``single``, ``dp``, ``sar``, ``sylvie``).
+"""Predicted peak memory and epoch time per rank of the full-batch engines (``single``, ``dp``, ``sar``, ``sylvie``,
+``flow``).
 
 How it works: one training step (forward, loss, backward, gradient all-reduce, optimiser step) is
 *walked* for one rank the way the engine runs it, tensor by tensor, from the sizes alone. Every
@@ -327,8 +328,8 @@ def flow_bounds(layers: int, stages: int, costs: list[float] | None = None) -> l
     return split_stages(list(costs) if costs is not None else [1.0] * layers, stages)
 
 
-def check_flow(section: Any, ranks: int) -> tuple[int, str]:
-    """``(micro-batches, stage split)`` of a config's ``engine`` section for flow on ``ranks`` ranks; ValueError
+def check_flow(section: Any) -> tuple[int, str]:
+    """``(micro-batches, stage split)`` of a config's ``engine`` section for flow; ValueError
     naming the option the planner does not model (``cross_edges`` stale/drop with several micro-batches)."""
     m = int(getattr(section, "microbatches", 1) or 1)
     mode = str(getattr(section, "cross_edges", "exact"))
@@ -646,9 +647,6 @@ class _Tape:
             if name is not None:
                 self.pinned.discard(name)
                 self.live.pop(name, None)
-
-    def pinned_bytes(self) -> int:
-        return sum(self.live[n][0] for n in self.pinned if n in self.live)
 
     def keep(self, name: str | None) -> None:
         """``name`` is saved for the backward pass from now on (component ``activations``)."""
@@ -1805,7 +1803,7 @@ def walk_step(engine: str, spec: ModelSpec, graph: GraphShape, rank: RankShape, 
     # a later step: the graph's transposes and caches exist, nothing is built (its high-water mark alone)
     first = (w.tape.peak, w.tape.peak_parts, w.tape.peak_where)
     w.tape.peak = -1
-    w.first_work, w.work = w.work, _Work()
+    w.work = _Work()
     w.forward_backward()
     w.steady_peak = w.tape.peak
     work, w.work = w.work, _Work()
@@ -2050,7 +2048,7 @@ def train_estimate(config: Any, engine: str, rank: int, size: int) -> tuple[int,
         P = 1
         if engine == "flow":
             try:
-                micro, _ = check_flow(config.engine, size)
+                micro, _ = check_flow(config.engine)
                 bounds = flow_bounds(int(config.model.num_layers), size)  # the engine may split by cost: by count here
             except ValueError:
                 return None  # a configuration the planner does not model: no check
