@@ -241,8 +241,11 @@ class FlowEngine(Engine):
         costs, tails = None, None
         if self.stage == 0:
             x = self.feat if feat is None else (feat if feat.layout == torch.strided else feat.to_dense())
-            costs, tails = self._measure_units(model, len(units), x)
-            costs = _same_units_same_cost(units, costs)
+            if self.stage_split == "cost":
+                costs, tails = self._measure_units(model, len(units), x)
+                costs = _same_units_same_cost(units, costs)
+            else:  # by count: only the units' output shapes are needed
+                costs, tails = [1.0] * len(units), self._unit_shapes(model, len(units), x)
         if self.num_stages > 1:
             costs, tails = self.comm.bcast_object((costs, tails), 0)
         self.unit_costs = costs
@@ -260,18 +263,37 @@ class FlowEngine(Engine):
         log.info("flow engine: stage %d runs units %d..%d of %d (%s split; %d parameters)", self.stage, start,
                  stop - 1, len(units), self.stage_split, mine)
 
+    def _probe_context(self, x: torch.Tensor) -> tuple[Any, int, int]:
+        """``(context, lo, hi)`` of the start-up probes: the first training group (its own history under stale)."""
+        group = self.groups(training=True)[0]
+        lo, hi = self.group_rows(group)
+        probe_history = History(self.graph.num_nodes) if self.history is not None else None
+        if probe_history is not None:
+            probe_history.inputs = x
+        return self.context(group, True, probe_history), lo, hi
+
+    def _unit_shapes(self, model: torch.nn.Module, count: int, x: torch.Tensor) -> list[list[int]]:
+        """The shape (after the rows) of every unit's output: one forward pass without autograd on the first
+        micro-batch (the random streams and GAT call counters left as they were)."""
+        calls = {mod: mod._calls for mod in model.modules() if hasattr(mod, "_calls")}
+        ctx, lo, hi = self._probe_context(x)
+        tails = []
+        with torch.random.fork_rng(devices=[]), torch.no_grad():
+            h = x[lo:hi]
+            for i in range(count):
+                h = model.forward_units(ctx, h, i, i + 1)
+                tails.append(list(h.shape[1:]))
+        for mod, c in calls.items():
+            mod._calls = c
+        return tails
+
     def _measure_units(self, model: torch.nn.Module, count: int, x: torch.Tensor) -> tuple[list[float], list[list[int]]]:
         """Forward + backward seconds of every unit on the first micro-batch (best of two passes) and the shape
         (after the rows) of every unit's output. The random streams and GAT call counters are left as they were.
         Each unit's output is let go before its backward pass and made again without autograd for the next unit,
         so the probe needs no more memory than a training step."""
         calls = {mod: mod._calls for mod in model.modules() if hasattr(mod, "_calls")}
-        group = self.groups(training=True)[0]
-        lo, hi = self.group_rows(group)
-        probe_history = History(self.graph.num_nodes) if self.history is not None else None
-        if probe_history is not None:
-            probe_history.inputs = x
-        ctx = self.context(group, True, probe_history)
+        ctx, lo, hi = self._probe_context(x)
         best = [float("inf")] * count
         tails: list[list[int]] = [[] for _ in range(count)]
         with torch.random.fork_rng(devices=[]):

@@ -301,12 +301,14 @@ def engine_codec(engine: str, section: Any) -> HaloCodec | None:
 class FlowStage:
     """One rank of the ``flow`` engine: layers ``start .. stop - 1`` of a ``layers``-layer model, the graph in
     ``microbatches`` micro-batches (``exact``: every stage runs its layers on the whole graph, see
-    ``hpc_graph.engines.flow``)."""
+    ``hpc_graph.engines.flow``), stages split by ``split`` (``cost``: the first stage times every layer at
+    start-up; ``count``: it only runs them forward once, for their output shapes)."""
 
     start: int
     stop: int
     layers: int
     microbatches: int = 1
+    split: str = "cost"  # the engine's stage_split: what the first stage's start-up probe runs
 
     @property
     def first(self) -> bool:
@@ -1244,14 +1246,16 @@ class _Walk:
         spec, t, n = self.spec, self.tape, self.n
         dims = spec.layer_dims()
         h = "features"
+        timed = self.flow.split == "cost"  # by count: one forward pass without autograd, for the shapes
         for layer, (fin, fout, heads, dim) in enumerate(dims):
             t.where = f"stage split probe, layer {layer + 1}"
             st = {"x": h, "fin": fin, "fout": fout, "heads": heads, "dim": dim, "first": layer == 0,
                   "last": layer == len(dims) - 1}
-            t.free(self._layer_forward(st))
-            ones = t.new(self.rows(n, fout))  # made dense by the first kernel of the backward pass
-            t.free(self._layer_backward(st, ones), ones)
-            if layer + 1 == len(dims):
+            if timed:
+                t.free(self._layer_forward(st))
+                ones = t.new(self.rows(n, fout))  # made dense by the first kernel of the backward pass
+                t.free(self._layer_backward(st, ones), ones)
+            if timed and layer + 1 == len(dims):
                 break
             before = set(t.live)
             self.eval_mode = t.no_grad = True
@@ -1958,7 +1962,7 @@ def predict(engine: str, spec: ModelSpec, graph: GraphShape, layout: Layout, *, 
         layout.notes.append(f"flow: {P} stage(s), layers {', '.join(f'{a + 1}-{b}' for a, b in zip(bounds, bounds[1:]))}"
                             f" ({'predicted layer costs' if costs else 'by count'}"
                             f"{'; stage_split cost without rates: by count' if split == 'cost' and not costs else ''})")
-        stages = [FlowStage(bounds[p], bounds[p + 1], spec.layers, micro) for p in range(P)]
+        stages = [FlowStage(bounds[p], bounds[p + 1], spec.layers, micro, split) for p in range(P)]
     cores = int(cores_per_node or os.cpu_count() or 1)
     rpn = int(ranks_per_node or P)
     t_default, share = threads_for(rpn, cores)
@@ -2048,12 +2052,12 @@ def train_estimate(config: Any, engine: str, rank: int, size: int) -> tuple[int,
         P = 1
         if engine == "flow":
             try:
-                micro, _ = check_flow(config.engine)
+                micro, split = check_flow(config.engine)
                 bounds = flow_bounds(int(config.model.num_layers), size)  # the engine may split by cost: by count here
             except ValueError:
                 return None  # a configuration the planner does not model: no check
             P, rs = size, dataclasses.replace(rs, rank=rank)
-            stage = FlowStage(bounds[rank], bounds[rank + 1], int(config.model.num_layers), micro)
+            stage = FlowStage(bounds[rank], bounds[rank + 1], int(config.model.num_layers), micro, split)
     else:
         graph = graph_from_partition(path)
         layout, rs = rank_from_partition(path, rank)

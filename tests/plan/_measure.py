@@ -166,7 +166,8 @@ def predict(trainer: Any) -> dict[str, int]:
         rank = fb.single_layout(graph).parts[0]
         if trainer.engine_name == "flow":
             eng = trainer.engine
-            stage = fb.FlowStage(eng.units[0], eng.units[1], cfg.model.num_layers, eng.num_microbatches)
+            stage = fb.FlowStage(eng.units[0], eng.units[1], cfg.model.num_layers, eng.num_microbatches,
+                                 eng.stage_split)
     spec = fb.model_spec(cfg.model, graph.features, graph.classes, dtype=cfg.train.dtype, optimizer=cfg.optim.name,
                          momentum=cfg.optim.momentum, feature_norm=cfg.data.feature_norm)
     w = fb.walk_step(trainer.engine_name, spec, graph, rank, trainer.size, prefetch=cfg.engine.prefetch,
