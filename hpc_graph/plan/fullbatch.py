@@ -1896,6 +1896,7 @@ class Prediction:
     rank_peaks: list[int] = dataclasses.field(default_factory=list)
     rank_seconds: list[float] = dataclasses.field(default_factory=list)
     rank_bytes_sent: list[float] = dataclasses.field(default_factory=list)
+    stages: list[list[int]] = dataclasses.field(default_factory=list)  # flow: [first layer, stop] per rank
 
     def as_dict(self) -> dict[str, Any]:
         out = {"engine": self.engine, "ranks": self.ranks, "threads_per_rank": self.threads,
@@ -1904,6 +1905,8 @@ class Prediction:
                "memory": dataclasses.asdict(self.memory), "rank_peaks": self.rank_peaks}
         if self.rank_seconds:
             out.update(rank_seconds=self.rank_seconds, rank_bytes_sent=self.rank_bytes_sent)
+        if self.stages:
+            out["stages"] = self.stages
         if self.time is not None:
             out["time"] = {**dataclasses.asdict(self.time), "epoch_seconds": self.time.total}
         return out
@@ -2006,7 +2009,7 @@ def predict(engine: str, spec: ModelSpec, graph: GraphShape, layout: Layout, *, 
         bottleneck = max(terms, key=terms.get)
     return Prediction(engine=engine, ranks=P, memory=best_mem, time=worst, fits=fits, bottleneck=bottleneck,
                       layout=layout, threads=thr, cores_share=share, rank_peaks=peaks, rank_seconds=seconds,
-                      rank_bytes_sent=sent)
+                      rank_bytes_sent=sent, stages=[[x.start, x.stop] for x in stages if x is not None])
 
 
 # -- the training refusal ------------------------------------------------------------------------------

@@ -163,6 +163,7 @@ def test_plan_flow_holds_the_whole_graph_on_every_stage(tmp_path, fb_data, capsy
     preds = {q["ranks"]: q for q in json.loads(out_json.read_text())["predictions"]}
     # every stage holds the whole graph and features; parameters and saved activations shrink with the stages
     assert len({q["memory"]["graph"] for q in preds.values()}) == 1
+    assert preds[4]["stages"] == [[0, 1], [1, 2], [2, 3], [3, 4]] and preds[1]["stages"] == [[0, 4]]
     assert preds[4]["memory"]["params"] < preds[2]["memory"]["params"] < preds[1]["memory"]["params"]
     assert "flow: 4 stage(s), layers 1-1, 2-2, 3-3, 4-4 (by count)" in out
     assert "flow: the whole graph on every rank, one stage of layers each" in out
