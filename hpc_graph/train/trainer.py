@@ -395,10 +395,11 @@ class Trainer:
         if est is not None:
             what = f"train ({est[1]})" if len(local) == 1 else \
                 f"train ({len(local)} ranks on host {host} together; {est[1]})"
+            advice = ("flow holds the whole graph on every rank: use engine sar, dp or sylvie on a partition"
+                      if self.engine_name == "flow" else "use more ranks or engine sar")
             try:
                 require_memory(sum(local), what, force=force,
-                               hint="use more ranks or engine sar (hpc-graph plan --memory-per-rank SIZE shows "
-                                    "what fits)")
+                               hint=f"{advice} (hpc-graph plan --memory-per-rank SIZE shows what fits)")
             except MemoryRefusal as exc:
                 refusal = str(exc)
         verdicts = self.comm.allgather_object(refusal) if self.size > 1 else [refusal]

@@ -75,6 +75,24 @@ def test_train_refuses_what_cannot_fit_and_force_bypasses(tmp_path, graph_file, 
     assert "going on because of --force" in caplog.text
 
 
+@pytest.mark.parametrize("engine,advice", [("single", "use more ranks or engine sar"),
+                                           ("sylvie", "use more ranks or engine sar"),
+                                           ("flow", "flow holds the whole graph on every rank: use engine sar")])
+def test_train_refusal_names_the_engine_and_advises(tmp_path, graph_file, capsys, monkeypatch, engine, advice):
+    data = graph_file
+    if engine == "sylvie":  # a partition of one part
+        from data_io.partitioner import partition_dataset
+
+        data = str(tmp_path / "p1")
+        partition_dataset(graph_file, data, 1)
+    monkeypatch.setenv("HPC_GRAPH_MEMORY_LIMIT", "20MB")
+    cfg = _cfg(tmp_path, data, engine={"name": engine})
+    rc = main(["train", "--config", cfg, "--run-dir", str(tmp_path / "run")])
+    err = capsys.readouterr().err.strip()
+    assert rc == 2 and err.startswith(f"hpc-graph train: error: train ({engine} sage, rank 0: peak "), err
+    assert advice in err and "\n" not in err and not (tmp_path / "run").exists()
+
+
 def test_train_memory_check_passes_with_enough_memory(tmp_path, graph_file, monkeypatch, caplog):
     monkeypatch.setenv("HPC_GRAPH_MEMORY_LIMIT", "64GB")
     assert main(["-q", "train", "--config", _cfg(tmp_path, graph_file), "--run-dir", str(tmp_path / "r")]) == 0
