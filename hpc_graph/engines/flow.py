@@ -48,37 +48,13 @@ import torch
 from data_io.dataset import open_dataset
 from data_io.errors import FormatError
 from hpc_graph.engines.base import Engine
-from hpc_graph.graph.microbatch import CROSS_EDGES, History, MicroBatchPlan
+from hpc_graph.graph.microbatch import CROSS_EDGES, History, MicroBatchPlan, split_stages
 from hpc_graph.graph.whole_graph import WholeGraph
 from hpc_graph.ops.csr import CSR, column_dtype
 
 log = logging.getLogger(__name__)
 
 _FORWARD, _BACKWARD = 1, 2  # exchange channels
-
-
-def split_stages(costs: list[float], stages: int) -> list[int]:
-    """Cut ``costs`` (one per unit, in order) into ``stages`` contiguous non-empty runs minimising the largest
-    run's sum; returns the ``stages + 1`` boundaries (first 0, last ``len(costs)``)."""
-    n = len(costs)
-    if not 1 <= stages <= n:
-        raise ValueError(f"split_stages: {stages} stages need 1 to {n} units")
-    prefix = np.concatenate(([0.0], np.cumsum(np.asarray(costs, dtype=np.float64))))
-    inf = float("inf")
-    # best[k][i]: the smallest max-run over the first i units cut into k runs; cut[k][i] where the last run starts
-    best = np.full((stages + 1, n + 1), inf)
-    cut = np.zeros((stages + 1, n + 1), dtype=np.int64)
-    best[0][0] = 0.0
-    for k in range(1, stages + 1):
-        for i in range(k, n - (stages - k) + 1):
-            for j in range(k - 1, i):
-                v = max(best[k - 1][j], prefix[i] - prefix[j])
-                if v < best[k][i]:
-                    best[k][i], cut[k][i] = v, j
-    bounds = [n]
-    for k in range(stages, 0, -1):
-        bounds.append(int(cut[k][bounds[-1]]))
-    return bounds[::-1]
 
 
 def _same_units_same_cost(units: list[list[torch.nn.Module]], costs: list[float]) -> list[float]:

@@ -1,4 +1,5 @@
-"""Micro-batches of a whole graph, for layer-pipelined training (the ``flow`` engine).
+"""Micro-batches of a whole graph, and the cut of a layer chain into stages, for layer-pipelined training
+(the ``flow`` engine; :func:`split_stages` is shared with the planner).
 
 A pipeline runs every layer of a stage on one micro-batch at a time. The
 micro-batches are disjoint sets of nodes (METIS parts: few edges between
@@ -40,6 +41,30 @@ from hpc_graph.graph.block import Block
 from hpc_graph.ops.csr import CSR
 
 CROSS_EDGES = ("exact", "stale", "drop")
+
+
+def split_stages(costs: list[float], stages: int) -> list[int]:
+    """Cut ``costs`` (one per unit, in order) into ``stages`` contiguous non-empty runs minimising the largest
+    run's sum; returns the ``stages + 1`` boundaries (first 0, last ``len(costs)``)."""
+    n = len(costs)
+    if not 1 <= stages <= n:
+        raise ValueError(f"split_stages: {stages} stages need 1 to {n} units")
+    prefix = np.concatenate(([0.0], np.cumsum(np.asarray(costs, dtype=np.float64))))
+    inf = float("inf")
+    # best[k][i]: the smallest max-run over the first i units cut into k runs; cut[k][i] where the last run starts
+    best = np.full((stages + 1, n + 1), inf)
+    cut = np.zeros((stages + 1, n + 1), dtype=np.int64)
+    best[0][0] = 0.0
+    for k in range(1, stages + 1):
+        for i in range(k, n - (stages - k) + 1):
+            for j in range(k - 1, i):
+                v = max(best[k - 1][j], prefix[i] - prefix[j])
+                if v < best[k][i]:
+                    best[k][i], cut[k][i] = v, j
+    bounds = [n]
+    for k in range(stages, 0, -1):
+        bounds.append(int(cut[k][bounds[-1]]))
+    return bounds[::-1]
 
 
 class _Part:

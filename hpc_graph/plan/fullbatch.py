@@ -322,7 +322,7 @@ class FlowStage:
 def flow_bounds(layers: int, stages: int, costs: list[float] | None = None) -> list[int]:
     """The stage boundaries the flow engine cuts a ``layers``-layer chain into: by ``costs`` (one per layer,
     ``stage_split: cost``; the engine measures them, the plan predicts them) or by count (None)."""
-    from hpc_graph.engines.flow import split_stages
+    from hpc_graph.graph.microbatch import split_stages
 
     if not 1 <= stages <= layers:
         raise ValueError(f"engine.stages: {stages} stages (ranks) but the model has {layers} layers; the flow engine "
@@ -1952,24 +1952,22 @@ def predict(engine: str, spec: ModelSpec, graph: GraphShape, layout: Layout, *, 
     P = layout.ranks
     if engine == "single" and P != 1:
         raise ValueError(f"engine 'single' runs on one rank, not {P}")
+    cores = int(cores_per_node or os.cpu_count() or 1)
+    rpn = int(ranks_per_node or P)
+    t_default, share = threads_for(rpn, cores)
+    thr = int(threads or t_default)
     stages: list[FlowStage | None] = [None] * len(layout.parts)
     if engine == "flow":
         micro, split = flow
         layout = flow_layout(graph, P)
-        cores0 = int(cores_per_node or os.cpu_count() or 1)
-        t0, share0 = threads_for(int(ranks_per_node or P), cores0)
         costs = None
         if split == "cost" and rates is not None:
-            costs = flow_costs(spec, graph, rates, threads=int(threads or t0), cores_share=share0)
+            costs = flow_costs(spec, graph, rates, threads=thr, cores_share=share)
         bounds = flow_bounds(spec.layers, P, costs)
         layout.notes.append(f"flow: {P} stage(s), layers {', '.join(f'{a + 1}-{b}' for a, b in zip(bounds, bounds[1:]))}"
                             f" ({'predicted layer costs' if costs else 'by count'}"
                             f"{'; stage_split cost without rates: by count' if split == 'cost' and not costs else ''})")
         stages = [FlowStage(bounds[p], bounds[p + 1], spec.layers, micro, split) for p in range(P)]
-    cores = int(cores_per_node or os.cpu_count() or 1)
-    rpn = int(ranks_per_node or P)
-    t_default, share = threads_for(rpn, cores)
-    thr = int(threads or t_default)
     best_mem: MemoryEstimate | None = None
     worst: TimeEstimate | None = None
     peaks, seconds, sent = [], [], []
