@@ -27,7 +27,6 @@ import torch
 from hpc_graph.plan import fullbatch as fb
 
 KEYS = ("saved", "graph", "features", "params", "halo_recv_max", "bytes_sent")
-SYLVIE_KEYS = ("codec_state", "slots")
 
 
 def _np_key(a: np.ndarray) -> tuple[int, int]:
