@@ -4,8 +4,9 @@
 
 For each scale the R-MAT dataset (edge factor 16, 128 features) is generated once into ``--workdir``.
 Serial: ``hpc-graph partition`` (METIS through pymetis) in a child process, its peak RSS from
-``os.wait4``. Distributed: ``mpiexec.openmpi -n R hpc-graph partition --distributed`` (PT-Scotch's
-ParMETIS API), peak RSS of every rank as each rank measured it (``partition.json``:
+``os.wait4``. Distributed: ``mpiexec.openmpi -n R hpc-graph partition --distributed`` (parallel coarsening
+and refinement around PT-Scotch's ParMETIS API, data_io/multilevel.py; ``--coarsen-to`` is passed through
+when given), peak RSS of every rank as each rank measured it (``partition.json``:
 ``distributed.peak_rss_mb_per_rank``), wall time of the launch. Every output is validated with
 ``hpc-graph check`` before it is counted. Writes ``results/bench_dist_partition.json`` and prints a
 markdown table.
@@ -62,6 +63,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--methods", nargs="+", default=["metis"], choices=["metis", "random"],
                     help="methods of the distributed runs (the serial run is METIS)")
     ap.add_argument("--skip-serial", action="store_true")
+    ap.add_argument("--coarsen-to", type=int, default=None,
+                    help="passed to the distributed runs (0: the library partitions the whole graph)")
     ap.add_argument("--timeout", type=float, default=900, help="seconds before a run counts as not finished")
     args = ap.parse_args(argv)
     args.workdir.mkdir(parents=True, exist_ok=True)
@@ -85,6 +88,8 @@ def main(argv: list[str] | None = None) -> int:
             cmd = cli + ["partition", str(src), "-o", str(out), "-n", str(args.parts), "--force", "--method", method]
             if mode == "distributed":
                 cmd = launch + ["-n", str(r)] + cmd + ["--distributed"]
+                if args.coarsen_to is not None and method == "metis":
+                    cmd += ["--coarsen-to", str(args.coarsen_to)]
             res = _timed(cmd, args.timeout)
             if res is None:
                 rec = dict(scale=scale, mode=mode, method=method, ranks=r, parts=args.parts, timed_out=args.timeout)
@@ -103,7 +108,8 @@ def main(argv: list[str] | None = None) -> int:
                        peak_mb_max=round(max(per_rank), 1), peak_mb_per_rank=per_rank,
                        edge_cut=meta["edge_cut"], edge_cut_fraction=meta["edge_cut_fraction"],
                        balance=meta["balance"], timings_s=meta.get("timings_s"),
-                       nodes=meta["global_num_nodes"], edges=meta["global_num_edges"])
+                       nodes=meta["global_num_nodes"], edges=meta["global_num_edges"],
+                       multilevel=meta.get("distributed", {}).get("multilevel"))
             records = [x for x in records if not (x["scale"] == scale and x["mode"] == mode and x["ranks"] == r
                                                   and x["parts"] == args.parts and x.get("method") == method)]
             records.append(rec)

@@ -219,7 +219,8 @@ def _lookup(comm: Any, vtx: np.ndarray, lo: int, ids: np.ndarray, table: np.ndar
 
 
 def _library_parts(comm: Any, lib: Any, n: int, vtx: np.ndarray, xadj: np.ndarray, adjncy: np.ndarray,
-                   vw: np.ndarray, num_parts: int, seed: int, imbalance: float, info: dict) -> np.ndarray:
+                   vw: np.ndarray, num_parts: int, seed: int, imbalance: float, info: dict,
+                   coarsen_to: int = 0) -> np.ndarray:
     """Parts of this rank's nodes from the ParMETIS API, with nodes without edges left out of the call.
 
     A node with no edge cannot be cut, so it need not enter the library: the connected nodes are
@@ -233,11 +234,20 @@ def _library_parts(comm: Any, lib: Any, n: int, vtx: np.ndarray, xadj: np.ndarra
     partitions of such graphs they balance nodes, not work. Falls back to one call on the whole graph
     when every node has an edge, when the connected nodes need all parts, or when some rank holds no
     connected node (the API needs >= 1 node per rank).
-    ``info`` gets ``isolated_nodes`` and ``library_parts``.
+    With ``coarsen_to`` > 0 the call goes through :func:`data_io.multilevel.multilevel_part_kway`: the
+    graph is coarsened in parallel to at most that many nodes before the library sees it.
+    ``info`` gets ``isolated_nodes``, ``library_parts`` and, with coarsening, ``multilevel``.
     """
     from mpi4py import MPI
 
-    from data_io.parmetis import part_kway
+    from data_io.multilevel import multilevel_part_kway
+
+    def part_kway(lib, comm, vtx, xadj, adjncy, vw, parts, seed, imbalance):
+        ml: dict = {}
+        out = multilevel_part_kway(lib, comm, vtx, xadj, adjncy, vw, parts, seed=seed, imbalance=imbalance,
+                                   coarsen_to=coarsen_to, info=ml)
+        info["multilevel"] = ml
+        return out
 
     isolated = np.diff(xadj) == 0
     keep = np.flatnonzero(~isolated)
@@ -247,7 +257,7 @@ def _library_parts(comm: Any, lib: Any, n: int, vtx: np.ndarray, xadj: np.ndarra
     lib_parts = min(num_parts, max(1, -(-c * num_parts // n)))
     if c == n or c == 0 or counts.min() == 0 or lib_parts == num_parts:
         info["library_parts"] = num_parts
-        return part_kway(lib, comm, vtx, xadj, adjncy, vw, num_parts, seed=seed, imbalance=imbalance)
+        return part_kway(lib, comm, vtx, xadj, adjncy, vw, num_parts, seed, imbalance)
     info["library_parts"] = lib_parts
     if comm.rank == 0:
         log.info("%d of %d nodes have no edge: the library splits the other %d into %d part(s); they fill the "
@@ -262,7 +272,7 @@ def _library_parts(comm: Any, lib: Any, n: int, vtx: np.ndarray, xadj: np.ndarra
     if lib_parts == 1:
         sub = np.zeros(len(keep), dtype=np.int64)
     else:
-        sub = part_kway(lib, comm, sub_vtx, sub_xadj, sub_adj, vw[keep], lib_parts, seed=seed, imbalance=imbalance)
+        sub = part_kway(lib, comm, sub_vtx, sub_xadj, sub_adj, vw[keep], lib_parts, seed, imbalance)
     del sub_adj, sub_xadj
     parts = np.empty(len(isolated), dtype=np.int64)
     parts[keep] = sub
@@ -353,7 +363,8 @@ def _repair_train(comm: Any, parts: np.ndarray, train: np.ndarray, degree: np.nd
 
 def partition_distributed(src_h5: str | os.PathLike, out_dir: str | os.PathLike, num_parts: int, comm: Any = None,
                           method: str = "metis", seed: int = 0, force: bool = False,
-                          imbalance: float = 1.05, feat_block_bytes: int = _FEAT_BLOCK_BYTES) -> dict:
+                          imbalance: float = 1.05, feat_block_bytes: int = _FEAT_BLOCK_BYTES,
+                          coarsen_to: int | None = None) -> dict:
     """Partition ``src_h5`` into ``out_dir`` with every rank of ``comm`` taking part (collective).
 
     Args:
@@ -367,6 +378,8 @@ def partition_distributed(src_h5: str | os.PathLike, out_dir: str | os.PathLike,
             :func:`estimate_rank_bytes`, times the ranks on its node, against the node's memory).
         imbalance: allowed max/mean of nodes and training nodes per part (ParMETIS' ``ubvec``).
         feat_block_bytes: feature bytes a rank reads per round.
+        coarsen_to: ``metis``: coarsen the graph in parallel to at most this many nodes before the library
+            partitions it (:mod:`data_io.multilevel`; None: its default, 0: the library gets the whole graph).
     Returns:
         the statistics written to ``partition.json`` (same keys as the serial partitioner's, plus
         ``distributed``: ranks, library, training-node swaps, peak memory per rank).
@@ -375,6 +388,7 @@ def partition_distributed(src_h5: str | os.PathLike, out_dir: str | os.PathLike,
     """
     from mpi4py import MPI
 
+    from data_io.multilevel import COARSEN_TO
     from data_io.partitioner import build_meta, file_sha256
 
     comm = MPI.COMM_WORLD if comm is None else comm
@@ -388,6 +402,9 @@ def partition_distributed(src_h5: str | os.PathLike, out_dir: str | os.PathLike,
             raise DataError(f"method: expected one of {', '.join(METHODS)}, got {method!r}")
         if not 1.0 < float(imbalance) < 2.0:
             raise DataError(f"imbalance: expected a number in (1, 2), got {imbalance!r}")
+        if coarsen_to is not None and (isinstance(coarsen_to, bool) or not isinstance(coarsen_to, (int, np.integer))
+                                       or coarsen_to < 0):
+            raise DataError(f"coarsen_to: expected a node count >= 0, got {coarsen_to!r}")
         check_output(out, force)
         ds = open_dataset(src, check_values=False)
         if ds.task != "node":
@@ -435,7 +452,7 @@ def partition_distributed(src_h5: str | os.PathLike, out_dir: str | os.PathLike,
             hasher.start()
         try:
             meta = _run(comm, ds, src, tmp, lo, hi, P, method, seed, lib, imbalance, feat_block_bytes, timings,
-                        build_meta)
+                        build_meta, COARSEN_TO if coarsen_to is None else int(coarsen_to))
             if rank == 0:
                 t = time.perf_counter()
                 hasher.join()
@@ -483,7 +500,8 @@ def _mark(peaks: dict, phase: str) -> None:
     log.debug("peak RSS after %s: %.0f MB", phase, peaks[phase])
 
 
-def _run(comm, ds, src, tmp, lo, hi, P, method, seed, lib, imbalance, feat_block_bytes, timings, build_meta):
+def _run(comm, ds, src, tmp, lo, hi, P, method, seed, lib, imbalance, feat_block_bytes, timings, build_meta,
+         coarsen_to):
     from mpi4py import MPI
 
     peaks: dict[str, float] = {}
@@ -526,7 +544,7 @@ def _run(comm, ds, src, tmp, lo, hi, P, method, seed, lib, imbalance, feat_block
         log.info("rank %d: ParMETIS_V3_PartKway on %d of %d vertices, %d adjacency entries, %d parts",
                  rank, k, n, len(adjncy), P)
         parts = _agree(comm, lambda: _library_parts(comm, lib, n, vtx, xadj, adjncy, vw, P, seed, imbalance,
-                                                    lib_info), "ParMETIS")
+                                                    lib_info, coarsen_to), "ParMETIS")
         del xadj, adjncy
         timings["parmetis"] = time.perf_counter() - t1
         _mark(peaks, "parmetis")

@@ -177,7 +177,8 @@ def load_library() -> ParMetisLibrary:
 
 
 def part_kway(lib: ParMetisLibrary, comm: Any, vtxdist: np.ndarray, xadj: np.ndarray, adjncy: np.ndarray,
-              vwgt: np.ndarray, num_parts: int, *, seed: int = 0, imbalance: float = 1.05) -> np.ndarray:
+              vwgt: np.ndarray, num_parts: int, *, seed: int = 0, imbalance: float = 1.05,
+              adjwgt: np.ndarray | None = None) -> np.ndarray:
     """``ParMETIS_V3_PartKway`` on this rank's slice of a distributed undirected graph (collective).
 
     Args:
@@ -190,6 +191,7 @@ def part_kway(lib: ParMetisLibrary, comm: Any, vtxdist: np.ndarray, xadj: np.nda
         num_parts: parts wanted (need not equal the rank count).
         seed: random seed (``options[2]``).
         imbalance: allowed max/mean weight per part and constraint (``ubvec``).
+        adjwgt: int[xadj[-1]] edge weights (positive, symmetric), or None for unit weights.
     Returns:
         int64[n] part of each local vertex.
     """
@@ -219,10 +221,16 @@ def part_kway(lib: ParMetisLibrary, comm: Any, vtxdist: np.ndarray, xadj: np.nda
     from mpi4py import MPI
 
     handle = MPI.Comm(comm)  # keep the object alive while its handle's address is used
+    if adjwgt is not None and len(adjwgt) != len(adjncy):
+        raise DataError(f"adjwgt: {len(adjwgt)} edge weights for {len(adjncy)} adjacency entries")
+    ewgt = None if adjwgt is None else arr(adjwgt if len(adjwgt) else np.ones(1))
+    if adjwgt is not None and len(adjwgt) and int(np.max(adjwgt)) > big:
+        raise DataError(f"edge weights too large for the ParMETIS library's {np.dtype(idx).itemsize * 8}-bit "
+                        f"indices ({lib.path})")
     status = lib._lib.ParMETIS_V3_PartKway(
-        arr(vtxdist), arr(xadj), arr(adjncy if len(adjncy) else np.zeros(1)), arr(vwgt.ravel()), None,
-        arr([2]), arr([0]), arr([ncon]), arr([num_parts]), arr(tpwgts, np.float32), arr(ubvec, np.float32),
-        arr(options), ctypes.c_void_p(edgecut.ctypes.data), ctypes.c_void_p(part.ctypes.data),
+        arr(vtxdist), arr(xadj), arr(adjncy if len(adjncy) else np.zeros(1)), arr(vwgt.ravel()), ewgt,
+        arr([2 if adjwgt is None else 3]), arr([0]), arr([ncon]), arr([num_parts]), arr(tpwgts, np.float32),
+        arr(ubvec, np.float32), arr(options), ctypes.c_void_p(edgecut.ctypes.data), ctypes.c_void_p(part.ctypes.data),
         ctypes.c_void_p(MPI._addressof(handle)))
     if status != 1:  # METIS_OK
         raise DataError(f"ParMETIS_V3_PartKway failed (status {status}) with {lib.path} on {int(vtxdist[-1])} "

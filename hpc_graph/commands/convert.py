@@ -48,7 +48,7 @@ def add_parser(subparsers) -> None:
     _common(p, "the .npz archive")
     add_threads_option(p)
 
-    p = sub.add_parser("edgelist", help="SNAP-style edge list: 'src dst [weight]' per line, # or % comments")
+    p = sub.add_parser("edgelist", help="SNAP-style edge list: 'src dst [weight]' per line, # or %% comments")
     _common(p, "the edge-list text file (.gz allowed)")
     add_threads_option(p)
     _graph_options(p)

@@ -41,6 +41,10 @@ def add_parser(subparsers) -> None:
                         "--method metis; run under mpiexec, see docs/partitioning.md)")
     p.add_argument("--imbalance", type=float, default=1.05, metavar="X",
                    help="--distributed: allowed max/mean nodes and training nodes per part (default: %(default)s)")
+    p.add_argument("--coarsen-to", type=int, default=None, metavar="N",
+                   help="--distributed --method metis: coarsen the graph in parallel (label propagation) to at "
+                        "most N nodes before the ParMETIS API partitions it, then refine (default: 20000; 0: "
+                        "the library partitions the whole graph)")
     p.add_argument("--force", action="store_true",
                    help="replace DIR if it exists, and skip the check that the job fits in memory")
     p.add_argument("--json", action="store_true", help="print the statistics as JSON")
@@ -78,6 +82,8 @@ def run(args: argparse.Namespace) -> int:
         raise CLIError(f"--num-parts: must be >= 1, got {args.num_parts}")
     if args.balance_edges and args.method != "metis":
         raise CLIError(f"--balance-edges: only with --method metis, not {args.method}")
+    if args.coarsen_to is not None and not args.distributed:
+        raise CLIError("--coarsen-to: only with --distributed (the serial path runs METIS on the whole graph)")
     if args.distributed:
         return _run_distributed(args)
     meta = partition_dataset(args.src, args.output, args.num_parts, method=args.method, seed=args.seed,
@@ -96,13 +102,15 @@ def _run_distributed(args: argparse.Namespace) -> int:
                        "honours one balance constraint); use the serial path")
     if not 1.0 < args.imbalance < 2.0:
         raise CLIError(f"--imbalance: expected a number in (1, 2), got {args.imbalance}")
+    if args.coarsen_to is not None and args.coarsen_to < 0:
+        raise CLIError(f"--coarsen-to: expected a node count >= 0, got {args.coarsen_to}")
     from mpi4py import MPI
 
     from data_io.dist_partitioner import partition_distributed
 
     comm = MPI.COMM_WORLD
     meta = partition_distributed(args.src, args.output, args.num_parts, comm, method=args.method, seed=args.seed,
-                                 force=args.force, imbalance=args.imbalance)
+                                 force=args.force, imbalance=args.imbalance, coarsen_to=args.coarsen_to)
     if comm.rank == 0:
         if args.json:
             print(json.dumps(meta, indent=1))
