@@ -49,7 +49,8 @@ RANDOM_SWEEPS = 30
 #: the largest cluster, as a fraction of the mean part weight
 CLUSTER_FRACTION = 1 / 24
 #: a level's clusters weigh at most this many times the level's mean node weight (gradual coarsening:
-#: many levels, each refined on the way back)
+#: many levels, each refined on the way back); doubled whenever a level shrinks the graph by less than
+#: 1 - MIN_SHRINK, until clusters reach the bound
 CLUSTER_GROWTH = 3
 #: stop coarsening when a level keeps more than this fraction of its nodes
 MIN_SHRINK = 0.9
@@ -84,21 +85,19 @@ class Halo:
     """The halo of a rank's slice: local column indices and the plan to exchange per-node values.
 
     ``local`` int32[m] (int64 past 2^31 nodes): each adjacency entry as an index into ``[own nodes | halo
-    nodes]``; ``ids``
-    int64[h] the halo's global ids (sorted). :meth:`exchange` sends each rank the values of the own nodes
+    nodes]``; ``ids`` int64[h] the halo's global ids (sorted). :meth:`exchange` sends each rank the values of the own nodes
     it holds as halo and returns this rank's halo values (two alltoallv per call, fixed pattern).
     """
 
     def __init__(self, comm: Any, vtx: np.ndarray, adj: np.ndarray):
+        from numba_kernels.cpu.label_propagation import local_columns
+
         rank = comm.rank
         lo, hi = int(vtx[rank]), int(vtx[rank + 1])
-        remote = (adj < lo) | (adj >= hi)
-        self.ids = _sorted_unique(adj[remote])
+        self.ids = _sorted_unique(adj[(adj < lo) | (adj >= hi)])
         k = hi - lo
-        local = np.empty(len(adj), dtype=np.int32 if k + len(self.ids) < 2**31 else np.int64)
-        local[~remote] = adj[~remote] - lo
-        local[remote] = k + np.searchsorted(self.ids, adj[remote])
-        self.local = local
+        self.local = np.empty(len(adj), dtype=np.int32 if k + len(self.ids) < 2**31 else np.int64)
+        local_columns(adj, lo, hi, self.ids, self.local)
         owner = np.searchsorted(vtx, self.ids, side="right") - 1
         self.ask_counts = np.bincount(owner, minlength=comm.size).astype(np.int64)
         asked, self.send_counts = alltoallv(comm, self.ids, self.ask_counts)
@@ -147,6 +146,28 @@ def _cluster(comm: Any, g: Level, halo: Halo, bound: int, sweeps: int, order: np
     return labels[:k]
 
 
+def _sum_by_key(key: np.ndarray, w: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
+    """``(sorted distinct keys, summed weight of each)``; ``w`` None counts each key once per occurrence.
+    Sorts ``key`` in place when ``w`` is None (no second copy of the largest array)."""
+    if w is None:
+        key.sort()
+        s = key
+    else:
+        order = np.argsort(key, kind="stable")
+        s, w = key[order], w[order]
+        del order
+    first = np.empty(len(s), dtype=bool)
+    if len(s):
+        first[0] = True
+        np.not_equal(s[1:], s[:-1], out=first[1:])
+    starts = np.flatnonzero(first)
+    if w is None:
+        sums = np.diff(np.append(starts, len(s))).astype(np.int64)
+    else:
+        sums = np.add.reduceat(w, starts).astype(np.int64) if len(s) else np.zeros(0, np.int64)
+    return s[starts], sums
+
+
 def _contract(comm: Any, g: Level, halo: Halo, labels: np.ndarray) -> tuple[Level, np.ndarray]:
     """The graph of clusters (next level, even ranges) and each own node's coarse id."""
     R, rank = comm.size, comm.rank
@@ -163,30 +184,33 @@ def _contract(comm: Any, g: Level, halo: Halo, labels: np.ndarray) -> tuple[Leve
     number[mine - lo] = first + np.arange(len(mine), dtype=np.int64)
     cid = _lookup(comm, g.vtx, lo, labels, number)
     vtx_c = even_ranges(nc, R)
-    # coarse node weights and edges go to the coarse owner of their (first) cluster
+    # coarse edges as one int64 key each (row * nc + column), summed here, then at the coarse row's owner
     cid_all = np.concatenate([cid, halo.exchange(cid)])
-    rows = np.repeat(cid, np.diff(g.xadj))
+    key = np.repeat(cid, np.diff(g.xadj))
     cols = cid_all[halo.local]
-    keep = rows != cols
-    rows, cols = rows[keep], cols[keep]
-    wts = np.ones(len(rows), dtype=np.int64) if len(g.adjwgt) == 0 else g.adjwgt[keep]
-    dest = np.searchsorted(vtx_c, rows, side="right") - 1
-    order = np.argsort(dest, kind="stable")
-    counts = np.bincount(dest, minlength=R).astype(np.int64)
-    e_in, _ = alltoallv(comm, np.stack([rows[order], cols[order], wts[order]], 1), counts)
-    del rows, cols, wts, order, dest
+    keep = key != cols
+    key *= nc
+    key += cols
+    del cols, cid_all
+    key = key[keep]
+    key, wts = _sum_by_key(key, None if len(g.adjwgt) == 0 else g.adjwgt[keep])
+    del keep
+    counts = np.diff(np.searchsorted(key, vtx_c * nc)).astype(np.int64)  # sorted keys: grouped by owner
+    k_in, _ = alltoallv(comm, key, counts)
+    w_in, _ = alltoallv(comm, wts, counts)
+    del key, wts
+    lo_c, hi_c = int(vtx_c[rank]), int(vtx_c[rank + 1])
+    key, adjwgt = _sum_by_key(k_in - lo_c * nc, w_in)
+    del k_in, w_in
     dest = np.searchsorted(vtx_c, cid, side="right") - 1
     order = np.argsort(dest, kind="stable")
     v_in, _ = alltoallv(comm, np.concatenate([cid[order, None], g.vwgt[order]], 1),
                         np.bincount(dest, minlength=R).astype(np.int64))
-    lo_c, hi_c = int(vtx_c[rank]), int(vtx_c[rank + 1])
     kc = hi_c - lo_c
     ncon = g.vwgt.shape[1]
     vwgt = np.zeros((kc, ncon), dtype=np.int64)
     for c in range(ncon):
         vwgt[:, c] = np.bincount(v_in[:, 0] - lo_c, weights=v_in[:, 1 + c], minlength=kc)
-    key, inv = _unique_inverse((e_in[:, 0] - lo_c) * nc + e_in[:, 1])
-    adjwgt = np.bincount(inv, weights=e_in[:, 2], minlength=len(key)).astype(np.int64)
     r_local = key // nc
     xadj = np.zeros(kc + 1, dtype=np.int64)
     np.cumsum(np.bincount(r_local, minlength=kc), out=xadj[1:])
@@ -235,10 +259,10 @@ def _refine(comm: Any, g: Level, halo: Halo, part: np.ndarray, num_parts: int, l
 
 def _cut(comm: Any, g: Level, halo: Halo, part: np.ndarray) -> int:
     """Total weight of the edges whose ends lie in different parts (each edge counted from both ends)."""
-    both = np.concatenate([part, halo.exchange(part)])
-    rows = np.repeat(both[:len(part)], np.diff(g.xadj))
-    cut = rows != both[halo.local]
-    return int(comm.allreduce(int(cut.sum() if len(g.adjwgt) == 0 else g.adjwgt[cut].sum())))
+    from numba_kernels.cpu.label_propagation import cut_weight
+
+    both = np.concatenate([part, halo.exchange(part)]).astype(np.int64)
+    return int(comm.allreduce(int(cut_weight(g.xadj, halo.local, g.adjwgt, both))))
 
 
 def _random_start(comm: Any, k: int, num_parts: int, seed: int) -> np.ndarray:
@@ -295,13 +319,19 @@ def multilevel_part_kway(lib: Any, comm: Any, vtxdist: np.ndarray, xadj: np.ndar
     halos = [Halo(comm, g.vtx, g.adj)]
     maps: list[np.ndarray] = []
     stats = [(n, int(comm.allreduce(len(g.adj))))]
+    growth = CLUSTER_GROWTH
     while stats[-1][0] > coarsen_to and len(levels) <= MAX_LEVELS:
-        step = min(bound, max(2, int(CLUSTER_GROWTH * total / stats[-1][0])))
+        step = min(bound, max(2, int(growth * total / stats[-1][0])))
         labels = _cluster(comm, g, halos[-1], step, CLUSTER_SWEEPS, _visit_order(g))
         coarse, cid = _contract(comm, g, halos[-1], labels)
         nc = coarse.num_nodes()
-        if nc > MIN_SHRINK * stats[-1][0] or min(np.diff(coarse.vtx)) < 1:
+        if min(np.diff(coarse.vtx)) < 1:
             break
+        if nc > MIN_SHRINK * stats[-1][0]:  # clusters full: let them grow more, up to the bound
+            if step >= bound:
+                break
+            growth *= 2
+            continue
         maps.append(cid)
         levels.append(coarse)
         halos.append(Halo(comm, coarse.vtx, coarse.adj))

@@ -106,3 +106,10 @@ def test_partition_balance_edges_flag(tmp_path, src, capsys):
                  "--balance-edges"]) == 2
     assert "--balance-edges" in capsys.readouterr().err
     assert not (tmp_path / "r").exists()
+
+
+def test_partition_coarsen_to_needs_distributed(tmp_path, src, capsys):
+    out = tmp_path / "c"
+    assert main(["partition", str(src), "-o", str(out), "-n", "2", "--coarsen-to", "100"]) == 2
+    assert "--coarsen-to: only with --distributed" in capsys.readouterr().err
+    assert not out.exists()

@@ -181,3 +181,37 @@ def pair_moves(src: np.ndarray, dst: np.ndarray, gain: np.ndarray, wgt: np.ndarr
             load[b] += wgt[i]
             excess[a] -= min(wgt[i], excess[a])
     return take
+
+
+@njit(cache=True)
+def cut_weight(xadj: np.ndarray, adj: np.ndarray, adjwgt: np.ndarray, part: np.ndarray) -> int:
+    """Summed weight of the own nodes' edges whose ends lie in different parts (``part`` int64[k + h])."""
+    unit = adjwgt.shape[0] == 0
+    total = 0
+    for u in range(xadj.shape[0] - 1):
+        a = part[u]
+        for e in range(xadj[u], xadj[u + 1]):
+            if part[adj[e]] != a:
+                total += 1 if unit else adjwgt[e]
+    return total
+
+
+@njit(cache=True)
+def local_columns(adj: np.ndarray, lo: int, hi: int, halo_ids: np.ndarray, out: np.ndarray) -> None:
+    """Global neighbour ids -> local columns: ``[lo, hi)`` to ``id - lo``, others to ``hi - lo`` plus their
+    position in the sorted ``halo_ids`` (which must hold every id outside ``[lo, hi)``); into ``out``."""
+    k = hi - lo
+    h = halo_ids.shape[0]
+    for e in range(adj.shape[0]):
+        v = adj[e]
+        if lo <= v < hi:
+            out[e] = v - lo
+        else:
+            a, b = 0, h
+            while a < b:
+                m = (a + b) // 2
+                if halo_ids[m] < v:
+                    a = m + 1
+                else:
+                    b = m
+            out[e] = k + a

@@ -149,7 +149,8 @@ def test_library_parts_leaves_out_nodes_without_edges(monkeypatch, n, edges, par
     info = {}
     got = dp._library_parts(SELF, None, n, np.array([0, n]), xadj, adj, vw, parts, 0, 1.05, info)
     want_parts = min(parts, -(-c * parts // n))
-    assert info == {"isolated_nodes": n - c, "library_parts": want_parts}
+    assert {k: v for k, v in info.items() if k != "multilevel"} == {"isolated_nodes": n - c,
+                                                                    "library_parts": want_parts}
     assert len(calls) == (1 if want_parts > 1 else 0)  # one part needs no library call
     (vtxdist, sx, sa, svw, k), = calls or [(None,) * 5]
     if want_parts == parts:  # no room to leave anything out: the whole graph goes in

@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _run import openmpi_launcher, run_mpi  # noqa: E402
+from _run import SCRIPTS, openmpi_launcher, run_mpi  # noqa: E402
 
 from data_io.dataset import open_dataset  # noqa: E402
 from data_io.inspect import check_partition  # noqa: E402
@@ -99,6 +99,33 @@ def test_distributed_parmetis(graphs, tmp_path, ranks, name, parts):
     assert meta["edge_cut"] < 0.8 * cut_random
 
 
+@pytest.mark.parametrize("ranks", [2, 4])
+def test_multilevel_steps(ranks):
+    """Halo exchange, clustering, contraction and refinement of data_io.multilevel against NumPy on the
+    gathered graph (tests/mpi/scripts/multilevel_checks.py)."""
+    proc = run_mpi(SCRIPTS / "multilevel_checks.py", ranks, timeout=TIMEOUT)
+    assert "multilevel checks OK" in proc.stdout
+
+
+@pytest.mark.parametrize("ranks", [2, 4])
+def test_distributed_coarsened(graphs, tmp_path, ranks):
+    """R-MAT 14's connected nodes coarsened to at most 2000 before the library sees them: a valid, balanced partition,
+    the candidate with the smaller cut kept, and well below a random assignment's cut."""
+    out = tmp_path / "p"
+    run_mpi(CLI + ["partition", str(graphs["rmat14"]), "-o", str(out), "-n", "5", "--distributed",
+                   "--coarsen-to", "2000"], ranks, timeout=TIMEOUT, launcher=openmpi_launcher())
+    meta = _same_as_source(graphs["rmat14"], out)
+    ml = meta["distributed"]["multilevel"]
+    assert len(ml["levels"]) >= 2 and ml["levels"][-1]["nodes"] <= 2000 < ml["levels"][0]["nodes"]
+    assert all(a["nodes"] > b["nodes"] for a, b in zip(ml["levels"], ml["levels"][1:]))
+    assert ml["chosen"] == min(ml["cut"], key=ml["cut"].get)
+    assert meta["balance"]["nodes"] <= 1.05 + 5.0 / meta["global_num_nodes"]
+    rnd = tmp_path / "r"
+    run_mpi(CLI + ["partition", str(graphs["rmat14"]), "-o", str(rnd), "-n", "5", "--distributed",
+                   "--method", "random"], 2, timeout=TIMEOUT)
+    assert meta["edge_cut"] < 0.6 * json.loads((rnd / "partition.json").read_text())["edge_cut"]
+
+
 def test_parmetis_under_mpich_refused(graphs, tmp_path):
     """PT-Scotch here is built for Open MPI: under MPICH the run stops with how to launch, once, no output."""
     out = tmp_path / "p"
@@ -127,6 +154,7 @@ def test_missing_library_says_what_to_install(graphs, tmp_path):
     (["-n", "9999"], "num_parts must be in [1, 2708]"),
     (["-n", "2", "--method", "metis", "--balance-edges"], "--balance-edges: not available with --distributed"),
     (["-n", "2", "--imbalance", "3"], "--imbalance"),
+    (["-n", "2", "--coarsen-to", "-1"], "--coarsen-to: expected a node count >= 0"),
 ])
 def test_bad_inputs(graphs, tmp_path, args, message):
     out = tmp_path / "p"
