@@ -101,6 +101,14 @@ def alltoallv(comm: Any, data: np.ndarray, counts: np.ndarray) -> tuple[np.ndarr
     per_round = max(1, _MAX_CALL_BYTES // item) * item
     rounds = int(comm.allreduce(int(max(counts.max(initial=0), recv_counts.max(initial=0)) * item
                                     // per_round + 1), op=MPI.MAX))
+    if rounds == 1 and max(s_off[-1], r_off[-1]) < 2**31:
+        # one call, with offsets that fit MPI's int: straight from the data into the result, no staging
+        # copies (a rank may take this path while another stages: either makes the same single call)
+        sc, rc = counts * item, recv_counts * item
+        sbuf = sb if len(sb) else np.zeros(1, np.uint8)
+        rbuf = rb if len(rb) else np.zeros(1, np.uint8)
+        comm.Alltoallv([sbuf, (sc, s_off[:-1]), MPI.BYTE], [rbuf, (rc, r_off[:-1]), MPI.BYTE])
+        return out, recv_counts
     for k in range(rounds):
         lo = k * per_round
         sc = np.clip(counts * item - lo, 0, per_round)
@@ -183,26 +191,45 @@ def _slice(n: int, r: int, R: int) -> tuple[int, int]:
 
 def _symmetrise(comm: Any, lo: int, hi: int, n: int, indptr: np.ndarray,
                 indices: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """This rank's rows of the undirected simple graph: ``(xadj int64[k+1], adjncy int64)`` global ids."""
+    """This rank's rows of the undirected simple graph: ``(xadj int64[k+1], adjncy int64)`` global ids.
+
+    Every edge ``j -> i`` is kept as ``i``'s entry ``j`` and sent, as one int64 key ``j n + i``, to the
+    owner of ``j``; the keys are sorted in place, which also groups them by owner (about 40 bytes per edge
+    at the peak).
+    """
     R = comm.size
     vtx = np.array([_slice(n, r, R)[0] for r in range(R + 1)], dtype=np.int64)
     dst = np.repeat(np.arange(lo, hi, dtype=np.int64), np.diff(indptr))
-    src = indices.astype(np.int64, copy=False)
+    src = indices.astype(np.int64)
     keep = src != dst
     dst, src = dst[keep], src[keep]
-    owner = np.searchsorted(vtx, src, side="right") - 1
-    order, counts = _group(owner, R)
-    recv, _ = alltoallv(comm, np.stack([src[order], dst[order]], 1), counts)  # (j, i) at owner(j)
-    del order, owner
-    rows = np.concatenate([dst, recv[:, 0]])
-    cols = np.concatenate([src, recv[:, 1]])
-    del dst, src, recv
-    key = _sorted_unique((rows - lo) * n + cols)  # sorted by row, then column; duplicates gone
-    del rows, cols
+    del keep
+    out_key = src * n
+    out_key += dst  # (j, i) for the owner of j
+    dst -= lo
+    dst *= n
+    dst += src  # this rank's entry (i, j) as (i - lo) n + j
+    own, src = dst, None
+    out_key.sort()
+    counts = np.diff(np.searchsorted(out_key, vtx * n)).astype(np.int64)
+    recv, _ = alltoallv(comm, out_key, counts)
+    del out_key
+    recv -= lo * n
+    key = np.concatenate([own, recv])
+    del own, recv
+    key.sort()
+    first = np.empty(len(key), dtype=bool)
+    if len(key):
+        first[0] = True
+        np.not_equal(key[1:], key[:-1], out=first[1:])
+    key = key[first]  # sorted by row, then column; duplicates gone
+    del first
     r_local = key // n
     xadj = np.zeros(hi - lo + 1, dtype=np.int64)
     np.cumsum(np.bincount(r_local, minlength=hi - lo), out=xadj[1:])
-    return xadj, key - r_local * n
+    r_local *= n
+    np.subtract(key, r_local, out=key)
+    return xadj, key
 
 
 def _lookup(comm: Any, vtx: np.ndarray, lo: int, ids: np.ndarray, table: np.ndarray) -> np.ndarray:
@@ -267,6 +294,7 @@ def _library_parts(comm: Any, lib: Any, n: int, vtx: np.ndarray, xadj: np.ndarra
     new_id = np.full(len(isolated), -1, dtype=np.int64)
     new_id[keep] = off + np.arange(len(keep), dtype=np.int64)
     sub_adj = _lookup(comm, vtx, int(vtx[rank]), adjncy, new_id)
+    _mark({}, "connected subgraph")
     sub_xadj = np.concatenate([xadj[keep], xadj[-1:]])
     sub_vtx = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
     if lib_parts == 1:

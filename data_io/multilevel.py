@@ -57,6 +57,14 @@ MIN_SHRINK = 0.9
 MAX_LEVELS = 24
 
 
+def _peak(tag: str) -> None:
+    """Log this process's peak RSS so far (debug level: where the memory goes)."""
+    if log.isEnabledFor(logging.DEBUG):
+        import resource
+
+        log.debug("peak RSS after %s: %.0f MB", tag, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)
+
+
 def even_ranges(n: int, R: int) -> np.ndarray:
     """int64[R+1]: rank r holds ids ``[n r / R, n (r + 1) / R)``."""
     return np.array([n * r // R for r in range(R + 1)], dtype=np.int64)
@@ -67,13 +75,14 @@ class Level:
     """This rank's slice of one level's undirected weighted graph.
 
     ``vtx`` int64[R+1] ranges of node ids per rank; ``xadj`` int64[k+1]; ``adj`` int64[m] global neighbour
-    ids; ``adjwgt`` int64[m], or int64[0] for unit weights (the input graph); ``vwgt`` int64[k, ncon] node
+    ids (None once the level's :class:`Halo` holds its local columns and the library will not need it);
+    ``adjwgt`` int32 or int64[m], or int64[0] for unit weights (the input graph); ``vwgt`` int64[k, ncon] node
     weights (column 0 is balanced by refinement).
     """
 
     vtx: np.ndarray
     xadj: np.ndarray
-    adj: np.ndarray
+    adj: np.ndarray | None
     adjwgt: np.ndarray
     vwgt: np.ndarray
 
@@ -200,7 +209,11 @@ def _contract(comm: Any, g: Level, halo: Halo, labels: np.ndarray) -> tuple[Leve
     w_in, _ = alltoallv(comm, wts, counts)
     del key, wts
     lo_c, hi_c = int(vtx_c[rank]), int(vtx_c[rank + 1])
-    key, adjwgt = _sum_by_key(k_in - lo_c * nc, w_in)
+    k_in -= lo_c * nc
+    if R == 1:  # one run, already sorted and summed
+        key, adjwgt = k_in, w_in
+    else:
+        key, adjwgt = _sum_by_key(k_in, w_in)
     del k_in, w_in
     dest = np.searchsorted(vtx_c, cid, side="right") - 1
     order = np.argsort(dest, kind="stable")
@@ -211,10 +224,14 @@ def _contract(comm: Any, g: Level, halo: Halo, labels: np.ndarray) -> tuple[Leve
     vwgt = np.zeros((kc, ncon), dtype=np.int64)
     for c in range(ncon):
         vwgt[:, c] = np.bincount(v_in[:, 0] - lo_c, weights=v_in[:, 1 + c], minlength=kc)
+    if len(adjwgt) and int(adjwgt.max()) < 2**31:
+        adjwgt = adjwgt.astype(np.int32)  # stored per level: half the bytes
     r_local = key // nc
     xadj = np.zeros(kc + 1, dtype=np.int64)
     np.cumsum(np.bincount(r_local, minlength=kc), out=xadj[1:])
-    return Level(vtx_c, xadj, key - r_local * nc, adjwgt, vwgt), cid
+    r_local *= nc
+    np.subtract(key, r_local, out=key)
+    return Level(vtx_c, xadj, key, adjwgt, vwgt), cid
 
 
 def _visit_order(g: Level) -> np.ndarray:
@@ -316,14 +333,18 @@ def multilevel_part_kway(lib: Any, comm: Any, vtxdist: np.ndarray, xadj: np.ndar
     bound = max(1, int(total / num_parts * CLUSTER_FRACTION))
     limit = int(imbalance * total / num_parts)
     levels = [g]
+    _peak("input")
     halos = [Halo(comm, g.vtx, g.adj)]
+    _peak("halo of the input")
     maps: list[np.ndarray] = []
     stats = [(n, int(comm.allreduce(len(g.adj))))]
     growth = CLUSTER_GROWTH
     while stats[-1][0] > coarsen_to and len(levels) <= MAX_LEVELS:
         step = min(bound, max(2, int(growth * total / stats[-1][0])))
         labels = _cluster(comm, g, halos[-1], step, CLUSTER_SWEEPS, _visit_order(g))
+        _peak(f"clustering level {len(levels)}")
         coarse, cid = _contract(comm, g, halos[-1], labels)
+        _peak(f"contracting level {len(levels)}")
         nc = coarse.num_nodes()
         if min(np.diff(coarse.vtx)) < 1:
             break
@@ -335,6 +356,8 @@ def multilevel_part_kway(lib: Any, comm: Any, vtxdist: np.ndarray, xadj: np.ndar
         maps.append(cid)
         levels.append(coarse)
         halos.append(Halo(comm, coarse.vtx, coarse.adj))
+        if len(levels) > 2:  # an intermediate level: its halo's local columns are all that is used now
+            levels[-2].adj = None
         stats.append((nc, int(comm.allreduce(len(coarse.adj)))))
         g = coarse
         if rank == 0:
@@ -353,9 +376,11 @@ def multilevel_part_kway(lib: Any, comm: Any, vtxdist: np.ndarray, xadj: np.ndar
         part = _lookup(comm, coarse.vtx, int(coarse.vtx[rank]), maps[lvl], part)
         part = _refine(comm, fine, halos[lvl], part, num_parts, limit, REFINE_SWEEPS)
     t3 = time.perf_counter()
+    _peak("refinement")
     other = _refine(comm, levels[0], halos[0], _random_start(comm, k, num_parts, seed), num_parts, limit,
                     RANDOM_SWEEPS)
     t4 = time.perf_counter()
+    _peak("random start")
     cuts = {"multilevel": _cut(comm, levels[0], halos[0], part), "random_start": _cut(comm, levels[0], halos[0],
                                                                                        other)}
     loads = {}
