@@ -1,7 +1,19 @@
-"""Zero-copy views of torch tensors as kernel arrays (NumPy on CPU, numba device arrays on CUDA)."""
+"""Zero-copy views of torch tensors as kernel arrays, and kernels that launch on torch's current stream.
+
+On the CPU a tensor becomes a NumPy view. On a GPU it becomes a numba device
+array over the same memory (``__cuda_array_interface__``, no copy and no
+synchronisation), and a CUDA twin returned by :func:`get_kernel` launches on
+``torch.cuda.current_stream()`` of the tensor's device, so numba kernels are
+ordered with the torch work around them on any stream a caller picks
+(``with torch.cuda.stream(s): ...``), never on numba's default stream.
+"""
 from __future__ import annotations
 
+import functools
+
 import torch
+
+from numba_kernels import get_kernel as _twin
 
 
 def kernel_device(t: torch.Tensor) -> str:
@@ -18,5 +30,45 @@ def as_array(t: torch.Tensor | None):
         t = t.contiguous()
     if t.is_cuda:
         from numba import cuda  # imported lazily: CPU-only runs never touch CUDA
-        return cuda.as_cuda_array(t)
+        # sync=False: the kernel runs on the tensor's (current) stream, so waiting for it here would only stall
+        return cuda.as_cuda_array(t, sync=False)
     return t.numpy()
+
+
+def _numba_device(index: int) -> None:
+    """Make numba's current CUDA context the one of GPU ``index`` (torch's current device)."""
+    from numba import cuda
+
+    if cuda.get_current_device().id != index:
+        cuda.select_device(index)
+
+
+def _on_torch_stream(fn):
+    @functools.wraps(fn)
+    def call(*args, **kwargs):
+        from numba_kernels.cuda._launch import on_stream
+
+        index = torch.cuda.current_device()
+        _numba_device(index)
+        with on_stream(torch.cuda.current_stream(index).cuda_stream):
+            return fn(*args, **kwargs)
+    return call
+
+
+@functools.lru_cache(maxsize=None)
+def _cuda_twin(name: str):
+    return _on_torch_stream(_twin(name, "cuda"))
+
+
+def get_kernel(name: str, device="cpu"):
+    """Kernel ``"<family>.<function>"`` for ``device`` (``"cpu"``, ``"cuda"`` or a ``torch.device``).
+
+    The CPU twin is returned as it is; the CUDA twin is wrapped so that it
+    launches on torch's current stream of the current device (the device of
+    the tensors: callers run under ``torch.cuda.device(t.device)`` when they
+    use several GPUs in one process).
+    """
+    kind = device.type if isinstance(device, torch.device) else str(device)
+    if kind.startswith("cuda"):
+        return _cuda_twin(name)
+    return _twin(name, "cpu")

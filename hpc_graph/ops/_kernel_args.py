@@ -12,9 +12,8 @@ import os
 import numpy as np
 import torch
 
-from hpc_graph.ops._bridge import as_array, kernel_device
+from hpc_graph.ops._bridge import as_array, get_kernel, kernel_device
 from hpc_graph.ops.csr import CSR
-from numba_kernels import get_kernel
 
 FLOAT_DTYPES = (torch.float32, torch.float64)
 _NUMPY_DTYPES = {torch.float32: np.float32, torch.float64: np.float64, torch.int64: np.int64,

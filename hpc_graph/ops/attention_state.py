@@ -17,8 +17,7 @@ from dataclasses import dataclass
 
 import torch
 
-from hpc_graph.ops._bridge import as_array, kernel_device
-from numba_kernels import get_kernel
+from hpc_graph.ops._bridge import as_array, get_kernel, kernel_device
 
 
 @dataclass

@@ -28,11 +28,10 @@ import math
 
 import torch
 
-from hpc_graph.ops._bridge import as_array, kernel_device
+from hpc_graph.ops._bridge import as_array, get_kernel, kernel_device
 from hpc_graph.ops.attention_state import (AttentionState, check_block, check_tensor, finalize,
                                            init_state, output_delta)
 from hpc_graph.ops.csr import CSR
-from numba_kernels import get_kernel
 
 __all__ = ["AttentionState", "init_state", "accumulate", "finalize", "output_delta", "backward_block",
            "DotAttention", "dot_attention"]

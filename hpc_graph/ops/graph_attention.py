@@ -26,11 +26,10 @@ import math
 
 import torch
 
-from hpc_graph.ops._bridge import as_array
+from hpc_graph.ops._bridge import as_array, get_kernel
 from hpc_graph.ops.attention_state import AttentionState, check_tensor
 from hpc_graph.ops.dot_attention import accumulate, backward_block, dot_attention, finalize, init_state, output_delta
 from hpc_graph.ops.csr import CSR
-from numba_kernels import get_kernel
 
 #: query and key rows per dense tile (scores of one tile: H x TILE x TILE floats)
 TILE = 1024

@@ -11,12 +11,11 @@ from __future__ import annotations
 import torch
 from torch.autograd.function import once_differentiable
 
-from hpc_graph.ops._bridge import as_array
+from hpc_graph.ops._bridge import as_array, get_kernel
 from hpc_graph.ops._kernel_args import (absent, check_graph, check_tensor, csc, empty, gathered,
                                         inv_degree, kernel, no_eids)
 from data_io.memory import env_bytes
 from hpc_graph.ops.csr import CSR
-from numba_kernels import get_kernel
 
 REDUCES = ("sum", "mean", "max")
 

@@ -8,6 +8,8 @@ from __future__ import annotations
 import numpy as np
 from numba import cuda
 
+from numba_kernels.cuda._launch import stream, to_device
+
 _GOLDEN = np.uint64(0x9E3779B97F4A7C15)
 _M1 = np.uint64(0xBF58476D1CE4E5B9)
 _M2 = np.uint64(0x94D049BB133111EB)
@@ -53,7 +55,7 @@ def local_ids():
     """Device array ``[-1]``: "global id = local id" (the CPU twin's ``LOCAL_IDS``), one per GPU."""
     key = device_key()
     if key not in _LOCAL_IDS:
-        _LOCAL_IDS[key] = cuda.to_device(np.full(1, -1, dtype=np.int64))
+        _LOCAL_IDS[key] = cuda.to_device(np.full(1, -1, dtype=np.int64))  # synchronous: shared by all streams
     return _LOCAL_IDS[key]
 
 
@@ -62,14 +64,14 @@ def launch(kernel, num_threads: int, *args) -> None:
     if num_threads <= 0:
         return
     blocks = (num_threads + THREADS_PER_BLOCK - 1) // THREADS_PER_BLOCK
-    kernel[blocks, THREADS_PER_BLOCK](*args)
+    kernel[blocks, THREADS_PER_BLOCK, stream()](*args)
 
 
 def init_state(num_dst: int, heads: int, dim: int, dtype=np.float32):
     """Device arrays ``m`` = -inf, ``l`` = 0 float[num_dst, heads] and ``acc`` = 0 float[num_dst, heads, dim]."""
-    m = cuda.to_device(np.full((num_dst, heads), -np.inf, dtype=dtype))
-    l = cuda.to_device(np.zeros((num_dst, heads), dtype=dtype))
-    acc = cuda.to_device(np.zeros((num_dst, heads, dim), dtype=dtype))
+    m = to_device(np.full((num_dst, heads), -np.inf, dtype=dtype))
+    l = to_device(np.zeros((num_dst, heads), dtype=dtype))
+    acc = to_device(np.zeros((num_dst, heads, dim), dtype=dtype))
     return m, l, acc
 
 

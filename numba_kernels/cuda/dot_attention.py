@@ -14,6 +14,7 @@ import math
 import numpy as np
 from numba import cuda
 
+
 from numba_kernels.cuda._attention_common import device_key, finalize, init_state, launch, output_delta
 
 __all__ = ["init_state", "accumulate", "finalize", "output_delta", "backward_dst", "backward_src"]
@@ -27,7 +28,7 @@ def _bias_or_dummy(bias, q):
         return bias, True
     key = (device_key(), str(q.dtype), q.shape[1])
     if key not in _DUMMIES:
-        _DUMMIES[key] = cuda.to_device(np.zeros((1, q.shape[1]), dtype=q.dtype))
+        _DUMMIES[key] = cuda.to_device(np.zeros((1, q.shape[1]), dtype=q.dtype))  # synchronous: shared
     return _DUMMIES[key], False
 
 

@@ -9,6 +9,8 @@ from __future__ import annotations
 import numpy as np
 from numba import cuda
 
+from numba_kernels.cuda._launch import stream
+
 from numba_kernels.cpu.dropout import key_hash
 from numba_kernels.cuda._attention_common import _splitmix64
 
@@ -40,7 +42,7 @@ def dropout_apply(x, key, cut, scale, out) -> None:
         return
     words = (n + 3) // 4
     blocks = min(_MAX_BLOCKS, (words + _THREADS - 1) // _THREADS)
-    _apply[blocks, _THREADS](x, key_hash(key), int(cut), x.dtype.type(scale), out)
+    _apply[blocks, _THREADS, stream()](x, key_hash(key), int(cut), x.dtype.type(scale), out)
 
 
 @cuda.jit
@@ -75,7 +77,8 @@ def _act_call(x, g, key, cut, scale, act, grad, out) -> None:
     if n == 0:
         return
     blocks = min(_MAX_BLOCKS, ((n + 3) // 4 + _THREADS - 1) // _THREADS)
-    _act_apply[blocks, _THREADS](x, g, key_hash(key), int(cut), x.dtype.type(scale), int(act), bool(grad), out)
+    _act_apply[blocks, _THREADS, stream()](x, g, key_hash(key), int(cut), x.dtype.type(scale), int(act), bool(grad),
+                                           out)
 
 
 def act_dropout_apply(x, key, cut, scale, act, out) -> None:

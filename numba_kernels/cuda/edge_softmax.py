@@ -12,6 +12,8 @@ import math
 import numpy as np
 from numba import cuda, float32, float64
 
+from numba_kernels.cuda._launch import stream
+
 _THREADS = 128  # fixed: the shared-memory reduction buffers have this size
 _MAX_BLOCKS = 65535 * 4
 
@@ -121,7 +123,7 @@ def edge_softmax(indptr, scores, out) -> None:
     if n == 0 or scores.shape[0] == 0 or scores.shape[1] == 0:
         return
     _check_heads(scores.shape[1])
-    _kernels(scores.dtype)[0][min(n, _MAX_BLOCKS), _THREADS](indptr, scores, out)
+    _kernels(scores.dtype)[0][min(n, _MAX_BLOCKS), _THREADS, stream()](indptr, scores, out)
 
 
 def edge_softmax_backward(indptr, out, grad_out, grad_scores) -> None:
@@ -130,4 +132,4 @@ def edge_softmax_backward(indptr, out, grad_out, grad_scores) -> None:
     if n == 0 or out.shape[0] == 0 or out.shape[1] == 0:
         return
     _check_heads(out.shape[1])
-    _kernels(out.dtype)[1][min(n, _MAX_BLOCKS), _THREADS](indptr, out, grad_out, grad_scores)
+    _kernels(out.dtype)[1][min(n, _MAX_BLOCKS), _THREADS, stream()](indptr, out, grad_out, grad_scores)

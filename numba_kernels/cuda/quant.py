@@ -5,8 +5,8 @@ Same functions, arguments, message layout, hash and semantics as the CPU twin
 exposing ``__cuda_array_interface__`` (torch CUDA tensors), outputs
 preallocated by the caller. ``group_start``/``code_start`` are read inside
 the kernels (device arrays avoid a copy per call); launch sizes come from
-array shapes only, so no host synchronisation is needed. Kernels run on the
-default stream.
+array shapes only, so no host synchronisation is needed. Kernels launch on
+the stream set by :func:`numba_kernels.cuda._launch.on_stream`.
 
 * ``row_range``: one thread block per message row (grid-stride), the block's
   threads stride over the features (coalesced) and reduce min/max/non-finite
@@ -37,6 +37,8 @@ import math
 
 import numpy as np
 from numba import config, cuda, float32, float64, int32, uint32
+
+from numba_kernels.cuda._launch import stream
 
 from numba_kernels.cpu.quant import BITS, group_layout, key_hash  # noqa: F401  (same helpers in both twins)
 from numba_kernels.cuda._attention_common import _mix
@@ -233,7 +235,7 @@ def row_range(x, rows, lo, hi) -> None:
     threads = 32
     while threads < _THREADS and threads < D:
         threads *= 2
-    _row_range_kernel[min(m, _MAX_BLOCKS), threads](x, rows, lo, hi)
+    _row_range_kernel[min(m, _MAX_BLOCKS), threads, stream()](x, rows, lo, hi)
 
 
 def quantize_pack(x, rows, zero, scale, ids, key, group_start, code_start, codes) -> None:
@@ -241,7 +243,7 @@ def quantize_pack(x, rows, zero, scale, ids, key, group_start, code_start, codes
     n = codes.shape[0]
     if n == 0:
         return
-    _pack_kernel[_blocks(n), _THREADS](x, rows, zero, scale, ids, key_hash(key), group_start, code_start, codes)
+    _pack_kernel[_blocks(n), _THREADS, stream()](x, rows, zero, scale, ids, key_hash(key), group_start, code_start, codes)
 
 
 def unpack_dequantize(codes, zero, scale, group_start, code_start, out_rows, out) -> None:
@@ -249,4 +251,4 @@ def unpack_dequantize(codes, zero, scale, group_start, code_start, out_rows, out
     n = out_rows.shape[0] * out.shape[1]
     if n == 0:
         return
-    _unpack_kernel(out.dtype)[_blocks(n), _THREADS](codes, zero, scale, group_start, code_start, out_rows, out)
+    _unpack_kernel(out.dtype)[_blocks(n), _THREADS, stream()](codes, zero, scale, group_start, code_start, out_rows, out)

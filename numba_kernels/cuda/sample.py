@@ -5,7 +5,7 @@ Floyd selection (read its module docstring), so it picks the same positions
 and writes the same ``out_count`` / ``out_nbrs``. Arrays are numba device
 arrays or anything exposing ``__cuda_array_interface__`` (torch CUDA
 tensors); launch sizes come from array shapes only (no host synchronisation);
-kernels run on the default stream.
+kernels launch on the stream set by :func:`numba_kernels.cuda._launch.on_stream`.
 
 * ``_sample_kernel``: one thread per frontier row (grid-stride). It writes
   ``out_count`` for every row and samples each row whose Floyd selection has
@@ -31,6 +31,8 @@ from __future__ import annotations
 
 import numpy as np
 from numba import cuda, int64
+
+from numba_kernels.cuda._launch import stream
 
 from numba_kernels.cpu.sample import _as_fanout, key_hash, sample_width  # noqa: F401  (host helpers shared)
 from numba_kernels.cuda._attention_common import _mix
@@ -251,6 +253,6 @@ def sample_neighbors(indptr, nbrs, rows, ids, fanout, key, out_count, out_nbrs) 
     if m == 0:
         return
     kh = key_hash(key)
-    _sample_kernel[_blocks(m), _THREADS](indptr, nbrs, rows, ids, f, F, kh, out_count, out_nbrs)
+    _sample_kernel[_blocks(m), _THREADS, stream()](indptr, nbrs, rows, ids, f, F, kh, out_count, out_nbrs)
     if f > LOCAL_MAX:
-        _sample_block_kernel[min(m, _MAX_BLOCKS), _THREADS](indptr, nbrs, rows, ids, f, F, kh, out_nbrs)
+        _sample_block_kernel[min(m, _MAX_BLOCKS), _THREADS, stream()](indptr, nbrs, rows, ids, f, F, kh, out_nbrs)

@@ -9,6 +9,8 @@ from __future__ import annotations
 import numpy as np
 from numba import cuda, float32, float64
 
+from numba_kernels.cuda._launch import stream
+
 _THREADS = 128
 _MAX_BLOCKS = 65535 * 4
 
@@ -52,4 +54,4 @@ def sddmm(indptr, indices, a, b, out) -> None:
     n = indptr.shape[0] - 1
     if n == 0 or out.shape[0] == 0:
         return
-    _kernel(out.dtype)[min(n, _MAX_BLOCKS), _THREADS](indptr, indices, a, b, out)
+    _kernel(out.dtype)[min(n, _MAX_BLOCKS), _THREADS, stream()](indptr, indices, a, b, out)

@@ -2,20 +2,30 @@
 
 Same functions, arguments and semantics as the CPU twin; arrays are numba
 device arrays or anything exposing ``__cuda_array_interface__`` (torch CUDA
-tensors), outputs preallocated by the caller. One thread block per output row
-(grid-stride), the block's threads stride over the ``H * D`` features, so
-loads of a source row are coalesced. Kernels run on the default stream.
+tensors), outputs preallocated by the caller. Kernels launch on the stream set
+by :func:`numba_kernels.cuda._launch.on_stream` (the default stream otherwise).
 
-The backward of ``max`` w.r.t. ``x`` walks the transposed CSR (no atomics);
-its weight gradient uses ``cuda.atomic.add`` within a row's own edges.
+``spmm_sum`` (also the backward of sum/mean, on the transposed CSR) gives each
+output row a group of ``G`` lanes (``G`` = 8, 16 or 32, the smallest power of
+two >= F = H * D, at most a warp); lane ``t`` owns features ``t, t + G, ...``
+(``C = ceil(F / G)`` of them, kept in registers), so each gathered source row
+is read by one coalesced group load per slot and every output value is
+written once. Rows with ``F > 32 * MAX_SLOTS`` fall back to one thread block
+per row (its threads stride over the features). ``spmm_max`` uses the
+block-per-row layout; its backward w.r.t. ``x`` walks the transposed CSR (no
+atomics); its weight gradient uses ``cuda.atomic.add`` within a row's own edges.
 """
 from __future__ import annotations
 
 import numpy as np
 from numba import cuda, float32, float64
 
+from numba_kernels.cuda._launch import device_array, stream
+
 _THREADS = 128  # threads per block
 _MAX_BLOCKS = 65535 * 4
+#: feature slots per lane of the row-group kernel (F <= 32 * MAX_SLOTS); wider rows use the block kernel
+MAX_SLOTS = 8
 
 
 def _launch(n_rows: int, features: int) -> tuple[int, int]:
@@ -133,7 +143,88 @@ def _build(nbtype):
     return sum_kernel, max_kernel, max_backward_kernel, zero_rows_kernel, max_weight_grad_kernel
 
 
+def _build_group(nbtype, G: int, C: int):
+    """Row-group sum kernel: ``G`` lanes per output row, ``C`` feature slots per lane (compile-time)."""
+    zero = nbtype(0)
+    one = nbtype(1)
+
+    @cuda.jit
+    def sum_group(indptr, indices, eids, weight, col_scale, x, out, D, mean, rs, sx, ss, bias):
+        # x [Ns, F], out [Nd, F], sx [Ns', F]: flat views; D = features per head (weights per head)
+        F = out.shape[1]
+        has_e = eids.shape[0] > 0
+        has_w = weight.shape[0] > 0
+        has_s = col_scale.shape[0] > 0
+        w_heads = weight.shape[1] > 1
+        tid = cuda.blockIdx.x * cuda.blockDim.x + cuda.threadIdx.x
+        lane = tid % G
+        heads = cuda.local.array(C, np.int64)
+        acc = cuda.local.array(C, nbtype)
+        for c in range(C):
+            heads[c] = (lane + G * c) // D if w_heads else 0
+        for i in range(tid // G, out.shape[0], (cuda.gridDim.x * cuda.blockDim.x) // G):
+            start = indptr[i]
+            end = indptr[i + 1]
+            for c in range(C):
+                acc[c] = zero
+            for k in range(start, end):
+                j = indices[k]
+                cf = one
+                if has_s:
+                    cf = col_scale[j]
+                if has_w:
+                    e = eids[k] if has_e else k
+                    for c in range(C):
+                        f = lane + G * c
+                        if f < F:
+                            acc[c] += cf * weight[e, heads[c]] * x[j, f]
+                else:
+                    for c in range(C):
+                        f = lane + G * c
+                        if f < F:
+                            acc[c] += cf * x[j, f]
+            for c in range(C):
+                f = lane + G * c
+                if f < F:
+                    a = acc[c]
+                    if mean and end > start:
+                        a = a / (end - start)
+                    if rs.shape[0] > 0:
+                        a = a * rs[i]
+                    if i < sx.shape[0]:
+                        sv = sx[i, f]
+                        if ss.shape[0] > 0:
+                            sv = sv * ss[i]
+                        a += sv
+                    if bias.shape[0] > 0:
+                        a += bias[f]
+                    out[i, f] = a
+
+    return sum_group
+
+
 _CACHE: dict = {}
+_GROUP: dict = {}
+
+
+def _group_kernel(dtype, features: int):
+    """``(kernel, G)`` of the row-group sum kernel for rows of ``features`` values, or None when too wide."""
+    G = 8
+    while G < 32 and G < features:
+        G *= 2
+    C = (features + G - 1) // G
+    if C > MAX_SLOTS:
+        return None
+    key = (np.dtype(dtype).name, G, C)
+    if key not in _GROUP:
+        _kernels(dtype)  # validates the dtype
+        _GROUP[key] = _build_group(float32 if key[0] == "float32" else float64, G, C)
+    return _GROUP[key], G
+
+
+def _flat(a, rows: int):
+    """A contiguous ``[rows, H, D]`` device array as ``[rows, H * D]`` (no copy)."""
+    return a.reshape(rows, int(np.prod(a.shape[1:])) if len(a.shape) > 1 else 1)
 
 
 def _kernels(dtype):
@@ -150,9 +241,18 @@ def spmm_sum(indptr, indices, eids, weight, col_scale, x, out, mean: bool, epilo
     if out.shape[0] == 0:
         return
     rs, sx, ss, bias = _epilogue_arrays(epilogue, out)
-    blocks, threads = _launch(out.shape[0], out.shape[1] * out.shape[2])
-    _kernels(out.dtype)[0][blocks, threads](indptr, indices, eids, weight, col_scale, x, out, bool(mean),
-                                           rs, sx, ss, bias)
+    features = out.shape[1] * out.shape[2]
+    group = _group_kernel(out.dtype, features)
+    if group is None:
+        blocks, threads = _launch(out.shape[0], features)
+        _kernels(out.dtype)[0][blocks, threads, stream()](indptr, indices, eids, weight, col_scale, x, out,
+                                                          bool(mean), rs, sx, ss, bias)
+        return
+    kern, G = group
+    blocks = min((out.shape[0] * G + _THREADS - 1) // _THREADS, _MAX_BLOCKS)
+    kern[blocks, _THREADS, stream()](indptr, indices, eids, weight, col_scale, _flat(x, x.shape[0]),
+                                     _flat(out, out.shape[0]), out.shape[2], bool(mean), rs,
+                                     _flat(sx, sx.shape[0]), ss, bias)
 
 
 def _epilogue_arrays(epilogue, out):
@@ -161,10 +261,10 @@ def _epilogue_arrays(epilogue, out):
     if epilogue is not None:
         rs, sx, ss, b = epilogue
     dt = np.dtype(out.dtype)
-    return (cuda.device_array(0, dt) if rs is None else rs,
-            cuda.device_array((0,) + tuple(out.shape[1:]), dt) if sx is None else sx,
-            cuda.device_array(0, dt) if ss is None else ss,
-            cuda.device_array(0, dt) if b is None else b)
+    return (device_array(0, dt) if rs is None else rs,
+            device_array((0,) + tuple(out.shape[1:]), dt) if sx is None else sx,
+            device_array(0, dt) if ss is None else ss,
+            device_array(0, dt) if b is None else b)
 
 
 def spmm_max(indptr, indices, eids, weight, x, out, argmax) -> None:
@@ -172,7 +272,7 @@ def spmm_max(indptr, indices, eids, weight, x, out, argmax) -> None:
     if out.shape[0] == 0:
         return
     blocks, threads = _launch(out.shape[0], out.shape[1] * out.shape[2])
-    _kernels(out.dtype)[1][blocks, threads](indptr, indices, eids, weight, x, out, argmax)
+    _kernels(out.dtype)[1][blocks, threads, stream()](indptr, indices, eids, weight, x, out, argmax)
 
 
 def spmm_max_backward(indptr_t, indices_t, perm, weight, argmax, grad_out, grad_x) -> None:
@@ -180,7 +280,7 @@ def spmm_max_backward(indptr_t, indices_t, perm, weight, argmax, grad_out, grad_
     if grad_x.shape[0] == 0:
         return
     blocks, threads = _launch(grad_x.shape[0], grad_x.shape[1] * grad_x.shape[2])
-    _kernels(grad_x.dtype)[2][blocks, threads](indptr_t, indices_t, perm, weight, argmax, grad_out, grad_x)
+    _kernels(grad_x.dtype)[2][blocks, threads, stream()](indptr_t, indices_t, perm, weight, argmax, grad_out, grad_x)
 
 
 def spmm_max_weight_grad(indptr, indices, argmax, x, grad_out, grad_w) -> None:
@@ -188,8 +288,8 @@ def spmm_max_weight_grad(indptr, indices, argmax, x, grad_out, grad_w) -> None:
     k = _kernels(grad_w.dtype)
     size = grad_w.shape[0] * grad_w.shape[1]
     if size > 0:
-        k[3][min((size + _THREADS - 1) // _THREADS, _MAX_BLOCKS), _THREADS](grad_w)
+        k[3][min((size + _THREADS - 1) // _THREADS, _MAX_BLOCKS), _THREADS, stream()](grad_w)
     if grad_out.shape[0] == 0:
         return
     blocks, threads = _launch(grad_out.shape[0], grad_out.shape[1] * grad_out.shape[2])
-    k[4][blocks, threads](indptr, indices, argmax, x, grad_out, grad_w)
+    k[4][blocks, threads, stream()](indptr, indices, argmax, x, grad_out, grad_w)

@@ -29,10 +29,13 @@ def dev(a):
     return cuda.to_device(np.ascontiguousarray(a))
 
 
-def check_gat(dtype, p, num_blocks):
+def check_gat(dtype, p, num_blocks, H=2, D=3):
+    """Blocked forward + backward against the float64 torch reference; (H, D) picks the kernel layout:
+    F = H * D <= 32 takes one slot per lane, up to 256 several (heads spanning slots when D does not
+    divide 32), wider rows the thread-per-(row, head) fallback."""
     rng = np.random.default_rng(7)
     g = awkward_graph(rng, 12, 10, 40)
-    H, D, slope, seed = 2, 3, 0.2, 5
+    slope, seed = 0.2, 5
     z = rng.standard_normal((g.num_src, H, D)).astype(dtype)
     s_src = (rng.standard_normal((g.num_src, H)) + np.linspace(0, 4, g.num_src)[:, None]).astype(dtype)
     s_dst = rng.standard_normal((g.num_dst, H)).astype(dtype)
@@ -180,5 +183,8 @@ if __name__ == "__main__":
         check_dot(dtype, False, 1)
         check_dot(dtype, True, 3)
         check_dot_codes(dtype)
+    check_gat(np.float32, 0.3, 2, H=3, D=20)   # two slots per lane, heads straddling slots
+    check_gat(np.float64, 0.0, 1, H=2, D=32)   # one head per slot
+    check_gat(np.float32, 0.0, 2, H=2, D=130)  # wider than 256: the thread-per-(row, head) kernels
     check_dropout_bits_match_cpu()
     print("cudasim attention OK")

@@ -51,13 +51,14 @@ def _graph(seed, nd=8, ns=None, edges=24):
     return indptr, indices, np.repeat(np.arange(nd), np.diff(indptr))
 
 
-def check_spmm(dtype, full=True):
+def check_spmm(dtype, full=True, H=2, D=3):
+    """Every spmm kernel against NumPy; (H, D) picks the row-group layout of the sum kernel (F = H * D:
+    8 lanes per row for F <= 8, a warp with several slots per lane for F > 32)."""
     from numba_kernels.cpu._transpose import csr_transpose
 
     rng = np.random.default_rng(0)
     indptr, indices, dst = _graph(1, 8, 6)
     E = indices.shape[0]
-    H, D = 2, 3
     x = rng.standard_normal((6, H, D)).astype(dtype)
     no_e = np.empty(0, np.int64)
     weights = [np.empty((0, 1), dtype), rng.uniform(0.5, 2, (E, H)).astype(dtype),
@@ -170,6 +171,8 @@ def main(family: str) -> int:
     check = {"spmm": check_spmm, "sddmm": check_sddmm, "edge_softmax": check_edge_softmax}[family]
     check(np.float32, full=True)  # every variant in float32; the simulator is slow
     check(np.float64, full=False)  # one variant in float64
+    if family == "spmm":
+        check(np.float32, full=False, H=2, D=20)  # a warp per row, two feature slots per lane
     print(f"OK {family}")
     return 0
 

@@ -1,0 +1,64 @@
+"""The CUDA stream this package's kernels launch on (set by the caller, default stream otherwise).
+
+Kernels here know nothing of torch: a caller that keeps its own stream (the
+ops layer uses torch's current stream) wraps its calls in
+:func:`on_stream` with the raw ``cudaStream_t`` handle as an integer, and every
+launch, device allocation and host copy made by a CUDA twin inside that block
+goes to that stream. Without it everything runs on the default stream (0).
+
+The setting is per thread, so two threads driving two streams do not mix.
+Under the CUDA simulator (``NUMBA_ENABLE_CUDASIM=1``) every handle maps to 0:
+the simulator runs kernels synchronously.
+"""
+from __future__ import annotations
+
+import threading
+from contextlib import contextmanager
+from typing import Iterator
+
+from numba import config, cuda
+
+_local = threading.local()
+_EXTERNAL: dict = {}
+_SIMULATED = bool(getattr(config, "ENABLE_CUDASIM", False))
+
+
+def stream():
+    """The stream kernels launch on now: a numba stream object, or 0 (the default stream)."""
+    return getattr(_local, "stream", 0)
+
+
+def _external(handle: int):
+    if not handle or _SIMULATED:
+        return 0
+    key = (cuda.get_current_device().id, int(handle))
+    s = _EXTERNAL.get(key)
+    if s is None:
+        s = _EXTERNAL[key] = cuda.external_stream(int(handle))
+    return s
+
+
+@contextmanager
+def on_stream(handle: int) -> Iterator[None]:
+    """Launch this package's CUDA kernels on the stream with raw handle ``handle`` inside the block.
+
+    Args:
+        handle: a ``cudaStream_t`` as an integer (e.g. ``torch.cuda.current_stream().cuda_stream``);
+            0 means the legacy default stream.
+    """
+    prev = stream()
+    _local.stream = _external(handle)
+    try:
+        yield
+    finally:
+        _local.stream = prev
+
+
+def to_device(array):
+    """``cuda.to_device(array)`` on the current stream (a small host array: constants, initial states)."""
+    return cuda.to_device(array, stream=stream())
+
+
+def device_array(shape, dtype):
+    """``cuda.device_array`` (uninitialised) on the current stream."""
+    return cuda.device_array(shape, dtype, stream=stream())
