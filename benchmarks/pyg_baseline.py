@@ -120,6 +120,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--adj", choices=("edge_index", "csr"), default="edge_index",
                     help="graph input of the PyG layers (csr: SAGE only)")
     ap.add_argument("--run-dir", type=Path, default=None, help="write metrics.rank0.jsonl + summary.json here")
+    ap.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
+                    help="cuda: train on the current GPU (epochs timed between synchronisations; peak_gpu_mb is "
+                         "torch.cuda.max_memory_allocated)")
     args = ap.parse_args(argv)
     if args.adj == "csr" and args.model != "sage":
         ap.error("--adj csr: only with --model sage (GATConv needs edge_index to add self loops)")
@@ -140,12 +143,21 @@ def main(argv: list[str] | None = None) -> int:
         del edge_index
     else:
         adj = edge_index
+    dev = torch.device(args.device)
+    x, adj, y, train_idx = x.to(dev), adj.to(dev), y.to(dev), train_idx.to(dev)
+    gpu = dev.type == "cuda"
+
+    def sync():
+        if gpu:
+            torch.cuda.synchronize()
+
     load_s = time.perf_counter() - t0
     model = _Net.build(args.model, x.shape[1], args.hidden, num_classes, args.num_layers, args.heads,
-                       args.dropout)
+                       args.dropout).to(dev)
     opt = torch.optim.Adam(model.parameters(), lr=args.lr)
     rows, seconds = [], []
     for epoch in range(1, args.epochs + 1):
+        sync()
         t = time.perf_counter()
         model.train()
         opt.zero_grad()
@@ -153,6 +165,7 @@ def main(argv: list[str] | None = None) -> int:
         loss = F.cross_entropy(out[train_idx], y[train_idx])
         loss.backward()
         opt.step()
+        sync()
         dt = time.perf_counter() - t
         loss = float(loss.detach())
         del out
@@ -168,7 +181,10 @@ def main(argv: list[str] | None = None) -> int:
               "epochs": args.epochs, "epoch_seconds": seconds,
               "median_epoch_seconds": statistics.median(steady), "load_seconds": load_s,
               "peak_rss_mb": _peak_rss_mb(), "torch_threads": torch.get_num_threads(),
-              "num_parameters": sum(p.numel() for p in model.parameters())}
+              "num_parameters": sum(p.numel() for p in model.parameters()), "device": args.device}
+    if gpu:
+        result["peak_gpu_mb"] = torch.cuda.max_memory_allocated() / 2**20
+        result["gpu"] = torch.cuda.get_device_name()
     if args.run_dir is not None:
         args.run_dir.mkdir(parents=True, exist_ok=True)
         with open(args.run_dir / "metrics.rank0.jsonl", "w", encoding="utf-8") as fh:

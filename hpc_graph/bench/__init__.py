@@ -6,4 +6,4 @@
 
 # The measurements ``hpc-graph bench kernels --ops`` accepts (here, so the CLI can list
 # them without importing torch).
-KERNEL_OPS = ("memcpy", "spmm", "sddmm", "sage", "gat", "locality", "compile")
+KERNEL_OPS = ("memcpy", "spmm", "sddmm", "sage", "gat", "locality", "compile", "attention")

@@ -18,6 +18,22 @@ Measurements (each one JSON record, see :data:`RECORD_FIELDS`):
   kernel (float32; sum/mean/max with weights + backward, SDDMM, edge softmax),
   with an empty numba cache (compiles) and again with the cache it just filled
   (loads from disk); ``import_seconds`` is the torch + ops import before it.
+* ``attention`` — graph-masked softmax attention (a transformer layer's
+  attention over a random graph of S nodes, ``avg_degree`` neighbours plus a
+  self loop, ``attn_heads`` x ``attn_dim``), forward + backward: hpc_graph's
+  fused ``dot_attention`` (memory linear in the edges) vs
+  ``torch.nn.functional.scaled_dot_product_attention`` with the dense boolean
+  mask (memory quadratic in S: skipped, with the reason, where it does not fit),
+  at every ``seq_lens`` value; the maximum difference of the two outputs is
+  recorded where both ran.
+
+``device="cuda"`` runs every measurement on the GPU (``memcpy`` is then a
+device-to-device copy, the bandwidth bound of SpMM; ``locality`` and
+``compile`` are CPU-only and skipped): inputs live on the GPU, each timed call
+is bracketed by ``torch.cuda.synchronize()``, and ``peak_mb`` is the extra
+peak of torch's allocator during the call (``max_memory_allocated`` over what
+was allocated before). Baselines are skipped when their estimate exceeds
+``memory_fraction`` of the free GPU memory.
 
 The input features are a NumPy array wrapped by ``torch.from_numpy``, as the
 dataset reader provides them (NumPy backs large arrays with transparent huge
@@ -58,7 +74,11 @@ from hpc_graph.ops.spmm import spmm
 log = logging.getLogger(__name__)
 
 OPS = KERNEL_OPS
-RECORD_FIELDS = ("op", "impl", "scale", "feat", "heads", "seconds", "peak_mb", "threads", "requires_grad")
+RECORD_FIELDS = ("op", "impl", "scale", "feat", "heads", "seconds", "peak_mb", "threads", "requires_grad", "device")
+#: measurements that run only on the CPU
+CPU_ONLY = ("locality", "compile")
+#: measurements run when ``ops`` is not given: all but ``attention`` on the CPU, all but the CPU-only on a GPU
+DEFAULT_OPS = {"cpu": tuple(o for o in OPS if o != "attention"), "cuda": tuple(o for o in OPS if o not in CPU_ONLY)}
 HPC = "hpc_graph"
 
 
@@ -79,6 +99,10 @@ class KernelBenchConfig:
         grad: the ``requires_grad`` settings of the input features to run.
         memory_fraction: skip a baseline whose estimate exceeds this share of available RAM.
         seed: graph and feature seed.
+        device: ``"cpu"`` or ``"cuda"`` (the current GPU).
+        seq_lens: sequence lengths S of the ``attention`` measurement.
+        attn_heads, attn_dim: heads and features per head of the ``attention`` measurement.
+        avg_degree: random neighbours per node of the ``attention`` graph (plus a self loop).
     """
 
     scale: int = 20
@@ -92,6 +116,11 @@ class KernelBenchConfig:
     grad: tuple[bool, ...] = (False, True)
     memory_fraction: float = 0.6
     seed: int = 0
+    device: str = "cpu"
+    seq_lens: tuple[int, ...] = (65536, 262144, 1048576)
+    attn_heads: int = 8
+    attn_dim: int = 32
+    avg_degree: int = 16
 
     def validate(self) -> None:
         def bad(name, msg):
@@ -115,6 +144,17 @@ class KernelBenchConfig:
             bad("ops", f"unknown {unknown}; choose from {', '.join(OPS)}")
         if not 0 < self.memory_fraction <= 1:
             bad("memory_fraction", f"must be in (0, 1], got {self.memory_fraction}")
+        if self.device not in ("cpu", "cuda"):
+            bad("device", f"must be cpu or cuda, got {self.device!r}")
+        if self.device == "cuda" and not torch.cuda.is_available():
+            bad("device", "cuda requested but torch sees no CUDA device (torch.cuda.is_available() is False)")
+        if self.device == "cuda" and any(o in CPU_ONLY for o in self.ops):
+            bad("ops", f"{', '.join(o for o in self.ops if o in CPU_ONLY)} run on the CPU only (--device cpu)")
+        if not self.seq_lens or any(int(n) < 2 for n in self.seq_lens):
+            bad("seq_lens", f"must be integers >= 2, got {list(self.seq_lens)}")
+        if self.attn_heads < 1 or self.attn_dim < 1 or self.avg_degree < 1:
+            bad("attn_heads", f"attention heads, dim and degree must be >= 1, got {self.attn_heads}, "
+                              f"{self.attn_dim}, {self.avg_degree}")
 
 
 @dataclass
@@ -127,6 +167,14 @@ class _Ctx:
     bandwidth: float | None = None  # bytes/s, from the memcpy measurement
 
     @property
+    def device(self) -> torch.device:
+        return torch.device(self.cfg.device)
+
+    @property
+    def gpu(self) -> bool:
+        return self.cfg.device == "cuda"
+
+    @property
     def num_nodes(self) -> int:
         return int(self.indptr.shape[0] - 1)
 
@@ -137,27 +185,44 @@ class _Ctx:
 
 # ----------------------------------------------------------------------------- helpers
 
-def _measure(fn, repeat: int) -> dict:
-    """Warm-up call, then ``repeat`` timed calls; median seconds and the largest extra peak RSS."""
+def _measure(fn, repeat: int, gpu: bool = False) -> dict:
+    """Warm-up call, then ``repeat`` timed calls; median seconds and the largest extra peak memory
+    (RSS on the CPU; torch's allocator on the GPU, each call bracketed by synchronisations)."""
+    if not gpu:
+        fn()
+        runs, peaks = [], []
+        for _ in range(repeat):
+            with PeakRSS() as mem:
+                t0 = time.perf_counter()
+                fn()
+                runs.append(time.perf_counter() - t0)
+            peaks.append(mem.extra_mb)
+        return {"seconds": statistics.median(runs), "seconds_min": min(runs), "runs": runs,
+                "peak_mb": max(peaks)}
     fn()
+    torch.cuda.synchronize()
     runs, peaks = [], []
     for _ in range(repeat):
-        with PeakRSS() as mem:
-            t0 = time.perf_counter()
-            fn()
-            runs.append(time.perf_counter() - t0)
-        peaks.append(mem.extra_mb)
-    return {"seconds": statistics.median(runs), "seconds_min": min(runs), "runs": runs,
-            "peak_mb": max(peaks)}
+        base = torch.cuda.memory_allocated()
+        torch.cuda.reset_peak_memory_stats()
+        t0 = time.perf_counter()
+        fn()
+        torch.cuda.synchronize()
+        runs.append(time.perf_counter() - t0)
+        peaks.append((torch.cuda.max_memory_allocated() - base) / 2**20)
+    return {"seconds": statistics.median(runs), "seconds_min": min(runs), "runs": runs, "peak_mb": max(peaks)}
 
 
 def _fits(ctx: _Ctx, nbytes: float) -> str | None:
-    """``None`` when ``nbytes`` fits the memory budget, else the reason for skipping."""
-    avail = psutil.virtual_memory().available
+    """``None`` when ``nbytes`` fits the memory budget (RAM, or the GPU's free memory), else the reason."""
+    if ctx.gpu:
+        avail, where = torch.cuda.mem_get_info()[0], "free GPU memory"
+    else:
+        avail, where = psutil.virtual_memory().available, "available"
     if nbytes <= ctx.cfg.memory_fraction * avail:
         return None
     return (f"needs ~{nbytes / 2**30:.1f} GiB, more than {ctx.cfg.memory_fraction:g} of the "
-            f"{avail / 2**30:.1f} GiB available")
+            f"{avail / 2**30:.1f} GiB {where}")
 
 
 def _record(ctx: _Ctx, op: str, impl: str, requires_grad: bool | None, result: dict | None = None,
@@ -190,13 +255,25 @@ def _run_step(forward, x: torch.Tensor, gout: torch.Tensor | None, params=()):
 
 def _edge_index(ctx: _Ctx) -> torch.Tensor:
     dst = np.repeat(np.arange(ctx.num_nodes, dtype=np.int64), np.diff(ctx.indptr))
-    return torch.stack([torch.from_numpy(ctx.indices.astype(np.int64)), torch.from_numpy(dst)])
+    return torch.stack([torch.from_numpy(ctx.indices.astype(np.int64)), torch.from_numpy(dst)]).to(ctx.device)
+
+
+def _randn(ctx: _Ctx, *shape: int, seed: int) -> torch.Tensor:
+    return torch.randn(*shape, generator=torch.Generator().manual_seed(seed)).to(ctx.device)
 
 
 # ----------------------------------------------------------------------------- measurements
 
 def _bench_memcpy(ctx: _Ctx) -> list[dict]:
     n = 1 << 27  # 512 MiB of float32 per array
+    if ctx.gpu:  # device-to-device copy: the bandwidth bound of the GPU kernels
+        n = 1 << 28  # 1 GiB per array, far beyond the L2
+        ts = torch.rand(n, device=ctx.device)
+        td = torch.empty_like(ts)
+        res = _measure(lambda: td.copy_(ts), max(5, ctx.cfg.repeat), gpu=True)
+        ctx.bandwidth = 2 * ts.numel() * 4 / res["seconds_min"]
+        return [_record(ctx, "memcpy", "torch.copy_", None, res, gb_per_s=ctx.bandwidth / 1e9,
+                        bytes=2 * ts.numel() * 4)]
     src = np.random.default_rng(0).random(n, dtype=np.float32)
     dst = np.empty_like(src)
     recs = []
@@ -232,7 +309,7 @@ def _bench_sddmm(ctx: _Ctx, g: CSR, x0: torch.Tensor) -> list[dict]:
     recs = []
     for rg in ctx.cfg.grad:
         a, b = a0.detach().requires_grad_(rg), b0.detach().requires_grad_(rg)
-        gout = torch.randn(E, H, generator=torch.Generator().manual_seed(1)) if rg else None
+        gout = _randn(ctx, E, H, seed=1) if rg else None
 
         def step(fn):
             def run():
@@ -242,11 +319,11 @@ def _bench_sddmm(ctx: _Ctx, g: CSR, x0: torch.Tensor) -> list[dict]:
                     a.grad = b.grad = None
                 del out
             return run
-        res = _measure(step(lambda ab: sddmm(g, ab[0], ab[1])), ctx.cfg.repeat)
+        res = _measure(step(lambda ab: sddmm(g, ab[0], ab[1])), ctx.cfg.repeat, ctx.gpu)
         recs.append(_record(ctx, "sddmm", HPC, rg, res))
         need = E * F * 4 * (3 if rg else 2)
         why = _fits(ctx, need)
-        res = None if why else _measure(step(gather_dot), ctx.cfg.repeat)
+        res = None if why else _measure(step(gather_dot), ctx.cfg.repeat, ctx.gpu)
         recs.append(_record(ctx, "sddmm", "gather_mul_sum", rg, res, skipped=why))
     return recs
 
@@ -255,30 +332,30 @@ def _bench_spmm(ctx: _Ctx, g: CSR, x0: torch.Tensor) -> list[dict]:
     N, E, F = ctx.num_nodes, ctx.num_edges, ctx.cfg.feat
     with warnings.catch_warnings():  # "sparse CSR support is in beta"
         warnings.simplefilter("ignore", UserWarning)
-        A = torch.sparse_csr_tensor(g.indptr, g.indices.to(g.indptr.dtype), torch.ones(E), size=(N, N),
-                                    check_invariants=False)
+        A = torch.sparse_csr_tensor(g.indptr, g.indices.to(g.indptr.dtype), torch.ones(E, device=ctx.device),
+                                    size=(N, N), check_invariants=False)
     ei = _edge_index(ctx)
     src, dst = ei[0], ei[1]
     del ei
 
     def gather_scatter(x):
-        return torch.zeros(N, F).index_add_(0, dst, x[src])
+        return torch.zeros(N, F, device=x.device).index_add_(0, dst, x[src])
 
     recs = []
     for rg in ctx.cfg.grad:
         x = x0.detach().requires_grad_(rg)
-        gout = torch.randn(N, F, generator=torch.Generator().manual_seed(1)) if rg else None
-        res = _measure(_run_step(lambda x: spmm(g, x, "sum"), x, gout), ctx.cfg.repeat)
+        gout = _randn(ctx, N, F, seed=1) if rg else None
+        res = _measure(_run_step(lambda x: spmm(g, x, "sum"), x, gout), ctx.cfg.repeat, ctx.gpu)
         extra = {}
         if ctx.bandwidth and not rg:
             bound = E * F * x.element_size() / ctx.bandwidth
             extra = dict(bound_seconds=bound, bound_fraction=bound / res["seconds"])
         recs.append(_record(ctx, "spmm", HPC, rg, res, **extra))
-        res = _measure(_run_step(lambda x: torch.sparse.mm(A, x), x, gout), ctx.cfg.repeat)
+        res = _measure(_run_step(lambda x: torch.sparse.mm(A, x), x, gout), ctx.cfg.repeat, ctx.gpu)
         recs.append(_record(ctx, "spmm", "torch.sparse.mm", rg, res))
         need = E * F * 4 * (2 if rg else 1) + 2 * N * F * 4
         why = _fits(ctx, need)
-        res = None if why else _measure(_run_step(gather_scatter, x, gout), ctx.cfg.repeat)
+        res = None if why else _measure(_run_step(gather_scatter, x, gout), ctx.cfg.repeat, ctx.gpu)
         recs.append(_record(ctx, "spmm", "gather_index_add", rg, res, skipped=why))
     return recs
 
@@ -350,14 +427,17 @@ def make_gat_pair(g: CSR, edge_index: torch.Tensor, fin: int, heads: int, dim: i
 def _bench_sage(ctx: _Ctx, g: CSR, x0: torch.Tensor) -> list[dict]:
     N, E, F = ctx.num_nodes, ctx.num_edges, ctx.cfg.feat
     ours, theirs_fn, theirs = make_sage_pair(g, _edge_index(ctx), F, F, ctx.cfg.seed)
+    ours.to(ctx.device)
+    theirs.to(ctx.device)
     recs = []
     for rg in ctx.cfg.grad:
         x = x0.detach().requires_grad_(rg)
-        gout = torch.randn(N, F, generator=torch.Generator().manual_seed(2))
-        res = _measure(_run_step(ours, x, gout, list(ours.parameters())), ctx.cfg.repeat)
+        gout = _randn(ctx, N, F, seed=2)
+        res = _measure(_run_step(ours, x, gout, list(ours.parameters())), ctx.cfg.repeat, ctx.gpu)
         recs.append(_record(ctx, "sage", HPC, rg, res))
         why = _fits(ctx, E * F * 4 * (2 if rg else 1) + 4 * N * F * 4)
-        res = None if why else _measure(_run_step(theirs_fn, x, gout, list(theirs.parameters())), ctx.cfg.repeat)
+        res = None if why else _measure(_run_step(theirs_fn, x, gout, list(theirs.parameters())), ctx.cfg.repeat,
+                                        ctx.gpu)
         recs.append(_record(ctx, "sage", "pyg.SAGEConv", rg, res, skipped=why))
     return recs
 
@@ -373,20 +453,101 @@ def _bench_gat(ctx: _Ctx, x0: torch.Tensor) -> list[dict]:
     # the same graph plus one self-loop per node, for both implementations
     src = np.concatenate([ctx.indices.astype(np.int64), np.arange(N, dtype=np.int64)])
     dst = np.concatenate([np.repeat(np.arange(N, dtype=np.int64), np.diff(ctx.indptr)), np.arange(N)])
-    g = CSR.from_edges(src, dst, N)
+    g = CSR.from_edges(src, dst, N).to(ctx.device)
     E = g.num_edges
-    edge_index = torch.stack([torch.from_numpy(src), torch.from_numpy(dst)])
+    edge_index = torch.stack([torch.from_numpy(src), torch.from_numpy(dst)]).to(ctx.device)
     ours, theirs_fn, theirs = make_gat_pair(g, edge_index, F, H, D, ctx.cfg.seed)
+    ours.to(ctx.device)
+    theirs.to(ctx.device)
     recs = []
     for rg in ctx.cfg.grad:
         x = x0.detach().requires_grad_(rg)
-        gout = torch.randn(N, H * D, generator=torch.Generator().manual_seed(3))
-        res = _measure(_run_step(ours, x, gout, list(ours.parameters())), ctx.cfg.repeat)
+        gout = _randn(ctx, N, H * D, seed=3)
+        res = _measure(_run_step(ours, x, gout, list(ours.parameters())), ctx.cfg.repeat, ctx.gpu)
         recs.append(_record(ctx, "gat", HPC, rg, res, num_edges_with_loops=E))
         why = _fits(ctx, E * H * D * 4 * 3 + E * H * 4 * 6)
-        res = None if why else _measure(_run_step(theirs_fn, x, gout, list(theirs.parameters())), ctx.cfg.repeat)
+        res = None if why else _measure(_run_step(theirs_fn, x, gout, list(theirs.parameters())), ctx.cfg.repeat,
+                                        ctx.gpu)
         recs.append(_record(ctx, "gat", "pyg.GATConv", rg, res, skipped=why, num_edges_with_loops=E))
     return recs
+
+
+def attention_graph(n: int, degree: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """``(indptr int64[n+1], indices int64[E])``: every node attends to itself and ``degree`` distinct random
+    others (columns ascending, no duplicates, so a dense boolean mask holds the same pattern)."""
+    rng = np.random.default_rng(seed)
+    src = rng.integers(0, n, (n, degree), dtype=np.int64)
+    pairs = np.unique(np.concatenate([np.arange(n, dtype=np.int64) * n + np.arange(n, dtype=np.int64),
+                                      (np.arange(n, dtype=np.int64)[:, None] * n + src).ravel()]))
+    dst, cols = np.divmod(pairs, n)
+    indptr = np.zeros(n + 1, dtype=np.int64)
+    np.cumsum(np.bincount(dst, minlength=n), out=indptr[1:])
+    return indptr, cols
+
+
+def _bench_attention(ctx: _Ctx) -> list[dict]:
+    """Graph-masked attention, forward + backward: fused ``dot_attention`` vs SDPA with a dense boolean mask."""
+    from hpc_graph.ops.dot_attention import dot_attention
+
+    H, D, recs = ctx.cfg.attn_heads, ctx.cfg.attn_dim, []
+    for S in ctx.cfg.seq_lens:
+        S = int(S)
+        indptr, cols = attention_graph(S, ctx.cfg.avg_degree, ctx.cfg.seed)
+        E = int(cols.shape[0])
+        g = CSR(indptr, cols.astype(column_dtype(S)), S).to(ctx.device)
+        q0, k0, v0 = (_randn(ctx, S, H, D, seed=s) for s in (11, 12, 13))
+        gout = _randn(ctx, S, H, D, seed=14)
+        qkv = [t.requires_grad_(True) for t in (q0, k0, v0)]
+        extra = dict(seq_len=S, num_edges=E, attn_heads=H, attn_dim=D)
+
+        def ours():
+            out = dot_attention(g, *qkv)
+            out.backward(gout)
+            for t in qkv:
+                t.grad = None
+            return out
+
+        res = _measure(ours, ctx.cfg.repeat, ctx.gpu)
+        recs.append(_record(ctx, "attention", HPC, True, res, **extra))
+        # SDPA: the [S, S] mask, the float bias some backends make of it, scores of the math fallback
+        need = S * S * (1 + 4) + 6 * S * H * D * 4
+        why = _fits(ctx, need)
+        if why is None:
+            mask = torch.zeros(S, S, dtype=torch.bool, device=ctx.device)
+            rows = torch.repeat_interleave(torch.arange(S, device=ctx.device), g.in_degree())
+            mask[rows, g.indices.long()] = True
+            del rows
+
+            def sdpa():
+                q, k, v = (t.transpose(0, 1).unsqueeze(0) for t in qkv)  # [1, H, S, D]
+                out = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+                out = out.squeeze(0).transpose(0, 1)
+                out.backward(gout)
+                for t in qkv:
+                    t.grad = None
+                return out
+
+            try:
+                res = _measure(sdpa, ctx.cfg.repeat, ctx.gpu)
+                with torch.no_grad():
+                    diff = float((dot_attention(g, *qkv) - sdpa_forward(qkv, mask)).abs().max())
+                recs.append(_record(ctx, "attention", "torch.sdpa_mask", True, res, max_abs_diff=diff, **extra))
+            except torch.OutOfMemoryError as exc:
+                recs.append(_record(ctx, "attention", "torch.sdpa_mask", True, skipped=f"out of memory: {exc}"[:200],
+                                    **extra))
+            del mask
+        else:
+            recs.append(_record(ctx, "attention", "torch.sdpa_mask", True, skipped=why, **extra))
+        del g, qkv, gout
+        if ctx.gpu:
+            torch.cuda.empty_cache()
+    return recs
+
+
+def sdpa_forward(qkv, mask: torch.Tensor) -> torch.Tensor:
+    """SDPA over ``q, k, v`` float[S, H, D] with a boolean [S, S] mask, as float[S, H, D]."""
+    q, k, v = (t.transpose(0, 1).unsqueeze(0) for t in qkv)
+    return torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask).squeeze(0).transpose(0, 1)
 
 
 def _bench_locality(ctx: _Ctx, x0: torch.Tensor) -> list[dict]:
@@ -474,24 +635,30 @@ def run_kernel_bench(cfg: KernelBenchConfig) -> list[dict]:
 
     cfg.validate()
     threads = _set_threads(cfg.threads)
+    if cfg.device == "cuda":
+        from hpc_graph.ops._bridge import get_kernel  # noqa: F401  (numba's context on torch's current GPU)
+        from numba import cuda as numba_cuda
+
+        numba_cuda.select_device(torch.cuda.current_device())
     t0 = time.perf_counter()
     data = generate_rmat(cfg.scale, cfg.edge_factor, symmetrize=cfg.symmetrize, feat_dim=0, seed=cfg.seed)
     log.info("R-MAT scale %d: %d nodes, %d edges (%.1f s)", cfg.scale, data.num_nodes, data.num_edges,
              time.perf_counter() - t0)
     ctx = _Ctx(cfg, threads, data.indptr.astype(np.int64), data.indices)
     ctx.base = dict(scale=cfg.scale, feat=cfg.feat, heads=cfg.heads, threads=threads,
-                    num_nodes=ctx.num_nodes, num_edges=ctx.num_edges, edge_factor=cfg.edge_factor)
+                    num_nodes=ctx.num_nodes, num_edges=ctx.num_edges, edge_factor=cfg.edge_factor,
+                    device=(torch.cuda.get_device_name() if cfg.device == "cuda" else "cpu"))
     del data
     # features as the dataset loader hands them over: a NumPy array (huge pages), wrapped zero-copy
     x0 = torch.from_numpy(np.random.default_rng(cfg.seed).standard_normal((ctx.num_nodes, cfg.feat),
-                                                                          dtype=np.float32))
+                                                                          dtype=np.float32)).to(ctx.device)
     records: list[dict] = []
     g = None
     for op in OPS:  # fixed order: memcpy first, so SpMM gets its bandwidth bound
         if op not in cfg.ops:
             continue
         if op in ("spmm", "sddmm", "sage") and g is None:
-            g = CSR(ctx.indptr, ctx.indices.astype(column_dtype(ctx.num_nodes)))  # as the engines load it
+            g = CSR(ctx.indptr, ctx.indices.astype(column_dtype(ctx.num_nodes))).to(ctx.device)  # as engines load it
         if op == "memcpy":
             records += _bench_memcpy(ctx)
         elif op == "spmm":
@@ -506,15 +673,20 @@ def run_kernel_bench(cfg: KernelBenchConfig) -> list[dict]:
             records += _bench_locality(ctx, x0)
         elif op == "compile":
             records += _bench_compile(ctx)
+        elif op == "attention":
+            records += _bench_attention(ctx)
     return records
 
 
 def summarize(records: list[dict]) -> list[str]:
     """Human-readable lines: hpc_graph vs every baseline per (op, requires_grad): speed-up and memory ratio."""
     lines = []
-    ours = {(r["op"], r["requires_grad"]): r for r in records if r["impl"] == HPC and r["seconds"]}
+    def key_of(r):
+        return r["op"], r["requires_grad"], r.get("seq_len")
+
+    ours = {key_of(r): r for r in records if r["impl"] == HPC and r["seconds"]}
     for r in records:
-        key = (r["op"], r["requires_grad"])
+        key = key_of(r)
         if r["op"] == "memcpy" and r["seconds"]:
             lines.append(f"memcpy {r['impl']}: {r['gb_per_s']:.1f} GB/s (read+write)")
         elif r["op"] == "compile":
@@ -525,7 +697,8 @@ def summarize(records: list[dict]) -> list[str]:
                          f"vs random order")
         elif r["impl"] == HPC and r["seconds"]:
             extra = f", {100 * r['bound_fraction']:.0f}% of the bandwidth bound" if "bound_fraction" in r else ""
-            lines.append(f"{r['op']} grad={r['requires_grad']}: {HPC} {r['seconds']:.3f} s, "
+            what = f"{r['op']} S={r['seq_len']}" if r.get("seq_len") else r["op"]
+            lines.append(f"{what} grad={r['requires_grad']}: {HPC} {r['seconds']:.4f} s, "
                          f"peak +{r['peak_mb']:.0f} MB{extra}")
         elif key in ours and r["impl"] != HPC:
             if r["seconds"] is None:
@@ -533,7 +706,7 @@ def summarize(records: list[dict]) -> list[str]:
                 continue
             o = ours[key]
             mem = (f", memory {o['peak_mb'] / r['peak_mb']:.2f}x" if r["peak_mb"] and r["peak_mb"] > 1 else "")
-            lines.append(f"  vs {r['impl']}: {r['seconds']:.3f} s -> {r['seconds'] / o['seconds']:.2f}x faster"
+            lines.append(f"  vs {r['impl']}: {r['seconds']:.4f} s -> {r['seconds'] / o['seconds']:.2f}x faster"
                          f"{mem} (peak +{r['peak_mb']:.0f} MB)")
     return lines
 

@@ -24,8 +24,13 @@ def _add_kernels(p: argparse.ArgumentParser) -> None:
     p.add_argument("--edge-factor", type=int, default=16, help="R-MAT edges per node (default: %(default)s)")
     p.add_argument("--symmetrize", action=argparse.BooleanOptionalAction, default=False,
                    help="add reverse edges (default: off, a directed graph)")
-    p.add_argument("--ops", nargs="+", default=list(OPS), metavar="OP",
-                   help=f"measurements to run, from: {' '.join(OPS)} (default: all)")
+    p.add_argument("--ops", nargs="+", default=None, metavar="OP",
+                   help=f"measurements to run, from: {' '.join(OPS)} (default: all but attention on the CPU, "
+                        "all but locality and compile with --device cuda)")
+    p.add_argument("--device", choices=["cpu", "cuda"], default="cpu",
+                   help="run on the CPU or on the current GPU (default: %(default)s)")
+    p.add_argument("--seq-lens", type=int, nargs="+", default=[65536, 262144, 1048576], metavar="S",
+                   help="sequence lengths of the attention measurement (default: %(default)s)")
     p.add_argument("--grad", choices=["both", "off", "on"], default="both",
                    help="input features requiring grad: off (first layer), on (hidden layer), both (default)")
     p.add_argument("--repeat", type=int, default=3, help="timed calls per measurement, median reported "
@@ -43,14 +48,17 @@ def _add_kernels(p: argparse.ArgumentParser) -> None:
 
 def _run_kernels(args: argparse.Namespace) -> int:
     from data_io.errors import DataError, check_output
-    from hpc_graph.bench.kernels import KernelBenchConfig, run_kernel_bench, summarize, write_json, write_plot
+    from hpc_graph.bench.kernels import (DEFAULT_OPS, KernelBenchConfig, run_kernel_bench, summarize, write_json,
+                                         write_plot)
 
     from hpc_graph.comm.threads import current_plan
 
     grad = {"both": (False, True), "off": (False,), "on": (True,)}[args.grad]
     cfg = KernelBenchConfig(scale=args.scale, feat=args.feat, heads=args.heads, edge_factor=args.edge_factor,
                             symmetrize=args.symmetrize, repeat=args.repeat, threads=current_plan().threads,
-                            ops=tuple(args.ops), grad=grad, memory_fraction=args.memory_fraction, seed=args.seed)
+                            ops=tuple(args.ops) if args.ops else DEFAULT_OPS[args.device], grad=grad,
+                            memory_fraction=args.memory_fraction, seed=args.seed, device=args.device,
+                            seq_lens=tuple(args.seq_lens))
     try:
         cfg.validate()
     except ValueError as exc:
@@ -66,7 +74,7 @@ def _run_kernels(args: argparse.Namespace) -> int:
         write_plot(records, args.plot, args.force)
     r0 = records[0] if records else {}
     print(f"bench kernels: R-MAT scale {cfg.scale} ({r0.get('num_nodes')} nodes, {r0.get('num_edges')} edges), "
-          f"F={cfg.feat}, {r0.get('threads')} threads, {time.perf_counter() - t0:.0f} s")
+          f"F={cfg.feat}, {r0.get('threads')} threads, device {r0.get('device')}, {time.perf_counter() - t0:.0f} s")
     for line in summarize(records):
         print(line)
     for path in (args.json, args.plot):

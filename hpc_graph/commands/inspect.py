@@ -87,6 +87,14 @@ def run_env(args: argparse.Namespace) -> int:
     mine = describe_environment()
     mine["threads"]["decided"] = plan.as_dict()
     mine["backend"] = comm.backend
+    # GPU halo exchange: CUDA tensors go to MPI directly when the library reads device memory, else through
+    # host buffers (staging); the device is the one `train.device: cuda` gives this rank
+    cuda_aware = getattr(comm, "cuda_aware", None)
+    mine["cuda"]["mpi_cuda_aware"] = cuda_aware
+    mine["cuda"]["gpu_exchange"] = (None if not mine["cuda"].get("device_count") else
+                                    "direct (CUDA-aware MPI)" if cuda_aware else "host staging")
+    if mine["cuda"].get("device_count"):
+        mine["cuda"]["rank_device"] = f"cuda:{mine['local_rank'] % mine['cuda']['device_count']}"
     mine["torch_distributed_env"] = {k: os.environ.get(k) for k in
                                      ("MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE", "LOCAL_RANK")}
     everyone = comm.allgather_object(mine)
@@ -108,6 +116,14 @@ def run_env(args: argparse.Namespace) -> int:
         print(f"{e['rank']:>4} {e['local_rank']:>5} {e['hostname'][:20]:<20} {e['pid']:>8} "
               f"{t['cpu_affinity']!s:>5} {p['threads']:>7} {t['torch_num_threads']!s:>5} "
               f"{c['device_count']!s:>5}  {why}")
+    gpus = [e for e in everyone if e["cuda"].get("device_count")]
+    if gpus:
+        print("GPUs: " + "; ".join(f"rank {e['rank']} -> {e['cuda']['rank_device']} "
+                                   f"({e['cuda']['devices'][int(e['cuda']['rank_device'].split(':')[1])]})"
+                                   for e in gpus))
+        print("GPU halo exchange: " + ", ".join(sorted({e["cuda"]["gpu_exchange"] for e in gpus}))
+              + " (MPI CUDA-aware: " + ", ".join(sorted({str(e["cuda"]["mpi_cuda_aware"]) for e in gpus}))
+              + "; force with HPC_GRAPH_CUDA_AWARE_MPI=0|1)")
     if args.backend == "torch":
         print("torch.distributed: " + "; ".join(
             f"rank {e['rank']}: " + (" ".join(f"{k}={v}" for k, v in e["torch_distributed_env"].items()

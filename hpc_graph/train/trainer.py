@@ -479,7 +479,13 @@ class Trainer:
         if not torch.cuda.is_available():
             raise ConfigError("train.device: 'cuda' requested but torch sees no CUDA device")
         local_rank = int(getattr(self.comm, "local_rank", 0))
-        return torch.device("cuda", local_rank % torch.cuda.device_count())
+        device = torch.device("cuda", local_rank % torch.cuda.device_count())
+        # the rank's GPU becomes the current device of torch and of numba's kernels (one context per GPU)
+        torch.cuda.set_device(device)
+        from numba import cuda as numba_cuda
+
+        numba_cuda.select_device(device.index)
+        return device
 
     @staticmethod
     def _seed_all(seed: int) -> None:
@@ -510,6 +516,13 @@ class Trainer:
     def _sync(self) -> None:
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
+
+    def _gpu_peak(self) -> dict[str, float]:
+        """``{"peak_gpu_mb": ...}``: the most GPU memory torch's allocator has held for tensors so far
+        (``torch.cuda.max_memory_allocated``, MiB) on a GPU run; empty on the CPU."""
+        if self.device.type != "cuda":
+            return {}
+        return {"peak_gpu_mb": torch.cuda.max_memory_allocated(self.device) / 2**20}
 
     # -- functional API -----------------------------------------------------------------------
     def step(self) -> float:
@@ -769,7 +782,8 @@ class Trainer:
                                   "bytes_sent": int(step_b), "modeled_comm_seconds": modeled,
                                   "modeled_wait_seconds": modeled_wait,
                                   "eval_seconds": eval_s, "eval_bytes_sent": int(eval_b),
-                                  "peak_rss_mb": peak_rss_mb(), "engine_stats": engine_stats})
+                                  "peak_rss_mb": peak_rss_mb(), **self._gpu_peak(),
+                                  "engine_stats": engine_stats})
                     bar.update(loss=loss, val=evaluated["val_acc"], test=evaluated["test_acc"])
                     if evaluated["val_acc"] is not None:
                         log.debug("epoch %d: loss %.4f, val %.4f, test %.4f", epoch, loss,
@@ -890,7 +904,7 @@ class Trainer:
 
     def _summary(self, epoch_seconds: list[float], step_bytes: list[int], last_eval: dict[str, Any],
                  loss: float) -> dict[str, Any]:
-        mine = {"rank": self.rank, "peak_rss_mb": peak_rss_mb(), "epoch_seconds": epoch_seconds,
+        mine = {"rank": self.rank, "peak_rss_mb": peak_rss_mb(), **self._gpu_peak(), "epoch_seconds": epoch_seconds,
                 "num_parameters": sum(p.numel() for p in self.params),
                 "bytes_per_epoch": float(np.mean(step_bytes)) if step_bytes else 0.0,
                 "threads": _threads_in_use(self.threads)}
@@ -906,6 +920,7 @@ class Trainer:
             "epochs": len(epoch_seconds),
             "median_epoch_seconds": statistics.median(slowest) if slowest else None,
             "peak_rss_mb": [r["peak_rss_mb"] for r in ranks],
+            **({"peak_gpu_mb": [r.get("peak_gpu_mb") for r in ranks]} if self.device.type == "cuda" else {}),
             "bytes_per_epoch": sum(r["bytes_per_epoch"] for r in ranks),
             "bytes_per_epoch_per_rank": [r["bytes_per_epoch"] for r in ranks],
             "world_size": self.size,

@@ -10,7 +10,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-assert os.environ.get("NUMBA_ENABLE_CUDASIM") == "1", "run with NUMBA_ENABLE_CUDASIM=1"
+assert os.environ.get("NUMBA_ENABLE_CUDASIM") == "1" or os.environ.get("HPC_GRAPH_REAL_GPU") == "1", \
+    "run with NUMBA_ENABLE_CUDASIM=1 (or HPC_GRAPH_REAL_GPU=1 on a machine with a GPU: tests/gpu)"
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _attention_ref import awkward_graph, dot_reference, gat_reference, split_blocks  # noqa: E402
 from numba import cuda  # noqa: E402

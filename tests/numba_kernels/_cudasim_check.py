@@ -29,7 +29,8 @@ def _load_awkward_graph():
 
 awkward_graph = _load_awkward_graph()
 
-assert os.environ.get("NUMBA_ENABLE_CUDASIM") == "1", "run with NUMBA_ENABLE_CUDASIM=1"
+assert os.environ.get("NUMBA_ENABLE_CUDASIM") == "1" or os.environ.get("HPC_GRAPH_REAL_GPU") == "1", \
+    "run with NUMBA_ENABLE_CUDASIM=1 (or HPC_GRAPH_REAL_GPU=1 on a machine with a GPU: tests/gpu)"
 from numba import cuda  # noqa: E402
 
 from numba_kernels import get_kernel  # noqa: E402

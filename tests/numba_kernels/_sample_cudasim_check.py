@@ -22,7 +22,8 @@ sys.path.insert(0, str(HERE.parents[1]))  # the repo root, for numba_kernels
 sys.path.insert(0, str(HERE))
 
 PTX = sys.argv[1:] == ["ptx"]
-assert PTX or os.environ.get("NUMBA_ENABLE_CUDASIM") == "1", "run with NUMBA_ENABLE_CUDASIM=1"
+assert PTX or os.environ.get("NUMBA_ENABLE_CUDASIM") == "1" or os.environ.get("HPC_GRAPH_REAL_GPU") == "1", \
+    "run with NUMBA_ENABLE_CUDASIM=1 (or HPC_GRAPH_REAL_GPU=1 on a machine with a GPU: tests/gpu)"
 assert not PTX or os.environ.get("NUMBA_ENABLE_CUDASIM", "0") == "0", "ptx mode runs without the simulator"
 from numba import cuda  # noqa: E402
 

@@ -19,11 +19,16 @@ attention through a K/V halo exchange (against ``single`` without the sequence c
 * ``sylvie`` with ``bits: 32`` (full precision, synchronous) against ``dp``:
   loss and gradients within 1e-6.
 
+With ``HPC_GRAPH_TEST_DEVICE=cuda`` (a GPU run, ``tests/gpu/``) the engines
+under test and the models run on the GPU (the ranks share it), the ``single``
+reference stays on the CPU, and ``single`` on the GPU is compared with it too.
+
 Usage: engine_equivalence.py WORKDIR
 """
 from __future__ import annotations
 
 import copy
+import os
 import sys
 import time
 import traceback
@@ -41,6 +46,7 @@ from hpc_graph.nn import build_model
 
 RTOL = 1e-5
 ITEM = 8  # float64 bytes
+DEVICE = os.environ.get("HPC_GRAPH_TEST_DEVICE", "cpu")  # where the engines under test run
 
 
 def _comm():
@@ -87,6 +93,7 @@ def _dataset(path: Path, seed: int, n: int = 70, e: int = 320, isolated: int = 6
 
 
 def _close(what: str, got: torch.Tensor, want: torch.Tensor) -> None:
+    got, want = got.detach().cpu(), want.detach().cpu()
     scale = float(want.abs().max()) if want.numel() else 0.0
     err = float((got - want).abs().max()) if want.numel() else 0.0
     if got.shape != want.shape or not err <= RTOL * max(scale, 1e-8):
@@ -95,6 +102,7 @@ def _close(what: str, got: torch.Tensor, want: torch.Tensor) -> None:
 
 
 def _close_to(what: str, got: torch.Tensor, want: torch.Tensor, rtol: float) -> None:
+    got, want = got.detach().cpu(), want.detach().cpu()
     scale = float(want.abs().max()) if want.numel() else 0.0
     err = float((got - want).abs().max()) if want.numel() else 0.0
     if not err <= rtol * max(scale, 1e-8):
@@ -237,12 +245,12 @@ def _expected_bytes(engine_name: str, dg, calls: list) -> int:
     return total
 
 
-def _reference(ds_path: Path, model_name: str, options: dict, local_comm) -> dict:
+def _reference(ds_path: Path, model_name: str, options: dict, local_comm, device: str = "cpu") -> dict:
     # graph transformers: the pattern the partitioned engines attend over (self loops + edges, no chain)
     engine_options = {"attention_chain": False} if model_name == "gt" else {}
-    eng = create_engine("single", str(ds_path), local_comm, "cpu", torch.float64, engine_options)
-    model = _model(model_name, eng.num_features, eng.num_classes, options, eng.graph.num_relations)
-    start = copy.deepcopy(model)
+    eng = create_engine("single", str(ds_path), local_comm, device, torch.float64, engine_options)
+    model = _model(model_name, eng.num_features, eng.num_classes, options, eng.graph.num_relations).to(device)
+    start = copy.deepcopy(model).cpu()
     train_count = float(eng.masks["train"].sum())
     out = model(eng.graph, eng.feat)
     loss = _loss(out, eng, train_count)
@@ -258,10 +266,10 @@ def _reference(ds_path: Path, model_name: str, options: dict, local_comm) -> dic
 
 
 def _check_engine(tag: str, engine_name: str, options: dict, pdir: Path, ref: dict, comm) -> tuple:
-    eng = create_engine(engine_name, str(pdir), comm, "cpu", torch.float64, options)
+    eng = create_engine(engine_name, str(pdir), comm, DEVICE, torch.float64, options)
     dg = eng.graph.dg
-    rows = dg.orig_id
-    model = copy.deepcopy(ref["model"])
+    rows = torch.as_tensor(dg.orig_id)
+    model = copy.deepcopy(ref["model"]).to(DEVICE)
     train_count = float(eng.graph.all_reduce_sum(eng.masks["train"].sum().double()))
     calls = _record_calls(eng.graph)
     eng.reset_stats()
@@ -344,6 +352,13 @@ def main() -> int:
         pdir = work / f"{ds}-{method}-{n}"
         for model_name, model_options in _models(case):
             ref = _reference(work / f"{ds}.h5", model_name, model_options, local)
+            if DEVICE != "cpu":  # single on the GPU against single on the CPU
+                got = _reference(work / f"{ds}.h5", model_name, model_options, local, DEVICE)
+                for key in ("out", "loss"):
+                    _close(f"single on {DEVICE} {ds} {model_name} {key}", got[key], ref[key])
+                for key in ("grads", "weights"):
+                    for k, t in ref[key].items():
+                        _close(f"single on {DEVICE} {ds} {model_name} {key} {k}", got[key][k], t)
             first_dp = None
             for engine_name, options in (("dp", {}), ("sar", {"prefetch": False}), ("sar", {"prefetch": True}),
                                          ("sylvie", {"bits": 32, "pipeline": "off"})):

@@ -1,0 +1,49 @@
+#!/usr/bin/env bash
+# GPU checks and benchmarks in one run, on a machine with an NVIDIA GPU (issue: the GPU path).
+#
+#   bash benchmarks/gpu/run_gpu_checks.sh [STEP...]      # default: every step, in this order
+#
+# Steps: env (GPU, packages, `hpc-graph info --env` on 2 ranks), kernels (tests/gpu: every CUDA twin and op
+# against the CPU, the non-default-stream test), train (tests/gpu: every engine with train.device=cuda,
+# 2 ranks sharing the GPU), bench20 (`hpc-graph bench kernels --device cuda` at R-MAT scale 20), bench22
+# (SpMM at scale 22 and attention vs SDPA), layers18 (SAGE/GAT layers at scale 18), epochs (training
+# epochs vs PyG on the GPU, benchmarks/bench_gpu.py). Logs and JSON go to $OUT (default results/gpu).
+# Wheels in .whl/ (mpich for mpiexec, mpi4py, pymetis) are installed first when present.
+set -uo pipefail
+cd "$(dirname "$0")/../.."
+OUT=${OUT:-results/gpu}
+mkdir -p "$OUT"
+export PYTHONUNBUFFERED=1 PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
+if ls .whl/*.whl >/dev/null 2>&1; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
+    && export PYTHONPATH="$PYTHONPATH:/tmp/site" PATH="/tmp/site/bin:$PATH"
+fi
+STEPS=("$@")
+[ ${#STEPS[@]} -eq 0 ] && STEPS=(env kernels train bench20 bench22 layers18 epochs)
+status=0
+step() {  # step NAME TIMEOUT CMD...: run with a limit, log to $OUT/NAME.log, report the outcome
+  local name=$1 limit=$2; shift 2
+  local t0=$SECONDS
+  timeout --kill-after=10 "$limit" "$@" >"$OUT/$name.log" 2>&1
+  local rc=$?
+  echo "== $name: exit $rc after $((SECONDS - t0)) s"
+  tail -n "${TAIL:-25}" "$OUT/$name.log"
+  [ $rc -eq 0 ] || status=1
+}
+for s in "${STEPS[@]}"; do
+  case $s in
+    env) step env 90 bash -c 'nvidia-smi -L; python3 -c "import torch, numba, sys; print(sys.version.split()[0], torch.__version__, numba.__version__); from numba import cuda; cuda.detect()"; which mpiexec; mpiexec -n 2 python3 -m hpc_graph.cli info --env' ;;
+    kernels) step kernels 240 python3 -m pytest -q -n 12 -p no:cacheprovider tests/gpu/test_ops_gpu.py tests/gpu/test_kernels_gpu.py ;;
+    train) step train 300 python3 -m pytest -q -n 10 -p no:cacheprovider tests/gpu/test_train_gpu.py ;;
+    bench20) step bench20 200 python3 -m hpc_graph.cli bench kernels --device cuda --scale 20 --repeat 5 \
+               --ops memcpy spmm sddmm sage gat --json "$OUT/kernels20.jsonl" --force ;;
+    bench22) step bench22 200 python3 -m hpc_graph.cli bench kernels --device cuda --scale 22 --repeat 5 \
+               --ops memcpy spmm attention --seq-lens 65536 131072 262144 1048576 --json "$OUT/kernels22.jsonl" --force ;;
+    layers18) step layers18 120 python3 -m hpc_graph.cli bench kernels --device cuda --scale 18 --repeat 5 \
+               --ops sage gat --json "$OUT/kernels18.jsonl" --force ;;
+    epochs) step epochs 300 python3 benchmarks/bench_gpu.py --scales 18 20 --epochs 6 --workdir /tmp/bench_gpu \
+               --out "$OUT/epochs.jsonl" ;;
+    *) echo "unknown step $s"; status=1 ;;
+  esac
+done
+exit $status

@@ -1,0 +1,18 @@
+"""GPU-only tests: skipped where torch sees no CUDA device (CI is CPU-only and covers the CUDA twins under
+``NUMBA_ENABLE_CUDASIM=1`` in ``tests/numba_kernels``); run them on a machine with a GPU with
+``python3 -m pytest tests/gpu`` (``benchmarks/gpu/run_gpu_checks.sh`` does, with the GPU benchmarks)."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+HAVE_CUDA = torch.cuda.is_available()
+
+
+def pytest_collection_modifyitems(config, items):
+    if HAVE_CUDA:
+        return
+    skip = pytest.mark.skip(reason="needs a CUDA GPU (torch.cuda.is_available() is False)")
+    for item in items:
+        if "tests/gpu/" in str(item.fspath).replace("\\", "/"):
+            item.add_marker(skip)
