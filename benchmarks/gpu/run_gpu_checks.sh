@@ -32,10 +32,10 @@ step() {  # step NAME TIMEOUT CMD...: run with a limit, log to $OUT/NAME.log, re
 }
 for s in "${STEPS[@]}"; do
   case $s in
-    env) step env 90 bash -c 'nvidia-smi -L; python3 -c "import torch, numba, sys; print(sys.version.split()[0], torch.__version__, numba.__version__); from numba import cuda; cuda.detect()"; which mpiexec; mpiexec -n 2 python3 -m hpc_graph.cli info --env' ;;
-    kernels) step kernels 240 python3 -m pytest -q -n 12 -p no:cacheprovider tests/gpu/test_ops_gpu.py tests/gpu/test_kernels_gpu.py ;;
-    train) step train 300 python3 -m pytest -q -n 10 -p no:cacheprovider tests/gpu/test_train_gpu.py ;;
-    bench20) step bench20 200 python3 -m hpc_graph.cli bench kernels --device cuda --scale 20 --repeat 5 \
+    env) step env 45 bash -c 'nvidia-smi -L; python3 -c "import torch, numba, sys; print(sys.version.split()[0], torch.__version__, numba.__version__); from numba import cuda; cuda.detect()"; which mpiexec; mpiexec -n 2 python3 -m hpc_graph.cli info --env' ;;
+    kernels) step kernels 150 python3 -m pytest -q -n 12 -p no:cacheprovider -rf tests/gpu/test_ops_gpu.py tests/gpu/test_kernels_gpu.py ;;
+    train) step train 240 python3 -m pytest -q -n 10 -p no:cacheprovider -rf tests/gpu/test_train_gpu.py ;;
+    bench20) step bench20 120 python3 -m hpc_graph.cli bench kernels --device cuda --scale 20 --repeat 5 \
                --ops memcpy spmm sddmm sage gat --json "$OUT/kernels20.jsonl" --force ;;
     bench22) step bench22 200 python3 -m hpc_graph.cli bench kernels --device cuda --scale 22 --repeat 5 \
                --ops memcpy spmm attention --seq-lens 65536 131072 262144 1048576 --json "$OUT/kernels22.jsonl" --force ;;
