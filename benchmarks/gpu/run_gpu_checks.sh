@@ -3,7 +3,7 @@
 #
 #   bash benchmarks/gpu/run_gpu_checks.sh [STEP...]      # default: every step, in this order
 #
-# Steps: env (GPU, packages, `hpc-graph info --env` on 2 ranks), kernels (tests/gpu: every CUDA twin and op
+# Steps: tests (kernels and train side by side), env (GPU, packages, `hpc-graph info --env` on 2 ranks), kernels (tests/gpu: every CUDA twin and op
 # against the CPU, the non-default-stream test), train (tests/gpu: every engine with train.device=cuda,
 # 2 ranks sharing the GPU), bench20 (`hpc-graph bench kernels --device cuda` at R-MAT scale 20), bench22
 # (SpMM at scale 22 and attention vs SDPA), layers18 (SAGE/GAT layers at scale 18), epochs (training
@@ -17,13 +17,20 @@ export PYTHONUNBUFFERED=1 PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 if ls .whl/*.whl >/dev/null 2>&1; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
     && export PYTHONPATH="$PYTHONPATH:/tmp/site" PATH="/tmp/site/bin:$PATH"
+  if [ -e /tmp/site/lib/libmpi.so.12 ]; then  # mpi4py on MPICH's wheel, not on a system Open MPI it may find first
+    export MPI4PY_MPIABI=mpich MPI4PY_LIBMPI=/tmp/site/lib/libmpi.so.12 \
+           LD_LIBRARY_PATH="/tmp/site/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+  fi
 fi
+DEADLINE=${DEADLINE:-100000}  # seconds: steps that would end later get the time left, none under 30 s
 STEPS=("$@")
 [ ${#STEPS[@]} -eq 0 ] && STEPS=(env kernels train bench20 bench22 layers18 epochs)
 status=0
 step() {  # step NAME TIMEOUT CMD...: run with a limit, log to $OUT/NAME.log, report the outcome
   local name=$1 limit=$2; shift 2
   local t0=$SECONDS
+  if (( SECONDS + limit > DEADLINE )); then limit=$((DEADLINE - SECONDS)); fi
+  if (( limit < 30 )); then echo "== $name: skipped (deadline)"; status=1; return; fi
   timeout --kill-after=10 "$limit" "$@" >"$OUT/$name.log" 2>&1
   local rc=$?
   echo "== $name: exit $rc after $((SECONDS - t0)) s"
@@ -33,6 +40,10 @@ step() {  # step NAME TIMEOUT CMD...: run with a limit, log to $OUT/NAME.log, re
 for s in "${STEPS[@]}"; do
   case $s in
     env) step env 45 bash -c 'nvidia-smi -L; python3 -c "import torch, numba, sys; print(sys.version.split()[0], torch.__version__, numba.__version__); from numba import cuda; cuda.detect()"; which mpiexec; mpiexec -n 2 python3 -m hpc_graph.cli info --env' ;;
+    tests) step tests 200 bash -c "python3 -m pytest -q -n 8 -p no:cacheprovider -rf tests/gpu/test_ops_gpu.py \
+             tests/gpu/test_kernels_gpu.py > $OUT/kernels.log 2>&1 & p=\$!; python3 -m pytest -q -n 8 -p no:cacheprovider \
+             -rf tests/gpu/test_train_gpu.py > $OUT/train.log 2>&1; r=\$?; wait \$p; k=\$?; tail -n 40 $OUT/kernels.log; \
+             tail -n 40 $OUT/train.log; exit \$((r | k))" ;;
     kernels) step kernels 150 python3 -m pytest -q -n 12 -p no:cacheprovider -rf tests/gpu/test_ops_gpu.py tests/gpu/test_kernels_gpu.py ;;
     train) step train 240 python3 -m pytest -q -n 10 -p no:cacheprovider -rf tests/gpu/test_train_gpu.py ;;
     bench20) step bench20 120 python3 -m hpc_graph.cli bench kernels --device cuda --scale 20 --repeat 5 \
