@@ -37,6 +37,7 @@ _MAX_BLOCKS = 65535 * 4
 
 def _build_warp(nbtype, C: int):
     """The three warp kernels for ``C`` feature slots per lane (compile-time)."""
+    SH = (_WARPS, 32 * C)  # shared scratch of a block: one row of partials per warp (a constant tuple)
 
     @cuda.jit(device=True, inline=True)
     def _slot_heads(lane, F, D, heads):
@@ -149,7 +150,7 @@ def _build_warp(nbtype, C: int):
         n = indptr.shape[0] - 1
         w = cuda.threadIdx.x // 32
         lane = cuda.threadIdx.x % 32
-        sh = cuda.shared.array((_WARPS, 32 * C), nbtype)
+        sh = cuda.shared.array(SH, nbtype)
         heads = cuda.local.array(C, np.int64)
         bz = cuda.local.array(C, nbtype)   # sum_e p_e kept_e s_e z_j   (per feature)
         tt = cuda.local.array(C, nbtype)   # sum_e p_e s_e               (per head, same in its lanes)
@@ -198,7 +199,7 @@ def _build_warp(nbtype, C: int):
         n = indptr_t.shape[0] - 1
         w = cuda.threadIdx.x // 32
         lane = cuda.threadIdx.x % 32
-        sh = cuda.shared.array((_WARPS, 32 * C), nbtype)
+        sh = cuda.shared.array(SH, nbtype)
         heads = cuda.local.array(C, np.int64)
         gz = cuda.local.array(C, nbtype)   # sum_i p kept go_i            (grad_z)
         ag = cuda.local.array(C, nbtype)   # sum_i p kept s go_i          (dotted with z_j)
