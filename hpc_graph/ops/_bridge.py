@@ -43,6 +43,19 @@ def _numba_device(index: int) -> None:
         cuda.select_device(index)
 
 
+_TORCH_DTYPES = {"float32": torch.float32, "float64": torch.float64, "int64": torch.int64, "int32": torch.int32,
+                 "uint8": torch.uint8}
+
+
+def _scratch_allocator(index: int):
+    """Kernel scratch memory from torch's caching allocator on GPU ``index`` (reused, stream-ordered, counted)."""
+    device = torch.device("cuda", index)
+
+    def alloc(shape, dtype):
+        return torch.empty(shape, dtype=_TORCH_DTYPES[dtype.name], device=device)
+    return alloc
+
+
 def _on_torch_stream(fn):
     @functools.wraps(fn)
     def call(*args, **kwargs):
@@ -50,7 +63,7 @@ def _on_torch_stream(fn):
 
         index = torch.cuda.current_device()
         _numba_device(index)
-        with on_stream(torch.cuda.current_stream(index).cuda_stream):
+        with on_stream(torch.cuda.current_stream(index).cuda_stream, _scratch_allocator(index)):
             return fn(*args, **kwargs)
     return call
 

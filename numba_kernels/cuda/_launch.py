@@ -6,7 +6,12 @@ ops layer uses torch's current stream) wraps its calls in
 launch, device allocation and host copy made by a CUDA twin inside that block
 goes to that stream. Without it everything runs on the default stream (0).
 
-The setting is per thread, so two threads driving two streams do not mix.
+Scratch memory a kernel needs beyond its outputs (the partial rows of the
+load-balanced SpMM) comes from :func:`scratch`: from the allocator given to
+:func:`on_stream` (the ops layer passes torch's caching allocator, so the
+memory is reused, stream-ordered and counted by torch), else from numba.
+
+The settings are per thread, so two threads driving two streams do not mix.
 Under the CUDA simulator (``NUMBA_ENABLE_CUDASIM=1``) every handle maps to 0:
 the simulator runs kernels synchronously.
 """
@@ -14,8 +19,9 @@ from __future__ import annotations
 
 import threading
 from contextlib import contextmanager
-from typing import Iterator
+from typing import Callable, Iterator
 
+import numpy as np
 from numba import config, cuda
 
 _local = threading.local()
@@ -39,19 +45,30 @@ def _external(handle: int):
 
 
 @contextmanager
-def on_stream(handle: int) -> Iterator[None]:
+def on_stream(handle: int, allocator: Callable | None = None) -> Iterator[None]:
     """Launch this package's CUDA kernels on the stream with raw handle ``handle`` inside the block.
 
     Args:
         handle: a ``cudaStream_t`` as an integer (e.g. ``torch.cuda.current_stream().cuda_stream``);
             0 means the legacy default stream.
+        allocator: ``allocator(shape, numpy_dtype)`` returning an object with ``__cuda_array_interface__``
+            (uninitialised, on the current device, usable on that stream) for :func:`scratch`; None: numba's.
     """
-    prev = stream()
+    prev = stream(), getattr(_local, "allocator", None)
     _local.stream = _external(handle)
+    _local.allocator = allocator
     try:
         yield
     finally:
-        _local.stream = prev
+        _local.stream, _local.allocator = prev
+
+
+def scratch(shape, dtype):
+    """An uninitialised device array for a kernel's scratch use, valid on the current stream."""
+    alloc = getattr(_local, "allocator", None)
+    if alloc is not None and not _SIMULATED:
+        return cuda.as_cuda_array(alloc(tuple(shape), np.dtype(dtype)), sync=False)
+    return cuda.device_array(shape, dtype, stream=stream())
 
 
 def to_device(array):

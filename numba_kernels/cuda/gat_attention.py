@@ -5,16 +5,23 @@ Same functions, arguments and semantics as :mod:`numba_kernels.cpu.gat_attention
 ``__cuda_array_interface__``. No atomics, a deterministic result.
 
 Rows of ``F = H * D <= 32 * MAX_SLOTS`` features (every usual GAT layer) take
-the warp kernels: one warp per destination row (forward, row backward) or per
-source row (column backward over the transposed CSR), lane ``t`` owning the
-features ``t, t + 32, ...`` in registers, so every gathered row of ``z`` or
-``grad_out`` is one coalesced load per slot and the state is read and written
-once per row, not once per edge. Each lane recomputes the scores of its heads
-(cheap next to the row loads). The per-head dot products of the backward pass
-are factored out of the edge loop (``sum_e p_e s_e <go_i, z_j>`` =
-``<go_i, sum_e p_e s_e z_j>``) and reduced once per row through shared memory;
-the rows of a block advance together so the block can synchronise. Wider rows
-use one thread per (row, head).
+the chunked kernels (:mod:`numba_kernels.cuda._chunks`): the CSR positions are
+cut into chunks of ``EDGES_PER_CHUNK``, one warp per chunk, lane ``t`` owning
+the features ``t, t + 32, ...`` in registers, so every gathered row of ``z``
+or ``grad_out`` is one coalesced load per slot and a hub row is shared by as
+many warps as it has chunks. Each lane recomputes the scores of its heads.
+
+* forward: each row segment gets its own softmax state (max, weight sum,
+  weighted rows); whole rows merge it with the old state, and the parts of
+  rows that cross chunks are merged in chunk order by a second kernel. The
+  old ``m``/``l`` are read from a snapshot, so no lane reads a value another
+  lane has already replaced.
+* backward: the per-head dot products are factored out of the edge loops
+  (``sum_e p_e s_e <go_i, z_j> = <go_i, sum_e p_e s_e z_j>``): the chunk
+  kernels accumulate per-feature sums, write ``go * sums`` (or ``z * sums``)
+  per row into scratch, and a small kernel adds each head's features up.
+
+Wider rows use one thread per (row, head), walking a row alone.
 """
 from __future__ import annotations
 
@@ -25,254 +32,442 @@ from numba import cuda, float32, float64
 
 from numba_kernels.cuda._attention_common import (_gid, _keep, _mix, finalize, init_state, launch, local_ids,
                                                   output_delta)
-from numba_kernels.cuda._launch import stream
+from numba_kernels.cuda._chunks import chunk_rows, num_chunks
+from numba_kernels.cuda._launch import scratch, stream
 
 __all__ = ["init_state", "accumulate", "finalize", "output_delta", "backward_dst", "backward_src", "MAX_SLOTS"]
 
-#: feature slots per lane of the warp kernels (F = H * D <= 32 * MAX_SLOTS)
+#: feature slots per lane of the chunked kernels (F = H * D <= 32 * MAX_SLOTS)
 MAX_SLOTS = 8
-_WARPS = 4  # warps (rows) per block of the warp kernels
+#: CSR positions per chunk (one warp's share of the edges, see numba_kernels.cuda._chunks)
+EDGES_PER_CHUNK = 256
+_THREADS = 128
 _MAX_BLOCKS = 65535 * 4
 
 
-def _build_warp(nbtype, C: int):
-    """The three warp kernels for ``C`` feature slots per lane (compile-time)."""
-    SH = (_WARPS, 32 * C)  # shared scratch of a block: one row of partials per warp (a constant tuple)
+def _build_chunked(nbtype, C: int):
+    """The chunked forward / row-backward / column-backward kernels for ``C`` feature slots per lane.
+
+    A warp takes a chunk of CSR positions; lane ``t`` owns features ``t, t + 32, ...`` of every row it
+    touches and recomputes the scores of its heads. Arrays: ``z``/``acc``/``grad_out``/``grad_z`` as
+    flat ``[rows, F]`` views, scores and states ``[rows, H]``, ``D`` the features per head.
+    """
+    zero = nbtype(0)
+    ninf = nbtype(-np.inf)
 
     @cuda.jit(device=True, inline=True)
-    def _slot_heads(lane, F, D, heads):
+    def slot_heads(lane, F, D, heads):
         for c in range(C):
             f = lane + 32 * c
             heads[c] = f // D if f < F else -1
 
-    @cuda.jit
-    def accumulate_warp(indptr, indices, z, s_src, s_dst, src_gid, dst_gid, slope, p, seed, m, l, acc, D):
-        # z [Ns, F], acc [Nd, F] flat views; s_*, m, l [rows, H]. Every lane of a head reads the head's
-        # m and l; its first lane writes them back after the block's barrier (no lane reads a new value).
-        F = acc.shape[1]
-        n = indptr.shape[0] - 1
-        w = cuda.threadIdx.x // 32
-        lane = cuda.threadIdx.x % 32
-        heads = cuda.local.array(C, np.int64)
-        mx = cuda.local.array(C, nbtype)
-        sd = cuda.local.array(C, nbtype)
-        run_l = cuda.local.array(C, nbtype)
-        ac = cuda.local.array(C, nbtype)
-        _slot_heads(lane, F, D, heads)
+    @cuda.jit(device=True, inline=True)
+    def leaky(a, slope):
+        return a if a >= 0 else a * slope
+
+    # ---------------------------------------------------------------- forward
+    @cuda.jit(device=True, inline=True)
+    def fwd_segment(i, k0, k1, indices, z, s_src, s_dst, src_gid, dst_gid, slope, p, seed, heads, lane, mx, sl, ac):
+        """Softmax state of row ``i`` over positions ``[k0, k1)`` alone: max, sum of weights, weighted rows."""
+        for c in range(C):
+            mx[c] = ninf
+            sl[c] = zero
+            ac[c] = zero
+        for e in range(k0, k1):
+            j = indices[e]
+            for c in range(C):
+                h = heads[c]
+                if h >= 0:
+                    a = leaky(s_dst[i, h] + s_src[j, h], slope)
+                    if a > mx[c]:
+                        mx[c] = a
         use_drop = p > 0.0
         inv_keep = 1.0 / (1.0 - p) if use_drop else 1.0
-        for base in range(cuda.blockIdx.x * _WARPS, n, cuda.gridDim.x * _WARPS):
-            i = base + w
-            lo = 0
-            hi = 0
-            if i < n:
-                lo = indptr[i]
-                hi = indptr[i + 1]
-            if hi > lo:
-                for c in range(C):
-                    h = heads[c]
-                    if h >= 0:
-                        sd[c] = s_dst[i, h]
-                        mx[c] = m[i, h]
-                for e in range(lo, hi):
-                    j = indices[e]
-                    for c in range(C):
-                        h = heads[c]
-                        if h >= 0:
-                            a = sd[c] + s_src[j, h]
-                            if a < 0:
-                                a = a * slope
-                            if a > mx[c]:
-                                mx[c] = a
-                for c in range(C):
-                    h = heads[c]
-                    if h >= 0:
-                        old = m[i, h]
-                        rl = l[i, h]
-                        av = acc[i, lane + 32 * c]
-                        if mx[c] > old:
-                            r = math.exp(old - mx[c])
-                            rl *= r
-                            av *= r
-                        else:
-                            mx[c] = old
-                        run_l[c] = rl
-                        ac[c] = av
-            cuda.syncthreads()  # every lane has read m and l of its row
-            if hi > lo:
-                dst_hash = _mix(_mix(np.uint64(0), seed), _gid(dst_gid, i)) if use_drop else np.uint64(0)
-                for e in range(lo, hi):
-                    j = indices[e]
-                    edge_hash = _mix(dst_hash, _gid(src_gid, j)) if use_drop else np.uint64(0)
-                    for c in range(C):
-                        h = heads[c]
-                        if h >= 0:
-                            a = sd[c] + s_src[j, h]
-                            if a < 0:
-                                a = a * slope
-                            wt = math.exp(a - mx[c])
-                            run_l[c] += wt
-                            if use_drop:
-                                if not _keep(edge_hash, h, p):
-                                    continue
-                                wt = wt * inv_keep
-                            ac[c] += wt * z[j, lane + 32 * c]
-                for c in range(C):
-                    h = heads[c]
-                    if h >= 0:
-                        acc[i, lane + 32 * c] = ac[c]
-                        if (lane + 32 * c) % D == 0:
-                            m[i, h] = mx[c]
-                            l[i, h] = run_l[c]
+        dst_hash = _mix(_mix(np.uint64(0), seed), _gid(dst_gid, i)) if use_drop else np.uint64(0)
+        for e in range(k0, k1):
+            j = indices[e]
+            edge_hash = _mix(dst_hash, _gid(src_gid, j)) if use_drop else np.uint64(0)
+            for c in range(C):
+                h = heads[c]
+                if h >= 0:
+                    w = math.exp(leaky(s_dst[i, h] + s_src[j, h], slope) - mx[c])
+                    sl[c] += w
+                    if use_drop:
+                        if not _keep(edge_hash, h, p):
+                            continue
+                        w = w * inv_keep
+                    ac[c] += w * z[j, lane + 32 * c]
 
     @cuda.jit(device=True, inline=True)
-    def _head_sums(sh, w, lane, F, D, heads, part, out, C_):
-        """Write each slot's partial to shared memory, sync, and let each head's first lane add them up."""
-        for c in range(C_):
+    def merge(c, mx, sl, ac, m2, l2, a2):
+        """Fold the state ``(m2, l2, a2)`` into slot ``c`` of ``(mx, sl, ac)`` (online softmax)."""
+        top = mx[c] if mx[c] > m2 else m2
+        if top == ninf:
+            return
+        r1 = math.exp(mx[c] - top) if mx[c] > ninf else 0.0
+        r2 = math.exp(m2 - top) if m2 > ninf else 0.0
+        sl[c] = sl[c] * r1 + l2 * r2
+        ac[c] = ac[c] * r1 + a2 * r2
+        mx[c] = top
+
+    @cuda.jit(device=True, inline=True)
+    def fwd_store(i, heads, lane, D, mx, sl, ac, m0, l0, m, l, acc):
+        """Merge a whole row's new state with its old one (``m0``/``l0``: a snapshot nobody writes) and store it."""
+        for c in range(C):
+            h = heads[c]
+            if h >= 0:
+                f = lane + 32 * c
+                merge(c, mx, sl, ac, m0[i, h], l0[i, h], acc[i, f])
+                acc[i, f] = ac[c]
+                if f % D == 0:
+                    m[i, h] = mx[c]
+                    l[i, h] = sl[c]
+
+    @cuda.jit(device=True, inline=True)
+    def put3(ch, heads, lane, a, b, d, pa, pb, pd):
+        for c in range(C):
             if heads[c] >= 0:
-                sh[w, lane + 32 * c] = part[c]
-        cuda.syncthreads()
-        for c in range(C_):
-            f = lane + 32 * c
-            out[c] = 0.0
-            if heads[c] >= 0 and f % D == 0:
-                t = sh[w, f] * 0
-                for q in range(f, f + D):
-                    t += sh[w, q]
-                out[c] = t
-        cuda.syncthreads()
+                pa[ch, lane + 32 * c] = a[c]
+                pb[ch, lane + 32 * c] = b[c]
+                pd[ch, lane + 32 * c] = d[c]
 
     @cuda.jit
-    def backward_dst_warp(indptr, indices, z, s_src, s_dst, src_gid, dst_gid, slope, p, seed, m, l, grad_out,
-                          delta, grad_s_dst, D):
-        # z [Ns, F], grad_out [Nd, F] flat views; grad_s_dst[i, h] += sum_e ge
-        F = grad_out.shape[1]
+    def fwd_chunks(indptr, indices, z, s_src, s_dst, src_gid, dst_gid, slope, p, seed, m0, l0, m, l, acc, D, T,
+                   pm_f, pl_f, pa_f, pm_l, pl_l, pa_l, ext):
         n = indptr.shape[0] - 1
-        w = cuda.threadIdx.x // 32
-        lane = cuda.threadIdx.x % 32
-        sh = cuda.shared.array(SH, nbtype)
+        F = acc.shape[1]
+        nchunks = ext.shape[0]
+        tid = cuda.blockIdx.x * cuda.blockDim.x + cuda.threadIdx.x
+        lane = tid % 32
         heads = cuda.local.array(C, np.int64)
-        bz = cuda.local.array(C, nbtype)   # sum_e p_e kept_e s_e z_j   (per feature)
-        tt = cuda.local.array(C, nbtype)   # sum_e p_e s_e               (per head, same in its lanes)
-        part = cuda.local.array(C, nbtype)
-        tot = cuda.local.array(C, nbtype)
-        _slot_heads(lane, F, D, heads)
+        mx = cuda.local.array(C, nbtype)
+        sl = cuda.local.array(C, nbtype)
+        ac = cuda.local.array(C, nbtype)
+        slot_heads(lane, F, D, heads)
+        for ch in range(tid // 32, nchunks, cuda.gridDim.x * cuda.blockDim.x // 32):
+            lo, hi, r0, r1, lead = chunk_rows(ch, T, indptr, n, indices.shape[0], nchunks)
+            if lead > lo:
+                fwd_segment(r0 - 1, lo, lead, indices, z, s_src, s_dst, src_gid, dst_gid, slope, p, seed, heads,
+                            lane, mx, sl, ac)
+                put3(ch, heads, lane, mx, sl, ac, pm_f, pl_f, pa_f)
+            last = -1
+            for r in range(r0, r1):
+                start = indptr[r]
+                end = indptr[r + 1]
+                if start == end:
+                    continue  # no edges: the state stays as it is
+                fwd_segment(r, start, min(end, hi), indices, z, s_src, s_dst, src_gid, dst_gid, slope, p, seed,
+                            heads, lane, mx, sl, ac)
+                if end <= hi:
+                    fwd_store(r, heads, lane, D, mx, sl, ac, m0, l0, m, l, acc)
+                else:
+                    last = r
+                    put3(ch, heads, lane, mx, sl, ac, pm_l, pl_l, pa_l)
+            if lane == 0:
+                ext[ch] = last
+
+    @cuda.jit
+    def fwd_fixup(indptr, m0, l0, m, l, acc, D, T, pm_f, pl_f, pa_f, pm_l, pl_l, pa_l, ext):
+        F = acc.shape[1]
+        nchunks = ext.shape[0]
+        tid = cuda.blockIdx.x * cuda.blockDim.x + cuda.threadIdx.x
+        lane = tid % 32
+        heads = cuda.local.array(C, np.int64)
+        mx = cuda.local.array(C, nbtype)
+        sl = cuda.local.array(C, nbtype)
+        ac = cuda.local.array(C, nbtype)
+        slot_heads(lane, F, D, heads)
+        for ch in range(tid // 32, nchunks, cuda.gridDim.x * cuda.blockDim.x // 32):
+            i = ext[ch]
+            if i < 0:
+                continue
+            end = indptr[i + 1]
+            for c in range(C):
+                if heads[c] >= 0:
+                    f = lane + 32 * c
+                    mx[c] = pm_l[ch, f]
+                    sl[c] = pl_l[ch, f]
+                    ac[c] = pa_l[ch, f]
+            c2 = ch + 1
+            while c2 * T < end:
+                for c in range(C):
+                    if heads[c] >= 0:
+                        f = lane + 32 * c
+                        merge(c, mx, sl, ac, pm_f[c2, f], pl_f[c2, f], pa_f[c2, f])
+                c2 += 1
+            fwd_store(i, heads, lane, D, mx, sl, ac, m0, l0, m, l, acc)
+
+    # ---------------------------------------------------------------- backward, rows (destinations)
+    @cuda.jit(device=True, inline=True)
+    def dst_segment(i, k0, k1, indices, z, s_src, s_dst, src_gid, dst_gid, slope, p, seed, m, l, heads, lane, bz, tt):
+        """Add row ``i``'s positions ``[k0, k1)``: ``bz += p kept s z_j`` (per feature), ``tt += p s`` (per head)."""
         use_drop = p > 0.0
         inv_keep = 1.0 / (1.0 - p) if use_drop else 1.0
-        for base in range(cuda.blockIdx.x * _WARPS, n, cuda.gridDim.x * _WARPS):
-            i = base + w
-            active = i < n
+        dst_hash = _mix(_mix(np.uint64(0), seed), _gid(dst_gid, i)) if use_drop else np.uint64(0)
+        for e in range(k0, k1):
+            j = indices[e]
+            edge_hash = _mix(dst_hash, _gid(src_gid, j)) if use_drop else np.uint64(0)
             for c in range(C):
-                bz[c] = 0
-                tt[c] = 0
-            if active:
-                dst_hash = _mix(_mix(np.uint64(0), seed), _gid(dst_gid, i)) if use_drop else np.uint64(0)
-                for e in range(indptr[i], indptr[i + 1]):
-                    j = indices[e]
-                    edge_hash = _mix(dst_hash, _gid(src_gid, j)) if use_drop else np.uint64(0)
-                    for c in range(C):
-                        h = heads[c]
-                        if h >= 0:
-                            pre = s_dst[i, h] + s_src[j, h]
-                            a = pre if pre >= 0 else pre * slope
-                            prob = math.exp(a - m[i, h]) / l[i, h]
-                            sl = 1.0 if pre >= 0 else slope
-                            tt[c] += prob * sl
-                            kept = inv_keep
-                            if use_drop and not _keep(edge_hash, h, p):
-                                kept = 0.0
-                            bz[c] += prob * kept * sl * z[j, lane + 32 * c]
-            for c in range(C):
-                part[c] = grad_out[i, lane + 32 * c] * bz[c] if (active and heads[c] >= 0) else 0
-            _head_sums(sh, w, lane, F, D, heads, part, tot, C)
-            if active:
-                for c in range(C):
-                    h = heads[c]
-                    if h >= 0 and (lane + 32 * c) % D == 0:
-                        grad_s_dst[i, h] += tot[c] - delta[i, h] * tt[c]
+                h = heads[c]
+                if h >= 0:
+                    pre = s_dst[i, h] + s_src[j, h]
+                    prob = math.exp(leaky(pre, slope) - m[i, h]) / l[i, h]
+                    slf = 1.0 if pre >= 0 else slope
+                    tt[c] += prob * slf
+                    kept = inv_keep
+                    if use_drop and not _keep(edge_hash, h, p):
+                        kept = 0.0
+                    bz[c] += prob * kept * slf * z[j, lane + 32 * c]
+
+    @cuda.jit(device=True, inline=True)
+    def put2(ch, heads, lane, a, b, pa, pb):
+        for c in range(C):
+            if heads[c] >= 0:
+                pa[ch, lane + 32 * c] = a[c]
+                pb[ch, lane + 32 * c] = b[c]
+
+    @cuda.jit(device=True, inline=True)
+    def dst_store(i, heads, lane, D, bz, tt, grad_out, rowbuf, rowtt):
+        for c in range(C):
+            h = heads[c]
+            if h >= 0:
+                f = lane + 32 * c
+                rowbuf[i, f] = grad_out[i, f] * bz[c]
+                if f % D == 0:
+                    rowtt[i, h] = tt[c]
 
     @cuda.jit
-    def backward_src_warp(indptr_t, indices_t, z, s_src, s_dst, src_gid, dst_gid, slope, p, seed, m, l, grad_out,
-                          delta, grad_z, grad_s_src, D):
-        # over the transposed CSR: row j lists the destinations i of j's out-edges
-        F = z.shape[1]
-        n = indptr_t.shape[0] - 1
-        w = cuda.threadIdx.x // 32
-        lane = cuda.threadIdx.x % 32
-        sh = cuda.shared.array(SH, nbtype)
+    def dst_chunks(indptr, indices, z, s_src, s_dst, src_gid, dst_gid, slope, p, seed, m, l, grad_out, D, T,
+                   rowbuf, rowtt, pb_f, pt_f, pb_l, pt_l, ext):
+        n = indptr.shape[0] - 1
+        F = grad_out.shape[1]
+        nchunks = ext.shape[0]
+        tid = cuda.blockIdx.x * cuda.blockDim.x + cuda.threadIdx.x
+        lane = tid % 32
         heads = cuda.local.array(C, np.int64)
-        gz = cuda.local.array(C, nbtype)   # sum_i p kept go_i            (grad_z)
-        ag = cuda.local.array(C, nbtype)   # sum_i p kept s go_i          (dotted with z_j)
-        tt = cuda.local.array(C, nbtype)   # sum_i p s delta_i            (per head)
-        part = cuda.local.array(C, nbtype)
-        tot = cuda.local.array(C, nbtype)
-        _slot_heads(lane, F, D, heads)
+        bz = cuda.local.array(C, nbtype)
+        tt = cuda.local.array(C, nbtype)
+        slot_heads(lane, F, D, heads)
+        for ch in range(tid // 32, nchunks, cuda.gridDim.x * cuda.blockDim.x // 32):
+            lo, hi, r0, r1, lead = chunk_rows(ch, T, indptr, n, indices.shape[0], nchunks)
+            if lead > lo:
+                for c in range(C):
+                    bz[c] = zero
+                    tt[c] = zero
+                dst_segment(r0 - 1, lo, lead, indices, z, s_src, s_dst, src_gid, dst_gid, slope, p, seed, m, l,
+                            heads, lane, bz, tt)
+                put2(ch, heads, lane, bz, tt, pb_f, pt_f)
+            last = -1
+            for r in range(r0, r1):
+                start = indptr[r]
+                end = indptr[r + 1]
+                if start == end:
+                    continue
+                for c in range(C):
+                    bz[c] = zero
+                    tt[c] = zero
+                dst_segment(r, start, min(end, hi), indices, z, s_src, s_dst, src_gid, dst_gid, slope, p, seed, m,
+                            l, heads, lane, bz, tt)
+                if end <= hi:
+                    dst_store(r, heads, lane, D, bz, tt, grad_out, rowbuf, rowtt)
+                else:
+                    last = r
+                    put2(ch, heads, lane, bz, tt, pb_l, pt_l)
+            if lane == 0:
+                ext[ch] = last
+
+    @cuda.jit
+    def dst_fixup(indptr, grad_out, D, T, rowbuf, rowtt, pb_f, pt_f, pb_l, pt_l, ext):
+        F = grad_out.shape[1]
+        nchunks = ext.shape[0]
+        tid = cuda.blockIdx.x * cuda.blockDim.x + cuda.threadIdx.x
+        lane = tid % 32
+        heads = cuda.local.array(C, np.int64)
+        bz = cuda.local.array(C, nbtype)
+        tt = cuda.local.array(C, nbtype)
+        slot_heads(lane, F, D, heads)
+        for ch in range(tid // 32, nchunks, cuda.gridDim.x * cuda.blockDim.x // 32):
+            i = ext[ch]
+            if i < 0:
+                continue
+            end = indptr[i + 1]
+            for c in range(C):
+                if heads[c] >= 0:
+                    bz[c] = pb_l[ch, lane + 32 * c]
+                    tt[c] = pt_l[ch, lane + 32 * c]
+            c2 = ch + 1
+            while c2 * T < end:
+                for c in range(C):
+                    if heads[c] >= 0:
+                        bz[c] += pb_f[c2, lane + 32 * c]
+                        tt[c] += pt_f[c2, lane + 32 * c]
+                c2 += 1
+            dst_store(i, heads, lane, D, bz, tt, grad_out, rowbuf, rowtt)
+
+    # ---------------------------------------------------------------- backward, columns (sources)
+    @cuda.jit(device=True, inline=True)
+    def src_segment(j, k0, k1, indices_t, s_src, s_dst, src_gid, dst_gid, slope, p, seed, m, l, grad_out, delta,
+                    heads, lane, gz, ag, tt):
+        """Add source ``j``'s transposed positions ``[k0, k1)``: ``gz += p kept go_i``, ``ag += p kept s go_i``
+        (per feature), ``tt += p s delta_i`` (per head)."""
         use_drop = p > 0.0
         inv_keep = 1.0 / (1.0 - p) if use_drop else 1.0
         seed_hash = _mix(np.uint64(0), seed)
-        for base in range(cuda.blockIdx.x * _WARPS, n, cuda.gridDim.x * _WARPS):
-            j = base + w
-            active = j < n
+        for e in range(k0, k1):
+            i = indices_t[e]
+            edge_hash = _mix(_mix(seed_hash, _gid(dst_gid, i)), _gid(src_gid, j)) if use_drop else np.uint64(0)
             for c in range(C):
-                gz[c] = 0
-                ag[c] = 0
-                tt[c] = 0
-            if active:
-                for e in range(indptr_t[j], indptr_t[j + 1]):
-                    i = indices_t[e]
-                    edge_hash = _mix(_mix(seed_hash, _gid(dst_gid, i)), _gid(src_gid, j)) if use_drop \
-                        else np.uint64(0)
-                    for c in range(C):
-                        h = heads[c]
-                        if h >= 0:
-                            pre = s_dst[i, h] + s_src[j, h]
-                            a = pre if pre >= 0 else pre * slope
-                            prob = math.exp(a - m[i, h]) / l[i, h]
-                            sl = 1.0 if pre >= 0 else slope
-                            tt[c] += prob * sl * delta[i, h]
-                            kept = inv_keep
-                            if use_drop and not _keep(edge_hash, h, p):
-                                kept = 0.0
-                            g = grad_out[i, lane + 32 * c]
-                            gz[c] += prob * kept * g
-                            ag[c] += prob * kept * sl * g
-            for c in range(C):
-                part[c] = z[j, lane + 32 * c] * ag[c] if (active and heads[c] >= 0) else 0
-            _head_sums(sh, w, lane, F, D, heads, part, tot, C)
-            if active:
+                h = heads[c]
+                if h >= 0:
+                    pre = s_dst[i, h] + s_src[j, h]
+                    prob = math.exp(leaky(pre, slope) - m[i, h]) / l[i, h]
+                    slf = 1.0 if pre >= 0 else slope
+                    tt[c] += prob * slf * delta[i, h]
+                    kept = inv_keep
+                    if use_drop and not _keep(edge_hash, h, p):
+                        kept = 0.0
+                    g = grad_out[i, lane + 32 * c]
+                    gz[c] += prob * kept * g
+                    ag[c] += prob * kept * slf * g
+
+    @cuda.jit(device=True, inline=True)
+    def src_store(j, heads, lane, D, gz, ag, tt, z, grad_z, rowbuf, rowtt):
+        for c in range(C):
+            h = heads[c]
+            if h >= 0:
+                f = lane + 32 * c
+                grad_z[j, f] += gz[c]
+                rowbuf[j, f] = z[j, f] * ag[c]
+                if f % D == 0:
+                    rowtt[j, h] = tt[c]
+
+    @cuda.jit
+    def src_chunks(indptr_t, indices_t, z, s_src, s_dst, src_gid, dst_gid, slope, p, seed, m, l, grad_out, delta,
+                   grad_z, D, T, rowbuf, rowtt, pz_f, pa_f, pt_f, pz_l, pa_l, pt_l, ext):
+        n = indptr_t.shape[0] - 1
+        F = z.shape[1]
+        nchunks = ext.shape[0]
+        tid = cuda.blockIdx.x * cuda.blockDim.x + cuda.threadIdx.x
+        lane = tid % 32
+        heads = cuda.local.array(C, np.int64)
+        gz = cuda.local.array(C, nbtype)
+        ag = cuda.local.array(C, nbtype)
+        tt = cuda.local.array(C, nbtype)
+        slot_heads(lane, F, D, heads)
+        for ch in range(tid // 32, nchunks, cuda.gridDim.x * cuda.blockDim.x // 32):
+            lo, hi, r0, r1, lead = chunk_rows(ch, T, indptr_t, n, indices_t.shape[0], nchunks)
+            if lead > lo:
                 for c in range(C):
-                    h = heads[c]
-                    if h >= 0:
-                        grad_z[j, lane + 32 * c] += gz[c]
-                        if (lane + 32 * c) % D == 0:
-                            grad_s_src[j, h] += tot[c] - tt[c]
+                    gz[c] = zero
+                    ag[c] = zero
+                    tt[c] = zero
+                src_segment(r0 - 1, lo, lead, indices_t, s_src, s_dst, src_gid, dst_gid, slope, p, seed, m, l,
+                            grad_out, delta, heads, lane, gz, ag, tt)
+                put3(ch, heads, lane, gz, ag, tt, pz_f, pa_f, pt_f)
+            last = -1
+            for r in range(r0, r1):
+                start = indptr_t[r]
+                end = indptr_t[r + 1]
+                if start == end:
+                    continue
+                for c in range(C):
+                    gz[c] = zero
+                    ag[c] = zero
+                    tt[c] = zero
+                src_segment(r, start, min(end, hi), indices_t, s_src, s_dst, src_gid, dst_gid, slope, p, seed, m,
+                            l, grad_out, delta, heads, lane, gz, ag, tt)
+                if end <= hi:
+                    src_store(r, heads, lane, D, gz, ag, tt, z, grad_z, rowbuf, rowtt)
+                else:
+                    last = r
+                    put3(ch, heads, lane, gz, ag, tt, pz_l, pa_l, pt_l)
+            if lane == 0:
+                ext[ch] = last
 
-    return accumulate_warp, backward_dst_warp, backward_src_warp
+    @cuda.jit
+    def src_fixup(indptr_t, z, grad_z, D, T, rowbuf, rowtt, pz_f, pa_f, pt_f, pz_l, pa_l, pt_l, ext):
+        F = z.shape[1]
+        nchunks = ext.shape[0]
+        tid = cuda.blockIdx.x * cuda.blockDim.x + cuda.threadIdx.x
+        lane = tid % 32
+        heads = cuda.local.array(C, np.int64)
+        gz = cuda.local.array(C, nbtype)
+        ag = cuda.local.array(C, nbtype)
+        tt = cuda.local.array(C, nbtype)
+        slot_heads(lane, F, D, heads)
+        for ch in range(tid // 32, nchunks, cuda.gridDim.x * cuda.blockDim.x // 32):
+            j = ext[ch]
+            if j < 0:
+                continue
+            end = indptr_t[j + 1]
+            for c in range(C):
+                if heads[c] >= 0:
+                    f = lane + 32 * c
+                    gz[c] = pz_l[ch, f]
+                    ag[c] = pa_l[ch, f]
+                    tt[c] = pt_l[ch, f]
+            c2 = ch + 1
+            while c2 * T < end:
+                for c in range(C):
+                    if heads[c] >= 0:
+                        f = lane + 32 * c
+                        gz[c] += pz_f[c2, f]
+                        ag[c] += pa_f[c2, f]
+                        tt[c] += pt_f[c2, f]
+                c2 += 1
+            src_store(j, heads, lane, D, gz, ag, tt, z, grad_z, rowbuf, rowtt)
+
+    return fwd_chunks, fwd_fixup, dst_chunks, dst_fixup, src_chunks, src_fixup
 
 
-_WARP_CACHE: dict = {}
+@cuda.jit
+def _head_reduce(indptr, rowbuf, rowtt, scale, out, D):
+    """``out[i, h] += sum_d rowbuf[i, h D + d] - scale[i, h] * rowtt[i, h]`` for rows with edges (thread per
+    (row, head); ``scale`` of 0 rows means 1)."""
+    t = cuda.grid(1)
+    H = out.shape[1]
+    if t >= out.shape[0] * H:
+        return
+    i = t // H
+    h = t - i * H
+    if indptr[i + 1] == indptr[i]:
+        return
+    s = rowbuf[i, h * D] * 0
+    for d in range(D):
+        s += rowbuf[i, h * D + d]
+    tt = rowtt[i, h]
+    if scale.shape[0] > 0:
+        tt = tt * scale[i, h]
+    out[i, h] += s - tt
 
 
-def _warp_kernels(dtype, features: int):
-    """The warp kernels for rows of ``features`` values, or None when wider than ``32 * MAX_SLOTS``."""
+_CHUNKED: dict = {}
+
+
+def _chunked_kernels(dtype, features: int):
+    """The chunked kernels for rows of ``features`` values, or None when wider than ``32 * MAX_SLOTS``."""
     C = (features + 31) // 32
     if C > MAX_SLOTS or features == 0:
         return None
     key = (np.dtype(dtype).name, C)
-    if key not in _WARP_CACHE:
+    if key not in _CHUNKED:
         if key[0] not in ("float32", "float64"):
             raise ValueError(f"gat_attention CUDA kernels support float32/float64, got {key[0]}")
-        _WARP_CACHE[key] = _build_warp(float32 if key[0] == "float32" else float64, C)
-    return _WARP_CACHE[key]
+        _CHUNKED[key] = _build_chunked(float32 if key[0] == "float32" else float64, C)
+    return _CHUNKED[key]
 
 
 def _flat(a):
     return a.reshape(a.shape[0], a.shape[1] * a.shape[2])
 
 
-def _warp_blocks(rows: int) -> int:
-    """Blocks of ``_WARPS`` warps for one warp per row (grid-stride beyond ``_MAX_BLOCKS``)."""
-    return max(1, min((rows + _WARPS - 1) // _WARPS, _MAX_BLOCKS))
+def _grid(nchunks: int) -> int:
+    """Blocks of ``_THREADS`` threads for one warp per chunk (grid-stride beyond ``_MAX_BLOCKS``)."""
+    return max(1, min((nchunks * 32 + _THREADS - 1) // _THREADS, _MAX_BLOCKS))
+
+
+def _parts(k: int, nchunks: int, features: int, dtype):
+    return [scratch((nchunks, features), dtype) for _ in range(k)]
 
 
 @cuda.jit
@@ -328,12 +523,19 @@ def accumulate(indptr, indices, z, s_src, s_dst, src_gid, dst_gid, negative_slop
         return
     src_gid = local_ids() if src_gid is None else src_gid
     dst_gid = local_ids() if dst_gid is None else dst_gid
-    warp = _warp_kernels(acc.dtype, z.shape[1] * z.shape[2])
-    if warp is not None:
-        rows = indptr.shape[0] - 1
-        warp[0][_warp_blocks(rows), 32 * _WARPS, stream()](
-            indptr, indices, _flat(z), s_src, s_dst, src_gid, dst_gid, float(negative_slope), float(attn_dropout),
-            int(seed), m, l, _flat(acc), z.shape[2])
+    ks = _chunked_kernels(acc.dtype, z.shape[1] * z.shape[2])
+    if ks is not None:
+        T, F = EDGES_PER_CHUNK, z.shape[1] * z.shape[2]
+        nchunks = num_chunks(indices.shape[0], T)
+        m0, l0 = scratch(m.shape, m.dtype), scratch(l.shape, l.dtype)  # the old state, read while m, l change
+        m0.copy_to_device(m, stream=stream())
+        l0.copy_to_device(l, stream=stream())
+        parts = _parts(6, nchunks, F, acc.dtype)
+        ext = scratch((nchunks,), np.int64)
+        args = (float(negative_slope), float(attn_dropout), int(seed))
+        ks[0][_grid(nchunks), _THREADS, stream()](indptr, indices, _flat(z), s_src, s_dst, src_gid, dst_gid, *args,
+                                                  m0, l0, m, l, _flat(acc), z.shape[2], T, *parts, ext)
+        ks[1][_grid(nchunks), _THREADS, stream()](indptr, m0, l0, m, l, _flat(acc), z.shape[2], T, *parts, ext)
         return
     launch(_accumulate, (indptr.shape[0] - 1) * z.shape[1], indptr, indices, z, s_src, s_dst, src_gid,
            dst_gid, float(negative_slope), float(attn_dropout), int(seed), m, l, acc)
@@ -384,12 +586,19 @@ def backward_dst(indptr, indices, z, s_src, s_dst, src_gid, dst_gid, negative_sl
         return
     src_gid = local_ids() if src_gid is None else src_gid
     dst_gid = local_ids() if dst_gid is None else dst_gid
-    warp = _warp_kernels(grad_out.dtype, z.shape[1] * z.shape[2])
-    if warp is not None:
-        rows = indptr.shape[0] - 1
-        warp[1][_warp_blocks(rows), 32 * _WARPS, stream()](
-            indptr, indices, _flat(z), s_src, s_dst, src_gid, dst_gid, float(negative_slope), float(attn_dropout),
-            int(seed), m, l, _flat(grad_out), delta, grad_s_dst, z.shape[2])
+    ks = _chunked_kernels(grad_out.dtype, z.shape[1] * z.shape[2])
+    if ks is not None:
+        T, F, D = EDGES_PER_CHUNK, z.shape[1] * z.shape[2], z.shape[2]
+        nchunks = num_chunks(indices.shape[0], T)
+        n = indptr.shape[0] - 1
+        rowbuf, rowtt = scratch((n, F), grad_out.dtype), scratch((n, z.shape[1]), grad_out.dtype)
+        parts = _parts(4, nchunks, F, grad_out.dtype)
+        ext = scratch((nchunks,), np.int64)
+        args = (float(negative_slope), float(attn_dropout), int(seed))
+        ks[2][_grid(nchunks), _THREADS, stream()](indptr, indices, _flat(z), s_src, s_dst, src_gid, dst_gid, *args,
+                                                  m, l, _flat(grad_out), D, T, rowbuf, rowtt, *parts, ext)
+        ks[3][_grid(nchunks), _THREADS, stream()](indptr, _flat(grad_out), D, T, rowbuf, rowtt, *parts, ext)
+        launch(_head_reduce, n * z.shape[1], indptr, rowbuf, rowtt, delta, grad_s_dst, D)
         return
     launch(_backward_dst, (indptr.shape[0] - 1) * z.shape[1], indptr, indices, z, s_src, s_dst, src_gid,
            dst_gid, float(negative_slope), float(attn_dropout), int(seed), m, l, grad_out, delta, grad_s_dst)
@@ -424,12 +633,22 @@ def backward_src(indptr_t, indices_t, z, s_src, s_dst, src_gid, dst_gid, negativ
         return
     src_gid = local_ids() if src_gid is None else src_gid
     dst_gid = local_ids() if dst_gid is None else dst_gid
-    warp = _warp_kernels(grad_z.dtype, z.shape[1] * z.shape[2])
-    if warp is not None:
-        rows = indptr_t.shape[0] - 1
-        warp[2][_warp_blocks(rows), 32 * _WARPS, stream()](
-            indptr_t, indices_t, _flat(z), s_src, s_dst, src_gid, dst_gid, float(negative_slope),
-            float(attn_dropout), int(seed), m, l, _flat(grad_out), delta, _flat(grad_z), grad_s_src, z.shape[2])
+    ks = _chunked_kernels(grad_z.dtype, z.shape[1] * z.shape[2])
+    if ks is not None:
+        T, F, D = EDGES_PER_CHUNK, z.shape[1] * z.shape[2], z.shape[2]
+        nchunks = num_chunks(indices_t.shape[0], T)
+        n = indptr_t.shape[0] - 1
+        rowbuf, rowtt = scratch((n, F), grad_z.dtype), scratch((n, z.shape[1]), grad_z.dtype)
+        parts = _parts(6, nchunks, F, grad_z.dtype)
+        ext = scratch((nchunks,), np.int64)
+        args = (float(negative_slope), float(attn_dropout), int(seed))
+        ks[4][_grid(nchunks), _THREADS, stream()](indptr_t, indices_t, _flat(z), s_src, s_dst, src_gid, dst_gid,
+                                                  *args, m, l, _flat(grad_out), delta, _flat(grad_z), D, T, rowbuf,
+                                                  rowtt, *parts, ext)
+        ks[5][_grid(nchunks), _THREADS, stream()](indptr_t, _flat(z), _flat(grad_z), D, T, rowbuf, rowtt, *parts,
+                                                  ext)
+        launch(_head_reduce, n * z.shape[1], indptr_t, rowbuf, rowtt, scratch((0, 1), grad_z.dtype),
+               grad_s_src, D)
         return
     launch(_backward_src, (indptr_t.shape[0] - 1) * z.shape[1], indptr_t, indices_t, z, s_src, s_dst,
            src_gid, dst_gid, float(negative_slope), float(attn_dropout), int(seed), m, l, grad_out, delta,

@@ -5,13 +5,21 @@ device arrays or anything exposing ``__cuda_array_interface__`` (torch CUDA
 tensors), outputs preallocated by the caller. Kernels launch on the stream set
 by :func:`numba_kernels.cuda._launch.on_stream` (the default stream otherwise).
 
-``spmm_sum`` (also the backward of sum/mean, on the transposed CSR) gives each
-output row a group of ``G`` lanes (``G`` = 8, 16 or 32, the smallest power of
-two >= F = H * D, at most a warp); lane ``t`` owns features ``t, t + G, ...``
-(``C = ceil(F / G)`` of them, kept in registers), so each gathered source row
-is read by one coalesced group load per slot and every output value is
-written once. Rows with ``F > 32 * MAX_SLOTS`` fall back to one thread block
-per row (its threads stride over the features). ``spmm_max`` uses the
+``spmm_sum`` (also the backward of sum/mean, on the transposed CSR) balances
+edges, not rows: the CSR positions are cut into chunks of ``EDGES_PER_CHUNK``
+and each chunk goes to a group of ``G`` lanes (``G`` = 8, 16 or 32, the
+smallest power of two >= F = H * D, at most a warp); lane ``t`` owns features
+``t, t + G, ...`` (``C = ceil(F / G)`` of them, kept in registers), so each
+gathered source row is one coalesced group load per slot, two edges' loads in
+flight at a time. A chunk finishes the rows that start and end in it; the
+part of a row that crosses chunks is summed per chunk into scratch rows and a
+second kernel adds them up in chunk order (deterministic, no atomics), so a
+hub row of 100 000 edges costs ~400 groups working side by side instead of
+one walking it alone (R-MAT's hubs made a row-per-group kernel 16x slower
+than cuSPARSE on an H200). Scratch: two ``[E / EDGES_PER_CHUNK, F]`` arrays
+from :func:`~numba_kernels.cuda._launch.scratch`. Rows with
+``F > 32 * MAX_SLOTS`` fall back to one thread block per row (its threads
+stride over the features; hub rows are serial there). ``spmm_max`` uses the
 block-per-row layout; its backward w.r.t. ``x`` walks the transposed CSR (no
 atomics); its weight gradient uses ``cuda.atomic.add`` within a row's own edges.
 """
@@ -20,12 +28,15 @@ from __future__ import annotations
 import numpy as np
 from numba import cuda, float32, float64
 
-from numba_kernels.cuda._launch import device_array, stream
+from numba_kernels.cuda._chunks import chunk_rows, num_chunks
+from numba_kernels.cuda._launch import device_array, scratch, stream
 
 _THREADS = 128  # threads per block
 _MAX_BLOCKS = 65535 * 4
-#: feature slots per lane of the row-group kernel (F <= 32 * MAX_SLOTS); wider rows use the block kernel
+#: feature slots per lane of the edge-balanced kernels (F <= 32 * MAX_SLOTS); wider rows use the block kernel
 MAX_SLOTS = 8
+#: CSR positions (edges) per chunk of the edge-balanced sum: a lane group's work, whatever the degrees
+EDGES_PER_CHUNK = 256
 
 
 def _launch(n_rows: int, features: int) -> tuple[int, int]:
@@ -143,72 +154,153 @@ def _build(nbtype):
     return sum_kernel, max_kernel, max_backward_kernel, zero_rows_kernel, max_weight_grad_kernel
 
 
-def _build_group(nbtype, G: int, C: int):
-    """Row-group sum kernel: ``G`` lanes per output row, ``C`` feature slots per lane (compile-time)."""
+def _build_chunked(nbtype, G: int, C: int):
+    """Edge-balanced sum kernels: ``G`` lanes per chunk of ``EDGES_PER_CHUNK`` edges, ``C`` slots per lane."""
     zero = nbtype(0)
     one = nbtype(1)
 
-    @cuda.jit
-    def sum_group(indptr, indices, eids, weight, col_scale, x, out, D, mean, rs, sx, ss, bias):
-        # x [Ns, F], out [Nd, F], sx [Ns', F]: flat views; D = features per head (weights per head)
-        F = out.shape[1]
+    @cuda.jit(device=True, inline=True)
+    def gather(k0, k1, indices, eids, weight, col_scale, x, heads, lane, F, acc):
+        """``acc[c] += sum_k cf_k * x[j_k, lane + G c]`` over CSR positions ``k0 <= k < k1``, two edges a step."""
         has_e = eids.shape[0] > 0
         has_w = weight.shape[0] > 0
         has_s = col_scale.shape[0] > 0
-        w_heads = weight.shape[1] > 1
+        k = k0
+        while k + 1 < k1:  # the two edges' loads are independent: twice the loads in flight
+            j0 = indices[k]
+            j1 = indices[k + 1]
+            c0 = one
+            c1 = one
+            if has_s:
+                c0 = col_scale[j0]
+                c1 = col_scale[j1]
+            if has_w:
+                e0 = eids[k] if has_e else k
+                e1 = eids[k + 1] if has_e else k + 1
+                for c in range(C):
+                    f = lane + G * c
+                    if f < F:
+                        h = heads[c]
+                        acc[c] += c0 * weight[e0, h] * x[j0, f] + c1 * weight[e1, h] * x[j1, f]
+            else:
+                for c in range(C):
+                    f = lane + G * c
+                    if f < F:
+                        acc[c] += c0 * x[j0, f] + c1 * x[j1, f]
+            k += 2
+        if k < k1:
+            j0 = indices[k]
+            c0 = one
+            if has_s:
+                c0 = col_scale[j0]
+            e0 = (eids[k] if has_e else k) if has_w else 0
+            for c in range(C):
+                f = lane + G * c
+                if f < F:
+                    if has_w:
+                        acc[c] += c0 * weight[e0, heads[c]] * x[j0, f]
+                    else:
+                        acc[c] += c0 * x[j0, f]
+
+    @cuda.jit(device=True, inline=True)
+    def finish(r, deg, acc, lane, F, out, mean, rs, sx, ss, bias):
+        """Write row ``r`` of the output: mean, row scale, self rows and bias applied to the sums."""
+        for c in range(C):
+            f = lane + G * c
+            if f < F:
+                a = acc[c]
+                if mean and deg > 0:
+                    a = a / deg
+                if rs.shape[0] > 0:
+                    a = a * rs[r]
+                if r < sx.shape[0]:
+                    sv = sx[r, f]
+                    if ss.shape[0] > 0:
+                        sv = sv * ss[r]
+                    a += sv
+                if bias.shape[0] > 0:
+                    a += bias[f]
+                out[r, f] = a
+
+    @cuda.jit(device=True, inline=True)
+    def setup(lane, F, D, w_heads, heads, acc):
+        for c in range(C):
+            heads[c] = (lane + G * c) // D if w_heads else 0
+            acc[c] = zero
+
+    @cuda.jit
+    def sum_chunks(indptr, indices, eids, weight, col_scale, x, out, D, mean, rs, sx, ss, bias, T, part_f, part_l,
+                   ext):
+        # x [Ns, F], out [Nd, F], sx [Ns', F]: flat views; the chunks of numba_kernels.cuda._chunks:
+        # part_f[ch] = sums of the leading part, part_l[ch] = of the trailing part (ext[ch] = its row, or -1)
+        n = out.shape[0]
+        E = indices.shape[0]
+        F = out.shape[1]
+        nchunks = ext.shape[0]
         tid = cuda.blockIdx.x * cuda.blockDim.x + cuda.threadIdx.x
         lane = tid % G
         heads = cuda.local.array(C, np.int64)
         acc = cuda.local.array(C, nbtype)
-        for c in range(C):
-            heads[c] = (lane + G * c) // D if w_heads else 0
-        for i in range(tid // G, out.shape[0], (cuda.gridDim.x * cuda.blockDim.x) // G):
-            start = indptr[i]
-            end = indptr[i + 1]
-            for c in range(C):
-                acc[c] = zero
-            for k in range(start, end):
-                j = indices[k]
-                cf = one
-                if has_s:
-                    cf = col_scale[j]
-                if has_w:
-                    e = eids[k] if has_e else k
-                    for c in range(C):
-                        f = lane + G * c
-                        if f < F:
-                            acc[c] += cf * weight[e, heads[c]] * x[j, f]
+        w_heads = weight.shape[0] > 0 and weight.shape[1] > 1
+        for ch in range(tid // G, nchunks, (cuda.gridDim.x * cuda.blockDim.x) // G):
+            lo, hi, r0, r1, lead = chunk_rows(ch, T, indptr, n, E, nchunks)
+            if lead > lo:
+                setup(lane, F, D, w_heads, heads, acc)
+                gather(lo, lead, indices, eids, weight, col_scale, x, heads, lane, F, acc)
+                for c in range(C):
+                    if lane + G * c < F:
+                        part_f[ch, lane + G * c] = acc[c]
+            last = -1
+            for r in range(r0, r1):
+                start = indptr[r]
+                end = indptr[r + 1]
+                setup(lane, F, D, w_heads, heads, acc)
+                gather(start, min(end, hi), indices, eids, weight, col_scale, x, heads, lane, F, acc)
+                if end <= hi:
+                    finish(r, end - start, acc, lane, F, out, mean, rs, sx, ss, bias)
                 else:
+                    last = r
                     for c in range(C):
-                        f = lane + G * c
-                        if f < F:
-                            acc[c] += cf * x[j, f]
-            for c in range(C):
-                f = lane + G * c
-                if f < F:
-                    a = acc[c]
-                    if mean and end > start:
-                        a = a / (end - start)
-                    if rs.shape[0] > 0:
-                        a = a * rs[i]
-                    if i < sx.shape[0]:
-                        sv = sx[i, f]
-                        if ss.shape[0] > 0:
-                            sv = sv * ss[i]
-                        a += sv
-                    if bias.shape[0] > 0:
-                        a += bias[f]
-                    out[i, f] = a
+                        if lane + G * c < F:
+                            part_l[ch, lane + G * c] = acc[c]
+            if lane == 0:
+                ext[ch] = last
 
-    return sum_group
+    @cuda.jit
+    def sum_fixup(indptr, out, D, mean, rs, sx, ss, bias, T, part_f, part_l, ext):
+        # rows that ran past their chunk: their own chunk's part, then the leading parts of the chunks they
+        # cover, in order (deterministic), then the epilogue
+        F = out.shape[1]
+        nchunks = ext.shape[0]
+        tid = cuda.blockIdx.x * cuda.blockDim.x + cuda.threadIdx.x
+        lane = tid % G
+        heads = cuda.local.array(C, np.int64)
+        acc = cuda.local.array(C, nbtype)
+        for ch in range(tid // G, nchunks, (cuda.gridDim.x * cuda.blockDim.x) // G):
+            r = ext[ch]
+            if r < 0:
+                continue
+            end = indptr[r + 1]
+            for c in range(C):
+                heads[c] = 0
+                acc[c] = part_l[ch, lane + G * c] if lane + G * c < F else zero
+            c2 = ch + 1
+            while c2 * T < end:
+                for c in range(C):
+                    if lane + G * c < F:
+                        acc[c] += part_f[c2, lane + G * c]
+                c2 += 1
+            finish(r, end - indptr[r], acc, lane, F, out, mean, rs, sx, ss, bias)
+
+    return sum_chunks, sum_fixup
 
 
 _CACHE: dict = {}
-_GROUP: dict = {}
+_CHUNKED: dict = {}
 
 
-def _group_kernel(dtype, features: int):
-    """``(kernel, G)`` of the row-group sum kernel for rows of ``features`` values, or None when too wide."""
+def _chunked_kernels(dtype, features: int):
+    """``(sum_chunks, sum_fixup, G)`` for rows of ``features`` values, or None when wider than the slots."""
     G = 8
     while G < 32 and G < features:
         G *= 2
@@ -216,10 +308,10 @@ def _group_kernel(dtype, features: int):
     if C > MAX_SLOTS:
         return None
     key = (np.dtype(dtype).name, G, C)
-    if key not in _GROUP:
+    if key not in _CHUNKED:
         _kernels(dtype)  # validates the dtype
-        _GROUP[key] = _build_group(float32 if key[0] == "float32" else float64, G, C)
-    return _GROUP[key], G
+        _CHUNKED[key] = _build_chunked(float32 if key[0] == "float32" else float64, G, C) + (G,)
+    return _CHUNKED[key]
 
 
 def _flat(a, rows: int):
@@ -242,17 +334,24 @@ def spmm_sum(indptr, indices, eids, weight, col_scale, x, out, mean: bool, epilo
         return
     rs, sx, ss, bias = _epilogue_arrays(epilogue, out)
     features = out.shape[1] * out.shape[2]
-    group = _group_kernel(out.dtype, features)
-    if group is None:
+    chunked = _chunked_kernels(out.dtype, features)
+    if chunked is None:
         blocks, threads = _launch(out.shape[0], features)
         _kernels(out.dtype)[0][blocks, threads, stream()](indptr, indices, eids, weight, col_scale, x, out,
                                                           bool(mean), rs, sx, ss, bias)
         return
-    kern, G = group
-    blocks = min((out.shape[0] * G + _THREADS - 1) // _THREADS, _MAX_BLOCKS)
-    kern[blocks, _THREADS, stream()](indptr, indices, eids, weight, col_scale, _flat(x, x.shape[0]),
-                                     _flat(out, out.shape[0]), out.shape[2], bool(mean), rs,
-                                     _flat(sx, sx.shape[0]), ss, bias)
+    chunks_kernel, fixup_kernel, G = chunked
+    T = EDGES_PER_CHUNK
+    nchunks = num_chunks(indices.shape[0], T)
+    part_f = scratch((nchunks, features), out.dtype)
+    part_l = scratch((nchunks, features), out.dtype)
+    ext = scratch((nchunks,), np.int64)
+    blocks = min((nchunks * G + _THREADS - 1) // _THREADS, _MAX_BLOCKS)
+    x2, out2, sx2 = _flat(x, x.shape[0]), _flat(out, out.shape[0]), _flat(sx, sx.shape[0])
+    chunks_kernel[blocks, _THREADS, stream()](indptr, indices, eids, weight, col_scale, x2, out2, out.shape[2],
+                                              bool(mean), rs, sx2, ss, bias, T, part_f, part_l, ext)
+    fixup_kernel[blocks, _THREADS, stream()](indptr, out2, out.shape[2], bool(mean), rs, sx2, ss, bias, T,
+                                             part_f, part_l, ext)
 
 
 def _epilogue_arrays(epilogue, out):

@@ -187,5 +187,11 @@ if __name__ == "__main__":
     check_gat(np.float32, 0.3, 2, H=3, D=20)   # two slots per lane, heads straddling slots
     check_gat(np.float64, 0.0, 1, H=2, D=32)   # one head per slot
     check_gat(np.float32, 0.0, 2, H=2, D=130)  # wider than 256: the thread-per-(row, head) kernels
+    import numba_kernels.cuda.gat_attention as cuda_gat
+
+    for T in (3, 1, 7):  # small chunks: rows across many chunks (the hub), chunks of short and empty rows
+        cuda_gat.EDGES_PER_CHUNK = T
+        check_gat(np.float64, 0.3, 2, H=3, D=20)
+        check_gat(np.float32, 0.0, 1, H=2, D=3)
     check_dropout_bits_match_cpu()
     print("cudasim attention OK")

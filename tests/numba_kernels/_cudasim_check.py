@@ -173,7 +173,13 @@ def main(family: str) -> int:
     check(np.float32, full=True)  # every variant in float32; the simulator is slow
     check(np.float64, full=False)  # one variant in float64
     if family == "spmm":
-        check(np.float32, full=False, H=2, D=20)  # a warp per row, two feature slots per lane
+        check(np.float32, full=False, H=2, D=20)  # a warp per chunk, two feature slots per lane
+        import numba_kernels.cuda.spmm as cuda_spmm
+
+        for T in (3, 1, 5):  # small chunks: hub rows across many chunks, chunks full of short or empty rows
+            cuda_spmm.EDGES_PER_CHUNK = T
+            check(np.float32, full=T == 3)
+            check(np.float64, full=False, H=1, D=40)
     print(f"OK {family}")
     return 0
 
