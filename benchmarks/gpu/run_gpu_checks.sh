@@ -14,14 +14,28 @@ cd "$(dirname "$0")/../.."
 OUT=${OUT:-results/gpu}
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
-if ls .whl/*.whl >/dev/null 2>&1; then
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
-    && export PYTHONPATH="$PYTHONPATH:/tmp/site" PATH="/tmp/site/bin:$PATH"
-  if [ -e /tmp/site/lib/libmpi.so.12 ]; then  # mpi4py on MPICH's wheel, not on a system Open MPI it may find first
-    export MPI4PY_MPIABI=mpich MPI4PY_LIBMPI=/tmp/site/lib/libmpi.so.12 \
-           LD_LIBRARY_PATH="/tmp/site/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+# MPI: a machine whose mpi4py is built against its own Open MPI (and whose h5py may load Open MPI too) runs
+# the ranks with that Open MPI's mpirun; elsewhere MPICH's wheel provides mpiexec and mpi4py is pointed at it.
+if command -v mpirun >/dev/null 2>&1 && mpirun --version 2>&1 | grep -q "Open MPI"; then
+  export HPC_GRAPH_MPIEXEC="mpirun --allow-run-as-root --oversubscribe"
+  skip_wheels="mpich-* mpi4py-*"
+fi
+wheels=()
+for w in .whl/*.whl; do
+  [ -e "$w" ] || continue
+  keep=1
+  for pat in ${skip_wheels:-}; do case $(basename "$w") in $pat) keep=0 ;; esac; done
+  [ $keep = 1 ] && wheels+=("$w")
+done
+if [ ${#wheels[@]} -gt 0 ]; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site "${wheels[@]}" \
+    && export PYTHONPATH="/tmp/site:$PYTHONPATH" PATH="/tmp/site/bin:$PATH"
+  libmpi=$(find /tmp/site -name 'libmpi.so.12' 2>/dev/null | head -1)
+  if [ -z "${HPC_GRAPH_MPIEXEC:-}" ] && [ -n "$libmpi" ]; then
+    export MPI4PY_MPIABI=mpich MPI4PY_LIBMPI="$libmpi" LD_LIBRARY_PATH="$(dirname "$libmpi")${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
   fi
 fi
+MPIEXEC=${HPC_GRAPH_MPIEXEC:-mpiexec}
 DEADLINE=${DEADLINE:-100000}  # seconds: steps that would end later get the time left, none under 30 s
 STEPS=("$@")
 [ ${#STEPS[@]} -eq 0 ] && STEPS=(env kernels train bench20 bench22 layers18 epochs)
@@ -39,13 +53,13 @@ step() {  # step NAME TIMEOUT CMD...: run with a limit, log to $OUT/NAME.log, re
 }
 for s in "${STEPS[@]}"; do
   case $s in
-    env) step env 45 bash -c 'nvidia-smi -L; python3 -c "import torch, numba, sys; print(sys.version.split()[0], torch.__version__, numba.__version__); from numba import cuda; cuda.detect()"; which mpiexec; mpiexec -n 2 python3 -m hpc_graph.cli info --env' ;;
+    env) step env 60 bash -c "nvidia-smi -L; python3 -c 'import torch, numba, numpy, sys, mpi4py, h5py; print(sys.version.split()[0], torch.__version__, numba.__version__, numpy.__version__, mpi4py.__file__, h5py.get_config().mpi); from numba import cuda; cuda.detect()'; echo PYTHONPATH=\$PYTHONPATH MPIEXEC='$MPIEXEC' MPI4PY_LIBMPI=\${MPI4PY_LIBMPI:-}; $MPIEXEC -n 2 python3 -m hpc_graph.cli info --env" ;;
     tests) step tests 200 bash -c "python3 -m pytest -q -n 8 -p no:cacheprovider -rf tests/gpu/test_ops_gpu.py \
              tests/gpu/test_kernels_gpu.py > $OUT/kernels.log 2>&1 & p=\$!; python3 -m pytest -q -n 8 -p no:cacheprovider \
              -rf tests/gpu/test_train_gpu.py > $OUT/train.log 2>&1; r=\$?; wait \$p; k=\$?; tail -n 40 $OUT/kernels.log; \
              tail -n 40 $OUT/train.log; exit \$((r | k))" ;;
     kernels) step kernels 150 python3 -m pytest -q -n 12 -p no:cacheprovider -rf tests/gpu/test_ops_gpu.py tests/gpu/test_kernels_gpu.py ;;
-    train) step train 240 python3 -m pytest -q -n 10 -p no:cacheprovider -rf tests/gpu/test_train_gpu.py ;;
+    train) step train 300 python3 -m pytest -q -n 12 -p no:cacheprovider -rf tests/gpu/test_train_gpu.py ;;
     bench20) step bench20 120 python3 -m hpc_graph.cli bench kernels --device cuda --scale 20 --repeat 5 \
                --ops memcpy spmm sddmm sage gat --json "$OUT/kernels20.jsonl" --force ;;
     bench22) step bench22 200 python3 -m hpc_graph.cli bench kernels --device cuda --scale 22 --repeat 5 \
