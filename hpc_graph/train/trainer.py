@@ -482,9 +482,14 @@ class Trainer:
         device = torch.device("cuda", local_rank % torch.cuda.device_count())
         # the rank's GPU becomes the current device of torch and of numba's kernels (one context per GPU)
         torch.cuda.set_device(device)
-        from numba import cuda as numba_cuda
+        try:
+            from numba import cuda as numba_cuda
 
-        numba_cuda.select_device(device.index)
+            numba_cuda.select_device(device.index)
+        except Exception as exc:  # no CUDA target in this numba, or it cannot reach the driver
+            raise ConfigError(f"train.device: 'cuda' needs numba's CUDA target for the GPU kernels "
+                              f"(pip install -e '.[cuda13]', or '.[cuda12]' for a CUDA 12 driver): "
+                              f"{type(exc).__name__}: {exc}") from None
         return device
 
     @staticmethod
