@@ -44,7 +44,7 @@ import torch
 
 from hpc_graph.engines.base import Batch, Engine
 from hpc_graph.graph.block import Block, BlockStack
-from hpc_graph.graph.dist_graph import load_sampled_data
+from hpc_graph.graph.dist_graph import load_sampled_engine_data
 from hpc_graph.graph.halo_graph import HaloGraph
 from hpc_graph.graph.sampler import (NeighborSampler, SeedSchedule, block_csr, check_fanouts, relabel,
                                      sample_key)
@@ -112,21 +112,23 @@ class APTEngine(Engine):
         if strategy in self.ruled_out:
             raise ValueError(f"engine.strategy: {strategy} {self.ruled_out[strategy]}")
         self.seed = int(o.get("seed", 0))
-        if device.type != "cpu":
-            raise ValueError("engine 'apt': the sampler runs on the CPU; use train.device cpu")
-
-        dg, data = load_sampled_data(self.source, comm, self.device, dtype, self.name,
-                                     o.get("feature_norm", "none"))
+        if device.type != "cpu" and strategy not in ("gdp", "auto"):
+            raise ValueError(f"engine.strategy: {strategy} shuffles layer 1's rows between ranks on the host; "
+                             f"with train.device {device.type} use gdp (or auto, which then picks gdp)")
+        # sampling, the feature store and the batches on the host; evaluation on the model's device
+        dg, data, edg, edata = load_sampled_engine_data(self.source, comm, self.device, dtype, self.name,
+                                                        o.get("feature_norm", "none"))
         self.dg = dg
-        self.graph = HaloGraph(dg, comm)  # evaluation: exact, full neighbourhoods
-        self.feat, self.label, self.masks = data["feat"], data["label"], data["masks"]
+        self.graph = HaloGraph(edg, comm)  # evaluation: exact, full neighbourhoods
+        self.feat, self.label, self.masks = edata["feat"], edata["label"], edata["masks"]
+        self.host_feat, self.host_label, host_masks = data["feat"], data["label"], data["masks"]
         self.num_classes, self.num_features = data["num_classes"], data["num_features"]
         self.first, self.num_owned = dg.first_gid, dg.num_owned
         self.rank, self.size = int(comm.rank), int(comm.size)
         self.sampler = NeighborSampler(dg, comm)
         self.owned_degree = dg.in_degree.to(torch.int64)
-        self.store = FeatureStore(self.feat, self.owned_degree, dg.node_ranges, comm)
-        self.train_idx = (self.masks["train"] & (self.label >= 0)).nonzero().squeeze(1)
+        self.store = FeatureStore(self.host_feat, self.owned_degree, dg.node_ranges, comm)
+        self.train_idx = (host_masks["train"] & (self.host_label >= 0)).nonzero().squeeze(1)
         self.schedule = SeedSchedule(self.train_idx, self.batch_size, self.seed, comm)
         self.counter: dict[str, int] = {}
         self._nfp: dict[str, Any] | None = None
@@ -138,7 +140,10 @@ class APTEngine(Engine):
         if strategy == "auto" or self.cache_mb > 0:
             self.run_dry_run(strategy)
             if strategy == "auto":
-                strategy = self.plan.choice
+                strategy = self.plan.choice if device.type == "cpu" else "gdp"
+                if strategy != self.plan.choice:
+                    log.info("apt: auto on %s runs gdp (the cost model chose %s; nfp, snp and dnp shuffle on the "
+                             "host)", device.type, self.plan.choice)
         self.use_strategy(strategy)
 
     def use_strategy(self, strategy: str) -> None:
@@ -180,14 +185,14 @@ class APTEngine(Engine):
     # -- set-up -------------------------------------------------------------------------------------
     def cache_rows(self) -> int:
         """How many remote feature rows ``cache_mb`` holds (a row: its features and its int64 id)."""
-        row = self.num_features * self.feat.element_size() + 8
+        row = self.num_features * self.host_feat.element_size() + 8
         return int(self.cache_mb * (1 << 20) // row)
 
     def _fill_cache(self, gids: np.ndarray) -> None:
         """Cache the rows of ``gids`` (remote nodes, hottest first; collective)."""
         self.store.cache(torch.from_numpy(np.asarray(gids, dtype=np.int64)))
         log.info("apt: rank %d caches %d remote feature rows (%.1f MiB)", self.rank, self.store.cache_gid.size,
-                 self.store.cache_gid.size * (self.num_features * self.feat.element_size() + 8) / 2**20)
+                 self.store.cache_gid.size * (self.num_features * self.host_feat.element_size() + 8) / 2**20)
 
     def column_bounds(self) -> np.ndarray:
         """int64[P+1]: rank r holds feature columns ``bounds[r]:bounds[r+1]`` under NFP."""
@@ -198,7 +203,7 @@ class APTEngine(Engine):
         node's in-degree (collective)."""
         bounds = self.column_bounds()
         ranges = np.asarray(self.dg.node_ranges, dtype=np.int64)
-        parts = [self.feat[:, bounds[q]:bounds[q + 1]].contiguous().reshape(-1) for q in range(self.size)]
+        parts = [self.host_feat[:, bounds[q]:bounds[q + 1]].contiguous().reshape(-1) for q in range(self.size)]
         got, _ = self.comm.alltoallv(torch.cat(parts), np.array([p.numel() for p in parts], dtype=np.int64))
         width = int(bounds[self.rank + 1] - bounds[self.rank])
         cols = got.view(int(ranges[-1]), width)
@@ -285,7 +290,7 @@ class APTEngine(Engine):
         blocks = [block0] + self.upper_blocks(upper, dst_deg, hook)
         self.build_seconds += time.perf_counter() - t0
         self._iterations_done += 1
-        return Batch(BlockStack(blocks), feat, self.label[seeds], seeds)
+        return Batch(BlockStack(blocks), feat, self.host_label[seeds], seeds)
 
     # -- sampling (shared by every strategy and the dry run) ----------------------------------------
     def _count(self, op: str, nbytes: int) -> None:
@@ -424,7 +429,7 @@ class APTEngine(Engine):
         csr = block_csr(all_counts, cols, n + u.size)
         feat_d, deg_d = self._load(dst)
         lid = torch.from_numpy(u - self.first)
-        x = torch.cat([feat_d, self.feat[lid]], 0)
+        x = torch.cat([feat_d, self.host_feat[lid]], 0)
         degree = torch.cat([deg_d, self.owned_degree[lid]])
         gids = torch.from_numpy(np.concatenate([dst, u]))
         ctx = SNPContext(csr, n, counts, degree, gids, got_vq, v_row[remote_v], v_counts_q, self.comm, self.counter)

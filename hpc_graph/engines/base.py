@@ -28,6 +28,14 @@ class Batch:
     label: torch.Tensor
     seeds: torch.Tensor
 
+    def to(self, device: torch.device | str) -> "Batch":
+        """This batch on ``device`` (the model's): itself when built there, else its graph (``graph.to``) and
+        tensors copied over. Sampling engines build batches on the CPU; the trainer moves them."""
+        device = torch.device(device)
+        if self.feat.device == device:
+            return self
+        return Batch(self.graph.to(device), self.feat.to(device), self.label.to(device), self.seeds.to(device))
+
 
 class Engine(ABC):
     """One rank's share of a node-classification problem.

@@ -48,7 +48,7 @@ import torch
 
 from hpc_graph.engines.base import Batch, Engine
 from hpc_graph.graph.block import Block, BlockStack
-from hpc_graph.graph.dist_graph import load_sampled_data
+from hpc_graph.graph.dist_graph import load_sampled_engine_data
 from hpc_graph.graph.halo_graph import HaloGraph
 from hpc_graph.graph.sampler import NeighborSampler, SeedSchedule, block_csr, check_fanouts, sample_key
 from hpc_graph.store.feature_store import FeatureStore
@@ -98,24 +98,23 @@ class MinibatchEngine(Engine):
         if self.mode not in MODES:
             raise ValueError(f"hec.mode: must be one of {', '.join(MODES)}, got {self.mode!r}")
         self.seed = int(o.get("seed", 0))
-        if device.type != "cpu":
-            raise ValueError("engine 'minibatch': the sampler runs on the CPU; use train.device cpu")
-
-        dg, data = load_sampled_data(self.source, comm, self.device, dtype, self.name,
-                                     o.get("feature_norm", "none"))
+        # sampling, the feature store and the batches on the host; evaluation on the model's device
+        dg, data, edg, edata = load_sampled_engine_data(self.source, comm, self.device, dtype, self.name,
+                                                        o.get("feature_norm", "none"))
         self.dg = dg
-        self.graph = HaloGraph(dg, comm)  # evaluation: exact, full neighbourhoods
-        self.feat, self.label, self.masks = data["feat"], data["label"], data["masks"]
+        self.graph = HaloGraph(edg, comm)  # evaluation: exact, full neighbourhoods
+        self.feat, self.label, self.masks = edata["feat"], edata["label"], edata["masks"]
+        self.host_feat, self.host_label, host_masks = data["feat"], data["label"], data["masks"]
         self.num_classes, self.num_features = data["num_classes"], data["num_features"]
         self.first, self.num_owned = dg.first_gid, dg.num_owned
         self.sampler = NeighborSampler(dg, comm)
         self.owned_degree = dg.in_degree.to(torch.int64)
         self.halo_degree = self._halo_degrees()
-        self.store = FeatureStore(self.feat, self.owned_degree, dg.node_ranges, comm)
+        self.store = FeatureStore(self.host_feat, self.owned_degree, dg.node_ranges, comm)
         if self.feature_cache and self.mode != "drop":
             top = torch.argsort(self.halo_degree, descending=True)[:self.feature_cache]
             self.store.cache(dg.halo_gid[top])
-        self.train_idx = (self.masks["train"] & (self.label >= 0)).nonzero().squeeze(1)
+        self.train_idx = (host_masks["train"] & (self.host_label >= 0)).nonzero().squeeze(1)
         self.schedule = SeedSchedule(self.train_idx, self.batch_size, self.seed, comm)
         self.push_peers = sorted(q for q in dg.send_lid)  # ranks that hold some of my nodes as halo
         self.pull_peers = sorted(q for q in dg.recv_count)  # ranks whose nodes I hold as halo
@@ -208,7 +207,7 @@ class MinibatchEngine(Engine):
         fetch0 = s["fetch_seconds"]
         blocks, feat = self._sample(seeds + self.first, epoch)
         s["sample_seconds"] += time.perf_counter() - t0 - (s["fetch_seconds"] - fetch0)
-        return Batch(BlockStack(blocks), feat, self.label[seeds], seeds)
+        return Batch(BlockStack(blocks), feat, self.host_label[seeds], seeds)
 
     # -- sampling ----------------------------------------------------------------------------------
     def _sample(self, seed_gid: torch.Tensor, epoch: int) -> tuple[list[Block], torch.Tensor]:
@@ -282,7 +281,7 @@ class MinibatchEngine(Engine):
         t0 = time.perf_counter()
         if self.mode == "drop" or (self.comm.size == 1):
             lid = torch.from_numpy(gids - self.first)
-            feat, deg = self.feat[lid], self.owned_degree[lid]
+            feat, deg = self.host_feat[lid], self.owned_degree[lid]
         else:
             b0 = self.store.stats()["bytes_sent"]
             feat, deg = self.store.fetch(torch.from_numpy(gids))
@@ -327,7 +326,7 @@ class MinibatchEngine(Engine):
                                    f"{local_gids.size}")
             self._width[layer] = int(h.shape[1])
             self._push(layer, h, local_gids)
-            return h if cached is None else torch.cat([h, cached.to(h.dtype)], 0)
+            return h if cached is None else torch.cat([h, cached.to(device=h.device, dtype=h.dtype)], 0)
         return complete
 
     def _push(self, layer: int, h: torch.Tensor, gids: np.ndarray) -> None:

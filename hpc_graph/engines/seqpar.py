@@ -65,8 +65,10 @@ class _SeqParGraph(GraphContext):
     """This rank's token rows of the sequence; attention over the whole sequence through all-to-alls."""
 
     def __init__(self, csr: CSR, ranges: np.ndarray, comm: Any, ids: np.ndarray | None = None,
-                 clusters: ClusterLayoutControl | None = None, cluster_ptr: np.ndarray | None = None):
-        self.csr = csr  # the whole graph in sequence positions (every rank), for the pattern and the degrees
+                 clusters: ClusterLayoutControl | None = None, cluster_ptr: np.ndarray | None = None,
+                 device: torch.device | str = "cpu"):
+        self.csr = csr  # the whole graph in sequence positions (every rank, host), for the pattern and the degrees
+        self.device = torch.device(device)
         self.ranges = ranges
         self.comm = comm
         self.rank, self.size = int(comm.rank), int(comm.size)
@@ -75,7 +77,8 @@ class _SeqParGraph(GraphContext):
         self.global_num_nodes = csr.num_dst
         self.node_fields: dict[str, torch.Tensor] = {}
         self._gid = (torch.arange(self.lo, self.hi, dtype=torch.int64) if ids is None
-                     else torch.from_numpy(np.asarray(ids, dtype=np.int64)))  # node ids of this rank's tokens
+                     else torch.from_numpy(np.asarray(ids, dtype=np.int64))).to(self.device)  # this rank's node ids
+        self._degrees: dict[str, torch.Tensor] = {}
         self._patterns: dict[bool, Any] = {}
         self.clusters, self.cluster_ptr = clusters, cluster_ptr  # the cluster-sparse layout (sequence positions)
         self.chain = True  # engine.attention_chain
@@ -154,10 +157,14 @@ class _SeqParGraph(GraphContext):
         raise ValueError("engine 'seqpar' runs the graph transformers (model.name: gt or graphormer) only")
 
     def in_degree(self) -> torch.Tensor:
-        return self.csr.in_degree()[self.lo:self.hi]
+        if "in" not in self._degrees:
+            self._degrees["in"] = self.csr.in_degree()[self.lo:self.hi].to(self.device)
+        return self._degrees["in"]
 
     def out_degree(self) -> torch.Tensor:
-        return self.csr.out_degree()[self.lo:self.hi]
+        if "out" not in self._degrees:
+            self._degrees["out"] = self.csr.out_degree()[self.lo:self.hi].to(self.device)
+        return self._degrees["out"]
 
     def global_ids(self) -> torch.Tensor:
         return self._gid
@@ -178,8 +185,6 @@ class SeqParEngine(Engine):
     def __init__(self, source: str, comm: Any, device: torch.device, dtype: torch.dtype,
                  options: dict[str, Any] | None = None):
         super().__init__(source, comm, device, dtype, options)
-        if self.device.type != "cpu":
-            raise ValueError("engine 'seqpar': CPU only for now (train.device: cpu)")
         size = int(getattr(comm, "size", 1)) if comm is not None else 1
         rank = int(getattr(comm, "rank", 0)) if comm is not None else 0
         with open_dataset(self.source) as ds:
@@ -202,13 +207,16 @@ class SeqParEngine(Engine):
             masks = {name: m[ids] for name, m in ds.split_masks().items()}
             lap_pe = ds.lap_pe()[ids] if ds.has("lap_pe") else None
             self.num_classes = int(ds.num_classes) or int(ds.label().max()) + 1
-        self.graph = _SeqParGraph(csr, ranges, comm, ids, clusters, cluster_ptr)
+        # the whole graph and its attention patterns stay on the host (built there, copied to the device once
+        # by the attention); this rank's rows live on the model's device
+        self.graph = _SeqParGraph(csr, ranges, comm, ids, clusters, cluster_ptr, self.device)
         self.graph.chain = chain
         if lap_pe is not None:
-            self.graph.node_fields["lap_pe"] = torch.from_numpy(np.ascontiguousarray(lap_pe)).to(dtype=dtype)
-        self.feat = torch.from_numpy(np.ascontiguousarray(feat)).to(dtype=dtype)
-        self.label = torch.from_numpy(np.asarray(label, dtype=np.int64))
-        self.masks = {k: torch.from_numpy(np.asarray(v, dtype=bool)) for k, v in masks.items()}
+            self.graph.node_fields["lap_pe"] = torch.from_numpy(np.ascontiguousarray(lap_pe)).to(self.device,
+                                                                                                  dtype=dtype)
+        self.feat = torch.from_numpy(np.ascontiguousarray(feat)).to(self.device, dtype=dtype)
+        self.label = torch.from_numpy(np.asarray(label, dtype=np.int64)).to(self.device)
+        self.masks = {k: torch.from_numpy(np.asarray(v, dtype=bool)).to(self.device) for k, v in masks.items()}
         self.num_features = int(self.feat.shape[1])
         log.info("seqpar engine: rank %d of %d holds tokens [%d, %d) of %d", rank, size, lo, hi, n)
         self.reset_stats()

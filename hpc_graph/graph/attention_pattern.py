@@ -29,6 +29,8 @@ attention there is every pair inside a graph (``full=True``), never across graph
 """
 from __future__ import annotations
 
+import dataclasses
+
 import logging
 import math
 from dataclasses import dataclass
@@ -97,6 +99,27 @@ class AttentionPattern:
 
     def __post_init__(self):
         self._codes_for: dict[int, torch.Tensor] = {self.max_dist: self.codes}
+        self._on: dict = {}  # copies on other devices, made once
+
+    def csr_on(self, device: torch.device) -> CSR:
+        """``csr`` on ``device`` (the pattern is built on the host; a GPU copy is made once and kept)."""
+        device = torch.device(device)
+        if self.csr.device == device:
+            return self.csr
+        if ("csr", device) not in self._on:
+            self._on[("csr", device)] = self.csr.to(device)
+        return self._on[("csr", device)]
+
+    def codes_on(self, max_dist: int, device: torch.device) -> torch.Tensor:
+        """:meth:`codes_for` on ``device`` (copied once per device and ``max_dist``)."""
+        codes = self.codes_for(max_dist)
+        device = torch.device(device)
+        if codes.device == device:
+            return codes
+        key = ("codes", int(max_dist), device)
+        if key not in self._on:
+            self._on[key] = codes.to(device)
+        return self._on[key]
 
     @property
     def num_graphs(self) -> int:
@@ -250,13 +273,13 @@ def attend(pattern: AttentionPattern, q: torch.Tensor, k: torch.Tensor, v: torch
     if dense and pattern.graph_ptr is not None:
         raise ValueError("attention: a graph batch has no dense mode over the whole sequence; "
                          "attend over its full pattern (build_graph_batch_pattern(full=True))")
-    csr = pattern.csr if pattern.csr.device == q.device else pattern.csr.to(q.device)
+    csr = pattern.csr_on(q.device)
     prior = -far_count_prior(pattern) if dense and far_prior else 0.0
     if bias is None:
         far = torch.full((q.shape[1],), prior, dtype=q.dtype, device=q.device) if dense else None
         return pattern_attention(csr, q, k, v, dense=dense, num_nodes=pattern.num_nodes, far_bias=far)
     m = max_dist_of(bias)
-    codes = pattern.codes_for(m).to(q.device)
+    codes = pattern.codes_on(m, q.device)
     if not dense:  # the table and 1-byte codes go into the kernels: no [E, H] bias is made or kept
         return pattern_attention(csr, q, k, v, bias=bias, codes=codes)
     return pattern_attention(csr, q, k, v, bias=code_bias(bias, codes), dense=True, num_nodes=pattern.num_nodes,
@@ -342,6 +365,18 @@ class ClusterLayout:
     dense_entries: int
     tile_pairs: int
 
+    def on(self, device: torch.device) -> "ClusterLayout":
+        """This layout with its CSR, ids and blocks on ``device`` (built on the host; a copy made once per device)."""
+        device = torch.device(device)
+        if self.sparse.device == device:
+            return self
+        cache = self.__dict__.setdefault("_on", {})
+        if device not in cache:
+            cache[device] = dataclasses.replace(
+                self, sparse=self.sparse.to(device), sparse_ids=self.sparse_ids.to(device),
+                blocks=[tuple(t.to(device) for t in b) for b in self.blocks])
+        return cache[device]
+
     def describe(self) -> dict:
         return {"beta": self.beta, "dense_blocks": len(self.blocks), "dense_entries": self.dense_entries,
                 "sparse_entries": int(self.sparse.num_edges), "tile_pairs": self.tile_pairs}
@@ -423,6 +458,7 @@ def attend_layout(layout: ClusterLayout, codes: torch.Tensor, q: torch.Tensor, k
     bias table's layout, :meth:`AttentionPattern.codes_for`)."""
     from hpc_graph.ops.graph_attention import cluster_attention, code_bias
 
+    layout = layout.on(q.device)
     return cluster_attention(layout.sparse, layout.sparse_ids, layout.blocks, q, k, v,
                              None if bias is None else code_bias(bias, codes.to(q.device)))
 

@@ -45,6 +45,11 @@ class GraphContext(ABC):
     num_relations: int = 1
     num_graphs: int = 0
 
+    def to(self, device: torch.device | str) -> "GraphContext":
+        """This context on ``device``: the trainer moves a sampled batch's graph (built on the CPU) to the model's
+        device. Contexts that can move override it; the others say so."""
+        raise NotImplementedError(f"{type(self).__name__} cannot be moved to {device}: build it on that device")
+
     @abstractmethod
     def aggregate(self, x: torch.Tensor, reduce: str = "sum") -> torch.Tensor:
         """Aggregate source rows over each owned node's in-edges.

@@ -62,6 +62,18 @@ class Block(GraphContext):
         self._scale64 = torch.where(sampled > 0, full / sampled.clamp(min=1), torch.zeros_like(sampled))
         self._scale: dict[torch.dtype, torch.Tensor] = {}
 
+    def to(self, device: torch.device | str) -> "Block":
+        """A copy of this block with its structure, ids and degrees on ``device``. The ``complete`` callable is
+        kept: it must return rows on the device of the rows it gets."""
+        import copy
+
+        out = copy.copy(self)
+        out.csr = self.csr.to(device)
+        out.src_gid, out.src_orig_id, out.src_degree, out._scale64 = (
+            t.to(device) for t in (self.src_gid, self.src_orig_id, self.src_degree, self._scale64))
+        out._scale = {}
+        return out
+
     def _sum_scale(self, dtype: torch.dtype) -> torch.Tensor:
         if dtype not in self._scale:
             self._scale[dtype] = self._scale64.to(dtype).unsqueeze(1)
@@ -130,6 +142,10 @@ class BlockStack(GraphContext):
         self.blocks = blocks
         self.num_nodes = blocks[-1].num_nodes
         self.global_num_nodes = -1
+
+    def to(self, device: torch.device | str) -> "BlockStack":
+        """The stack with every block on ``device`` (:meth:`Block.to`)."""
+        return BlockStack([b.to(device) for b in self.blocks])
 
     def layer(self, index: int) -> GraphContext:
         if not 0 <= index < len(self.blocks):

@@ -438,3 +438,16 @@ def load_sampled_data(source: str, comm: Any, device: torch.device, dtype: torch
         sums = data["feat"].sum(1, keepdim=True)
         data["feat"] = data["feat"] / torch.where(sums == 0, torch.ones_like(sums), sums)
     return dg, data
+
+
+def load_sampled_engine_data(source: str, comm: Any, device: torch.device, dtype: torch.dtype, engine: str,
+                             feature_norm: str = "none") -> tuple[DistGraph, dict, DistGraph, dict]:
+    """``(dg, data, eval_dg, eval_data)`` for a sampling engine: the sampler, the feature store and the
+    batches work on a host copy (``dg``, ``data``, as :func:`load_sampled_data` on the CPU); evaluation and
+    the trainer's view (``eval_dg``, ``eval_data``) live on ``device``: the same objects on the CPU, a second
+    load onto a GPU (its structure and features held there for the exact full-graph evaluation)."""
+    dg, data = load_sampled_data(source, comm, torch.device("cpu"), dtype, engine, feature_norm)
+    if torch.device(device).type == "cpu":
+        return dg, data, dg, data
+    edg, edata = load_sampled_data(source, comm, device, dtype, engine, feature_norm)
+    return dg, data, edg, edata

@@ -181,7 +181,7 @@ def dry_run(engine: Any, requested: str = "auto", profile: Profile | None = None
             src_t = torch.from_numpy(src)
             own_src = src[sampler.is_owned(src)]
             Block(csr0, src_t, engine.dg.orig_ids_of(src_t), torch.zeros(src.size, dtype=torch.int64), comm)
-            engine.feat.index_select(0, torch.from_numpy(own_src - first))
+            engine.host_feat.index_select(0, torch.from_numpy(own_src - first))
             local_times.append((time.perf_counter() - t0) - (comm.comm_seconds - c0))
             acc["sample"] += s_all
             for (_, dst, _, c, _, s) in upper:
@@ -231,7 +231,7 @@ def dry_run(engine: Any, requested: str = "auto", profile: Profile | None = None
             acc["dnp_remote"] += rpos.size
             acc["dnp_sample"] += s_up + 8 * (rpos.size + asked.shape[0])
     # what the other ranks counted
-    row_bytes = engine.num_features * engine.feat.element_size() + 8
+    row_bytes = engine.num_features * engine.host_feat.element_size() + 8
     cache_rows = engine.cache_rows() if engine.cache_mb > 0 else 0
     remote_nodes = np.concatenate([np.arange(engine.dg.node_ranges[0], first),
                                    np.arange(first + engine.num_owned, engine.dg.node_ranges[-1])]).astype(np.int64)
@@ -304,7 +304,7 @@ def dry_run(engine: Any, requested: str = "auto", profile: Profile | None = None
     prof = profile if profile is not None else profile_machine(comm, engine.dtype, max_bytes=engine.profile_bytes,
                                                                width=max(engine.hidden, 1),
                                                                path=engine.options.get("profile_file") or None)
-    item = engine.feat.element_size()
+    item = engine.host_feat.element_size()
     heads = max(int(engine.options.get("heads", 1)), 1)
     gat = engine.model_name == "gat"
     costs = {}

@@ -643,7 +643,7 @@ class Trainer:
         losses, ok = [], True
         for it in range(iters):
             self.optimizer.zero_grad(set_to_none=False)
-            batch = eng.batch(epoch, it)
+            batch = eng.batch(epoch, it).to(self.device)  # sampling engines build batches on the CPU
             logits = self.model(batch.graph, batch.feat)  # gathered rows: dense
             loss_t = F.cross_entropy(logits, batch.label, reduction="sum") / max(global_sizes[it], 1.0)
             if fail is not None and it == 0:  # kind "nan"

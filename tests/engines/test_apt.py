@@ -96,6 +96,14 @@ def test_bad_options_are_refused(graph_file, opts, match):
         _apt(graph_file, opts.pop("strategy", "gdp"), **opts)
 
 
+@pytest.mark.parametrize("strategy", ["nfp", "snp", "dnp"])
+def test_layer1_shuffles_are_refused_on_a_gpu(graph_file, strategy):
+    """The layer-1 shuffles run on the host: on a GPU only gdp (or auto, which then runs gdp) is taken."""
+    o = {"fanouts": (-1, -1), "batch_size": 20, "strategy": strategy, "model": "sage", "hidden": 5}
+    with pytest.raises(ValueError, match=f"engine.strategy: {strategy} .*use gdp"):
+        create_engine("apt", graph_file, get_communicator("local"), torch.device("cuda"), torch.float64, o)
+
+
 def test_nfp_refuses_attention(graph_file):
     """An NFP block refuses GAT itself (the engine cannot see a model built by hand)."""
     eng = _apt(graph_file, "nfp", model="sage")

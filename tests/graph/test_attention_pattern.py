@@ -103,3 +103,16 @@ def test_sequence_orders_are_permutations_that_keep_neighbours_close(method):
         assert (np.diff(order % 2) != 0).sum() <= 3
     with pytest.raises(ValueError, match="sequence_order"):
         sequence_order(indptr, indices, n, "bfs")
+
+
+def test_device_copies_of_a_pattern_are_the_pattern_where_it_lives():
+    """``csr_on``/``codes_on`` (what the attention uses on a GPU, copied once there) hand back the pattern's own
+    tensors on the device it was built on, and the codes of every distance cap."""
+    import torch
+
+    indptr = np.array([0, 1, 3, 3, 4], dtype=np.int64)
+    indices = np.array([1, 0, 3, 2], dtype=np.int64)
+    pat = build_pattern(indptr, indices, 4, global_token=True)
+    assert pat.csr_on(torch.device("cpu")) is pat.csr
+    for m in (1, 2, pat.max_dist):
+        assert torch.equal(pat.codes_on(m, torch.device("cpu")), pat.codes_for(m))

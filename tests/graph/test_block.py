@@ -84,3 +84,32 @@ def test_stack_hands_out_one_block_per_layer_and_refuses_whole_graph_calls():
         stack.aggregate(torch.zeros(3, 2))
     with pytest.raises(ValueError, match="rows"):
         b0.aggregate(torch.zeros(b0.num_src + 1, 2))
+
+
+def test_a_moved_block_aggregates_as_the_original_and_shares_no_tensors():
+    """``Block.to``/``BlockStack.to`` (how the trainer moves a sampled batch to the model's device): same
+    results, new tensors for the structure, ids, degrees and scales (the move is exercised on the GPU in
+    tests/gpu; here onto the CPU, which still copies nothing it should not)."""
+    b, *_ = _block(3)
+    stack = BlockStack([b, _block(4, num_dst=3, num_src=7)[0]])
+    moved = stack.to("cpu")
+    assert isinstance(moved, BlockStack) and moved is not stack and len(moved.blocks) == 2
+    mb = moved.layer(0)
+    x = torch.randn(b.num_src, 3, dtype=torch.float64)
+    for reduce in ("sum", "mean"):
+        torch.testing.assert_close(mb.aggregate(x, reduce), b.aggregate(x, reduce))
+    assert mb.csr is not b.csr and mb.src_degree.device == torch.device("cpu")
+    torch.testing.assert_close(mb.global_ids(), b.global_ids())
+
+
+def test_a_batch_built_on_the_device_is_not_copied_and_other_contexts_refuse_to_move():
+    from hpc_graph.engines.base import Batch
+    from hpc_graph.graph.whole_graph import WholeGraph
+
+    b, *_ = _block(5)
+    batch = Batch(BlockStack([b]), torch.zeros(b.num_src, 2), torch.zeros(b.num_nodes, dtype=torch.int64),
+                  torch.arange(b.num_nodes))
+    assert batch.to("cpu") is batch
+    g = WholeGraph(CSR(torch.tensor([0, 1, 1]), torch.tensor([1]), 2))
+    with pytest.raises(NotImplementedError, match="WholeGraph cannot be moved"):
+        g.to("cuda")
