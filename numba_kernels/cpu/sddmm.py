@@ -18,38 +18,44 @@ from numba import njit, prange
 from numba_kernels.cpu._partition import default_chunks
 from numba_kernels.cpu._prefetch import PREFETCH_DISTANCE, prefetch_row, row_lines
 
-_LANES = 8  # independent partial sums per dot product (SIMD-friendly without fastmath)
-
-
 def sddmm(indptr, indices, a, b, out) -> None:
     """``out[k, h] = a[dst(k), h, :] . b[indices[k], h, :]`` for every edge position ``k``."""
-    _sddmm(default_chunks(indptr), indptr, indices, a, b, out)
+    H, D = a.shape[1], a.shape[2]
+    _sddmm(default_chunks(indptr), indptr, indices, a.reshape(a.shape[0], H * D), b.reshape(b.shape[0], H * D),
+           out, D)
 
 
 @njit(parallel=True, fastmath=False, cache=True, nogil=True)
-def _sddmm(bounds, indptr, indices, a, b, out):
-    H = a.shape[1]
-    D = a.shape[2]
-    main = D - D % _LANES
+def _sddmm(bounds, indptr, indices, a, b, out, D):
+    # a [Nd, F], b [Ns, F] flat rows (F = H * D). Per edge: the F products in one vectorised pass into a
+    # thread-local row, then each head's D products folded in halves (vectorised adds) down to <= 8,
+    # which are summed in order. 1.6x faster than one dot product per head with 8 running partial sums
+    # (R-MAT scale 20, 4 x 32: 0.66 s vs 1.07 s on 2 cores; the bare row gathers take 0.35 s).
+    F = a.shape[1]
+    H = F // D
     E = indices.shape[0]
     base = b.ctypes.data
     rb = b.strides[0]
     lines = row_lines(rb)
     for c in prange(bounds.shape[0] - 1):
-        part = np.empty(_LANES, dtype=out.dtype)
+        t = np.empty(F, dtype=out.dtype)
         for i in range(bounds[c], bounds[c + 1]):
             for k in range(indptr[i], indptr[i + 1]):
                 if k + PREFETCH_DISTANCE < E:
                     prefetch_row(base, rb, lines, indices[k + PREFETCH_DISTANCE])
                 j = indices[k]
+                for f in range(F):
+                    t[f] = a[i, f] * b[j, f]
                 for h in range(H):
-                    part[:] = 0
-                    for d0 in range(0, main, _LANES):
-                        for t in range(_LANES):
-                            part[t] += a[i, h, d0 + t] * b[j, h, d0 + t]
-                    s = part[0]
-                    for t in range(1, _LANES):
-                        s += part[t]
-                    for d in range(main, D):
-                        s += a[i, h, d] * b[j, h, d]
+                    o = h * D
+                    w = D
+                    while w > 8:
+                        half = w // 2
+                        keep = w - half
+                        for f in range(half):
+                            t[o + f] += t[o + keep + f]
+                        w = keep
+                    s = t[o]
+                    for u in range(1, w):
+                        s += t[o + u]
                     out[k, h] = s
