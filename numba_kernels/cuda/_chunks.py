@@ -15,6 +15,7 @@ row is ever walked by one group alone for more than ``T`` positions.
 """
 from __future__ import annotations
 
+import numpy as np
 from numba import cuda
 
 
@@ -49,3 +50,124 @@ def chunk_rows(ch, T, indptr, n, E, nchunks):
 def num_chunks(num_edges: int, T: int) -> int:
     """Chunks of ``T`` positions over ``num_edges`` (at least one, which owns every row of an edgeless CSR)."""
     return max(1, (int(num_edges) + T - 1) // T)
+
+
+def chunk_kernels(nbtype, G: int, C: int, NA: int, reset, segment, store, merge, skip_empty: bool = False):
+    """``(chunks, fixup)``: the two kernels of one edge-balanced computation (see the module docstring).
+
+    A group of ``G`` lanes takes a chunk; lane ``t`` owns the features ``t, t + G, ...`` (``C`` slots) and
+    keeps ``NA`` accumulators per slot in ``acc`` (a local ``[NA, C]`` array). The computation is given as
+    device functions (closure constants, inlined):
+
+    * ``reset(acc)``: the accumulators of an empty segment;
+    * ``segment(row, k0, k1, indices, args, heads, lane, acc)``: fold CSR positions ``[k0, k1)`` of ``row``;
+    * ``store(row, degree, D, args, heads, lane, acc)``: finish a whole row (``degree``: its positions);
+    * ``merge(acc, part, ch, heads, lane)``: fold chunk ``ch``'s stored part (``part[a, ch, feature]``) in.
+
+    ``heads[c]`` is the head of slot ``c`` (features ``D`` per head), or -1 past the row's ``F`` features.
+    Kernel arguments: ``chunks(indptr, indices, F, D, T, args, part_f, part_l, ext)`` and
+    ``fixup(indptr, F, D, T, args, part_f, part_l, ext)``; ``args`` is the computation's tuple of arrays and
+    scalars; ``part_f``/``part_l`` ``[NA, nchunks, F]`` scratch (leading and trailing parts), ``ext`` int64
+    ``[nchunks]``. ``skip_empty``: rows without positions are left alone instead of stored.
+    """
+
+    @cuda.jit(device=True, inline=True)
+    def slot_heads(lane, F, D, heads):
+        for c in range(C):
+            f = lane + G * c
+            heads[c] = f // D if f < F else -1
+
+    @cuda.jit(device=True, inline=True)
+    def put(part, ch, heads, lane, acc):
+        for a in range(NA):
+            for c in range(C):
+                if heads[c] >= 0:
+                    part[a, ch, lane + G * c] = acc[a, c]
+
+    @cuda.jit
+    def chunks(indptr, indices, F, D, T, args, part_f, part_l, ext):
+        n = indptr.shape[0] - 1
+        nchunks = ext.shape[0]
+        tid = cuda.blockIdx.x * cuda.blockDim.x + cuda.threadIdx.x
+        lane = tid % G
+        heads = cuda.local.array(C, np.int64)
+        acc = cuda.local.array((NA, C), nbtype)
+        slot_heads(lane, F, D, heads)
+        for ch in range(tid // G, nchunks, (cuda.gridDim.x * cuda.blockDim.x) // G):
+            lo, hi, r0, r1, lead = chunk_rows(ch, T, indptr, n, indices.shape[0], nchunks)
+            if lead > lo:
+                reset(acc)
+                segment(r0 - 1, lo, lead, indices, args, heads, lane, acc)
+                put(part_f, ch, heads, lane, acc)
+            last = -1
+            for r in range(r0, r1):
+                start = indptr[r]
+                end = indptr[r + 1]
+                if skip_empty and start == end:
+                    continue
+                reset(acc)
+                segment(r, start, min(end, hi), indices, args, heads, lane, acc)
+                if end <= hi:
+                    store(r, end - start, D, args, heads, lane, acc)
+                else:
+                    last = r
+                    put(part_l, ch, heads, lane, acc)
+            if lane == 0:
+                ext[ch] = last
+
+    @cuda.jit
+    def fixup(indptr, F, D, T, args, part_f, part_l, ext):
+        # a row that ran past its chunk: its own chunk's trailing part, then the leading parts of the chunks
+        # it covers, in chunk order (deterministic), then the row's finish
+        nchunks = ext.shape[0]
+        tid = cuda.blockIdx.x * cuda.blockDim.x + cuda.threadIdx.x
+        lane = tid % G
+        heads = cuda.local.array(C, np.int64)
+        acc = cuda.local.array((NA, C), nbtype)
+        slot_heads(lane, F, D, heads)
+        for ch in range(tid // G, nchunks, (cuda.gridDim.x * cuda.blockDim.x) // G):
+            r = ext[ch]
+            if r < 0:
+                continue
+            end = indptr[r + 1]
+            reset(acc)
+            merge(acc, part_l, ch, heads, lane)
+            c2 = ch + 1
+            while c2 * T < end:
+                merge(acc, part_f, c2, heads, lane)
+                c2 += 1
+            store(r, end - indptr[r], D, args, heads, lane, acc)
+
+    return chunks, fixup
+
+
+def sum_parts(G: int, C: int, NA: int, nbtype):
+    """``(reset, merge)`` for accumulators that are plain sums (zeros; add a stored part)."""
+    zero = nbtype(0)
+
+    @cuda.jit(device=True, inline=True)
+    def reset(acc):
+        for a in range(NA):
+            for c in range(C):
+                acc[a, c] = zero
+
+    @cuda.jit(device=True, inline=True)
+    def merge(acc, part, ch, heads, lane):
+        for a in range(NA):
+            for c in range(C):
+                if heads[c] >= 0:
+                    acc[a, c] += part[a, ch, lane + G * c]
+
+    return reset, merge
+
+
+def launch_chunks(kernels, G: int, threads: int, max_blocks: int, stream, indptr, indices, F: int, D: int, T: int,
+                  args: tuple, dtype, scratch, num_acc: int) -> None:
+    """Allocate the parts and run ``kernels = (chunks, fixup)`` of :func:`chunk_kernels` on ``stream``."""
+    nchunks = num_chunks(indices.shape[0], T)
+    part_f = scratch((num_acc, nchunks, F), dtype)
+    part_l = scratch((num_acc, nchunks, F), dtype)
+    ext = scratch((nchunks,), np.int64)
+    blocks = max(1, min((nchunks * G + threads - 1) // threads, max_blocks))
+    kernels[0][blocks, threads, stream](indptr, indices, F, D, T, args, part_f, part_l, ext)
+    kernels[1][blocks, threads, stream](indptr, F, D, T, args, part_f, part_l, ext)

@@ -32,7 +32,7 @@ from numba import cuda, float32, float64
 
 from numba_kernels.cuda._attention_common import (_gid, _keep, _mix, finalize, init_state, launch, local_ids,
                                                   output_delta)
-from numba_kernels.cuda._chunks import chunk_rows, num_chunks
+from numba_kernels.cuda._chunks import chunk_kernels, launch_chunks, sum_parts
 from numba_kernels.cuda._launch import scratch, stream
 
 __all__ = ["init_state", "accumulate", "finalize", "output_delta", "backward_dst", "backward_src", "MAX_SLOTS"]
@@ -46,41 +46,41 @@ _MAX_BLOCKS = 65535 * 4
 
 
 def _build_chunked(nbtype, C: int):
-    """The chunked forward / row-backward / column-backward kernels for ``C`` feature slots per lane.
+    """The three chunked computations (forward, row backward, column backward) for ``C`` slots per lane.
 
-    A warp takes a chunk of CSR positions; lane ``t`` owns features ``t, t + 32, ...`` of every row it
-    touches and recomputes the scores of its heads. Arrays: ``z``/``acc``/``grad_out``/``grad_z`` as
-    flat ``[rows, F]`` views, scores and states ``[rows, H]``, ``D`` the features per head.
+    A warp takes a chunk of CSR positions (:func:`numba_kernels.cuda._chunks.chunk_kernels`); lane ``t`` owns
+    features ``t, t + 32, ...`` of every row it touches and recomputes the scores of its heads. ``z``,
+    ``acc``, ``grad_out``, ``grad_z`` are flat ``[rows, F]`` views; scores and states ``[rows, H]``.
     """
     zero = nbtype(0)
     ninf = nbtype(-np.inf)
 
     @cuda.jit(device=True, inline=True)
-    def slot_heads(lane, F, D, heads):
-        for c in range(C):
-            f = lane + 32 * c
-            heads[c] = f // D if f < F else -1
-
-    @cuda.jit(device=True, inline=True)
     def leaky(a, slope):
         return a if a >= 0 else a * slope
 
-    # ---------------------------------------------------------------- forward
+    # ---------------------------------------------------------------- forward: acc = (max, weight sum, rows)
+    # args = (z, s_src, s_dst, src_gid, dst_gid, slope, p, seed, m0, l0, m, l, out)
     @cuda.jit(device=True, inline=True)
-    def fwd_segment(i, k0, k1, indices, z, s_src, s_dst, src_gid, dst_gid, slope, p, seed, heads, lane, mx, sl, ac):
-        """Softmax state of row ``i`` over positions ``[k0, k1)`` alone: max, sum of weights, weighted rows."""
+    def fwd_reset(acc):
         for c in range(C):
-            mx[c] = ninf
-            sl[c] = zero
-            ac[c] = zero
+            acc[0, c] = ninf
+            acc[1, c] = zero
+            acc[2, c] = zero
+
+    @cuda.jit(device=True, inline=True)
+    def fwd_segment(i, k0, k1, indices, args, heads, lane, acc):
+        """Softmax state of row ``i`` over positions ``[k0, k1)`` alone: max, sum of weights, weighted rows."""
+        z, s_src, s_dst, src_gid, dst_gid, slope, p, seed = (args[0], args[1], args[2], args[3], args[4], args[5],
+                                                             args[6], args[7])
         for e in range(k0, k1):
             j = indices[e]
             for c in range(C):
                 h = heads[c]
                 if h >= 0:
                     a = leaky(s_dst[i, h] + s_src[j, h], slope)
-                    if a > mx[c]:
-                        mx[c] = a
+                    if a > acc[0, c]:
+                        acc[0, c] = a
         use_drop = p > 0.0
         inv_keep = 1.0 / (1.0 - p) if use_drop else 1.0
         dst_hash = _mix(_mix(np.uint64(0), seed), _gid(dst_gid, i)) if use_drop else np.uint64(0)
@@ -90,117 +90,54 @@ def _build_chunked(nbtype, C: int):
             for c in range(C):
                 h = heads[c]
                 if h >= 0:
-                    w = math.exp(leaky(s_dst[i, h] + s_src[j, h], slope) - mx[c])
-                    sl[c] += w
+                    w = math.exp(leaky(s_dst[i, h] + s_src[j, h], slope) - acc[0, c])
+                    acc[1, c] += w
                     if use_drop:
                         if not _keep(edge_hash, h, p):
                             continue
                         w = w * inv_keep
-                    ac[c] += w * z[j, lane + 32 * c]
+                    acc[2, c] += w * z[j, lane + 32 * c]
 
     @cuda.jit(device=True, inline=True)
-    def merge(c, mx, sl, ac, m2, l2, a2):
-        """Fold the state ``(m2, l2, a2)`` into slot ``c`` of ``(mx, sl, ac)`` (online softmax)."""
-        top = mx[c] if mx[c] > m2 else m2
+    def fold(acc, c, m2, l2, a2):
+        """Fold the state ``(m2, l2, a2)`` into slot ``c`` (online softmax)."""
+        top = acc[0, c] if acc[0, c] > m2 else m2
         if top == ninf:
             return
-        r1 = math.exp(mx[c] - top) if mx[c] > ninf else 0.0
+        r1 = math.exp(acc[0, c] - top) if acc[0, c] > ninf else 0.0
         r2 = math.exp(m2 - top) if m2 > ninf else 0.0
-        sl[c] = sl[c] * r1 + l2 * r2
-        ac[c] = ac[c] * r1 + a2 * r2
-        mx[c] = top
+        acc[1, c] = acc[1, c] * r1 + l2 * r2
+        acc[2, c] = acc[2, c] * r1 + a2 * r2
+        acc[0, c] = top
 
     @cuda.jit(device=True, inline=True)
-    def fwd_store(i, heads, lane, D, mx, sl, ac, m0, l0, m, l, acc):
+    def fwd_merge(acc, part, ch, heads, lane):
+        for c in range(C):
+            if heads[c] >= 0:
+                f = lane + 32 * c
+                fold(acc, c, part[0, ch, f], part[1, ch, f], part[2, ch, f])
+
+    @cuda.jit(device=True, inline=True)
+    def fwd_store(i, deg, D, args, heads, lane, acc):
         """Merge a whole row's new state with its old one (``m0``/``l0``: a snapshot nobody writes) and store it."""
+        m0, l0, m, l, out = args[8], args[9], args[10], args[11], args[12]
         for c in range(C):
             h = heads[c]
             if h >= 0:
                 f = lane + 32 * c
-                merge(c, mx, sl, ac, m0[i, h], l0[i, h], acc[i, f])
-                acc[i, f] = ac[c]
+                fold(acc, c, m0[i, h], l0[i, h], out[i, f])
+                out[i, f] = acc[2, c]
                 if f % D == 0:
-                    m[i, h] = mx[c]
-                    l[i, h] = sl[c]
+                    m[i, h] = acc[0, c]
+                    l[i, h] = acc[1, c]
 
+    # ---------------------------------------------------------------- backward over rows: acc = (bz, tt)
+    # args = (z, s_src, s_dst, src_gid, dst_gid, slope, p, seed, m, l, grad_out, rowbuf, rowtt)
     @cuda.jit(device=True, inline=True)
-    def put3(ch, heads, lane, a, b, d, pa, pb, pd):
-        for c in range(C):
-            if heads[c] >= 0:
-                pa[ch, lane + 32 * c] = a[c]
-                pb[ch, lane + 32 * c] = b[c]
-                pd[ch, lane + 32 * c] = d[c]
-
-    @cuda.jit
-    def fwd_chunks(indptr, indices, z, s_src, s_dst, src_gid, dst_gid, slope, p, seed, m0, l0, m, l, acc, D, T,
-                   pm_f, pl_f, pa_f, pm_l, pl_l, pa_l, ext):
-        n = indptr.shape[0] - 1
-        F = acc.shape[1]
-        nchunks = ext.shape[0]
-        tid = cuda.blockIdx.x * cuda.blockDim.x + cuda.threadIdx.x
-        lane = tid % 32
-        heads = cuda.local.array(C, np.int64)
-        mx = cuda.local.array(C, nbtype)
-        sl = cuda.local.array(C, nbtype)
-        ac = cuda.local.array(C, nbtype)
-        slot_heads(lane, F, D, heads)
-        for ch in range(tid // 32, nchunks, cuda.gridDim.x * cuda.blockDim.x // 32):
-            lo, hi, r0, r1, lead = chunk_rows(ch, T, indptr, n, indices.shape[0], nchunks)
-            if lead > lo:
-                fwd_segment(r0 - 1, lo, lead, indices, z, s_src, s_dst, src_gid, dst_gid, slope, p, seed, heads,
-                            lane, mx, sl, ac)
-                put3(ch, heads, lane, mx, sl, ac, pm_f, pl_f, pa_f)
-            last = -1
-            for r in range(r0, r1):
-                start = indptr[r]
-                end = indptr[r + 1]
-                if start == end:
-                    continue  # no edges: the state stays as it is
-                fwd_segment(r, start, min(end, hi), indices, z, s_src, s_dst, src_gid, dst_gid, slope, p, seed,
-                            heads, lane, mx, sl, ac)
-                if end <= hi:
-                    fwd_store(r, heads, lane, D, mx, sl, ac, m0, l0, m, l, acc)
-                else:
-                    last = r
-                    put3(ch, heads, lane, mx, sl, ac, pm_l, pl_l, pa_l)
-            if lane == 0:
-                ext[ch] = last
-
-    @cuda.jit
-    def fwd_fixup(indptr, m0, l0, m, l, acc, D, T, pm_f, pl_f, pa_f, pm_l, pl_l, pa_l, ext):
-        F = acc.shape[1]
-        nchunks = ext.shape[0]
-        tid = cuda.blockIdx.x * cuda.blockDim.x + cuda.threadIdx.x
-        lane = tid % 32
-        heads = cuda.local.array(C, np.int64)
-        mx = cuda.local.array(C, nbtype)
-        sl = cuda.local.array(C, nbtype)
-        ac = cuda.local.array(C, nbtype)
-        slot_heads(lane, F, D, heads)
-        for ch in range(tid // 32, nchunks, cuda.gridDim.x * cuda.blockDim.x // 32):
-            i = ext[ch]
-            if i < 0:
-                continue
-            end = indptr[i + 1]
-            for c in range(C):
-                if heads[c] >= 0:
-                    f = lane + 32 * c
-                    mx[c] = pm_l[ch, f]
-                    sl[c] = pl_l[ch, f]
-                    ac[c] = pa_l[ch, f]
-            c2 = ch + 1
-            while c2 * T < end:
-                for c in range(C):
-                    if heads[c] >= 0:
-                        f = lane + 32 * c
-                        merge(c, mx, sl, ac, pm_f[c2, f], pl_f[c2, f], pa_f[c2, f])
-                c2 += 1
-            fwd_store(i, heads, lane, D, mx, sl, ac, m0, l0, m, l, acc)
-
-    # ---------------------------------------------------------------- backward, rows (destinations)
-    @cuda.jit(device=True, inline=True)
-    def dst_segment(i, k0, k1, indices, z, s_src, s_dst, src_gid, dst_gid, slope, p, seed, m, l, heads, lane, bz, tt):
-        """Add row ``i``'s positions ``[k0, k1)``: ``bz += p kept s z_j`` (per feature), ``tt += p s`` (per head)."""
+    def dst_segment(i, k0, k1, indices, args, heads, lane, acc):
+        """Add row ``i``'s positions: ``bz += p kept s z_j`` (per feature), ``tt += p s`` (per head)."""
+        z, s_src, s_dst, src_gid, dst_gid, slope, p, seed, m, l = (args[0], args[1], args[2], args[3], args[4],
+                                                                   args[5], args[6], args[7], args[8], args[9])
         use_drop = p > 0.0
         inv_keep = 1.0 / (1.0 - p) if use_drop else 1.0
         dst_hash = _mix(_mix(np.uint64(0), seed), _gid(dst_gid, i)) if use_drop else np.uint64(0)
@@ -213,103 +150,31 @@ def _build_chunked(nbtype, C: int):
                     pre = s_dst[i, h] + s_src[j, h]
                     prob = math.exp(leaky(pre, slope) - m[i, h]) / l[i, h]
                     slf = 1.0 if pre >= 0 else slope
-                    tt[c] += prob * slf
+                    acc[1, c] += prob * slf
                     kept = inv_keep
                     if use_drop and not _keep(edge_hash, h, p):
                         kept = 0.0
-                    bz[c] += prob * kept * slf * z[j, lane + 32 * c]
+                    acc[0, c] += prob * kept * slf * z[j, lane + 32 * c]
 
     @cuda.jit(device=True, inline=True)
-    def put2(ch, heads, lane, a, b, pa, pb):
-        for c in range(C):
-            if heads[c] >= 0:
-                pa[ch, lane + 32 * c] = a[c]
-                pb[ch, lane + 32 * c] = b[c]
-
-    @cuda.jit(device=True, inline=True)
-    def dst_store(i, heads, lane, D, bz, tt, grad_out, rowbuf, rowtt):
+    def dst_store(i, deg, D, args, heads, lane, acc):
+        grad_out, rowbuf, rowtt = args[10], args[11], args[12]
         for c in range(C):
             h = heads[c]
             if h >= 0:
                 f = lane + 32 * c
-                rowbuf[i, f] = grad_out[i, f] * bz[c]
+                rowbuf[i, f] = grad_out[i, f] * acc[0, c]
                 if f % D == 0:
-                    rowtt[i, h] = tt[c]
+                    rowtt[i, h] = acc[1, c]
 
-    @cuda.jit
-    def dst_chunks(indptr, indices, z, s_src, s_dst, src_gid, dst_gid, slope, p, seed, m, l, grad_out, D, T,
-                   rowbuf, rowtt, pb_f, pt_f, pb_l, pt_l, ext):
-        n = indptr.shape[0] - 1
-        F = grad_out.shape[1]
-        nchunks = ext.shape[0]
-        tid = cuda.blockIdx.x * cuda.blockDim.x + cuda.threadIdx.x
-        lane = tid % 32
-        heads = cuda.local.array(C, np.int64)
-        bz = cuda.local.array(C, nbtype)
-        tt = cuda.local.array(C, nbtype)
-        slot_heads(lane, F, D, heads)
-        for ch in range(tid // 32, nchunks, cuda.gridDim.x * cuda.blockDim.x // 32):
-            lo, hi, r0, r1, lead = chunk_rows(ch, T, indptr, n, indices.shape[0], nchunks)
-            if lead > lo:
-                for c in range(C):
-                    bz[c] = zero
-                    tt[c] = zero
-                dst_segment(r0 - 1, lo, lead, indices, z, s_src, s_dst, src_gid, dst_gid, slope, p, seed, m, l,
-                            heads, lane, bz, tt)
-                put2(ch, heads, lane, bz, tt, pb_f, pt_f)
-            last = -1
-            for r in range(r0, r1):
-                start = indptr[r]
-                end = indptr[r + 1]
-                if start == end:
-                    continue
-                for c in range(C):
-                    bz[c] = zero
-                    tt[c] = zero
-                dst_segment(r, start, min(end, hi), indices, z, s_src, s_dst, src_gid, dst_gid, slope, p, seed, m,
-                            l, heads, lane, bz, tt)
-                if end <= hi:
-                    dst_store(r, heads, lane, D, bz, tt, grad_out, rowbuf, rowtt)
-                else:
-                    last = r
-                    put2(ch, heads, lane, bz, tt, pb_l, pt_l)
-            if lane == 0:
-                ext[ch] = last
-
-    @cuda.jit
-    def dst_fixup(indptr, grad_out, D, T, rowbuf, rowtt, pb_f, pt_f, pb_l, pt_l, ext):
-        F = grad_out.shape[1]
-        nchunks = ext.shape[0]
-        tid = cuda.blockIdx.x * cuda.blockDim.x + cuda.threadIdx.x
-        lane = tid % 32
-        heads = cuda.local.array(C, np.int64)
-        bz = cuda.local.array(C, nbtype)
-        tt = cuda.local.array(C, nbtype)
-        slot_heads(lane, F, D, heads)
-        for ch in range(tid // 32, nchunks, cuda.gridDim.x * cuda.blockDim.x // 32):
-            i = ext[ch]
-            if i < 0:
-                continue
-            end = indptr[i + 1]
-            for c in range(C):
-                if heads[c] >= 0:
-                    bz[c] = pb_l[ch, lane + 32 * c]
-                    tt[c] = pt_l[ch, lane + 32 * c]
-            c2 = ch + 1
-            while c2 * T < end:
-                for c in range(C):
-                    if heads[c] >= 0:
-                        bz[c] += pb_f[c2, lane + 32 * c]
-                        tt[c] += pt_f[c2, lane + 32 * c]
-                c2 += 1
-            dst_store(i, heads, lane, D, bz, tt, grad_out, rowbuf, rowtt)
-
-    # ---------------------------------------------------------------- backward, columns (sources)
+    # ---------------------------------------------------------------- backward over columns: acc = (gz, ag, tt)
+    # args = (z, s_src, s_dst, src_gid, dst_gid, slope, p, seed, m, l, grad_out, delta, grad_z, rowbuf, rowtt)
     @cuda.jit(device=True, inline=True)
-    def src_segment(j, k0, k1, indices_t, s_src, s_dst, src_gid, dst_gid, slope, p, seed, m, l, grad_out, delta,
-                    heads, lane, gz, ag, tt):
-        """Add source ``j``'s transposed positions ``[k0, k1)``: ``gz += p kept go_i``, ``ag += p kept s go_i``
-        (per feature), ``tt += p s delta_i`` (per head)."""
+    def src_segment(j, k0, k1, indices_t, args, heads, lane, acc):
+        """Add source ``j``'s transposed positions: ``gz += p kept go_i``, ``ag += p kept s go_i`` (per feature),
+        ``tt += p s delta_i`` (per head)."""
+        s_src, s_dst, src_gid, dst_gid, slope, p, seed, m, l, grad_out, delta = (
+            args[1], args[2], args[3], args[4], args[5], args[6], args[7], args[8], args[9], args[10], args[11])
         use_drop = p > 0.0
         inv_keep = 1.0 / (1.0 - p) if use_drop else 1.0
         seed_hash = _mix(np.uint64(0), seed)
@@ -322,102 +187,31 @@ def _build_chunked(nbtype, C: int):
                     pre = s_dst[i, h] + s_src[j, h]
                     prob = math.exp(leaky(pre, slope) - m[i, h]) / l[i, h]
                     slf = 1.0 if pre >= 0 else slope
-                    tt[c] += prob * slf * delta[i, h]
+                    acc[2, c] += prob * slf * delta[i, h]
                     kept = inv_keep
                     if use_drop and not _keep(edge_hash, h, p):
                         kept = 0.0
                     g = grad_out[i, lane + 32 * c]
-                    gz[c] += prob * kept * g
-                    ag[c] += prob * kept * slf * g
+                    acc[0, c] += prob * kept * g
+                    acc[1, c] += prob * kept * slf * g
 
     @cuda.jit(device=True, inline=True)
-    def src_store(j, heads, lane, D, gz, ag, tt, z, grad_z, rowbuf, rowtt):
+    def src_store(j, deg, D, args, heads, lane, acc):
+        z, grad_z, rowbuf, rowtt = args[0], args[12], args[13], args[14]
         for c in range(C):
             h = heads[c]
             if h >= 0:
                 f = lane + 32 * c
-                grad_z[j, f] += gz[c]
-                rowbuf[j, f] = z[j, f] * ag[c]
+                grad_z[j, f] += acc[0, c]
+                rowbuf[j, f] = z[j, f] * acc[1, c]
                 if f % D == 0:
-                    rowtt[j, h] = tt[c]
+                    rowtt[j, h] = acc[2, c]
 
-    @cuda.jit
-    def src_chunks(indptr_t, indices_t, z, s_src, s_dst, src_gid, dst_gid, slope, p, seed, m, l, grad_out, delta,
-                   grad_z, D, T, rowbuf, rowtt, pz_f, pa_f, pt_f, pz_l, pa_l, pt_l, ext):
-        n = indptr_t.shape[0] - 1
-        F = z.shape[1]
-        nchunks = ext.shape[0]
-        tid = cuda.blockIdx.x * cuda.blockDim.x + cuda.threadIdx.x
-        lane = tid % 32
-        heads = cuda.local.array(C, np.int64)
-        gz = cuda.local.array(C, nbtype)
-        ag = cuda.local.array(C, nbtype)
-        tt = cuda.local.array(C, nbtype)
-        slot_heads(lane, F, D, heads)
-        for ch in range(tid // 32, nchunks, cuda.gridDim.x * cuda.blockDim.x // 32):
-            lo, hi, r0, r1, lead = chunk_rows(ch, T, indptr_t, n, indices_t.shape[0], nchunks)
-            if lead > lo:
-                for c in range(C):
-                    gz[c] = zero
-                    ag[c] = zero
-                    tt[c] = zero
-                src_segment(r0 - 1, lo, lead, indices_t, s_src, s_dst, src_gid, dst_gid, slope, p, seed, m, l,
-                            grad_out, delta, heads, lane, gz, ag, tt)
-                put3(ch, heads, lane, gz, ag, tt, pz_f, pa_f, pt_f)
-            last = -1
-            for r in range(r0, r1):
-                start = indptr_t[r]
-                end = indptr_t[r + 1]
-                if start == end:
-                    continue
-                for c in range(C):
-                    gz[c] = zero
-                    ag[c] = zero
-                    tt[c] = zero
-                src_segment(r, start, min(end, hi), indices_t, s_src, s_dst, src_gid, dst_gid, slope, p, seed, m,
-                            l, grad_out, delta, heads, lane, gz, ag, tt)
-                if end <= hi:
-                    src_store(r, heads, lane, D, gz, ag, tt, z, grad_z, rowbuf, rowtt)
-                else:
-                    last = r
-                    put3(ch, heads, lane, gz, ag, tt, pz_l, pa_l, pt_l)
-            if lane == 0:
-                ext[ch] = last
-
-    @cuda.jit
-    def src_fixup(indptr_t, z, grad_z, D, T, rowbuf, rowtt, pz_f, pa_f, pt_f, pz_l, pa_l, pt_l, ext):
-        F = z.shape[1]
-        nchunks = ext.shape[0]
-        tid = cuda.blockIdx.x * cuda.blockDim.x + cuda.threadIdx.x
-        lane = tid % 32
-        heads = cuda.local.array(C, np.int64)
-        gz = cuda.local.array(C, nbtype)
-        ag = cuda.local.array(C, nbtype)
-        tt = cuda.local.array(C, nbtype)
-        slot_heads(lane, F, D, heads)
-        for ch in range(tid // 32, nchunks, cuda.gridDim.x * cuda.blockDim.x // 32):
-            j = ext[ch]
-            if j < 0:
-                continue
-            end = indptr_t[j + 1]
-            for c in range(C):
-                if heads[c] >= 0:
-                    f = lane + 32 * c
-                    gz[c] = pz_l[ch, f]
-                    ag[c] = pa_l[ch, f]
-                    tt[c] = pt_l[ch, f]
-            c2 = ch + 1
-            while c2 * T < end:
-                for c in range(C):
-                    if heads[c] >= 0:
-                        f = lane + 32 * c
-                        gz[c] += pz_f[c2, f]
-                        ag[c] += pa_f[c2, f]
-                        tt[c] += pt_f[c2, f]
-                c2 += 1
-            src_store(j, heads, lane, D, gz, ag, tt, z, grad_z, rowbuf, rowtt)
-
-    return fwd_chunks, fwd_fixup, dst_chunks, dst_fixup, src_chunks, src_fixup
+    reset2, merge2 = sum_parts(32, C, 2, nbtype)
+    reset3, merge3 = sum_parts(32, C, 3, nbtype)
+    return (chunk_kernels(nbtype, 32, C, 3, fwd_reset, fwd_segment, fwd_store, fwd_merge, skip_empty=True),
+            chunk_kernels(nbtype, 32, C, 2, reset2, dst_segment, dst_store, merge2, skip_empty=True),
+            chunk_kernels(nbtype, 32, C, 3, reset3, src_segment, src_store, merge3, skip_empty=True))
 
 
 @cuda.jit
@@ -461,13 +255,10 @@ def _flat(a):
     return a.reshape(a.shape[0], a.shape[1] * a.shape[2])
 
 
-def _grid(nchunks: int) -> int:
-    """Blocks of ``_THREADS`` threads for one warp per chunk (grid-stride beyond ``_MAX_BLOCKS``)."""
-    return max(1, min((nchunks * 32 + _THREADS - 1) // _THREADS, _MAX_BLOCKS))
-
-
-def _parts(k: int, nchunks: int, features: int, dtype):
-    return [scratch((nchunks, features), dtype) for _ in range(k)]
+def _run(kernels, indptr, indices, z, args, dtype, num_acc: int) -> None:
+    """One chunked computation over ``(indptr, indices)`` with ``z``'s rows of ``H x D`` features."""
+    launch_chunks(kernels, 32, _THREADS, _MAX_BLOCKS, stream(), indptr, indices, z.shape[1] * z.shape[2], z.shape[2],
+                  EDGES_PER_CHUNK, args, dtype, scratch, num_acc)
 
 
 @cuda.jit
@@ -525,17 +316,12 @@ def accumulate(indptr, indices, z, s_src, s_dst, src_gid, dst_gid, negative_slop
     dst_gid = local_ids() if dst_gid is None else dst_gid
     ks = _chunked_kernels(acc.dtype, z.shape[1] * z.shape[2])
     if ks is not None:
-        T, F = EDGES_PER_CHUNK, z.shape[1] * z.shape[2]
-        nchunks = num_chunks(indices.shape[0], T)
         m0, l0 = scratch(m.shape, m.dtype), scratch(l.shape, l.dtype)  # the old state, read while m, l change
         m0.copy_to_device(m, stream=stream())
         l0.copy_to_device(l, stream=stream())
-        parts = _parts(6, nchunks, F, acc.dtype)
-        ext = scratch((nchunks,), np.int64)
-        args = (float(negative_slope), float(attn_dropout), int(seed))
-        ks[0][_grid(nchunks), _THREADS, stream()](indptr, indices, _flat(z), s_src, s_dst, src_gid, dst_gid, *args,
-                                                  m0, l0, m, l, _flat(acc), z.shape[2], T, *parts, ext)
-        ks[1][_grid(nchunks), _THREADS, stream()](indptr, m0, l0, m, l, _flat(acc), z.shape[2], T, *parts, ext)
+        args = (_flat(z), s_src, s_dst, src_gid, dst_gid, float(negative_slope), float(attn_dropout), int(seed),
+                m0, l0, m, l, _flat(acc))
+        _run(ks[0], indptr, indices, z, args, acc.dtype, 3)
         return
     launch(_accumulate, (indptr.shape[0] - 1) * z.shape[1], indptr, indices, z, s_src, s_dst, src_gid,
            dst_gid, float(negative_slope), float(attn_dropout), int(seed), m, l, acc)
@@ -588,17 +374,12 @@ def backward_dst(indptr, indices, z, s_src, s_dst, src_gid, dst_gid, negative_sl
     dst_gid = local_ids() if dst_gid is None else dst_gid
     ks = _chunked_kernels(grad_out.dtype, z.shape[1] * z.shape[2])
     if ks is not None:
-        T, F, D = EDGES_PER_CHUNK, z.shape[1] * z.shape[2], z.shape[2]
-        nchunks = num_chunks(indices.shape[0], T)
-        n = indptr.shape[0] - 1
-        rowbuf, rowtt = scratch((n, F), grad_out.dtype), scratch((n, z.shape[1]), grad_out.dtype)
-        parts = _parts(4, nchunks, F, grad_out.dtype)
-        ext = scratch((nchunks,), np.int64)
-        args = (float(negative_slope), float(attn_dropout), int(seed))
-        ks[2][_grid(nchunks), _THREADS, stream()](indptr, indices, _flat(z), s_src, s_dst, src_gid, dst_gid, *args,
-                                                  m, l, _flat(grad_out), D, T, rowbuf, rowtt, *parts, ext)
-        ks[3][_grid(nchunks), _THREADS, stream()](indptr, _flat(grad_out), D, T, rowbuf, rowtt, *parts, ext)
-        launch(_head_reduce, n * z.shape[1], indptr, rowbuf, rowtt, delta, grad_s_dst, D)
+        n, H, D = indptr.shape[0] - 1, z.shape[1], z.shape[2]
+        rowbuf, rowtt = scratch((n, H * D), grad_out.dtype), scratch((n, H), grad_out.dtype)
+        args = (_flat(z), s_src, s_dst, src_gid, dst_gid, float(negative_slope), float(attn_dropout), int(seed),
+                m, l, _flat(grad_out), rowbuf, rowtt)
+        _run(ks[1], indptr, indices, z, args, grad_out.dtype, 2)
+        launch(_head_reduce, n * H, indptr, rowbuf, rowtt, delta, grad_s_dst, D)
         return
     launch(_backward_dst, (indptr.shape[0] - 1) * z.shape[1], indptr, indices, z, s_src, s_dst, src_gid,
            dst_gid, float(negative_slope), float(attn_dropout), int(seed), m, l, grad_out, delta, grad_s_dst)
@@ -635,20 +416,12 @@ def backward_src(indptr_t, indices_t, z, s_src, s_dst, src_gid, dst_gid, negativ
     dst_gid = local_ids() if dst_gid is None else dst_gid
     ks = _chunked_kernels(grad_z.dtype, z.shape[1] * z.shape[2])
     if ks is not None:
-        T, F, D = EDGES_PER_CHUNK, z.shape[1] * z.shape[2], z.shape[2]
-        nchunks = num_chunks(indices_t.shape[0], T)
-        n = indptr_t.shape[0] - 1
-        rowbuf, rowtt = scratch((n, F), grad_z.dtype), scratch((n, z.shape[1]), grad_z.dtype)
-        parts = _parts(6, nchunks, F, grad_z.dtype)
-        ext = scratch((nchunks,), np.int64)
-        args = (float(negative_slope), float(attn_dropout), int(seed))
-        ks[4][_grid(nchunks), _THREADS, stream()](indptr_t, indices_t, _flat(z), s_src, s_dst, src_gid, dst_gid,
-                                                  *args, m, l, _flat(grad_out), delta, _flat(grad_z), D, T, rowbuf,
-                                                  rowtt, *parts, ext)
-        ks[5][_grid(nchunks), _THREADS, stream()](indptr_t, _flat(z), _flat(grad_z), D, T, rowbuf, rowtt, *parts,
-                                                  ext)
-        launch(_head_reduce, n * z.shape[1], indptr_t, rowbuf, rowtt, scratch((0, 1), grad_z.dtype),
-               grad_s_src, D)
+        n, H, D = indptr_t.shape[0] - 1, z.shape[1], z.shape[2]
+        rowbuf, rowtt = scratch((n, H * D), grad_z.dtype), scratch((n, H), grad_z.dtype)
+        args = (_flat(z), s_src, s_dst, src_gid, dst_gid, float(negative_slope), float(attn_dropout), int(seed),
+                m, l, _flat(grad_out), delta, _flat(grad_z), rowbuf, rowtt)
+        _run(ks[2], indptr_t, indices_t, z, args, grad_z.dtype, 3)
+        launch(_head_reduce, n * H, indptr_t, rowbuf, rowtt, scratch((0, 1), grad_z.dtype), grad_s_src, D)
         return
     launch(_backward_src, (indptr_t.shape[0] - 1) * z.shape[1], indptr_t, indices_t, z, s_src, s_dst,
            src_gid, dst_gid, float(negative_slope), float(attn_dropout), int(seed), m, l, grad_out, delta,

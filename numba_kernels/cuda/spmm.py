@@ -28,7 +28,7 @@ from __future__ import annotations
 import numpy as np
 from numba import cuda, float32, float64
 
-from numba_kernels.cuda._chunks import chunk_rows, num_chunks
+from numba_kernels.cuda._chunks import chunk_kernels, launch_chunks, sum_parts
 from numba_kernels.cuda._launch import device_array, scratch, stream
 
 _THREADS = 128  # threads per block
@@ -155,16 +155,21 @@ def _build(nbtype):
 
 
 def _build_chunked(nbtype, G: int, C: int):
-    """Edge-balanced sum kernels: ``G`` lanes per chunk of ``EDGES_PER_CHUNK`` edges, ``C`` slots per lane."""
-    zero = nbtype(0)
+    """The edge-balanced sum: ``G`` lanes per chunk, ``C`` slots per lane, one accumulator (the row's sums).
+
+    ``args = (eids, weight, col_scale, x, out, mean, rs, sx, ss, bias)`` with ``x``, ``out``, ``sx`` as flat
+    ``[rows, F]`` views.
+    """
     one = nbtype(1)
 
     @cuda.jit(device=True, inline=True)
-    def gather(k0, k1, indices, eids, weight, col_scale, x, heads, lane, F, acc):
-        """``acc[c] += sum_k cf_k * x[j_k, lane + G c]`` over CSR positions ``k0 <= k < k1``, two edges a step."""
+    def segment(row, k0, k1, indices, args, heads, lane, acc):
+        """``acc[0, c] += sum_k cf_k * x[j_k, lane + G c]`` over positions ``[k0, k1)``, two edges a step."""
+        eids, weight, col_scale, x = args[0], args[1], args[2], args[3]
         has_e = eids.shape[0] > 0
         has_w = weight.shape[0] > 0
         has_s = col_scale.shape[0] > 0
+        w_heads = weight.shape[1] > 1
         k = k0
         while k + 1 < k1:  # the two edges' loads are independent: twice the loads in flight
             j0 = indices[k]
@@ -178,15 +183,15 @@ def _build_chunked(nbtype, G: int, C: int):
                 e0 = eids[k] if has_e else k
                 e1 = eids[k + 1] if has_e else k + 1
                 for c in range(C):
-                    f = lane + G * c
-                    if f < F:
-                        h = heads[c]
-                        acc[c] += c0 * weight[e0, h] * x[j0, f] + c1 * weight[e1, h] * x[j1, f]
+                    if heads[c] >= 0:
+                        h = heads[c] if w_heads else 0
+                        f = lane + G * c
+                        acc[0, c] += c0 * weight[e0, h] * x[j0, f] + c1 * weight[e1, h] * x[j1, f]
             else:
                 for c in range(C):
-                    f = lane + G * c
-                    if f < F:
-                        acc[c] += c0 * x[j0, f] + c1 * x[j1, f]
+                    if heads[c] >= 0:
+                        f = lane + G * c
+                        acc[0, c] += c0 * x[j0, f] + c1 * x[j1, f]
             k += 2
         if k < k1:
             j0 = indices[k]
@@ -195,104 +200,36 @@ def _build_chunked(nbtype, G: int, C: int):
                 c0 = col_scale[j0]
             e0 = (eids[k] if has_e else k) if has_w else 0
             for c in range(C):
-                f = lane + G * c
-                if f < F:
+                if heads[c] >= 0:
+                    f = lane + G * c
                     if has_w:
-                        acc[c] += c0 * weight[e0, heads[c]] * x[j0, f]
+                        acc[0, c] += c0 * weight[e0, heads[c] if w_heads else 0] * x[j0, f]
                     else:
-                        acc[c] += c0 * x[j0, f]
+                        acc[0, c] += c0 * x[j0, f]
 
     @cuda.jit(device=True, inline=True)
-    def finish(r, deg, acc, lane, F, out, mean, rs, sx, ss, bias):
-        """Write row ``r`` of the output: mean, row scale, self rows and bias applied to the sums."""
+    def store(row, deg, D, args, heads, lane, acc):
+        """Write ``row`` of the output: mean, row scale, self rows and bias applied to the sums."""
+        out, mean, rs, sx, ss, bias = args[4], args[5], args[6], args[7], args[8], args[9]
         for c in range(C):
-            f = lane + G * c
-            if f < F:
-                a = acc[c]
+            if heads[c] >= 0:
+                f = lane + G * c
+                v = acc[0, c]
                 if mean and deg > 0:
-                    a = a / deg
+                    v = v / deg
                 if rs.shape[0] > 0:
-                    a = a * rs[r]
-                if r < sx.shape[0]:
-                    sv = sx[r, f]
+                    v = v * rs[row]
+                if row < sx.shape[0]:
+                    sv = sx[row, f]
                     if ss.shape[0] > 0:
-                        sv = sv * ss[r]
-                    a += sv
+                        sv = sv * ss[row]
+                    v += sv
                 if bias.shape[0] > 0:
-                    a += bias[f]
-                out[r, f] = a
+                    v += bias[f]
+                out[row, f] = v
 
-    @cuda.jit(device=True, inline=True)
-    def setup(lane, F, D, w_heads, heads, acc):
-        for c in range(C):
-            heads[c] = (lane + G * c) // D if w_heads else 0
-            acc[c] = zero
-
-    @cuda.jit
-    def sum_chunks(indptr, indices, eids, weight, col_scale, x, out, D, mean, rs, sx, ss, bias, T, part_f, part_l,
-                   ext):
-        # x [Ns, F], out [Nd, F], sx [Ns', F]: flat views; the chunks of numba_kernels.cuda._chunks:
-        # part_f[ch] = sums of the leading part, part_l[ch] = of the trailing part (ext[ch] = its row, or -1)
-        n = out.shape[0]
-        E = indices.shape[0]
-        F = out.shape[1]
-        nchunks = ext.shape[0]
-        tid = cuda.blockIdx.x * cuda.blockDim.x + cuda.threadIdx.x
-        lane = tid % G
-        heads = cuda.local.array(C, np.int64)
-        acc = cuda.local.array(C, nbtype)
-        w_heads = weight.shape[0] > 0 and weight.shape[1] > 1
-        for ch in range(tid // G, nchunks, (cuda.gridDim.x * cuda.blockDim.x) // G):
-            lo, hi, r0, r1, lead = chunk_rows(ch, T, indptr, n, E, nchunks)
-            if lead > lo:
-                setup(lane, F, D, w_heads, heads, acc)
-                gather(lo, lead, indices, eids, weight, col_scale, x, heads, lane, F, acc)
-                for c in range(C):
-                    if lane + G * c < F:
-                        part_f[ch, lane + G * c] = acc[c]
-            last = -1
-            for r in range(r0, r1):
-                start = indptr[r]
-                end = indptr[r + 1]
-                setup(lane, F, D, w_heads, heads, acc)
-                gather(start, min(end, hi), indices, eids, weight, col_scale, x, heads, lane, F, acc)
-                if end <= hi:
-                    finish(r, end - start, acc, lane, F, out, mean, rs, sx, ss, bias)
-                else:
-                    last = r
-                    for c in range(C):
-                        if lane + G * c < F:
-                            part_l[ch, lane + G * c] = acc[c]
-            if lane == 0:
-                ext[ch] = last
-
-    @cuda.jit
-    def sum_fixup(indptr, out, D, mean, rs, sx, ss, bias, T, part_f, part_l, ext):
-        # rows that ran past their chunk: their own chunk's part, then the leading parts of the chunks they
-        # cover, in order (deterministic), then the epilogue
-        F = out.shape[1]
-        nchunks = ext.shape[0]
-        tid = cuda.blockIdx.x * cuda.blockDim.x + cuda.threadIdx.x
-        lane = tid % G
-        heads = cuda.local.array(C, np.int64)
-        acc = cuda.local.array(C, nbtype)
-        for ch in range(tid // G, nchunks, (cuda.gridDim.x * cuda.blockDim.x) // G):
-            r = ext[ch]
-            if r < 0:
-                continue
-            end = indptr[r + 1]
-            for c in range(C):
-                heads[c] = 0
-                acc[c] = part_l[ch, lane + G * c] if lane + G * c < F else zero
-            c2 = ch + 1
-            while c2 * T < end:
-                for c in range(C):
-                    if lane + G * c < F:
-                        acc[c] += part_f[c2, lane + G * c]
-                c2 += 1
-            finish(r, end - indptr[r], acc, lane, F, out, mean, rs, sx, ss, bias)
-
-    return sum_chunks, sum_fixup
+    reset, merge = sum_parts(G, C, 1, nbtype)
+    return chunk_kernels(nbtype, G, C, 1, reset, segment, store, merge)
 
 
 _CACHE: dict = {}
@@ -340,18 +277,11 @@ def spmm_sum(indptr, indices, eids, weight, col_scale, x, out, mean: bool, epilo
         _kernels(out.dtype)[0][blocks, threads, stream()](indptr, indices, eids, weight, col_scale, x, out,
                                                           bool(mean), rs, sx, ss, bias)
         return
-    chunks_kernel, fixup_kernel, G = chunked
-    T = EDGES_PER_CHUNK
-    nchunks = num_chunks(indices.shape[0], T)
-    part_f = scratch((nchunks, features), out.dtype)
-    part_l = scratch((nchunks, features), out.dtype)
-    ext = scratch((nchunks,), np.int64)
-    blocks = min((nchunks * G + _THREADS - 1) // _THREADS, _MAX_BLOCKS)
-    x2, out2, sx2 = _flat(x, x.shape[0]), _flat(out, out.shape[0]), _flat(sx, sx.shape[0])
-    chunks_kernel[blocks, _THREADS, stream()](indptr, indices, eids, weight, col_scale, x2, out2, out.shape[2],
-                                              bool(mean), rs, sx2, ss, bias, T, part_f, part_l, ext)
-    fixup_kernel[blocks, _THREADS, stream()](indptr, out2, out.shape[2], bool(mean), rs, sx2, ss, bias, T,
-                                             part_f, part_l, ext)
+    kernels, G = chunked[:2], chunked[2]
+    args = (eids, weight, col_scale, _flat(x, x.shape[0]), _flat(out, out.shape[0]), bool(mean), rs,
+            _flat(sx, sx.shape[0]), ss, bias)
+    launch_chunks(kernels, G, _THREADS, _MAX_BLOCKS, stream(), indptr, indices, features, out.shape[2],
+                  EDGES_PER_CHUNK, args, out.dtype, scratch, 1)
 
 
 def _epilogue_arrays(epilogue, out):
