@@ -53,7 +53,8 @@ def _sddmm_pow2(bounds, indptr, indices, a, b, out, D):
                             t[o + f] += t[o + w + f]
                 for h in range(H):
                     o = h * D
-                    out[k, h] = ((t[o] + t[o + 1]) + (t[o + 2] + t[o + 3])) + ((t[o + 4] + t[o + 5]) + (t[o + 6] + t[o + 7]))
+                    out[k, h] = (((t[o] + t[o + 1]) + (t[o + 2] + t[o + 3]))
+                                 + ((t[o + 4] + t[o + 5]) + (t[o + 6] + t[o + 7])))
 
 
 @njit(parallel=True, fastmath=False, cache=True, nogil=True)
@@ -87,7 +88,8 @@ def _sddmm(bounds, indptr, indices, a, b, out, D):
                 for h in range(H):
                     o = h * D
                     if w == 8:  # a tree: three dependent adds, not seven
-                        s = ((t[o] + t[o + 1]) + (t[o + 2] + t[o + 3])) + ((t[o + 4] + t[o + 5]) + (t[o + 6] + t[o + 7]))
+                        s = (((t[o] + t[o + 1]) + (t[o + 2] + t[o + 3]))
+                             + ((t[o + 4] + t[o + 5]) + (t[o + 6] + t[o + 7])))
                     else:
                         s = t[o]
                         for u in range(1, w):

@@ -243,7 +243,8 @@ def quantize_pack(x, rows, zero, scale, ids, key, group_start, code_start, codes
     n = codes.shape[0]
     if n == 0:
         return
-    _pack_kernel[_blocks(n), _THREADS, stream()](x, rows, zero, scale, ids, key_hash(key), group_start, code_start, codes)
+    _pack_kernel[_blocks(n), _THREADS, stream()](x, rows, zero, scale, ids, key_hash(key), group_start, code_start,
+                                                 codes)
 
 
 def unpack_dequantize(codes, zero, scale, group_start, code_start, out_rows, out) -> None:
@@ -251,4 +252,5 @@ def unpack_dequantize(codes, zero, scale, group_start, code_start, out_rows, out
     n = out_rows.shape[0] * out.shape[1]
     if n == 0:
         return
-    _unpack_kernel(out.dtype)[_blocks(n), _THREADS, stream()](codes, zero, scale, group_start, code_start, out_rows, out)
+    _unpack_kernel(out.dtype)[_blocks(n), _THREADS, stream()](codes, zero, scale, group_start, code_start, out_rows,
+                                                              out)
