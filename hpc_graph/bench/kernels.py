@@ -519,9 +519,7 @@ def _bench_attention(ctx: _Ctx) -> list[dict]:
             del rows
 
             def sdpa():
-                q, k, v = (t.transpose(0, 1).unsqueeze(0) for t in qkv)  # [1, H, S, D]
-                out = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask)
-                out = out.squeeze(0).transpose(0, 1)
+                out = sdpa_forward(qkv, mask)
                 out.backward(gout)
                 for t in qkv:
                     t.grad = None
@@ -636,7 +634,6 @@ def run_kernel_bench(cfg: KernelBenchConfig) -> list[dict]:
     cfg.validate()
     threads = _set_threads(cfg.threads)
     if cfg.device == "cuda":
-        from hpc_graph.ops._bridge import get_kernel  # noqa: F401  (numba's context on torch's current GPU)
         from numba import cuda as numba_cuda
 
         numba_cuda.select_device(torch.cuda.current_device())
