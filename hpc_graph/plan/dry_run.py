@@ -118,17 +118,19 @@ def memory_limit_mb(comm: Any) -> float:
     return total / max(int(getattr(comm, "local_size", 1) or 1), 1) / 2**20
 
 
-def _time_builds(engine: Any, strategies: list[str], iters: int, epoch: int, batches: int = 1) -> dict[str, float]:
+def _time_builds(engine: Any, strategies: list[str], iters: int, epoch: int, batches: int = 2) -> dict[str, float]:
     """Seconds per epoch of each strategy's batch building (sampling, structure, input rows, blocks; no model),
-    timed on ``batches`` batches (every strategy on the same ones), without a cache (collective). A strategy
-    not yet built in this process first builds one batch untimed (its kernels loaded from numba's cache, NFP's
+    without a cache (collective). Every strategy builds the same ``batches`` batches, in rounds (one batch of
+    each strategy per round, so a slow moment does not fall on one strategy's every batch); a strategy's
+    time is its fastest batch (a batch is only ever slowed down: page-fault storms, the other ranks). A
+    strategy not yet built in this process first builds one batch untimed (its kernels loaded, NFP's
     column layout made). The engine's state is restored; NFP's column layout is kept only if the engine
     already had it."""
     if iters == 0:
         return {}
-    out = {}
-    n = min(batches, max(iters, 1))
+    n = min(max(batches, 1), max(iters, 1))
     warm = engine.__dict__.setdefault("_built_strategies", set())
+    times: dict[str, list[float]] = {s: [] for s in strategies}
     with engine.scratch(cache=False):
         for s in strategies:
             engine.strategy = s
@@ -136,17 +138,19 @@ def _time_builds(engine: Any, strategies: list[str], iters: int, epoch: int, bat
                 engine.batch(epoch, 0)
                 warm.add(s)
             elif s == "nfp" and engine._nfp is None:
-                engine._setup_nfp()  # the column layout is set up once per plan, not per batch
-            times = []
-            for it in range(n):
+                engine._setup_nfp()  # the column layout: set up once per plan, not per batch
+        for it in range(n):
+            for s in strategies:
+                engine.strategy = s
                 t0 = time.perf_counter()
                 engine.batch(epoch, it % max(iters, 1))
-                times.append(time.perf_counter() - t0)
-            t = torch.tensor([float(np.median(times))], dtype=torch.float64)
-            if engine.size > 1:
-                engine.comm.allreduce_(t, "max")
-            out[s] = float(t.item()) * iters
-    return out
+                times[s].append(time.perf_counter() - t0)
+    if not strategies:
+        return {}
+    t = torch.tensor([min(times[s]) for s in strategies], dtype=torch.float64)
+    if engine.size > 1:
+        engine.comm.allreduce_(t, "max")
+    return {s: float(v) * iters for s, v in zip(strategies, t.tolist())}
 
 
 def dry_run(engine: Any, requested: str = "auto", profile: Profile | None = None) -> Plan:
