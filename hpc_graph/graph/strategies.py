@@ -58,13 +58,15 @@ class NFPReduce:
         lo, hi = int(self.offsets[r]), int(self.offsets[r + 1])
         send_counts = self.counts.copy()
         send_counts[r] = 0
-        others = torch.cat([h[:lo], h[hi:total]], 0)
-        got = shuffle_rows(others, send_counts, self.comm, self.counter)
         n = hi - lo
-        out = h[lo:hi]
-        if P > 1:
-            out = out + got.view(P - 1, n, *h.shape[1:]).sum(0) - (P - 1) * h[total:total + 1]
-        return out
+        # one split, not four slices: the backward pass then builds h's gradient once (a slice's backward
+        # makes a zero tensor of h's size, and autograd adds them up)
+        before, own, after, phantom = torch.split(h, [lo, n, total - hi, 1], 0)
+        got = shuffle_rows(torch.cat([before, after], 0), send_counts, self.comm, self.counter)
+        if P == 1:
+            return own
+        # the partial rows summed, the phantom row's bias term taken off once per partial, in place
+        return got.view(P - 1, n, *h.shape[1:]).sum(0).add_(own).sub_(phantom, alpha=P - 1)
 
 
 class DNPReturn:

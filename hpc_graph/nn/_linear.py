@@ -71,7 +71,9 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
     block = dense_columns(x)
     if block is not None:  # a dense column slice (NFP's input): one GEMM over the slice's columns
         lo, values = block
-        return F.linear(values, weight[:, lo:lo + values.shape[1]], bias)
+        # the weight's columns copied out (F_out x w, small): on the strided slice itself torch computes the
+        # weight gradient as values^T @ grad, reading ``values`` across its rows (~1.5x slower at 25K rows)
+        return F.linear(values, weight[:, lo:lo + values.shape[1]].contiguous(), bias)
     out = _CSRLinear.apply(x, weight)
     return out if bias is None else out + bias
 

@@ -244,6 +244,23 @@ def relational_csr(indptr, indices, edge_type, num_relations: int, num_src: int 
 
 
 _DENSE_COLUMNS = "_hpc_dense_columns"
+#: (lo, width, device) -> (crow int64[R + 1], col int64[R * width]) of the tallest column slice made so far
+_SLICE_STRUCTURE: dict[tuple[int, int, str], tuple[torch.Tensor, torch.Tensor]] = {}
+
+
+def _slice_structure(rows: int, w: int, lo: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(crow, col)`` of a [rows, *] CSR holding columns ``lo .. lo + w - 1`` of every row densely: prefixes
+    (views) of the arrays kept for the tallest such slice so far, which grow by a quarter when outgrown. A
+    block's slice and its destination rows' slice are made on every forward pass, and ``col`` has as many
+    entries as the slice has values: built once, not per call."""
+    key = (int(lo), int(w), str(device))
+    have = _SLICE_STRUCTURE.get(key)
+    if have is None or have[0].numel() < rows + 1:
+        n = max(rows, (have[0].numel() - 1) * 5 // 4 if have is not None else 0)
+        have = (torch.arange(n + 1, dtype=torch.int64, device=device) * w,
+                (torch.arange(w, dtype=torch.int64, device=device) + lo).repeat(n))
+        _SLICE_STRUCTURE[key] = have
+    return have[0][:rows + 1], have[1][:rows * w]
 
 
 def column_slice_csr(values: torch.Tensor, lo: int, num_cols: int) -> torch.Tensor:
@@ -257,8 +274,7 @@ def column_slice_csr(values: torch.Tensor, lo: int, num_cols: int) -> torch.Tens
     import warnings
 
     rows, w = int(values.shape[0]), int(values.shape[1])
-    crow = torch.arange(rows + 1, dtype=torch.int64, device=values.device) * w
-    col = (torch.arange(w, dtype=torch.int64, device=values.device) + int(lo)).repeat(rows)
+    crow, col = _slice_structure(rows, w, int(lo), values.device)
     with warnings.catch_warnings():  # torch's one-time "sparse CSR support is in beta" notice
         warnings.simplefilter("ignore", UserWarning)
         x = torch.sparse_csr_tensor(crow, col, values.reshape(-1), (rows, int(num_cols)), check_invariants=False)

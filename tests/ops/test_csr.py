@@ -3,7 +3,7 @@ import numpy as np
 import pytest
 import torch
 
-from hpc_graph.ops.csr import CSR
+from hpc_graph.ops.csr import CSR, column_slice_csr, dense_columns
 
 
 def test_permuted_renames_every_edge_and_sorts_rows():
@@ -58,3 +58,20 @@ def test_int32_indices_are_kept_and_the_derived_structures_follow(symmetric):
     assert torch.equal(loops.indptr, g64.with_self_loops().indptr)
     moved = g32.to("cpu")
     assert moved.indices.dtype == torch.int32 and torch.equal(moved.csc()[1], t32[1])
+
+
+def test_column_slices_are_right_whatever_order_they_are_made_in():
+    """The slice structure is shared between calls (prefix views of the tallest slice so far): slices of
+    growing and shrinking heights, of three column ranges (two of one width), each equal to the dense matrix it stands for."""
+    gen = torch.Generator().manual_seed(3)
+    made = []
+    for rows, lo, w in [(5, 2, 3), (17, 2, 3), (4, 2, 3), (9, 0, 6), (8, 5, 3), (40, 2, 3), (1, 0, 6), (0, 2, 3)]:
+        values = torch.randn(rows, w, generator=gen)
+        x = column_slice_csr(values, lo, 10)
+        made.append((x, values, lo, w))
+    for x, values, lo, w in made:  # checked after all were made: a later, taller slice must not disturb them
+        want = torch.zeros(values.shape[0], 10)
+        want[:, lo:lo + w] = values
+        torch.testing.assert_close(x.to_dense(), want, rtol=0, atol=0)
+        assert dense_columns(x)[0] == lo and dense_columns(x)[1] is values
+        assert x.col_indices().numel() == values.numel()
