@@ -136,6 +136,7 @@ class APTEngine(Engine):
         self._epoch = None
         self.build_seconds = 0.0
         self._iterations_done = 0
+        self.built_strategies: set[str] = set()  # strategies that built a batch in this process (kernels loaded)
         self.strategy = ""
         if strategy == "auto" or self.cache_mb > 0:
             self.run_dry_run(strategy)
@@ -156,11 +157,17 @@ class APTEngine(Engine):
         self.strategy = strategy
         if self.cache_mb > 0:
             self._fill_cache(self.plan.hot_rows(strategy, self.cache_rows()))
-        if strategy == "nfp" and self._nfp is None:
-            self._setup_nfp()
-        elif strategy != "nfp":
+        if strategy == "nfp":
+            self.prepare(strategy)
+        else:
             self._nfp = None  # every node's column slice: not kept for the other strategies
         self.reset_stats()
+
+    def prepare(self, strategy: str) -> None:
+        """Make ``strategy``'s one-time layout if it is missing (NFP: every node's slice of this rank's feature
+        columns; collective for ``nfp``); nothing else changes."""
+        if strategy == "nfp" and self._nfp is None:
+            self._setup_nfp()
 
     def run_dry_run(self, requested: str = "auto") -> Any:
         """Run the dry run and cost model (collective; :mod:`hpc_graph.plan.dry_run`), keep and return the
@@ -289,6 +296,7 @@ class APTEngine(Engine):
         block0, feat, hook, dst_deg = getattr(self, "_build_" + self.strategy)(dst, epoch)
         blocks = [block0] + self.upper_blocks(upper, dst_deg, hook)
         self.build_seconds += time.perf_counter() - t0
+        self.built_strategies.add(self.strategy)
         self._iterations_done += 1
         return Batch(BlockStack(blocks), feat, self.host_label[seeds], seeds)
 

@@ -123,22 +123,19 @@ def _time_builds(engine: Any, strategies: list[str], iters: int, epoch: int, bat
     without a cache (collective). Every strategy builds the same ``batches`` batches, in rounds (one batch of
     each strategy per round, so a slow moment does not fall on one strategy's every batch); a strategy's
     time is its fastest batch (a batch is only ever slowed down: page-fault storms, the other ranks). A
-    strategy not yet built in this process first builds one batch untimed (its kernels loaded, NFP's
-    column layout made). The engine's state is restored; NFP's column layout is kept only if the engine
-    already had it."""
+    strategy that has not built a batch in this process yet first builds one untimed (its kernels loaded);
+    NFP's column layout is made before the timed batches. The engine's state is restored; NFP's column
+    layout is kept only if the engine already had it."""
     if iters == 0:
         return {}
     n = min(max(batches, 1), max(iters, 1))
-    warm = engine.__dict__.setdefault("_built_strategies", set())
     times: dict[str, list[float]] = {s: [] for s in strategies}
     with engine.scratch(cache=False):
         for s in strategies:
             engine.strategy = s
-            if s not in warm:
+            if s not in engine.built_strategies:
                 engine.batch(epoch, 0)
-                warm.add(s)
-            elif s == "nfp" and engine._nfp is None:
-                engine._setup_nfp()  # the column layout: set up once per plan, not per batch
+            engine.prepare(s)  # NFP's column layout (undone after the plan): made here, not in a timed batch
         for it in range(n):
             for s in strategies:
                 engine.strategy = s

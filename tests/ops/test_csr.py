@@ -62,7 +62,8 @@ def test_int32_indices_are_kept_and_the_derived_structures_follow(symmetric):
 
 def test_column_slices_are_right_whatever_order_they_are_made_in():
     """The slice structure is shared between calls (prefix views of the tallest slice so far): slices of
-    growing and shrinking heights, of three column ranges (two of one width), each equal to the dense matrix it stands for."""
+    growing and shrinking heights, of three column ranges (two of one width), each equal to the dense matrix
+    it stands for."""
     gen = torch.Generator().manual_seed(3)
     made = []
     for rows, lo, w in [(5, 2, 3), (17, 2, 3), (4, 2, 3), (9, 0, 6), (8, 5, 3), (40, 2, 3), (1, 0, 6), (0, 2, 3)]:
