@@ -16,9 +16,10 @@ epochs (the samples of every strategy are the same), and counts for every strate
 
 Unlike APT, the prediction includes compute and memory, and times what it can instead of modelling
 it: ``epoch = build + load + shuffle + compute`` for the slowest rank, where ``build`` (sampling,
-structure, loading the input rows, blocks) is each strategy's batch building timed on a few batches,
-``load`` and ``shuffle`` are ``alpha * calls + bytes / beta`` with the :mod:`~hpc_graph.plan.profile`
-fits (the cache's saving taken off the timed build), and ``compute`` is the model's kernels timed at
+structure, blocks) is each strategy's batch building timed on a few batches (timed without a cache,
+the loading of the input rows included: its modelled time is taken off), ``load`` and ``shuffle`` are
+``alpha * calls + bytes / beta`` with the :mod:`~hpc_graph.plan.profile` fits (``load`` with the
+cache), and ``compute`` is the model's kernels timed at
 the dry run's own batch shapes (:func:`~hpc_graph.plan.profile.time_layer`, forward and backward)
 scaled by each strategy's rows and edges, plus the optimiser step and the gradient all-reduce. A
 strategy whose predicted peak memory exceeds the per-rank limit is ruled out, with the reason shown.
@@ -366,9 +367,9 @@ def dry_run(engine: Any, requested: str = "auto", profile: Profile | None = None
         # build (sampling, structure, loading the input rows, blocks): timed in the dry run, without a cache;
         # the cache's saving is the alpha-beta time of the rows it keeps from being fetched
         sec["load"] = prof.comm_time("alltoallv", calls["load"], b["load"])
-        if s in built:
-            sec["build"] = built[s] - (prof.comm_time("alltoallv", calls["load"], load_nocache[s]) - sec["load"]
-                                       if s in load_nocache else 0.0)
+        if s in built:  # the timed build holds the loading without a cache: the modelled load replaces it
+            sec["build"] = max(built[s] - (prof.comm_time("alltoallv", calls["load"], load_nocache[s])
+                                           if s in load_nocache else 0.0), 0.0)
         else:
             sec["build"] = acc["local_sample_s"] * iters / max(nb, 1) + prof.comm_time(
                 "alltoallv", calls["sample"] + calls["structure"], b["sample"] + b["structure"]) + sec["load"]

@@ -207,8 +207,8 @@ def time_layer(csr: Any, fin: int, fout: int, dtype: torch.dtype = torch.float32
     ``(projections, aggregation)``. Project first (``fin -> fout`` on every input row and on the
     destination rows, then a sum aggregation over ``csr`` at width ``fout``), or with
     ``aggregate_first`` (GraphSAGE when ``fout > fin``) aggregate at width ``fin``, then project the
-    aggregated and the destination rows. The fastest of ``reps`` after a warm-up (the others carry
-    noise from whatever else ran)."""
+    aggregated and the destination rows. The median of ``reps`` after a warm-up (an epoch pays the typical
+    call, page faults of its fresh outputs included, not the fastest)."""
     from hpc_graph.ops.spmm import spmm
 
     gen = torch.Generator().manual_seed(1)
@@ -227,7 +227,7 @@ def time_layer(csr: Any, fin: int, fout: int, dtype: torch.dtype = torch.float32
 
     gemm()
     agg()
-    return _time(gemm, reps, best=True), _time(agg, reps, best=True)
+    return _time(gemm, reps), _time(agg, reps)
 
 
 # -- kernel rates of the full-batch planner (hpc_graph.plan.fullbatch) -----------------------------------
