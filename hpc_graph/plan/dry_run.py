@@ -364,15 +364,15 @@ def dry_run(engine: Any, requested: str = "auto", profile: Profile | None = None
             calls["shuffle"] = calls["shuffle_bwd"] = iters
             rows1, edges1 = acc["dnp_rows1"] * k, acc["dnp_edges1"] * k
         sec = {}
-        # build (sampling, structure, loading the input rows, blocks): timed in the dry run, without a cache;
-        # the cache's saving is the alpha-beta time of the rows it keeps from being fetched
+        # build (sampling, structure, blocks): timed in the dry run without a cache, its loading of the input
+        # rows taken off; load: the alpha-beta time of the rows fetched with the cache
         sec["load"] = prof.comm_time("alltoallv", calls["load"], b["load"])
         if s in built:  # the timed build holds the loading without a cache: the modelled load replaces it
             sec["build"] = max(built[s] - (prof.comm_time("alltoallv", calls["load"], load_nocache[s])
                                            if s in load_nocache else 0.0), 0.0)
         else:
             sec["build"] = acc["local_sample_s"] * iters / max(nb, 1) + prof.comm_time(
-                "alltoallv", calls["sample"] + calls["structure"], b["sample"] + b["structure"]) + sec["load"]
+                "alltoallv", calls["sample"] + calls["structure"], b["sample"] + b["structure"])
         sec["shuffle"] = prof.comm_time("alltoallv", calls["shuffle"] + calls["shuffle_bwd"],
                                         b["shuffle"] + b["shuffle_bwd"])
         # compute: the measured layer times of one dry-run batch, scaled by each strategy's rows and edges
