@@ -157,9 +157,8 @@ class APTEngine(Engine):
         self.strategy = strategy
         if self.cache_mb > 0:
             self._fill_cache(self.plan.hot_rows(strategy, self.cache_rows()))
-        if strategy == "nfp":
-            self.prepare(strategy)
-        else:
+        self.prepare(strategy)
+        if strategy != "nfp":
             self._nfp = None  # every node's column slice: not kept for the other strategies
         self.reset_stats()
 

@@ -127,7 +127,7 @@ def _time_builds(engine: Any, strategies: list[str], iters: int, epoch: int, bat
     strategy that has not built a batch in this process yet first builds one untimed (its kernels loaded);
     NFP's column layout is made before the timed batches. The engine's state is restored; NFP's column
     layout is kept only if the engine already had it."""
-    if iters == 0:
+    if iters == 0 or not strategies:
         return {}
     n = min(max(batches, 1), max(iters, 1))
     times: dict[str, list[float]] = {s: [] for s in strategies}
@@ -143,8 +143,6 @@ def _time_builds(engine: Any, strategies: list[str], iters: int, epoch: int, bat
                 t0 = time.perf_counter()
                 engine.batch(epoch, it % max(iters, 1))
                 times[s].append(time.perf_counter() - t0)
-    if not strategies:
-        return {}
     t = torch.tensor([min(times[s]) for s in strategies], dtype=torch.float64)
     if engine.size > 1:
         engine.comm.allreduce_(t, "max")
