@@ -26,11 +26,13 @@ rows and edges each rank would compute, and how often each remote row is
 read) and a short profile of the machine (:mod:`hpc_graph.plan`), predicts an
 epoch of each strategy and takes the cheapest; a strategy that would not fit
 in memory is ruled out. ``cache_mb`` > 0 fills a per-rank cache of the hottest
-remote feature rows from the same dry run.
+remote feature rows from the same dry run. The dry run samples the first epochs'
+own batches; training takes their samples from it instead of drawing them again.
 
 Per-epoch ``engine_stats``: ``strategy``, ``bytes_by_op`` (``sample``,
 ``structure``, ``load``, ``shuffle`` forward and ``shuffle_bwd``), cache hits
-and rows fetched, and the seconds spent building batches.
+and rows fetched, the seconds spent building batches and the batches whose
+samples came from the dry run (``batches_reused``).
 """
 from __future__ import annotations
 
@@ -137,6 +139,9 @@ class APTEngine(Engine):
         self.build_seconds = 0.0
         self._iterations_done = 0
         self.built_strategies: set[str] = set()  # strategies that built a batch in this process (kernels loaded)
+        self.first_epoch = 1  # the trainer's first epoch: the dry run samples the first epochs' batches
+        self._presampled: dict[tuple[int, int], tuple] = {}  # the dry run's batches, taken by batch()
+        self._reused = 0
         self.strategy = ""
         if strategy == "auto" or self.cache_mb > 0:
             self.run_dry_run(strategy)
@@ -174,7 +179,13 @@ class APTEngine(Engine):
         from hpc_graph.plan.dry_run import dry_run
 
         self.plan = dry_run(self, requested)
+        self._presampled, self.plan.samples = self.plan.samples, {}
         return self.plan
+
+    def discard_samples(self) -> None:
+        """Forget the dry run's sampled batches: the first epochs then sample every batch again (benchmarks
+        timing steady-state iterations). Collective in effect: every rank must call it."""
+        self._presampled = {}
 
     def _rule_out(self) -> dict[str, str]:
         """Strategies this model cannot run exactly, with the reason."""
@@ -224,14 +235,15 @@ class APTEngine(Engine):
         ``cache=False`` the cache is empty within (builds timed without it)."""
         st = self.store
         saved = (self.strategy, dict(self.counter), self.build_seconds, self._iterations_done,
-                 self._nfp, st.cache_gid, st.cache_feat, st.cache_degree)
+                 self._nfp, st.cache_gid, st.cache_feat, st.cache_degree, self._presampled, self._reused)
+        self._presampled = {}  # batches built within sample for themselves
         if not cache:
             st.cache_gid = np.zeros(0, np.int64)
         try:
             yield
         finally:
             (self.strategy, self.counter, self.build_seconds, self._iterations_done, self._nfp,
-             st.cache_gid, st.cache_feat, st.cache_degree) = saved
+             st.cache_gid, st.cache_feat, st.cache_degree, self._presampled, self._reused) = saved
             self._epoch = None
             st.reset_stats()
 
@@ -243,6 +255,7 @@ class APTEngine(Engine):
             self.store.reset_stats()
             self.build_seconds = 0.0
             self._iterations_done = 0
+            self._reused = 0
 
     def stats(self) -> dict[str, Any]:
         out: dict[str, Any] = dict(super().stats())
@@ -256,6 +269,7 @@ class APTEngine(Engine):
         out["rows_cached"] = int(self.store.cache_gid.size)
         out["build_seconds"] = self.build_seconds
         out["iterations"] = self._iterations_done
+        out["batches_reused"] = self._reused  # sampled by the dry run, not again
         if self.plan is not None:
             out["predicted_epoch_seconds"] = self.plan.predicted(self.strategy)
         return out
@@ -280,6 +294,8 @@ class APTEngine(Engine):
     def begin_epoch(self, epoch: int) -> None:
         self._epoch = int(epoch)
         self._seeds = self.schedule.order(epoch)
+        if self._presampled:  # the dry run's batches of epochs already past are not needed any more
+            self._presampled = {k: v for k, v in self._presampled.items() if k[0] >= epoch}
 
     def seeds(self, epoch: int, iteration: int) -> torch.Tensor:
         """Local ids of this rank's seeds at ``iteration`` of ``epoch``."""
@@ -291,8 +307,14 @@ class APTEngine(Engine):
         """Sample and lay out iteration ``iteration`` of ``epoch`` (collective)."""
         seeds = self.seeds(epoch, iteration)
         t0 = time.perf_counter()
-        upper, dst = self.sample_upper(seeds + self.first, epoch)
-        block0, feat, hook, dst_deg = getattr(self, "_build_" + self.strategy)(dst, epoch)
+        pre = self._presampled.pop((int(epoch), int(iteration)), None)  # sampled by the dry run (same samples)
+        if pre is None:
+            upper, dst = self.sample_upper(seeds + self.first, epoch)
+            hop0 = None
+        else:
+            upper, dst, hop0 = pre
+            self._reused += 1
+        block0, feat, hook, dst_deg = getattr(self, "_build_" + self.strategy)(dst, epoch, hop0)
         blocks = [block0] + self.upper_blocks(upper, dst_deg, hook)
         self.build_seconds += time.perf_counter() - t0
         self.built_strategies.add(self.strategy)
@@ -344,8 +366,8 @@ class APTEngine(Engine):
         return feat, deg
 
     # -- the four strategies: block 0, its input rows, block 1's hook, block 1's source degrees -----
-    def _build_gdp(self, dst: np.ndarray, epoch: int):
-        counts, nbrs, deg = self.hop(dst, 0, epoch)
+    def _build_gdp(self, dst: np.ndarray, epoch: int, hop0: tuple | None = None):
+        counts, nbrs, deg = hop0 if hop0 is not None else self.hop(dst, 0, epoch)
         src, col = relabel(dst, nbrs)
         feat, src_deg = self._load(src)
         src_t = torch.from_numpy(src)
@@ -371,11 +393,11 @@ class APTEngine(Engine):
                 pos += int(got_counts[q])
         return out
 
-    def _build_nfp(self, dst: np.ndarray, epoch: int):
+    def _build_nfp(self, dst: np.ndarray, epoch: int, hop0: tuple | None = None):
         if self._nfp is None:
             self._setup_nfp()
         nfp = self._nfp
-        counts, nbrs, deg = self.hop(dst, 0, epoch)
+        counts, nbrs, deg = hop0 if hop0 is not None else self.hop(dst, 0, epoch)
         src, col = relabel(dst, nbrs)
         mine = np.concatenate([[dst.size, src.size, col.size], src, counts, col]).astype(np.int64)
         blocks = []
@@ -404,9 +426,9 @@ class APTEngine(Engine):
                          degree, self.comm)
         return block, x, NFPReduce(nds, self.comm, self.counter), deg
 
-    def _build_snp(self, dst: np.ndarray, epoch: int):
+    def _build_snp(self, dst: np.ndarray, epoch: int, hop0: tuple | None = None):
         P, r = self.size, self.rank
-        counts, nbrs, deg = self.hop(dst, 0, epoch)
+        counts, nbrs, deg = hop0 if hop0 is not None else self.hop(dst, 0, epoch)
         n = dst.size
         rows = np.repeat(np.arange(n, dtype=np.int64), counts)
         own = self.sampler.owner(nbrs) if nbrs.size else np.zeros(0, np.int64)
@@ -442,7 +464,7 @@ class APTEngine(Engine):
         ctx = SNPContext(csr, n, counts, degree, gids, got_vq, v_row[remote_v], v_counts_q, self.comm, self.counter)
         return ctx, x, None, deg
 
-    def _build_dnp(self, dst: np.ndarray, epoch: int):
+    def _build_dnp(self, dst: np.ndarray, epoch: int, hop0: tuple | None = None):
         P, r = self.size, self.rank
         own = self.sampler.owner(dst)
         mine = own == r

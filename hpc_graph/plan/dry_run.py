@@ -1,6 +1,6 @@
 """The ``apt`` engine's dry run and cost model: which strategy to run, and what each would cost.
 
-:func:`dry_run` samples ``dry_run_batches`` batches once, spread over :data:`FOLDS` never-trained
+:func:`dry_run` samples ``dry_run_batches`` batches once, spread over the training's first :data:`FOLDS`
 epochs (the samples of every strategy are the same), and counts for every strategy, on every rank:
 
 * bytes and calls of each communication operation: ``sample`` (remote sampling; DNP's last hop only
@@ -23,6 +23,10 @@ cache), and ``compute`` is the model's kernels timed at
 the dry run's own batch shapes (:func:`~hpc_graph.plan.profile.time_layer`, forward and backward)
 scaled by each strategy's rows and edges, plus the optimiser step and the gradient all-reduce. A
 strategy whose predicted peak memory exceeds the per-rank limit is ruled out, with the reason shown.
+
+The sampled batches are real training batches (those epochs' first iterations): the engine keeps them (up to
+:data:`KEEP_MB` per rank) and training takes their samples instead of drawing them again, so the dry run's
+sampling is not lost work; :attr:`Plan.reused_seconds` is what that saves.
 """
 from __future__ import annotations
 
@@ -42,8 +46,8 @@ from hpc_graph.plan.profile import Profile, profile_machine, time_layer
 log = logging.getLogger(__name__)
 
 STRATEGIES = ("gdp", "nfp", "snp", "dnp")
-DRY_EPOCH = 1 << 40  # the dry run samples "epochs" 2**40, 2**40 + 1, ..., never trained on
-FOLDS = 8  # dry-run epochs (folds of the cache cross-validation)
+FOLDS = 8  # dry-run epochs (folds of the cache cross-validation): the training's first FOLDS epochs
+KEEP_MB = 256  # at most this much of the dry run's samples is kept for training to reuse (per rank)
 OPS = ("sample", "structure", "load", "shuffle", "shuffle_bwd", "allreduce")
 
 
@@ -75,6 +79,10 @@ class Plan:
     hot: dict[str, tuple[np.ndarray, np.ndarray]]
     remote_nodes: np.ndarray
     limit_mb: float
+    # the sampled batches kept for training, {(epoch, iteration): (upper hops, block-0 destinations, block-0
+    # hop)}, and per strategy the slowest rank's seconds of the sampling that training will not repeat
+    samples: dict[tuple[int, int], tuple] = dataclasses.field(default_factory=dict)
+    reused_seconds: dict[str, float] = dataclasses.field(default_factory=dict)
 
     def predicted(self, strategy: str) -> float:
         return float(self.costs[strategy].total)
@@ -105,8 +113,10 @@ class Plan:
             note = ("<- chosen" if s == self.choice else "") if c.fits else f"ruled out: {c.reason}"
             lines.append(f"{s:>8} {sec['build']:9.3f} {sec['load']:9.3f} {sec['shuffle']:9.3f} "
                          f"{sec['compute']:9.3f} {c.total:9.3f} {c.memory_mb:10.1f}  {note}")
+        reuse = self.reused_seconds.get(self.choice, 0.0)
         lines.append(f"dry run: {self.batches} batches (an epoch has {self.iterations}), {self.dry_seconds:.2f} s "
-                     f"(profile {self.profile.seconds:.2f} s); memory limit {self.limit_mb:.0f} MB per rank")
+                     f"(profile {self.profile.seconds:.2f} s; {reuse:.2f} s of sampling that training reuses); "
+                     f"memory limit {self.limit_mb:.0f} MB per rank")
         return "\n".join(lines)
 
 
@@ -158,9 +168,10 @@ def dry_run(engine: Any, requested: str = "auto", profile: Profile | None = None
     sampler, first = engine.sampler, engine.first
     iters = engine.schedule.iterations()
     nb = min(engine.dry_run_batches, FOLDS * iters)
-    # batches cycle through FOLDS never-trained epochs: a node's sample is fixed within an epoch, so the
-    # cache's hit rate is cross-validated across them (chosen on the others, scored on one)
-    dry_epochs = tuple(DRY_EPOCH + f for f in range(FOLDS))
+    # batches cycle through the training's first FOLDS epochs: a node's sample is fixed within an epoch, so the
+    # cache's hit rate is cross-validated across them (chosen on the others, scored on one); training takes
+    # these batches' samples from the dry run instead of drawing them again (the same samples)
+    dry_epochs = tuple(int(engine.first_epoch) + f for f in range(FOLDS))
     L = len(engine.fanouts)
     acc: dict[str, float] = {k: 0.0 for k in (
         "sample", "nd", "rows1", "edges1", "up_rows", "up_edges", "up_dst", "nfp_struct",
@@ -171,23 +182,33 @@ def dry_run(engine: Any, requested: str = "auto", profile: Profile | None = None
     snp_e = np.zeros(P, np.int64)
     snp_u = np.zeros(P, np.int64)
     local_times: list[float] = []  # per batch: sampling outside communication
+    # kept for training (the first epochs' batches, in sampling order until one would pass KEEP_MB), with the
+    # seconds of their upper hops and of their block-0 hop
+    kept: list[tuple[tuple[int, int], tuple, float, float]] = []
+    kept_bytes = 0
     # batch i belongs to dry epoch i % FOLDS (its fold); they are sampled epoch by epoch (one seed order each)
     order = sorted(range(nb), key=lambda i: (i % FOLDS, i))
     fold_of: list[int] = []
     with engine.scratch():  # counters, epoch and the rest as they were afterwards
         for n_done, it in enumerate(order):
             fold_of.append(it % FOLDS)
-            epoch = dry_epochs[it % FOLDS]
-            seeds = engine.seeds(epoch, (it // FOLDS) % max(iters, 1))
+            epoch, iteration = dry_epochs[it % FOLDS], (it // FOLDS) % max(iters, 1)
+            seeds = engine.seeds(epoch, iteration)
             acc["seeds"] += seeds.numel()
             t0, c0 = time.perf_counter(), comm.comm_seconds
             s0 = engine.counter.get("sample", 0)
             upper, D = engine.sample_upper(seeds + first, epoch)
             s_up = engine.counter.get("sample", 0) - s0
+            t1 = time.perf_counter()
             counts, nbrs, deg = engine.hop(D, 0, epoch)
             s_all = engine.counter.get("sample", 0) - s0
+            t2 = time.perf_counter()
             src, col = relabel(D, nbrs)
             local_times.append((time.perf_counter() - t0) - (comm.comm_seconds - c0))
+            size = sum(a.nbytes for h in upper for a in h[1:]) + D.nbytes + counts.nbytes + nbrs.nbytes + deg.nbytes
+            kept_bytes += size
+            if kept_bytes <= KEEP_MB << 20 and len(kept) == n_done:  # training takes this batch's sampling from here
+                kept.append(((epoch, iteration), (upper, D, (counts, nbrs, deg)), t1 - t0, t2 - t1))
             if n_done == nb - 1:  # the shapes the kernels are timed at (below)
                 blocks = engine.upper_blocks(upper, deg, None)
                 csr0 = block_csr(counts, col, src.size)
@@ -244,6 +265,13 @@ def dry_run(engine: Any, requested: str = "auto", profile: Profile | None = None
             acc["dnp_asked"] += asked.shape[0]
             acc["dnp_remote"] += rpos.size
             acc["dnp_sample"] += s_up + 8 * (rpos.size + asked.shape[0])
+    # every rank reuses the same batches (the sampling is collective): the shortest run of kept batches
+    n_kept = torch.tensor([len(kept)], dtype=torch.int64)
+    if P > 1:
+        comm.allreduce_(n_kept, "min")
+    kept = kept[:int(n_kept.item())]
+    samples = {key: batch for key, batch, _, _ in kept}
+    reuse_up, reuse_h0 = sum(k[2] for k in kept), sum(k[3] for k in kept)
     # what the other ranks counted
     row_bytes = engine.num_features * engine.host_feat.element_size() + 8
     cache_rows = engine.cache_rows() if engine.cache_mb > 0 else 0
@@ -407,8 +435,10 @@ def dry_run(engine: Any, requested: str = "auto", profile: Profile | None = None
         batch += acc["max_up_rows"] * 4 * dp * item * (heads if gat else 1)
         costs[s] = StrategyCost(s, b, calls, sec, (store + batch) / 2**20)
     # the slowest rank decides every strategy's epoch; memory: the largest rank
+    # (and the sampling of the kept batches: every strategy reuses their upper hops, all but DNP, whose owners
+    # sample block 0, their block-0 hop too)
     vec = torch.tensor([sum(costs[s].seconds.values()) for s in STRATEGIES]
-                       + [costs[s].memory_mb for s in STRATEGIES], dtype=torch.float64)
+                       + [costs[s].memory_mb for s in STRATEGIES] + [reuse_up, reuse_h0], dtype=torch.float64)
     if P > 1:
         comm.allreduce_(vec, "max")
     for i, s in enumerate(STRATEGIES):
@@ -420,7 +450,8 @@ def dry_run(engine: Any, requested: str = "auto", profile: Profile | None = None
     fitting = [s for s in STRATEGIES if costs[s].fits]
     choice = min(fitting, key=lambda s: costs[s].total) if fitting else "gdp"
     dry = time.perf_counter() - t_start - prof.seconds if profile is None else time.perf_counter() - t_start
-    plan = Plan(costs, choice, prof, nb, iters, dry, hot, remote_nodes, limit)
+    reused = {s: float(vec[-2]) + (0.0 if s == "dnp" else float(vec[-1])) for s in STRATEGIES}
+    plan = Plan(costs, choice, prof, nb, iters, dry, hot, remote_nodes, limit, samples, reused)
     log.debug("apt: rank %d predicted terms %s", r, {s: c.seconds for s, c in costs.items()})
     if requested == "auto" and r == 0:
         log.info("apt: predicted epoch per strategy\n%s", plan.table())

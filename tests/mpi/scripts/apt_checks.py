@@ -18,6 +18,9 @@ Rank 0 writes a random graph with skewed degrees and partitions it into N parts
 4. **dry run**: the byte predictions of every operation, and their total, match
    a real epoch within 5 % (the load with a cache within 10 %: its hit rate on
    an epoch it was not chosen from is a cross-validated estimate).
+5. **reused samples**: the first epochs' batches the dry run sampled, taken by
+   training instead of sampling them again, give the gradients of batches
+   sampled afresh (exactly), and send no sampling bytes (GDP, NFP, SNP).
 
 Usage: apt_checks.py WORKDIR
 """
@@ -38,6 +41,7 @@ from data_io.partitioner import partition_dataset
 from hpc_graph.comm import communicator as _communicator
 from hpc_graph.engines import create_engine
 from hpc_graph.nn import build_model
+from hpc_graph.plan.dry_run import FOLDS
 
 CPU = torch.device("cpu")
 STRATS = ("gdp", "nfp", "snp", "dnp")
@@ -191,7 +195,7 @@ def check_dry_run(data_dir, comm) -> int:
                              "profile_mb": 0.01})
         want = (eng.plan or eng.run_dry_run(s)).predicted_bytes(s)
         model = build_model("sage", eng.num_features, 16, eng.num_classes, num_layers=2, dropout=0.0)
-        for epoch in (1,):
+        for epoch in (FOLDS + 1,):  # past the dry run's epochs: every batch sampled afresh, the cache not chosen on it
             iters = eng.iterations(epoch)
             _, sizes = eng.batch_sizes(epoch, iters)
             for it in range(iters):
@@ -211,6 +215,32 @@ def check_dry_run(data_dir, comm) -> int:
                 raise AssertionError(f"rank {comm.rank} {s} cache {cache_mb}: dry run predicted {w:.0f} {op} bytes "
                                      f"per epoch, an epoch moved {g:.0f}")
             n += 1
+    return n
+
+
+def check_reused_samples(pdir, comm) -> int:
+    n = 0
+    for s in STRATS:
+        fresh = _engine(pdir, comm, s)
+        kept = _engine(pdir, comm, s)
+        kept.run_dry_run(s)
+        iters = fresh.iterations(1)
+        _, sizes = fresh.batch_sizes(1, iters)
+        reused = sum(1 for (e, _) in kept._presampled if e == 1)
+        if reused == 0:
+            raise AssertionError(f"rank {comm.rank} {s}: the dry run kept no batch of epoch 1")
+        m_f, m_k = _model("sage", fresh), _model("sage", kept)
+        for it in range(iters):
+            g_f, _ = _grads(m_f, fresh, comm, 1, it, sizes)
+            g_k, _ = _grads(m_k, kept, comm, 1, it, sizes)
+            if float((g_f - g_k).abs().max()) > 1e-12:
+                raise AssertionError(f"rank {comm.rank} {s}: a reused batch ({1}, {it}) gives other gradients")
+            n += 1
+        st = kept.stats()
+        if st["batches_reused"] != reused or fresh.stats()["batches_reused"] != 0:
+            raise AssertionError(f"rank {comm.rank} {s}: {st['batches_reused']} batches reused, {reused} kept")
+        if s != "dnp" and reused == iters and st["bytes_by_op"]["sample"] != 0:
+            raise AssertionError(f"rank {comm.rank} {s}: reused batches still sent sampling bytes")
     return n
 
 
@@ -250,6 +280,7 @@ def main() -> int:
         n += check_bytes(pdir, comm)
         t2 = time.perf_counter()
         n += check_dry_run(bdir, comm)
+        n += check_reused_samples(pdir, comm)
         n += check_profile_file(pdir, work, comm)
         if comm.rank == 0:
             print(f"seconds: gradients {t1 - t0:.1f}, bytes {t2 - t1:.1f}, dry run {time.perf_counter() - t2:.1f}")
