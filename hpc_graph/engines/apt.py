@@ -68,7 +68,8 @@ class APTEngine(Engine):
     (``auto|gdp|nfp|snp|dnp``), ``cache_mb`` (remote feature rows cached per rank, MiB),
     ``dry_run_batches``, ``model`` (the model's name: ``nfp`` needs gcn/sage, the cost model counts
     attention traffic for gat), ``hidden`` (layer-1 output width d' the cost model uses),
-    ``memory_mb`` (per-rank memory the cost model checks; 0: this machine's memory / ranks per host),
+    ``dropout`` (the model's, for the cost model's timed step), ``memory_mb`` (per-rank memory the cost
+    model checks; 0: this machine's memory / ranks per host),
     ``profile_mb`` (largest message of the machine profile, MiB), ``profile_file`` (a JSON file keeping the
     profile between jobs of the same launch),
     ``feature_norm``, ``seed``.
@@ -77,7 +78,7 @@ class APTEngine(Engine):
     name = "apt"
     kind = "minibatch"
     OPTIONS = Engine.OPTIONS | frozenset({"fanouts", "batch_size", "strategy", "cache_mb", "dry_run_batches",
-                                          "model", "model_flags", "hidden", "heads", "memory_mb",
+                                          "model", "model_flags", "hidden", "heads", "dropout", "memory_mb",
                                           "profile_mb", "profile_file", "feature_norm"})
 
     def __init__(self, source: str, comm: Any, device: torch.device, dtype: torch.dtype,

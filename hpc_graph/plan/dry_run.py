@@ -129,16 +129,18 @@ def memory_limit_mb(comm: Any) -> float:
     return total / max(int(getattr(comm, "local_size", 1) or 1), 1) / 2**20
 
 
-def _time_builds(engine: Any, strategies: list[str], iters: int, epoch: int, batches: int = 2) -> dict[str, float]:
+def _time_builds(engine: Any, strategies: list[str], iters: int, epoch: int,
+                 batches: int = 2) -> tuple[dict[str, float], Any]:
     """Seconds per epoch of each strategy's batch building (sampling, structure, input rows, blocks; no model),
     without a cache (collective). Every strategy builds the same ``batches`` batches, in rounds (one batch of
     each strategy per round, so a slow moment does not fall on one strategy's every batch); a strategy's
     time is its fastest batch (a batch is only ever slowed down: page-fault storms, the other ranks). A
     strategy that has not built a batch in this process yet first builds one untimed (its kernels loaded);
     NFP's column layout is made before the timed batches. The engine's state is restored; NFP's column
-    layout is kept only if the engine already had it."""
+    layout is kept only if the engine already had it. Also returns GDP's last batch (None without GDP)."""
     if iters == 0 or not strategies:
-        return {}
+        return {}, None
+    last = None
     n = min(max(batches, 1), max(iters, 1))
     times: dict[str, list[float]] = {s: [] for s in strategies}
     with engine.scratch(cache=False):
@@ -151,12 +153,52 @@ def _time_builds(engine: Any, strategies: list[str], iters: int, epoch: int, bat
             for s in strategies:
                 engine.strategy = s
                 t0 = time.perf_counter()
-                engine.batch(epoch, it % max(iters, 1))
+                got = engine.batch(epoch, it % max(iters, 1))
                 times[s].append(time.perf_counter() - t0)
+                if s == "gdp":
+                    last = got
     t = torch.tensor([min(times[s]) for s in strategies], dtype=torch.float64)
     if engine.size > 1:
         engine.comm.allreduce_(t, "max")
-    return {s: float(v) * iters for s, v in zip(strategies, t.tolist())}
+    return {s: float(v) * iters for s, v in zip(strategies, t.tolist())}, last
+
+
+def _time_step(engine: Any, batch: Any, reps: int = 2) -> tuple[float, float] | None:
+    """Seconds of the engine's model on a real GDP batch: ``(forward + loss + backward, Adam step)``, the
+    median of ``reps`` after a warm-up (collective where the model is: every rank runs the same steps). The
+    model is built from what the engine knows of it (``model``, ``hidden``, ``heads``, ``model_flags``,
+    ``dropout``, one layer per fan-out); None where that is not enough to build it. The RNG is left as it was."""
+    import torch.nn.functional as nnf
+
+    from hpc_graph.nn import build_model
+
+    heads = max(int(engine.options.get("heads", 1)), 1)
+    gat = engine.model_name == "gat"
+    flags = tuple(engine.model_flags)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(0)
+        try:
+            model = build_model(engine.model_name, engine.num_features,
+                                max(engine.hidden // heads, 1) if gat else max(engine.hidden, 1), engine.num_classes,
+                                num_layers=len(engine.fanouts), dropout=float(engine.options.get("dropout", 0.0)),
+                                heads=heads, residual="residual" in flags, batchnorm="batchnorm" in flags)
+        except (ValueError, TypeError, KeyError) as exc:  # a model the engine's options do not describe
+            log.debug("apt: the cost model times kernels only (%s)", exc)
+            return None
+        model = model.to(engine.dtype)
+        n = max(int(batch.label.numel()), 1)
+        times = []
+        for _ in range(reps + 1):
+            t0 = time.perf_counter()
+            out = model(batch.graph, batch.feat)
+            nnf.cross_entropy(out, batch.label, reduction="sum").div(n).backward()
+            times.append(time.perf_counter() - t0)
+        opt = torch.optim.Adam(model.parameters())
+        opt.step()
+        t0 = time.perf_counter()
+        opt.step()
+        t_opt = time.perf_counter() - t0
+    return float(np.median(times[1:])), t_opt
 
 
 def dry_run(engine: Any, requested: str = "auto", profile: Profile | None = None) -> Plan:
@@ -315,27 +357,14 @@ def dry_run(engine: Any, requested: str = "auto", profile: Profile | None = None
     # GraphSAGE aggregates before projecting when the layer widens (nn/sage_conv.py): its aggregation then
     # runs at the input width, and SNP's partial sums travel at that width
     agg_first = engine.model_name == "sage" and dp > F
-    t_gemm1 = t_spmm1 = t_gemm1_pf = t_spmm1_pf = t_up = 0.0
+    t_gemm1 = t_spmm1 = t_gemm1_pf = t_spmm1_pf = t_up = t_step = 0.0
     last_rows1 = last_edges1 = last_nd = 1.0
     if nb:
         t_gemm1, t_spmm1 = time_layer(csr0, F, dp, engine.dtype, aggregate_first=agg_first)
         # NFP's input is a column slice (a CSR matrix): SAGE projects it first whatever the widths
         t_gemm1_pf, t_spmm1_pf = time_layer(csr0, F, dp, engine.dtype) if agg_first else (t_gemm1, t_spmm1)
-        for i, blk in enumerate(blocks):
-            fout = C if i == len(blocks) - 1 else dp
-            g, a = time_layer(blk.csr, dp, fout, engine.dtype,
-                              aggregate_first=engine.model_name == "sage" and fout > dp)
-            t_up += g + a
         last_rows1, last_edges1, last_nd = float(src.size), float(max(nbrs.size, 1)), float(D.size)
-    # the optimiser's step over the model's parameters (Adam: a few passes over them)
-    params = 2 * (F * dp + max(L - 2, 0) * dp * dp + dp * C)
-    weights = torch.zeros(params, dtype=engine.dtype, requires_grad=True)
-    weights.grad = torch.zeros_like(weights)
-    opt = torch.optim.Adam([weights])
-    opt.step()
-    t0 = time.perf_counter()
-    opt.step()
-    t_step = time.perf_counter() - t0
+    params = 2 * (F * dp + max(L - 2, 0) * dp * dp + dp * C)  # the model's parameters (the all-reduce)
     # counts scale to an epoch by seeds (an epoch's last batch may be short; the dry run's are full)
     k = min(engine.train_idx.numel(), iters * engine.batch_size) / max(acc["seeds"], 1)
     mine_info = {"nd": acc["nd"] * k, "rows1": acc["rows1"] * k, "edges1": acc["edges1"] * k,
@@ -354,7 +383,25 @@ def dry_run(engine: Any, requested: str = "auto", profile: Profile | None = None
     owned_bytes = engine.num_owned * (F * item + 8)
     N = int(engine.dg.node_ranges[-1])
     load_nocache: dict[str, float] = {}
-    built = _time_builds(engine, [s for s in STRATEGIES if s not in engine.ruled_out], iters, dry_epochs[0])
+    built, gdp_batch = _time_builds(engine, [s for s in STRATEGIES if s not in engine.ruled_out], iters,
+                                    dry_epochs[0])
+    # the rest of a step (the upper layers, the loss, the framework's own work, the optimiser): the model timed on
+    # GDP's batch; without the model, the upper layers' kernels at the dry run's shapes and Adam on as many weights
+    step = _time_step(engine, gdp_batch) if gdp_batch is not None else None
+    if step is None and nb:
+        for i, blk in enumerate(blocks):
+            fout = C if i == len(blocks) - 1 else dp
+            g, a = time_layer(blk.csr, dp, fout, engine.dtype,
+                              aggregate_first=engine.model_name == "sage" and fout > dp)
+            t_up += g + a
+        weights = torch.zeros(params, dtype=engine.dtype, requires_grad=True)
+        weights.grad = torch.zeros_like(weights)
+        opt = torch.optim.Adam([weights])
+        opt.step()
+        t0 = time.perf_counter()
+        opt.step()
+        t_step = time.perf_counter() - t0
+    layer1: dict[str, float] = {}  # per iteration: layer 1's modelled forward and backward
     for s in STRATEGIES:
         b = {op: 0.0 for op in OPS}
         calls = {op: 0.0 for op in OPS}
@@ -421,8 +468,12 @@ def dry_run(engine: Any, requested: str = "auto", profile: Profile | None = None
             gemm_scale = dst_it / max(last_nd, 1.0)
         else:
             gemm_scale = (rows_it + dst_it) / max(last_rows1 + last_nd, 1.0)
-        sec["compute"] = per_it * (tg * gemm_scale + att * ts * edges_it / last_edges1 + att * t_up + t_step) \
-            + prof.comm_time("allreduce", calls["allreduce"], b["allreduce"])
+        layer1[s] = tg * gemm_scale + att * ts * edges_it / last_edges1
+        if step is not None:  # the measured step, its layer 1 (GDP's, modelled) replaced by this strategy's
+            rest = max(step[0] - layer1["gdp"], 0.0) + step[1]
+        else:
+            rest = att * t_up + t_step
+        sec["compute"] = per_it * (layer1[s] + rest) + prof.comm_time("allreduce", calls["allreduce"], b["allreduce"])
         # memory: stored features (+ NFP's column slices, + cache), the largest batch's layer-1 input and activations
         store = owned_bytes + (cache_rows * row_bytes if s != "nfp" else 0)
         if s == "nfp":

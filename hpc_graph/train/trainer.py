@@ -178,7 +178,7 @@ def engine_options_from_config(config: Any, engine_name: str) -> dict[str, Any]:
         mc = config.model
         gat = mc.name == "gat"
         options.update(model=mc.name, heads=mc.heads if gat else 1, hidden=mc.hidden * (mc.heads if gat else 1),
-                       model_flags=tuple(f for f in ("residual", "batchnorm") if getattr(mc, f)))
+                       dropout=mc.dropout, model_flags=tuple(f for f in ("residual", "batchnorm") if getattr(mc, f)))
     return options
 
 
