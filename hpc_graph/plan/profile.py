@@ -201,6 +201,12 @@ def profile_machine(comm: Any, dtype: torch.dtype = torch.float32, max_bytes: in
     return prof
 
 
+# time_layer times the projections on at most this many multiply-adds (x rows x fin x fout): so large, they are
+# compute-bound and their time is linear in the rows (measured here at 512 x 256: 16k and 56k rows within 2 %
+# per row; narrow ones are memory-bound and slower per row when larger, so they are timed whole)
+GEMM_MACS = 1 << 31
+
+
 def time_layer(csr: Any, fin: int, fout: int, dtype: torch.dtype = torch.float32, reps: int = 3,
                aggregate_first: bool = False) -> tuple[float, float]:
     """Seconds of one forward + backward of a message-passing layer's two parts at a batch's real shapes:
@@ -208,13 +214,15 @@ def time_layer(csr: Any, fin: int, fout: int, dtype: torch.dtype = torch.float32
     destination rows, then a sum aggregation over ``csr`` at width ``fout``), or with
     ``aggregate_first`` (GraphSAGE when ``fout > fin``) aggregate at width ``fin``, then project the
     aggregated and the destination rows. The median of ``reps`` after a warm-up (an epoch pays the typical
-    call, page faults of its fresh outputs included, not the fastest)."""
+    call, page faults of its fresh outputs included, not the fastest). The projections are timed on at most
+    :data:`GEMM_MACS` multiply-adds' worth of rows and scaled to all of them."""
     from hpc_graph.ops.spmm import spmm
 
     gen = torch.Generator().manual_seed(1)
     n_src, n_dst = int(csr.num_src), int(csr.num_dst)
     rows = 2 * n_dst if aggregate_first else n_src + n_dst
-    x = torch.randn(rows, int(fin), generator=gen, dtype=dtype)
+    timed_rows = max(min(rows, GEMM_MACS // max(int(fin) * int(fout), 1)), 1)
+    x = torch.randn(timed_rows, int(fin), generator=gen, dtype=dtype)
     w = torch.randn(int(fout), int(fin), generator=gen, dtype=dtype, requires_grad=True)
 
     def gemm():
@@ -227,7 +235,7 @@ def time_layer(csr: Any, fin: int, fout: int, dtype: torch.dtype = torch.float32
 
     gemm()
     agg()
-    return _time(gemm, reps), _time(agg, reps)
+    return _time(gemm, reps) * rows / timed_rows, _time(agg, reps)
 
 
 # -- kernel rates of the full-batch planner (hpc_graph.plan.fullbatch) -----------------------------------

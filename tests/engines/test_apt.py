@@ -187,3 +187,55 @@ def test_profile_file_is_written_and_reused(graph_file, tmp_path):
     prof_mod._CACHE.clear()
     assert _apt(graph_file, "auto", fanouts=(3, 2), dry_run_batches=2, profile_mb=0.01,
                 profile_file=str(path)).plan.profile.seconds > 0
+
+
+def test_training_takes_the_dry_runs_samples(graph_file):
+    """The dry run samples the first epochs' own batches; training takes them instead of sampling again and
+    gets the batches a fresh engine samples."""
+    kept = _apt(graph_file, "auto", fanouts=(3, 2), dry_run_batches=12)
+    fresh = _apt(graph_file, kept.strategy, fanouts=(3, 2))
+    keys = sorted(kept._presampled)
+    assert keys and all(1 <= e <= 8 for e, _ in keys)
+    assert not fresh._presampled
+    for epoch, it in [k for k in keys if k[0] == 1]:
+        a, b = kept.batch(epoch, it), fresh.batch(epoch, it)
+        for ba, bb in zip(a.graph.blocks, b.graph.blocks):
+            assert torch.equal(ba.csr.indptr, bb.csr.indptr) and torch.equal(ba.csr.indices, bb.csr.indices)
+            assert torch.equal(ba.src_gid, bb.src_gid)
+        assert torch.equal(a.feat, b.feat) and torch.equal(a.label, b.label)
+    n1 = sum(1 for e, _ in keys if e == 1)
+    assert kept.stats()["batches_reused"] == n1 and fresh.stats()["batches_reused"] == 0
+    kept.begin_epoch(3)  # the batches of epochs already past are dropped
+    assert kept._presampled and all(e >= 3 for e, _ in kept._presampled)
+    kept.discard_samples()
+    kept.batch(3, 0)
+    assert kept.stats()["batches_reused"] == n1
+
+
+def test_cost_model_times_the_models_step(graph_file, monkeypatch):
+    """The compute term is the model's step timed on a GDP batch with layer 1 swapped per strategy: a step
+    one second longer makes every strategy's epoch one second per iteration longer; without the model (a
+    name the options cannot build) the kernels' probes stand in."""
+    import hpc_graph.plan.dry_run as dr
+
+    eng = _apt(graph_file, "gdp", fanouts=(3, 2), dry_run_batches=4)
+    batch = eng.batch(1, 0)
+    state = torch.random.get_rng_state()
+    fb, opt = dr._time_step(eng, batch)
+    assert fb > 0 and opt > 0
+    assert torch.equal(torch.random.get_rng_state(), state)
+    eng.model_name = "no-such-model"
+    assert dr._time_step(eng, batch) is None
+    plan_k = eng.run_dry_run("gdp")
+    assert all(plan_k.costs[s].seconds["compute"] > 0 for s in dr.STRATEGIES)
+    eng.model_name = "sage"
+    monkeypatch.setattr(dr, "time_layer", lambda *a, **k: (0.01, 0.002))  # layer 1's probes, fixed
+    computes = []
+    for t in (1.0, 2.0):
+        monkeypatch.setattr(dr, "_time_step", lambda engine, b, t=t: (t, 0.25))
+        plan = eng.run_dry_run("gdp")
+        computes.append({s: plan.costs[s].seconds["compute"] for s in dr.STRATEGIES})
+    iters = eng.iterations(1)
+    for s in dr.STRATEGIES:
+        assert computes[1][s] - computes[0][s] == pytest.approx(iters * 1.0, rel=1e-9)
+    assert computes[0]["gdp"] == pytest.approx(iters * 1.25, rel=1e-9)  # one process: no all-reduce
