@@ -417,10 +417,11 @@ class APTEngine(Engine):
                                 for q, b in enumerate(blocks)]).astype(np.int64)
         rows = u_src.size
         gid = np.where(u_src < 0, 0, u_src)
-        values = nfp["cols"][torch.from_numpy(gid)]
+        gid_t = torch.from_numpy(gid)
+        values = nfp["cols"].index_select(0, gid_t)
         values[phantom] = 0
         x = column_slice_csr(values, nfp["lo"], self.num_features)
-        degree = nfp["degree"][torch.from_numpy(gid)].clone()
+        degree = nfp["degree"].index_select(0, gid_t)
         degree[phantom] = 0
         src_t = torch.from_numpy(u_src.copy())
         block = NFPBlock(block_csr(u_counts, u_col, rows), src_t, src_t,
@@ -459,8 +460,8 @@ class APTEngine(Engine):
         csr = block_csr(all_counts, cols, n + u.size)
         feat_d, deg_d = self._load(dst)
         lid = torch.from_numpy(u - self.first)
-        x = torch.cat([feat_d, self.host_feat[lid]], 0)
-        degree = torch.cat([deg_d, self.owned_degree[lid]])
+        x = torch.cat([feat_d, self.host_feat.index_select(0, lid)], 0)
+        degree = torch.cat([deg_d, self.owned_degree.index_select(0, lid)])
         gids = torch.from_numpy(np.concatenate([dst, u]))
         ctx = SNPContext(csr, n, counts, degree, gids, got_vq, v_row[remote_v], v_counts_q, self.comm, self.counter)
         return ctx, x, None, deg

@@ -281,7 +281,7 @@ class MinibatchEngine(Engine):
         t0 = time.perf_counter()
         if self.mode == "drop" or (self.comm.size == 1):
             lid = torch.from_numpy(gids - self.first)
-            feat, deg = self.host_feat[lid], self.owned_degree[lid]
+            feat, deg = self.host_feat.index_select(0, lid), self.owned_degree.index_select(0, lid)
         else:
             b0 = self.store.stats()["bytes_sent"]
             feat, deg = self.store.fetch(torch.from_numpy(gids))

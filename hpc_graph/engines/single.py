@@ -134,7 +134,7 @@ class SingleEngine(Engine):
         for name, t in self.graph.node_fields.items():
             sub.node_fields[name] = t[idx]
         seeds = torch.from_numpy(g).to(self.device)
-        return Batch(sub, self.feat[idx], self.label[seeds], seeds)
+        return Batch(sub, self.feat.index_select(0, idx), self.label[seeds], seeds)
 
     # -- the cluster-sparse layout of the graph transformers' sparse attention --------------------
     def _set_clusters(self) -> None:

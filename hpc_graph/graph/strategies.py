@@ -86,16 +86,26 @@ class DNPReturn:
 
     def __init__(self, own_pos, own_row, send_rows, send_counts, remote_pos, num_dst: int, comm: Any,
                  counter: dict):
-        self.own_pos, self.own_row = torch.as_tensor(own_pos), torch.as_tensor(own_row)
-        self.send_rows, self.send_counts = torch.as_tensor(send_rows), np.asarray(send_counts, np.int64)
-        self.remote_pos, self.num_dst = torch.as_tensor(remote_pos), int(num_dst)
+        own_pos, own_row = np.asarray(own_pos, np.int64), np.asarray(own_row, np.int64)
+        send_rows, remote_pos = np.asarray(send_rows, np.int64), np.asarray(remote_pos, np.int64)
+        self.send_counts, self.num_dst = np.asarray(send_counts, np.int64), int(num_dst)
+        if own_pos.size + remote_pos.size != self.num_dst:
+            raise ValueError(f"apt dnp: {own_pos.size} own and {remote_pos.size} remote destinations, "
+                             f"expected {self.num_dst}")
+        # one gather of the rows to send and the own rows; the result is [own | received] permuted into the
+        # destinations' order (each pass then makes one gradient of h and one of the result, not one per op)
+        self.n_send = int(send_rows.size)
+        self.take = torch.from_numpy(np.concatenate([send_rows, own_row]))
+        order = np.empty(self.num_dst, np.int64)
+        order[own_pos] = np.arange(own_pos.size)
+        order[remote_pos] = own_pos.size + np.arange(remote_pos.size)
+        self.order = torch.from_numpy(order)
         self.comm, self.counter = comm, counter
 
     def __call__(self, h: torch.Tensor) -> torch.Tensor:
-        got = shuffle_rows(h.index_select(0, self.send_rows), self.send_counts, self.comm, self.counter)
-        out = h.new_zeros((self.num_dst,) + tuple(h.shape[1:]))
-        out = out.index_copy(0, self.own_pos, h.index_select(0, self.own_row))
-        return out.index_copy(0, self.remote_pos, got)
+        send, own = h.index_select(0, self.take).split([self.n_send, self.take.numel() - self.n_send], 0)
+        got = shuffle_rows(send, self.send_counts, self.comm, self.counter)
+        return torch.cat([own, got], 0).index_select(0, self.order)
 
 
 class SNPContext(GraphContext):
