@@ -19,10 +19,11 @@ it: ``epoch = build + load + shuffle + compute`` for the slowest rank, where ``b
 structure, blocks) is each strategy's batch building timed on a few batches (timed without a cache,
 the loading of the input rows included: its modelled time is taken off), ``load`` and ``shuffle`` are
 ``alpha * calls + bytes / beta`` with the :mod:`~hpc_graph.plan.profile` fits (``load`` with the
-cache), and ``compute`` is the model's kernels timed at
-the dry run's own batch shapes (:func:`~hpc_graph.plan.profile.time_layer`, forward and backward)
-scaled by each strategy's rows and edges, plus the optimiser step and the gradient all-reduce. A
-strategy whose predicted peak memory exceeds the per-rank limit is ruled out, with the reason shown.
+cache), and ``compute`` is one training step of the model timed on a real GDP batch (forward, loss,
+backward, Adam; :func:`_time_step`) whose layer 1 is swapped for the strategy's: layer 1's kernels timed at
+the dry run's own batch shapes (:func:`~hpc_graph.plan.profile.time_layer`, forward and backward) scaled by
+each strategy's rows and edges; plus the gradient all-reduce. A strategy whose predicted peak memory
+exceeds the per-rank limit is ruled out, with the reason shown.
 
 The sampled batches are real training batches (those epochs' first iterations): the engine keeps them (up to
 :data:`KEEP_MB` per rank) and training takes their samples instead of drawing them again, so the dry run's
@@ -39,7 +40,6 @@ from typing import Any
 import numpy as np
 import torch
 
-from hpc_graph.graph.block import Block
 from hpc_graph.graph.sampler import block_csr, relabel, sample_key
 from hpc_graph.plan.profile import Profile, profile_machine, time_layer
 
