@@ -19,11 +19,14 @@ it: ``epoch = build + load + shuffle + compute`` for the slowest rank, where ``b
 structure, blocks) is each strategy's batch building timed on a few batches (timed without a cache,
 the loading of the input rows included: its modelled time is taken off), ``load`` and ``shuffle`` are
 ``alpha * calls + bytes / beta`` with the :mod:`~hpc_graph.plan.profile` fits (``load`` with the
-cache), and ``compute`` is one training step of the model timed on a real GDP batch (forward, loss,
-backward, Adam; :func:`_time_step`) whose layer 1 is swapped for the strategy's: layer 1's kernels timed at
-the dry run's own batch shapes (:func:`~hpc_graph.plan.profile.time_layer`, forward and backward) scaled by
-each strategy's rows and edges; plus the gradient all-reduce. A strategy whose predicted peak memory
-exceeds the per-rank limit is ruled out, with the reason shown.
+cache), and ``compute`` is a training step of the model timed on the strategy's own batches right after
+building them, as training runs them (forward, loss, backward, Adam; :func:`_time_builds`; its layer-1
+shuffles included, shown apart as modelled), plus the gradient all-reduce. Where a strategy has no step
+(ruled out, or a model the engine's options cannot build), layer 1's kernels timed at the dry run's own
+batch shapes (:func:`~hpc_graph.plan.profile.time_layer`, forward and backward), scaled by the strategy's
+rows and edges, replace GDP's in GDP's step (or, without that, add to the upper layers' kernels and Adam's
+step). A strategy whose predicted peak memory exceeds the per-rank limit is ruled out, with the reason
+shown.
 
 The sampled batches are real training batches (those epochs' first iterations): the engine keeps them (up to
 :data:`KEEP_MB` per rank) and training takes their samples instead of drawing them again, so the dry run's
@@ -129,45 +132,11 @@ def memory_limit_mb(comm: Any) -> float:
     return total / max(int(getattr(comm, "local_size", 1) or 1), 1) / 2**20
 
 
-def _time_builds(engine: Any, strategies: list[str], iters: int, epoch: int,
-                 batches: int = 2) -> tuple[dict[str, float], Any]:
-    """Seconds per epoch of each strategy's batch building (sampling, structure, input rows, blocks; no model),
-    without a cache (collective). Every strategy builds the same ``batches`` batches, in rounds (one batch of
-    each strategy per round, so a slow moment does not fall on one strategy's every batch); a strategy's
-    time is its fastest batch (a batch is only ever slowed down: page-fault storms, the other ranks). A
-    strategy that has not built a batch in this process yet first builds one untimed (its kernels loaded);
-    NFP's column layout is made before the timed batches. The engine's state is restored; NFP's column
-    layout is kept only if the engine already had it. Also returns GDP's last batch (None without GDP)."""
-    if iters == 0 or not strategies:
-        return {}, None
-    last = None
-    n = min(max(batches, 1), max(iters, 1))
-    times: dict[str, list[float]] = {s: [] for s in strategies}
-    with engine.scratch(cache=False):
-        for s in strategies:
-            engine.strategy = s
-            if s not in engine.built_strategies:
-                engine.batch(epoch, 0)
-            engine.prepare(s)  # NFP's column layout (undone after the plan): made here, not in a timed batch
-        for it in range(n):
-            for s in strategies:
-                engine.strategy = s
-                t0 = time.perf_counter()
-                got = engine.batch(epoch, it % max(iters, 1))
-                times[s].append(time.perf_counter() - t0)
-                if s == "gdp":
-                    last = got
-    t = torch.tensor([min(times[s]) for s in strategies], dtype=torch.float64)
-    if engine.size > 1:
-        engine.comm.allreduce_(t, "max")
-    return {s: float(v) * iters for s, v in zip(strategies, t.tolist())}, last
-
-
-def _time_step(engine: Any, batch: Any, reps: int = 2) -> tuple[float, float] | None:
-    """Seconds of the engine's model on a real GDP batch: ``(forward + loss + backward, Adam step)``, the
-    median of ``reps`` after a warm-up (collective where the model is: every rank runs the same steps). The
-    model is built from what the engine knows of it (``model``, ``hidden``, ``heads``, ``model_flags``,
-    ``dropout``, one layer per fan-out); None where that is not enough to build it. The RNG is left as it was."""
+def _stepper(engine: Any) -> Any:
+    """A training step of the engine's model, ``step(batch) -> seconds`` of its forward, loss and backward (the
+    layer-1 shuffles and their waits for the other ranks included: collective), and the seconds of its Adam
+    step; ``(None, 0.0)`` where the model cannot be built from what the engine knows of it (``model``,
+    ``hidden``, ``heads``, ``model_flags``, ``dropout``, one layer per fan-out). The RNG is left as it was."""
     import torch.nn.functional as nnf
 
     from hpc_graph.nn import build_model
@@ -184,21 +153,66 @@ def _time_step(engine: Any, batch: Any, reps: int = 2) -> tuple[float, float] | 
                                 heads=heads, residual="residual" in flags, batchnorm="batchnorm" in flags)
         except (ValueError, TypeError, KeyError) as exc:  # a model the engine's options do not describe
             log.debug("apt: the cost model times kernels only (%s)", exc)
-            return None
-        model = model.to(engine.dtype)
-        n = max(int(batch.label.numel()), 1)
-        times = []
-        for _ in range(reps + 1):
+            return None, 0.0
+    model = model.to(engine.dtype)
+    opt = torch.optim.Adam(model.parameters())
+    for p in model.parameters():
+        p.grad = torch.zeros_like(p)
+    opt.step()
+    t0 = time.perf_counter()
+    opt.step()
+    t_opt = time.perf_counter() - t0
+
+    def step(batch: Any) -> float:
+        with torch.random.fork_rng(devices=[]):
+            model.zero_grad(set_to_none=True)
+            n = max(int(batch.label.numel()), 1)
             t0 = time.perf_counter()
-            out = model(batch.graph, batch.feat)
-            nnf.cross_entropy(out, batch.label, reduction="sum").div(n).backward()
-            times.append(time.perf_counter() - t0)
-        opt = torch.optim.Adam(model.parameters())
-        opt.step()
-        t0 = time.perf_counter()
-        opt.step()
-        t_opt = time.perf_counter() - t0
-    return float(np.median(times[1:])), t_opt
+            nnf.cross_entropy(model(batch.graph, batch.feat), batch.label, reduction="sum").div(n).backward()
+            return time.perf_counter() - t0
+
+    return step, t_opt
+
+
+def _time_builds(engine: Any, strategies: list[str], iters: int, epoch: int,
+                 batches: int = 2) -> tuple[dict[str, float], dict[str, tuple[float, float]]]:
+    """Seconds per epoch of each strategy's batch building (sampling, structure, input rows, blocks), without a
+    cache, and of a training step of the model on each batch built, as training runs them: build, then step
+    (collective). Every strategy builds the same ``batches`` batches, in rounds (one batch of each strategy
+    per round, so a slow moment does not fall on one strategy's every batch); a strategy's build time is its
+    fastest batch (a batch is only ever slowed down: page-fault storms, the other ranks), its step the median
+    (``(forward + loss + backward, Adam)`` per strategy; ``{}`` without a model, see :func:`_stepper`). A
+    strategy that has not built a batch in this process yet first builds one, and steps on it, untimed (its
+    kernels loaded); NFP's column layout is made before the timed batches. The engine's state is restored;
+    NFP's column layout is kept only if the engine already had it."""
+    if iters == 0 or not strategies:
+        return {}, {}
+    step, t_opt = _stepper(engine)
+    n = min(max(batches, 1), max(iters, 1))
+    times: dict[str, list[float]] = {s: [] for s in strategies}
+    step_times: dict[str, list[float]] = {s: [] for s in strategies}
+    with engine.scratch(cache=False):
+        for s in strategies:
+            engine.strategy = s
+            if s not in engine.built_strategies:
+                warm = engine.batch(epoch, 0)
+                if step is not None:
+                    step(warm)
+            engine.prepare(s)  # NFP's column layout (undone after the plan): made here, not in a timed batch
+        for it in range(n):
+            for s in strategies:
+                engine.strategy = s
+                t0 = time.perf_counter()
+                batch = engine.batch(epoch, it % max(iters, 1))
+                times[s].append(time.perf_counter() - t0)
+                if step is not None:
+                    step_times[s].append(step(batch))
+                del batch
+    t = torch.tensor([min(times[s]) for s in strategies], dtype=torch.float64)
+    if engine.size > 1:
+        engine.comm.allreduce_(t, "max")
+    steps = {s: (float(np.median(step_times[s])), t_opt) for s in strategies} if step is not None else {}
+    return {s: float(v) * iters for s, v in zip(strategies, t.tolist())}, steps
 
 
 def dry_run(engine: Any, requested: str = "auto", profile: Profile | None = None) -> Plan:
@@ -359,11 +373,6 @@ def dry_run(engine: Any, requested: str = "auto", profile: Profile | None = None
     agg_first = engine.model_name == "sage" and dp > F
     t_gemm1 = t_spmm1 = t_gemm1_pf = t_spmm1_pf = t_up = t_step = 0.0
     last_rows1 = last_edges1 = last_nd = 1.0
-    if nb:
-        t_gemm1, t_spmm1 = time_layer(csr0, F, dp, engine.dtype, aggregate_first=agg_first)
-        # NFP's input is a column slice (a CSR matrix): SAGE projects it first whatever the widths
-        t_gemm1_pf, t_spmm1_pf = time_layer(csr0, F, dp, engine.dtype) if agg_first else (t_gemm1, t_spmm1)
-        last_rows1, last_edges1, last_nd = float(src.size), float(max(nbrs.size, 1)), float(D.size)
     params = 2 * (F * dp + max(L - 2, 0) * dp * dp + dp * C)  # the model's parameters (the all-reduce)
     # counts scale to an epoch by seeds (an epoch's last batch may be short; the dry run's are full)
     k = min(engine.train_idx.numel(), iters * engine.batch_size) / max(acc["seeds"], 1)
@@ -383,11 +392,17 @@ def dry_run(engine: Any, requested: str = "auto", profile: Profile | None = None
     owned_bytes = engine.num_owned * (F * item + 8)
     N = int(engine.dg.node_ranges[-1])
     load_nocache: dict[str, float] = {}
-    built, gdp_batch = _time_builds(engine, [s for s in STRATEGIES if s not in engine.ruled_out], iters,
-                                    dry_epochs[0])
-    # the rest of a step (the upper layers, the loss, the framework's own work, the optimiser): the model timed on
-    # GDP's batch; without the model, the upper layers' kernels at the dry run's shapes and Adam on as many weights
-    step = _time_step(engine, gdp_batch) if gdp_batch is not None else None
+    # builds and steps of each strategy: the model timed on its own batches; without the model, layer 1's
+    # kernels scaled per strategy, the upper layers' kernels at the dry run's shapes and Adam on as many weights
+    built, steps = _time_builds(engine, [s for s in STRATEGIES if s not in engine.ruled_out], iters, dry_epochs[0])
+    step = steps.get("gdp")
+    if nb and any(s not in steps for s in STRATEGIES):  # layer 1's kernels, for the strategies without a step
+        t_gemm1, t_spmm1 = time_layer(csr0, F, dp, engine.dtype, aggregate_first=agg_first)
+        # NFP's input is a column slice (a CSR matrix): SAGE projects it first whatever the widths, from the
+        # slice's width (the widest rank's): a narrow GEMM writing as many output rows as a full one
+        w_nfp = int(np.diff(engine.column_bounds()).max())
+        t_gemm1_pf, t_spmm1_pf = time_layer(csr0, w_nfp, dp, engine.dtype)
+        last_rows1, last_edges1, last_nd = float(src.size), float(max(nbrs.size, 1)), float(D.size)
     if step is None and nb:
         for i, blk in enumerate(blocks):
             fout = C if i == len(blocks) - 1 else dp
@@ -457,23 +472,29 @@ def dry_run(engine: Any, requested: str = "auto", profile: Profile | None = None
         # compute: the measured layer times of one dry-run batch, scaled by each strategy's rows and edges
         att = 3.0 if gat else 1.0
         per_it = iters
-        rows_it = (rows1 + (csr_rows1 / P if s == "nfp" else 0.0)) / per_it
+        rows_it = (rows1 + csr_rows1) / per_it
         edges_it = edges1 / per_it
         # projections scale with the rows projected (all input rows, or the destinations when SAGE
         # aggregates first; NFP always projects its column slice first), aggregation with the edges
         tg, ts = (t_gemm1_pf, t_spmm1_pf) if s == "nfp" else (t_gemm1, t_spmm1)
-        # destination rows projected here: DNP's owner computes the destinations every rank asked for
-        dst_it = (acc["dnp_dst"] if s == "dnp" else acc["nd"]) * k / per_it
+        # destination rows projected here: DNP's owner computes the destinations every rank asked for, NFP
+        # every rank's destinations (at its slice's width)
+        if s == "nfp":
+            dst_it = sum(e["nd"] for e in every) / per_it
+        else:
+            dst_it = (acc["dnp_dst"] if s == "dnp" else acc["nd"]) * k / per_it
         if agg_first and s != "nfp":
             gemm_scale = dst_it / max(last_nd, 1.0)
         else:
             gemm_scale = (rows_it + dst_it) / max(last_rows1 + last_nd, 1.0)
         layer1[s] = tg * gemm_scale + att * ts * edges_it / last_edges1
-        if step is not None:  # the measured step, its layer 1 (GDP's, modelled) replaced by this strategy's
-            rest = max(step[0] - layer1["gdp"], 0.0) + step[1]
+        allreduce = prof.comm_time("allreduce", calls["allreduce"], b["allreduce"])
+        if s in steps:  # the strategy's own step, measured (its shuffles included: shown apart, as modelled)
+            sec["compute"] = max(per_it * sum(steps[s]) - sec["shuffle"], 0.0) + allreduce
+        elif step is not None:  # GDP's step, its layer 1 (modelled) replaced by this strategy's (a ruled-out one)
+            sec["compute"] = per_it * (max(step[0] - layer1["gdp"], 0.0) + step[1] + layer1[s]) + allreduce
         else:
-            rest = att * t_up + t_step
-        sec["compute"] = per_it * (layer1[s] + rest) + prof.comm_time("allreduce", calls["allreduce"], b["allreduce"])
+            sec["compute"] = per_it * (layer1[s] + att * t_up + t_step) + allreduce
         # memory: stored features (+ NFP's column slices, + cache), the largest batch's layer-1 input and activations
         store = owned_bytes + (cache_rows * row_bytes if s != "nfp" else 0)
         if s == "nfp":

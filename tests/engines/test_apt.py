@@ -213,29 +213,29 @@ def test_training_takes_the_dry_runs_samples(graph_file):
 
 
 def test_cost_model_times_the_models_step(graph_file, monkeypatch):
-    """The compute term is the model's step timed on a GDP batch with layer 1 swapped per strategy: a step
-    one second longer makes every strategy's epoch one second per iteration longer; without the model (a
-    name the options cannot build) the kernels' probes stand in."""
+    """The compute term is the model's step timed on each strategy's own batch: a step one second longer makes
+    that strategy's epoch one second per iteration longer; without the model (a name the options cannot
+    build) the kernels' probes stand in."""
     import hpc_graph.plan.dry_run as dr
 
     eng = _apt(graph_file, "gdp", fanouts=(3, 2), dry_run_batches=4)
-    batch = eng.batch(1, 0)
     state = torch.random.get_rng_state()
-    fb, opt = dr._time_step(eng, batch)
-    assert fb > 0 and opt > 0
-    assert torch.equal(torch.random.get_rng_state(), state)
+    built, steps = dr._time_builds(eng, ["gdp", "dnp"], eng.iterations(1), 1)
+    assert set(built) == set(steps) == {"gdp", "dnp"} and all(fb > 0 and opt > 0 for fb, opt in steps.values())
+    assert torch.equal(torch.random.get_rng_state(), state) and eng.strategy == "gdp"
     eng.model_name = "no-such-model"
-    assert dr._time_step(eng, batch) is None
+    assert dr._time_builds(eng, ["gdp", "dnp"], eng.iterations(1), 1)[1] == {}
     plan_k = eng.run_dry_run("gdp")
     assert all(plan_k.costs[s].seconds["compute"] > 0 for s in dr.STRATEGIES)
     eng.model_name = "sage"
-    monkeypatch.setattr(dr, "time_layer", lambda *a, **k: (0.01, 0.002))  # layer 1's probes, fixed
-    computes = []
+    totals = []
     for t in (1.0, 2.0):
-        monkeypatch.setattr(dr, "_time_step", lambda engine, b, t=t: (t, 0.25))
+        monkeypatch.setattr(dr, "_stepper", lambda engine, t=t: (lambda batch: t + dr.STRATEGIES.index(engine.strategy),
+                                                                   0.25))
         plan = eng.run_dry_run("gdp")
-        computes.append({s: plan.costs[s].seconds["compute"] for s in dr.STRATEGIES})
+        totals.append({s: plan.costs[s].total - plan.costs[s].seconds["build"] - plan.costs[s].seconds["load"]
+                       for s in dr.STRATEGIES})
     iters = eng.iterations(1)
-    for s in dr.STRATEGIES:
-        assert computes[1][s] - computes[0][s] == pytest.approx(iters * 1.0, rel=1e-9)
-    assert computes[0]["gdp"] == pytest.approx(iters * 1.25, rel=1e-9)  # one process: no all-reduce
+    for i, s in enumerate(dr.STRATEGIES):  # one process: no all-reduce, no shuffle
+        assert totals[0][s] == pytest.approx(iters * (1.0 + i + 0.25), rel=1e-9)
+        assert totals[1][s] - totals[0][s] == pytest.approx(iters * 1.0, rel=1e-9)
