@@ -3,6 +3,7 @@
     python benchmarks/bench_apt.py prepare --scale 18 --work results/apt
     python benchmarks/bench_apt.py prepare --graph csbm --dims 128 --parts 2 --work results/apt
     mpiexec -n 2 python benchmarks/bench_apt.py run --work results/apt --out results/bench_apt_r2.jsonl
+    python benchmarks/bench_apt.py matrix --ranks 2 --work results/apt --iters 20 --out results/bench_apt_r2.jsonl
     mpiexec -n 4 python benchmarks/bench_apt.py run --work results/apt --out results/bench_apt_r4.jsonl --iters 2
     python benchmarks/bench_apt.py report results/bench_apt_r2.jsonl --plot docs/img/apt_strategies.png
     python benchmarks/bench_apt.py accuracy --out results/bench_apt_accuracy.json
@@ -17,6 +18,9 @@ every strategy, then for every strategy ``--iters`` training iterations of epoch
 epochs; forward, backward, gradient all-reduce, Adam step) after one warm-up, timed on every rank; the measured epoch is the slowest rank's
 median iteration times the iterations of an epoch. Bytes per operation measured over the timed iterations
 are scaled to an epoch the same way (the 4-rank run checks bytes; its timings share 2 cores among 4 ranks).
+
+``matrix`` (not under ``mpiexec``): ``run`` once per configuration, each in a fresh ``mpiexec -n RANKS`` job,
+as a training job would run it (one process running every configuration gets slower as it goes).
 
 ``report``: the table of measured and predicted epochs, prediction errors, the winner, ``auto``'s choice
 and regret, and its speed-up over always-GDP. The plan's cost is shown twice: ``plan_seconds`` (the
@@ -169,6 +173,19 @@ def run(args) -> None:
         del eng
 
 
+def matrix(args) -> None:
+    """``run`` once per configuration, each in a fresh ``mpiexec -n RANKS`` job (not under mpiexec itself): a
+    long-lived process that has built and dropped many engines runs the later configurations up to 20 %
+    slower than a fresh one does (its memory), which is not what a training job sees."""
+    for cfg in _configs(args, args.ranks):
+        cmd = ["mpiexec", "-n", str(args.ranks), sys.executable, str(Path(__file__).resolve()), "run",
+               "--work", args.work, "--scale", str(args.scale), "--graph", args.graph,
+               "--csbm-nodes", str(args.csbm_nodes), "--dims", str(cfg["d"]), "--hidden", str(cfg["hidden"]),
+               "--cache", str(cfg["cache"]), "--methods", cfg["method"], "--batch", str(args.batch),
+               "--iters", str(args.iters), "--dry-batches", str(args.dry_batches), "--out", args.out]
+        subprocess.run(cmd, check=True)
+
+
 def report(args) -> None:
     rows = [json.loads(line) for f in args.files for line in open(f) if line.strip()]
     errs, regrets, speedups, overheads, nets = [], [], [], [], []
@@ -290,19 +307,22 @@ def main() -> int:
     pp.add_argument("--dims", type=int, nargs="+", default=[128, 512])
     pp.add_argument("--parts", type=int, nargs="+", default=[2, 4])
     pp.add_argument("--work", default="results/apt")
-    rp = sub.add_parser("run")
-    rp.add_argument("--work", default="results/apt")
-    rp.add_argument("--scale", type=int, default=18)
-    rp.add_argument("--graph", choices=("rmat", "csbm"), default="rmat")
-    rp.add_argument("--csbm-nodes", type=int, default=200_000)
-    rp.add_argument("--dims", type=int, nargs="+", default=[128, 512])
-    rp.add_argument("--hidden", type=int, nargs="+", default=[16, 64, 256])
-    rp.add_argument("--cache", type=float, nargs="+", default=[0.0, 0.1])
-    rp.add_argument("--methods", nargs="+", default=["metis", "random"])
-    rp.add_argument("--batch", type=int, default=1024)
-    rp.add_argument("--iters", type=int, default=6)
-    rp.add_argument("--dry-batches", type=int, default=20)
-    rp.add_argument("--out", required=True)
+    for name in ("run", "matrix"):
+        rp = sub.add_parser(name)
+        rp.add_argument("--work", default="results/apt")
+        rp.add_argument("--scale", type=int, default=18)
+        rp.add_argument("--graph", choices=("rmat", "csbm"), default="rmat")
+        rp.add_argument("--csbm-nodes", type=int, default=200_000)
+        rp.add_argument("--dims", type=int, nargs="+", default=[128, 512])
+        rp.add_argument("--hidden", type=int, nargs="+", default=[16, 64, 256])
+        rp.add_argument("--cache", type=float, nargs="+", default=[0.0, 0.1])
+        rp.add_argument("--methods", nargs="+", default=["metis", "random"])
+        rp.add_argument("--batch", type=int, default=1024)
+        rp.add_argument("--iters", type=int, default=6)
+        rp.add_argument("--dry-batches", type=int, default=20)
+        rp.add_argument("--out", required=True)
+        if name == "matrix":
+            rp.add_argument("--ranks", type=int, default=2)
     ap_ = sub.add_parser("accuracy")
     ap_.add_argument("--work", default="results/apt")
     ap_.add_argument("--seeds", type=int, default=5)
@@ -312,7 +332,7 @@ def main() -> int:
     rr.add_argument("files", nargs="+")
     rr.add_argument("--plot", help="write the figure of measured and predicted epochs here (PNG)")
     args = ap.parse_args()
-    {"prepare": prepare, "run": run, "report": report, "accuracy": accuracy}[args.cmd](args)
+    {"prepare": prepare, "run": run, "matrix": matrix, "report": report, "accuracy": accuracy}[args.cmd](args)
     return 0
 
 
