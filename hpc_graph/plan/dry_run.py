@@ -180,7 +180,7 @@ def _time_builds(engine: Any, strategies: list[str], iters: int, epoch: int,
     cache, and of a training step of the model on each batch built, as training runs them: build, then step
     (collective). Every strategy builds the same ``batches`` batches, in rounds (one batch of each strategy
     per round, so a slow moment does not fall on one strategy's every batch); a strategy's build time is its
-    fastest batch (a batch is only ever slowed down: page-fault storms, the other ranks), its step the median
+    fastest batch (a batch is only ever slowed down: page-fault storms, the other ranks), and so is its step
     (``(forward + loss + backward, Adam)`` per strategy; ``{}`` without a model, see :func:`_stepper`). A
     strategy that has not built a batch in this process yet first builds one, and steps on it, untimed (its
     kernels loaded); NFP's column layout is made before the timed batches. The engine's state is restored;
@@ -211,7 +211,7 @@ def _time_builds(engine: Any, strategies: list[str], iters: int, epoch: int,
     t = torch.tensor([min(times[s]) for s in strategies], dtype=torch.float64)
     if engine.size > 1:
         engine.comm.allreduce_(t, "max")
-    steps = {s: (float(np.median(step_times[s])), t_opt) for s in strategies} if step is not None else {}
+    steps = {s: (min(step_times[s]), t_opt) for s in strategies} if step is not None else {}
     return {s: float(v) * iters for s, v in zip(strategies, t.tolist())}, steps
 
 
