@@ -148,7 +148,9 @@ class EngineConfig:
                              "`apt`: MiB per rank of remote input-feature rows cached, the hottest in the dry "
                              "run for the chosen strategy. 0: no cache.")
     dry_run_batches: int = _field(20, _only(_int(1), "apt"),
-                                  "`apt`: batches the dry run samples (with `strategy: auto` or a cache).")
+                                  "`apt`: batches the dry run samples (with `strategy: auto` or a cache): the first "
+                                  "iterations of the first 8 epochs, whose samples training then takes from the dry "
+                                  "run instead of sampling them again.")
     profile_mb: float = _field(64.0, _only(_float(0.0, lo_open=True), "apt"),
                                "`apt`: largest message (MiB) of the machine profile the cost model fits "
                                "(alltoallv, exchange, all-reduce from 1 KiB up).")
