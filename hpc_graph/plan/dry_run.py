@@ -208,6 +208,8 @@ def _time_builds(engine: Any, strategies: list[str], iters: int, epoch: int,
                 if step is not None:
                     step_times[s].append(step(batch))
                 del batch
+                if engine.size > 1:  # as training's gradient all-reduce: the next build starts together, its
+                    engine.comm.barrier()  # time not holding a wait for a slower rank's step
     t = torch.tensor([min(times[s]) for s in strategies], dtype=torch.float64)
     if engine.size > 1:
         engine.comm.allreduce_(t, "max")
