@@ -98,7 +98,6 @@ def run(args) -> None:
     for cfg in _configs(args, size):
         # cache: a fraction of this rank's remote rows, in MiB
         row = cfg["d"] * 4 + 8
-        t0 = time.perf_counter()
         eng = create_engine("apt", cfg["path"], comm, torch.device("cpu"), torch.float32,
                             {"fanouts": (10, 5), "batch_size": args.batch, "strategy": "auto", "model": "sage",
                              "hidden": cfg["hidden"], "seed": 0, "dry_run_batches": args.dry_batches,

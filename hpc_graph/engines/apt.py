@@ -395,8 +395,7 @@ class APTEngine(Engine):
         return out
 
     def _build_nfp(self, dst: np.ndarray, epoch: int, hop0: tuple | None = None):
-        if self._nfp is None:
-            self._setup_nfp()
+        self.prepare("nfp")
         nfp = self._nfp
         counts, nbrs, deg = hop0 if hop0 is not None else self.hop(dst, 0, epoch)
         src, col = relabel(dst, nbrs)
