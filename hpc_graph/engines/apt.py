@@ -168,11 +168,13 @@ class APTEngine(Engine):
             self._nfp = None  # every node's column slice: not kept for the other strategies
         self.reset_stats()
 
-    def prepare(self, strategy: str) -> None:
+    def prepare(self, strategy: str, timing: bool = False) -> None:
         """Make ``strategy``'s one-time layout if it is missing (NFP: every node's slice of this rank's feature
-        columns; collective for ``nfp``); nothing else changes."""
-        if strategy == "nfp" and self._nfp is None:
-            self._setup_nfp()
+        columns; collective for ``nfp``); nothing else changes. ``timing``: a layout only to time batches on
+        (the dry run): NFP's slices of the right shape, zero, without exchanging the features (a gather and a
+        product take as long whatever the values); a later ``prepare`` without ``timing`` makes the real one."""
+        if strategy == "nfp" and (self._nfp is None or (self._nfp["timing"] and not timing)):
+            self._setup_nfp(timing)
 
     def run_dry_run(self, requested: str = "auto") -> Any:
         """Run the dry run and cost model (collective; :mod:`hpc_graph.plan.dry_run`), keep and return the
@@ -216,17 +218,22 @@ class APTEngine(Engine):
         """int64[P+1]: rank r holds feature columns ``bounds[r]:bounds[r+1]`` under NFP."""
         return np.linspace(0, self.num_features, self.size + 1).round().astype(np.int64)
 
-    def _setup_nfp(self) -> None:
+    def _setup_nfp(self, timing: bool = False) -> None:
         """Redistribute the features by columns (every node's slice of this rank's columns) and gather every
-        node's in-degree (collective)."""
+        node's in-degree (collective). ``timing``: zero slices instead of the features (see :meth:`prepare`)."""
+        self._nfp = None  # a layout made for timing is not held alongside the real one
         bounds = self.column_bounds()
         ranges = np.asarray(self.dg.node_ranges, dtype=np.int64)
-        parts = [self.host_feat[:, bounds[q]:bounds[q + 1]].contiguous().reshape(-1) for q in range(self.size)]
-        got, _ = self.comm.alltoallv(torch.cat(parts), np.array([p.numel() for p in parts], dtype=np.int64))
         width = int(bounds[self.rank + 1] - bounds[self.rank])
-        cols = got.view(int(ranges[-1]), width)
+        if timing:
+            cols = torch.zeros(int(ranges[-1]), width, dtype=self.host_feat.dtype)
+        else:
+            parts = [self.host_feat[:, bounds[q]:bounds[q + 1]].contiguous().reshape(-1) for q in range(self.size)]
+            got, _ = self.comm.alltoallv(torch.cat(parts), np.array([p.numel() for p in parts], dtype=np.int64))
+            cols = got.view(int(ranges[-1]), width)
         deg, _ = self.comm.alltoallv(self.owned_degree.repeat(self.size), np.full(self.size, self.num_owned))
-        self._nfp = {"bounds": bounds, "cols": cols, "degree": deg, "lo": int(bounds[self.rank]), "width": width}
+        self._nfp = {"bounds": bounds, "cols": cols, "degree": deg, "lo": int(bounds[self.rank]), "width": width,
+                     "timing": timing}
 
     @contextlib.contextmanager
     def scratch(self, cache: bool = True) -> Iterator[None]:
@@ -395,7 +402,8 @@ class APTEngine(Engine):
         return out
 
     def _build_nfp(self, dst: np.ndarray, epoch: int, hop0: tuple | None = None):
-        self.prepare("nfp")
+        if self._nfp is None:  # (within the dry run, a layout made for timing is used as it is)
+            self.prepare("nfp")
         nfp = self._nfp
         counts, nbrs, deg = hop0 if hop0 is not None else self.hop(dst, 0, epoch)
         src, col = relabel(dst, nbrs)

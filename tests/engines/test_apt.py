@@ -239,3 +239,50 @@ def test_cost_model_times_the_models_step(graph_file, monkeypatch):
     for i, s in enumerate(dr.STRATEGIES):  # one process: no all-reduce, no shuffle
         assert totals[0][s] == pytest.approx(iters * (1.0 + i + 0.25), rel=1e-9)
         assert totals[1][s] - totals[0][s] == pytest.approx(iters * 1.0, rel=1e-9)
+
+
+def test_dry_run_times_nfp_on_zero_slices_and_training_gets_the_real_ones(graph_file):
+    """The dry run times NFP on zero column slices of the right shape (no feature exchange: only the degrees
+    travel); the layout is undone after the plan, and switching to NFP makes the real one."""
+    eng = _apt(graph_file, "gdp", fanouts=(3, 2), dry_run_batches=4)
+    assert eng._nfp is None  # the plan's layout is not kept for gdp
+    sent = []
+    real_alltoallv = eng.comm.alltoallv
+    eng.comm.alltoallv = lambda buf, counts, *a, **k: (sent.append(buf.numel()), real_alltoallv(buf, counts, *a, **k))[1]
+    eng.prepare("nfp", timing=True)
+    lay = eng._nfp
+    n, f = eng.host_feat.shape
+    assert lay["timing"] and lay["cols"].shape == (n, f) and not lay["cols"].any()
+    assert sent == [eng.num_owned]  # the in-degrees only
+    eng.prepare("nfp", timing=True)
+    assert eng._nfp is lay  # kept as it is for more timing
+    eng.strategy = "nfp"
+    timed = eng.batch(1, 0)
+    assert not timed.feat.to_dense().any()
+    eng.use_strategy("nfp")  # training: the real slices (one process: every column)
+    assert not eng._nfp["timing"] and torch.equal(eng._nfp["cols"], eng.host_feat)
+    real = eng.batch(1, 0)
+    for a, b in zip(timed.graph.blocks, real.graph.blocks):
+        assert torch.equal(a.csr.indptr, b.csr.indptr) and torch.equal(a.csr.indices, b.csr.indices)
+    assert real.feat.to_dense().abs().sum() > 0
+
+
+def test_timed_builds_take_the_dry_runs_samples(graph_file, monkeypatch):
+    """The cost model's timed batches are two of the dry run's: they do not sample their upper hops again, and the
+    dry run's sampling seconds per batch are added to their build (block 0's hop not for DNP, whose owners
+    sample it in its build)."""
+    import hpc_graph.plan.dry_run as dr
+
+    eng = _apt(graph_file, "auto", fanouts=(3, 2), dry_run_batches=12)
+    samples = dict(eng._presampled)
+    assert (1, 0) in samples and (1, 1) in samples
+    calls = []
+    real = eng.sample_upper
+    monkeypatch.setattr(eng, "sample_upper", lambda *a, **k: (calls.append(1), real(*a, **k))[1])
+    iters = eng.iterations(1)
+    built, _ = dr._time_builds(eng, ["gdp", "dnp"], iters, 1, samples=samples, sampling=(10.0, 100.0))
+    assert calls == [] and eng._presampled == samples  # the engine's kept samples are as they were
+    assert 110.0 * iters <= built["gdp"] < 111.0 * iters
+    assert 10.0 * iters <= built["dnp"] < 11.0 * iters
+    built, _ = dr._time_builds(eng, ["gdp"], iters, 1, samples={}, sampling=(10.0, 100.0))
+    assert calls and built["gdp"] < 1.0 * iters  # no samples: sampled and timed as they are
