@@ -201,7 +201,8 @@ class SeedSchedule:
     """Which training nodes each rank takes as seeds at each iteration of an epoch.
 
     Every rank runs the same number of iterations (the smallest ``ceil(train nodes / batch_size)``, agreed
-    by an all-reduce); a rank's seeds are its training nodes in an order drawn from ``(seed, epoch, rank)``.
+    by an all-reduce when the schedule is made: construct it on every rank); a rank's seeds are its training
+    nodes in an order drawn from ``(seed, epoch, rank)``.
 
     Args:
         train_idx: int64[t] local ids of the rank's training nodes.
@@ -212,13 +213,14 @@ class SeedSchedule:
 
     def __init__(self, train_idx: torch.Tensor, batch_size: int, seed: int, comm: Any):
         self.train_idx, self.batch_size, self.seed, self.comm = train_idx, int(batch_size), int(seed), comm
+        mine = torch.tensor([-(-self.train_idx.numel() // self.batch_size)], dtype=torch.float64)
+        if comm.size > 1:
+            comm.allreduce_(mine, "min")
+        self._iterations = int(mine.item())
 
     def iterations(self) -> int:
-        """Iterations of every rank per epoch (collective)."""
-        mine = torch.tensor([-(-self.train_idx.numel() // self.batch_size)], dtype=torch.float64)
-        if self.comm.size > 1:
-            self.comm.allreduce_(mine, "min")
-        return int(mine.item())
+        """Iterations of every rank per epoch (agreed when the schedule was made; not collective)."""
+        return self._iterations
 
     def order(self, epoch: int) -> torch.Tensor:
         """The rank's training nodes (local ids) in epoch ``epoch``'s order."""
