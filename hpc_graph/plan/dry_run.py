@@ -17,9 +17,8 @@ epochs (the samples of every strategy are the same), and counts for every strate
 Unlike APT, the prediction includes compute and memory, and times what it can instead of modelling
 it: ``epoch = build + load + shuffle + compute`` for the slowest rank, where ``build`` (sampling,
 structure, blocks) is each strategy's batch building timed on two batches (timed without a cache,
-the loading of the input rows included: its modelled time is taken off; their sampling taken from the
-dry run's and its median time per batch added; NFP timed on zero column slices, so that the plan does
-not exchange the features by columns), ``load`` and ``shuffle`` are
+the loading of the input rows included: its modelled time is taken off; NFP timed on zero column
+slices, so that the plan does not exchange the features by columns), ``load`` and ``shuffle`` are
 ``alpha * calls + bytes / beta`` with the :mod:`~hpc_graph.plan.profile` fits (``load`` with the
 cache), and ``compute`` is a training step of the model timed on the strategy's own batches right after
 building them, as training runs them (forward, loss, backward, Adam; :func:`_time_builds`; its layer-1
@@ -176,25 +175,21 @@ def _stepper(engine: Any) -> Any:
     return step, t_opt
 
 
-def _time_builds(engine: Any, strategies: list[str], iters: int, epoch: int, batches: int = 2,
-                 samples: dict | None = None, sampling: tuple[float, float] = (0.0, 0.0),
-                 ) -> tuple[dict[str, float], dict[str, tuple[float, float]]]:
+def _time_builds(engine: Any, strategies: list[str], iters: int, epoch: int,
+                 batches: int = 2) -> tuple[dict[str, float], dict[str, tuple[float, float]]]:
     """Seconds per epoch of each strategy's batch building (sampling, structure, input rows, blocks), without a
     cache, and of a training step of the model on each batch built, as training runs them: build, then step
     (collective). Every strategy builds the same ``batches`` batches (iterations ``0..batches-1`` of
     ``epoch``), in rounds (one batch of each strategy per round, so a slow moment does not fall on one
     strategy's every batch); a strategy's build time is its fastest batch (a batch is only ever slowed down:
     page-fault storms, the other ranks), and so is its step (``(forward + loss + backward, Adam)`` per
-    strategy; ``{}`` without a model, see :func:`_stepper`). A batch found in ``samples`` (the dry run's, the
-    same on every rank) takes its sampling from there, as training does, and ``sampling`` (seconds per
-    batch of the upper hops and of block 0's hop, as the dry run measured them) is added for it (not block
-    0's for DNP, whose owners sample it in its build). A strategy that has not built a batch in this process
+    strategy; ``{}`` without a model, see :func:`_stepper`). The batches sample for themselves (their
+    sampling timed where training runs it, between steps). A strategy that has not built a batch in this process
     yet first builds one, and steps on it, untimed (its kernels loaded); NFP's column layout is made before
     the timed batches. The engine's state is restored; NFP's column layout is kept only if the engine already
     had it."""
     if iters == 0 or not strategies:
         return {}, {}
-    samples = samples or {}
     step, t_opt = _stepper(engine)
     n = min(max(batches, 1), max(iters, 1))
     times: dict[str, list[float]] = {s: [] for s in strategies}
@@ -210,14 +205,11 @@ def _time_builds(engine: Any, strategies: list[str], iters: int, epoch: int, bat
                 if step is not None:
                     step(warm)
         for it in range(n):
-            key = (int(epoch), it % max(iters, 1))
             for s in strategies:
                 engine.strategy = s
-                engine._presampled = {key: samples[key]} if key in samples else {}
-                extra = (sampling[0] + (sampling[1] if s != "dnp" else 0.0)) if key in samples else 0.0
                 t0 = time.perf_counter()
-                batch = engine.batch(*key)
-                times[s].append(time.perf_counter() - t0 + extra)
+                batch = engine.batch(epoch, it % max(iters, 1))
+                times[s].append(time.perf_counter() - t0)
                 if step is not None:
                     step_times[s].append(step(batch))
                 del batch
@@ -253,7 +245,6 @@ def dry_run(engine: Any, requested: str = "auto", profile: Profile | None = None
     snp_e = np.zeros(P, np.int64)
     snp_u = np.zeros(P, np.int64)
     local_times: list[float] = []  # per batch: sampling outside communication
-    hop_times: list[tuple[float, float]] = []  # per batch: seconds of the upper hops and of block 0's hop
     # kept for training (the first epochs' batches, in sampling order until one would pass KEEP_MB), with the
     # seconds of their upper hops and of their block-0 hop
     kept: list[tuple[tuple[int, int], tuple, float, float]] = []
@@ -278,7 +269,6 @@ def dry_run(engine: Any, requested: str = "auto", profile: Profile | None = None
             t2 = time.perf_counter()
             src, col = relabel(D, nbrs)
             local_times.append((time.perf_counter() - t0) - (comm.comm_seconds - c0))
-            hop_times.append((t1 - t0, t2 - t1))
             size = sum(a.nbytes for h in upper for a in h[1:]) + D.nbytes + counts.nbytes + nbrs.nbytes + deg.nbytes
             kept_bytes += size
             if kept_bytes <= KEEP_MB << 20 and len(kept) == n_done:  # training takes this batch's sampling from here
@@ -415,10 +405,7 @@ def dry_run(engine: Any, requested: str = "auto", profile: Profile | None = None
     load_nocache: dict[str, float] = {}
     # builds and steps of each strategy: the model timed on its own batches; without the model, layer 1's
     # kernels scaled per strategy, the upper layers' kernels at the dry run's shapes and Adam on as many weights
-    # (the timed batches take their sampling from the dry run's, and its median time per batch)
-    sampling = tuple(float(v) for v in np.median(np.array(hop_times), 0)) if hop_times else (0.0, 0.0)
-    built, steps = _time_builds(engine, [s for s in STRATEGIES if s not in engine.ruled_out], iters, dry_epochs[0],
-                                samples=samples, sampling=sampling)
+    built, steps = _time_builds(engine, [s for s in STRATEGIES if s not in engine.ruled_out], iters, dry_epochs[0])
     step = steps.get("gdp")
     if nb and any(s not in steps for s in STRATEGIES):  # layer 1's kernels, for the strategies without a step
         t_gemm1, t_spmm1 = time_layer(csr0, F, dp, engine.dtype, aggregate_first=agg_first)

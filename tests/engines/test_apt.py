@@ -266,23 +266,3 @@ def test_dry_run_times_nfp_on_zero_slices_and_training_gets_the_real_ones(graph_
         assert torch.equal(a.csr.indptr, b.csr.indptr) and torch.equal(a.csr.indices, b.csr.indices)
     assert real.feat.to_dense().abs().sum() > 0
 
-
-def test_timed_builds_take_the_dry_runs_samples(graph_file, monkeypatch):
-    """The cost model's timed batches are two of the dry run's: they do not sample their upper hops again, and the
-    dry run's sampling seconds per batch are added to their build (block 0's hop not for DNP, whose owners
-    sample it in its build)."""
-    import hpc_graph.plan.dry_run as dr
-
-    eng = _apt(graph_file, "auto", fanouts=(3, 2), dry_run_batches=12)
-    samples = dict(eng._presampled)
-    assert (1, 0) in samples and (1, 1) in samples
-    calls = []
-    real = eng.sample_upper
-    monkeypatch.setattr(eng, "sample_upper", lambda *a, **k: (calls.append(1), real(*a, **k))[1])
-    iters = eng.iterations(1)
-    built, _ = dr._time_builds(eng, ["gdp", "dnp"], iters, 1, samples=samples, sampling=(10.0, 100.0))
-    assert calls == [] and eng._presampled == samples  # the engine's kept samples are as they were
-    assert 110.0 * iters <= built["gdp"] < 111.0 * iters
-    assert 10.0 * iters <= built["dnp"] < 11.0 * iters
-    built, _ = dr._time_builds(eng, ["gdp"], iters, 1, samples={}, sampling=(10.0, 100.0))
-    assert calls and built["gdp"] < 1.0 * iters  # no samples: sampled and timed as they are
