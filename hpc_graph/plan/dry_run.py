@@ -183,11 +183,10 @@ def _time_builds(engine: Any, strategies: list[str], iters: int, epoch: int,
     ``epoch``), in rounds (one batch of each strategy per round, so a slow moment does not fall on one
     strategy's every batch); a strategy's build time is its fastest batch (a batch is only ever slowed down:
     page-fault storms, the other ranks), and so is its step (``(forward + loss + backward, Adam)`` per
-    strategy; ``{}`` without a model, see :func:`_stepper`). The batches sample for themselves (their
-    sampling timed where training runs it, between steps). A strategy that has not built a batch in this process
-    yet first builds one, and steps on it, untimed (its kernels loaded); NFP's column layout is made before
-    the timed batches. The engine's state is restored; NFP's column layout is kept only if the engine already
-    had it."""
+    strategy; ``{}`` without a model, see :func:`_stepper`). A strategy that has not built a batch in this
+    process yet first builds one, and steps on it, untimed (its kernels loaded); NFP's column layout is made
+    before the timed batches (zero slices unless the engine holds the real one). The engine's state is
+    restored; NFP's column layout is kept only if the engine already had it."""
     if iters == 0 or not strategies:
         return {}, {}
     step, t_opt = _stepper(engine)

@@ -241,14 +241,19 @@ def test_cost_model_times_the_models_step(graph_file, monkeypatch):
         assert totals[1][s] - totals[0][s] == pytest.approx(iters * 1.0, rel=1e-9)
 
 
-def test_dry_run_times_nfp_on_zero_slices_and_training_gets_the_real_ones(graph_file):
+def test_dry_run_times_nfp_on_zero_slices_and_training_gets_the_real_ones(graph_file, monkeypatch):
     """The dry run times NFP on zero column slices of the right shape (no feature exchange: only the degrees
     travel); the layout is undone after the plan, and switching to NFP makes the real one."""
     eng = _apt(graph_file, "gdp", fanouts=(3, 2), dry_run_batches=4)
     assert eng._nfp is None  # the plan's layout is not kept for gdp
     sent = []
-    real_alltoallv = eng.comm.alltoallv
-    eng.comm.alltoallv = lambda buf, counts, *a, **k: (sent.append(buf.numel()), real_alltoallv(buf, counts, *a, **k))[1]
+    real_alltoallv = eng.comm.alltoallv  # (the process's one local communicator: patched for this test only)
+
+    def counting(buf, counts, *a, **k):
+        sent.append(buf.numel())
+        return real_alltoallv(buf, counts, *a, **k)
+
+    monkeypatch.setattr(eng.comm, "alltoallv", counting)
     eng.prepare("nfp", timing=True)
     lay = eng._nfp
     n, f = eng.host_feat.shape
@@ -265,4 +270,3 @@ def test_dry_run_times_nfp_on_zero_slices_and_training_gets_the_real_ones(graph_
     for a, b in zip(timed.graph.blocks, real.graph.blocks):
         assert torch.equal(a.csr.indptr, b.csr.indptr) and torch.equal(a.csr.indices, b.csr.indices)
     assert real.feat.to_dense().abs().sum() > 0
-
