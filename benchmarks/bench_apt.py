@@ -98,26 +98,31 @@ def run(args) -> None:
     for cfg in _configs(args, size):
         # cache: a fraction of this rank's remote rows, in MiB
         row = cfg["d"] * 4 + 8
+        timing = args.plan_timing
         eng = create_engine("apt", cfg["path"], comm, torch.device("cpu"), torch.float32,
                             {"fanouts": (10, 5), "batch_size": args.batch, "strategy": "auto", "model": "sage",
                              "hidden": cfg["hidden"], "seed": 0, "dry_run_batches": args.dry_batches,
-                             "cache_mb": 0.0})
+                             "cache_mb": 0.0, "plan_timing": timing})
         if cfg["cache"] > 0:  # the cache size depends on the graph: re-plan with it
             remote = int(eng.dg.node_ranges[-1]) - eng.num_owned
             eng.cache_mb = cfg["cache"] * remote * row / 2**20
-            eng.run_dry_run("auto")
+            eng.run_dry_run("auto", timing)
         plan = eng.plan
         plan_seconds = plan.dry_seconds + plan.profile.seconds  # the first plan of the process pays the profile
+        tune_cold = _tune(eng, cfg, comm)  # training's first iterations, timing the strategies (training timing)
         t1 = time.perf_counter()
-        warm = eng.run_dry_run("auto")  # again, warm (kernels loaded, profile kept): what a long job pays
+        warm = eng.run_dry_run("auto", timing)  # again, warm (kernels loaded, profile kept): what a long job pays
         warm_seconds = time.perf_counter() - t1
+        tune_warm = _tune(eng, cfg, comm)
         reused = dict(warm.reused_seconds)  # sampling of the first epochs' batches that training will not repeat
+        warm_choice = warm.choice
         eng.plan = plan
         eng.discard_samples()  # timed below: steady-state iterations, every batch sampled
         iters = eng.iterations(EPOCH)
         del warm
         rec = {**cfg, "ranks": size, "iterations": iters, "plan_seconds": plan_seconds, "warm_plan_seconds": warm_seconds,
-               "reused_seconds": reused,
+               "plan_timing": timing, "tune_seconds": tune_cold, "warm_tune_seconds": tune_warm,
+               "warm_choice": warm_choice, "reused_seconds": reused,
                "dry_seconds": plan.dry_seconds, "profile_seconds": plan.profile.seconds, "choice": plan.choice,
                "predicted": {s: plan.predicted(s) for s in STRATS},
                "predicted_terms": {s: plan.costs[s].seconds for s in STRATS},
@@ -158,6 +163,11 @@ def run(args) -> None:
             rec["measured_bytes"][s] = {k: v * scale for k, v in st["bytes_by_op"].items()}
             rec["cache_hit_rate"][s] = st["cache_hit_rate"]
             rec.setdefault("measured_build", {})[s] = st["build_seconds"] * scale
+        # what timing the strategies in training cost: its iterations (the last one, which finalizes the plan and
+        # switches to the choice, included) less as many iterations of the chosen strategy
+        for key, ch, tune in (("plan_seconds", plan.choice, tune_cold), ("warm_plan_seconds", warm_choice, tune_warm)):
+            if tune and ch in rec["measured"]:
+                rec[key] += sum(tune) - len(tune) * rec["measured"][ch] / iters
         if rank == 0:
             out.write(json.dumps(rec) + "\n")
             out.flush()
@@ -172,6 +182,46 @@ def run(args) -> None:
         del eng
 
 
+def _tune(eng, cfg, comm) -> list[float]:
+    """Training iterations of epoch 1 while the engine times the strategies in them (``plan_timing:
+    training``), the last one (which finalizes the plan) included: each one's seconds (every rank's slowest)."""
+    import torch
+    import torch.nn.functional as F
+
+    from hpc_graph.nn import build_model
+
+    if not eng.tuning:
+        return []
+    torch.manual_seed(0)
+    model = build_model("sage", eng.num_features, cfg["hidden"], eng.num_classes, num_layers=2, dropout=0.0)
+    opt = torch.optim.Adam(model.parameters(), lr=0.01)
+    params = list(model.parameters())
+    iters = eng.iterations(1)
+    _, sizes = eng.batch_sizes(1, iters)
+    times = []
+    it = 0
+    while eng.tuning and it < iters:
+        comm.barrier()
+        t = time.perf_counter()
+        layout = eng.layout_seconds
+        opt.zero_grad()
+        batch = eng.batch(1, it)
+        loss = F.cross_entropy(model(batch.graph, batch.feat), batch.label, reduction="sum") / sizes[it]
+        loss.backward()
+        for p in params:
+            if p.grad is None:
+                p.grad = torch.zeros_like(p)
+        comm.allreduce_bucketed_([p.grad for p in params])
+        opt.step()
+        # NFP's column layout, made when the plan chooses NFP: a run told to use NFP makes it too
+        times.append(time.perf_counter() - t - (eng.layout_seconds - layout))
+        it += 1
+    eng.end_epoch(1, 0.0, 0.0)
+    v = torch.tensor(times, dtype=torch.float64)
+    comm.allreduce_(v, "max")
+    return v.tolist()
+
+
 def matrix(args) -> None:
     """``run`` once per configuration, each in a fresh ``mpiexec -n RANKS`` job (not under mpiexec itself): a
     long-lived process that has built and dropped many engines runs the later configurations up to 20 %
@@ -181,7 +231,8 @@ def matrix(args) -> None:
                "--work", args.work, "--scale", str(args.scale), "--graph", args.graph,
                "--csbm-nodes", str(args.csbm_nodes), "--dims", str(cfg["d"]), "--hidden", str(cfg["hidden"]),
                "--cache", str(cfg["cache"]), "--methods", cfg["method"], "--batch", str(args.batch),
-               "--iters", str(args.iters), "--dry-batches", str(args.dry_batches), "--out", args.out]
+               "--iters", str(args.iters), "--dry-batches", str(args.dry_batches), "--plan-timing", args.plan_timing,
+               "--out", args.out]
         subprocess.run(cmd, check=True)
 
 
@@ -319,6 +370,7 @@ def main() -> int:
         rp.add_argument("--batch", type=int, default=1024)
         rp.add_argument("--iters", type=int, default=6)
         rp.add_argument("--dry-batches", type=int, default=20)
+        rp.add_argument("--plan-timing", choices=("training", "dry_run"), default="training")
         rp.add_argument("--out", required=True)
         if name == "matrix":
             rp.add_argument("--ranks", type=int, default=2)

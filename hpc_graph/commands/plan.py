@@ -146,6 +146,7 @@ def _run_apt(args: argparse.Namespace, config: Any) -> int:
         comm = get_communicator(config.train.comm_backend)
         options = engine_options_from_config(config, "apt")
         options["strategy"] = "auto"
+        options["plan_timing"] = "dry_run"  # no training follows to time the strategies: time them all here
         engine = create_engine("apt", config.data.path, comm, torch.device("cpu"), _DTYPES[config.train.dtype],
                                options)
     except (ConfigError, ValueError, OSError) as exc:

@@ -52,11 +52,14 @@ from hpc_graph.graph.sampler import (NeighborSampler, SeedSchedule, block_csr, c
                                      sample_key)
 from hpc_graph.graph.strategies import DNPReturn, NFPBlock, NFPReduce, SNPContext
 from hpc_graph.ops.csr import column_slice_csr
+from hpc_graph.plan.dry_run import TIMED_IN_TRAINING
 from hpc_graph.store.feature_store import FeatureStore
 
 log = logging.getLogger(__name__)
 
 STRATEGIES = ("gdp", "nfp", "snp", "dnp")
+PLAN_TIMINGS = ("training", "dry_run")  # engine.plan_timing
+TUNE_ROUNDS = 2  # timed batches of each (the fastest counts)
 AFFINE_MODELS = ("gcn", "sage")  # layer 1 affine in its input: NFP's partial sums are exact
 
 
@@ -79,7 +82,7 @@ class APTEngine(Engine):
     kind = "minibatch"
     OPTIONS = Engine.OPTIONS | frozenset({"fanouts", "batch_size", "strategy", "cache_mb", "dry_run_batches",
                                           "model", "model_flags", "hidden", "heads", "dropout", "memory_mb",
-                                          "profile_mb", "profile_file", "feature_norm"})
+                                          "profile_mb", "profile_file", "plan_timing", "feature_norm"})
 
     def __init__(self, source: str, comm: Any, device: torch.device, dtype: torch.dtype,
                  options: dict[str, Any] | None = None):
@@ -111,6 +114,10 @@ class APTEngine(Engine):
                              f"got {profile_mb!r}")
         self.profile_bytes = max(int(float(profile_mb) * (1 << 20)), 1 << 10)
         self.model_flags = tuple(o.get("model_flags", ()))
+        timing = o.get("plan_timing", "training")
+        if timing not in PLAN_TIMINGS:
+            raise ValueError(f"engine.plan_timing: must be one of {', '.join(PLAN_TIMINGS)}, got {timing!r}")
+        self.plan_timing = str(timing)
         self.ruled_out = self._rule_out()
         if strategy in self.ruled_out:
             raise ValueError(f"engine.strategy: {strategy} {self.ruled_out[strategy]}")
@@ -144,18 +151,27 @@ class APTEngine(Engine):
         self._presampled: dict[tuple[int, int], tuple] = {}  # the dry run's batches, taken by batch()
         self._reused = 0
         self.strategy = ""
+        self._tune: dict[str, Any] | None = None  # training's first iterations timing the strategies (auto)
+        self._tuning_iterations = 0
+        self.layout_seconds = 0.0  # spent making NFP's column layout (the real one)
         if strategy == "auto" or self.cache_mb > 0:
-            self.run_dry_run(strategy)
-            if strategy == "auto":
+            online = strategy == "auto" and self.plan_timing == "training" and device.type == "cpu"
+            self.run_dry_run(strategy, "training" if online else "dry_run" if strategy == "auto" else "none")
+            if strategy == "auto" and not online:
                 strategy = self.plan.choice if device.type == "cpu" else "gdp"
                 if strategy != self.plan.choice:
                     log.info("apt: auto on %s runs gdp (the cost model chose %s; nfp, snp and dnp shuffle on the "
                              "host)", device.type, self.plan.choice)
-        self.use_strategy(strategy)
+        if self._tune is None:
+            self.use_strategy(strategy)
+        else:
+            self.reset_stats()
 
-    def use_strategy(self, strategy: str) -> None:
+    def use_strategy(self, strategy: str, reset: bool = True) -> None:
         """Switch to ``strategy`` (collective): refill the cache with its hottest rows from the dry run, lay the
-        features out by columns for ``nfp``, zero the counters. Benchmarks compare strategies this way."""
+        features out by columns for ``nfp``, zero the counters (unless ``reset`` is False). Benchmarks compare
+        strategies this way. Training's timing of the strategies (``auto``), if still going on, stops."""
+        self._tune = None
         if strategy not in STRATEGIES:
             raise ValueError(f"engine.strategy: must be one of {', '.join(STRATEGIES)}, got {strategy!r}")
         if strategy in self.ruled_out:
@@ -166,7 +182,8 @@ class APTEngine(Engine):
         self.prepare(strategy)
         if strategy != "nfp":
             self._nfp = None  # every node's column slice: not kept for the other strategies
-        self.reset_stats()
+        if reset:
+            self.reset_stats()
 
     def prepare(self, strategy: str, timing: bool = False) -> None:
         """Make ``strategy``'s one-time layout if it is missing (NFP: every node's slice of this rank's feature
@@ -176,14 +193,80 @@ class APTEngine(Engine):
         if strategy == "nfp" and (self._nfp is None or (self._nfp["timing"] and not timing)):
             self._setup_nfp(timing)
 
-    def run_dry_run(self, requested: str = "auto") -> Any:
+    def run_dry_run(self, requested: str = "auto", timing: str = "dry_run") -> Any:
         """Run the dry run and cost model (collective; :mod:`hpc_graph.plan.dry_run`), keep and return the
-        :class:`~hpc_graph.plan.dry_run.Plan`. The engine's counters are left as they were."""
+        :class:`~hpc_graph.plan.dry_run.Plan`. The engine's counters are left as they were.
+
+        ``timing="training"``: NFP is timed in the dry run, GDP, SNP and DNP by the next iterations training
+        runs (:attr:`tuning` until then): each of them builds a warm-up batch if it has not built one in this
+        process, then :data:`TUNE_ROUNDS` timed batches, in turn, each a real training iteration (build, then
+        whatever the caller does until its next :meth:`batch` or :meth:`end_epoch`: forward, backward,
+        gradient all-reduce, optimiser step). The next batch after the last finalizes the plan and switches to
+        its choice (with its cache). The feature cache stays empty meanwhile, as the cost model times builds."""
         from hpc_graph.plan.dry_run import dry_run
 
-        self.plan = dry_run(self, requested)
+        self._tune = None
+        order = self._tune_order() if timing == "training" else []
+        self.plan = dry_run(self, requested, timing=timing, tune_iterations=len(order))
         self._presampled, self.plan.samples = self.plan.samples, {}
+        if timing == "training":
+            if self.cache_mb > 0:  # builds are timed without the cache (the cost model adds it; collective)
+                self.store.cache(torch.zeros(0, dtype=torch.int64))
+            self._tune = {"order": order, "pos": 0, "pending": None, "build": {}, "iteration": {}}
+            self.strategy = order[0][0]
         return self.plan
+
+    @property
+    def tuning(self) -> bool:
+        """Whether training's next iterations still time the strategies (``auto``; :meth:`run_dry_run`)."""
+        return self._tune is not None
+
+    def _tune_order(self) -> list[tuple[str, bool]]:
+        """``(strategy, timed)`` of each iteration that times the strategies: a warm-up for those not built in
+        this process yet, then :data:`TUNE_ROUNDS` rounds of one batch each."""
+        names = [s for s in TIMED_IN_TRAINING if s not in self.ruled_out]
+        return ([(s, False) for s in names if s not in self.built_strategies]
+                + [(s, True) for _ in range(TUNE_ROUNDS) for s in names])
+
+    def _tune_record(self) -> None:
+        """The step that followed the last timed batch ended now: keep its build and iteration seconds."""
+        t = self._tune
+        if t is None or t["pending"] is None:
+            return
+        s, timed, build, t_ret = t["pending"]
+        t["pending"] = None
+        if timed:
+            t["build"].setdefault(s, []).append(build)
+            t["iteration"].setdefault(s, []).append(build + time.perf_counter() - t_ret)
+
+    def _tune_next(self) -> str | None:
+        """The strategy the next timing batch builds, or None once all are timed: then the plan is finalized
+        and its choice taken (collective)."""
+        t = self._tune
+        self._tune_record()
+        if t["pos"] < len(t["order"]):
+            s = t["order"][t["pos"]][0]
+            t["pos"] += 1
+            self.strategy = s
+            return s
+        # every rank's fastest batch of each strategy: its build and its whole iteration; the slowest rank's
+        names = list(t["build"])
+        v = torch.tensor([min(t["build"][s]) for s in names] + [min(t["iteration"][s]) for s in names],
+                         dtype=torch.float64)
+        if self.size > 1:
+            self.comm.allreduce_(v, "max")
+        iters, n = self.schedule.iterations(), len(names)
+        built = {s: float(v[i]) * iters for i, s in enumerate(names)}
+        steps = {s: (max(float(v[n + i] - v[i]), 0.0), 0.0) for i, s in enumerate(names)}
+        self.plan.finalize(built, steps)
+        self.use_strategy(self.plan.choice, reset=False)
+        if self.rank == 0:
+            log.info("apt: %d iterations timed %s; training goes on with %s", len(t["order"]), ", ".join(names),
+                     self.strategy)
+        return None
+
+    def end_epoch(self, epoch: int, loss: float, seconds: float) -> None:
+        self._tune_record()  # the epoch's last step, if it was timing a strategy
 
     def discard_samples(self) -> None:
         """Forget the dry run's sampled batches: the first epochs then sample every batch again (benchmarks
@@ -222,6 +305,7 @@ class APTEngine(Engine):
         """Redistribute the features by columns (every node's slice of this rank's columns) and gather every
         node's in-degree (collective). ``timing``: zero slices instead of the features (see :meth:`prepare`)."""
         self._nfp = None  # a layout made for timing is not held alongside the real one
+        t0 = time.perf_counter()
         bounds = self.column_bounds()
         ranges = np.asarray(self.dg.node_ranges, dtype=np.int64)
         width = int(bounds[self.rank + 1] - bounds[self.rank])
@@ -234,6 +318,8 @@ class APTEngine(Engine):
         deg, _ = self.comm.alltoallv(self.owned_degree.repeat(self.size), np.full(self.size, self.num_owned))
         self._nfp = {"bounds": bounds, "cols": cols, "degree": deg, "lo": int(bounds[self.rank]), "width": width,
                      "timing": timing}
+        if not timing:
+            self.layout_seconds += time.perf_counter() - t0
 
     @contextlib.contextmanager
     def scratch(self, cache: bool = True) -> Iterator[None]:
@@ -264,6 +350,7 @@ class APTEngine(Engine):
             self.build_seconds = 0.0
             self._iterations_done = 0
             self._reused = 0
+            self._tuning_iterations = 0
 
     def stats(self) -> dict[str, Any]:
         out: dict[str, Any] = dict(super().stats())
@@ -278,13 +365,15 @@ class APTEngine(Engine):
         out["build_seconds"] = self.build_seconds
         out["iterations"] = self._iterations_done
         out["batches_reused"] = self._reused  # sampled by the dry run, not again
+        out["tuning_iterations"] = self._tuning_iterations  # iterations that ran a strategy to time it
         if self.plan is not None:
             out["predicted_epoch_seconds"] = self.plan.predicted(self.strategy)
         return out
 
     def state_dict(self) -> dict[str, Any]:
-        """The strategy in use (a resumed run keeps it instead of planning again)."""
-        return {"strategy": self.strategy}
+        """The strategy in use (a resumed run keeps it instead of planning again; none while the strategies
+        are still being timed: a resumed run times them again)."""
+        return {"strategy": "" if self._tune is not None else self.strategy}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         strategy = state.get("strategy")
@@ -314,8 +403,11 @@ class APTEngine(Engine):
     def batch(self, epoch: int, iteration: int) -> Batch:
         """Sample and lay out iteration ``iteration`` of ``epoch`` (collective)."""
         seeds = self.seeds(epoch, iteration)
+        tuned = self._tune_next() if self._tune is not None else None  # a batch that times a strategy
         t0 = time.perf_counter()
         pre = self._presampled.pop((int(epoch), int(iteration)), None)  # sampled by the dry run (same samples)
+        if tuned is not None:
+            pre = None  # timed as training samples
         if pre is None:
             upper, dst = self.sample_upper(seeds + self.first, epoch)
             hop0 = None
@@ -324,10 +416,16 @@ class APTEngine(Engine):
             self._reused += 1
         block0, feat, hook, dst_deg = getattr(self, "_build_" + self.strategy)(dst, epoch, hop0)
         blocks = [block0] + self.upper_blocks(upper, dst_deg, hook)
-        self.build_seconds += time.perf_counter() - t0
+        build = time.perf_counter() - t0
+        self.build_seconds += build
         self.built_strategies.add(self.strategy)
         self._iterations_done += 1
-        return Batch(BlockStack(blocks), feat, self.host_label[seeds], seeds)
+        out = Batch(BlockStack(blocks), feat, self.host_label[seeds], seeds)
+        if tuned is not None:
+            self._tuning_iterations += 1
+            timed = self._tune["order"][self._tune["pos"] - 1][1]
+            self._tune["pending"] = (tuned, timed, build, time.perf_counter())
+        return out
 
     # -- sampling (shared by every strategy and the dry run) ----------------------------------------
     def _count(self, op: str, nbytes: int) -> None:

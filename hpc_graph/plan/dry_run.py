@@ -50,6 +50,7 @@ from hpc_graph.plan.profile import Profile, profile_machine, time_layer
 log = logging.getLogger(__name__)
 
 STRATEGIES = ("gdp", "nfp", "snp", "dnp")
+TIMED_IN_TRAINING = ("gdp", "snp", "dnp")  # timing "training": these by training's iterations, NFP here
 FOLDS = 8  # dry-run epochs (folds of the cache cross-validation): the training's first FOLDS epochs
 KEEP_MB = 256  # at most this much of the dry run's samples is kept for training to reuse (per rank)
 OPS = ("sample", "structure", "load", "shuffle", "shuffle_bwd", "allreduce")
@@ -87,6 +88,30 @@ class Plan:
     # hop)}, and per strategy the slowest rank's seconds of the sampling that training will not repeat
     samples: dict[tuple[int, int], tuple] = dataclasses.field(default_factory=dict)
     reused_seconds: dict[str, float] = dataclasses.field(default_factory=dict)
+    # how the builds and steps were timed: "dry_run" (all of them, before training), "training" (NFP before
+    # training, the others by training's first iterations: :meth:`finalize`), "none" (modelled only)
+    timing: str = "dry_run"
+    tuned: bool = True  # False until :meth:`finalize` has the times of training's first iterations
+    requested: str = "auto"
+    _predict: Any = dataclasses.field(default=None, repr=False, compare=False)
+    _rank: int = dataclasses.field(default=0, repr=False, compare=False)
+
+    def finalize(self, built: dict[str, float], steps: dict[str, tuple[float, float]]) -> None:
+        """Predict again with the times training measured (collective): ``built`` seconds per epoch of each
+        strategy's batch building, ``steps`` seconds per iteration of its training step (forward, backward,
+        gradient all-reduce, optimiser; ``(step, 0.0)``). Those strategies' predictions replace the
+        modelled ones; the choice is made again and, for ``auto``, the table logged."""
+        if self._predict is None:
+            raise RuntimeError("apt: this plan has nothing left to finalize")
+        self.costs, self.choice = self._predict(built, steps, True)
+        self._predict, self.tuned = None, True
+        self._log()
+
+    def _log(self) -> None:
+        if self.requested == "auto" and self._rank == 0:
+            log.info("apt: predicted epoch per strategy\n%s", self.table())
+        if self.requested == "auto" and not any(c.fits for c in self.costs.values()):
+            log.warning("apt: no strategy fits in %.0f MB per rank; running gdp", self.limit_mb)
 
     def predicted(self, strategy: str) -> float:
         return float(self.costs[strategy].total)
@@ -121,6 +146,9 @@ class Plan:
         lines.append(f"dry run: {self.batches} batches (an epoch has {self.iterations}), {self.dry_seconds:.2f} s "
                      f"(profile {self.profile.seconds:.2f} s; {reuse:.2f} s of sampling that training reuses); "
                      f"memory limit {self.limit_mb:.0f} MB per rank")
+        if self.timing == "training":
+            lines.append("builds and steps timed by training's first iterations" if self.tuned else
+                         "provisional: training's first iterations time the builds and steps (modelled until then)")
         return "\n".join(lines)
 
 
@@ -221,9 +249,20 @@ def _time_builds(engine: Any, strategies: list[str], iters: int, epoch: int,
     return {s: float(v) * iters for s, v in zip(strategies, t.tolist())}, steps
 
 
-def dry_run(engine: Any, requested: str = "auto", profile: Profile | None = None) -> Plan:
+TIMINGS = ("dry_run", "training", "none")
+
+
+def dry_run(engine: Any, requested: str = "auto", profile: Profile | None = None, timing: str = "dry_run",
+            tune_iterations: int = 0) -> Plan:
     """Sample, count, profile and predict (collective; see the module docstring). ``engine``: an
-    ``apt`` engine after its data are loaded (its sampler, store, schedule and options are used)."""
+    ``apt`` engine after its data are loaded (its sampler, store, schedule and options are used).
+
+    ``timing``: ``dry_run`` times every strategy's build and step here; ``training`` times only NFP here (on
+    zero column slices) and leaves the others to training's first ``tune_iterations`` iterations, whose
+    batches the dry run does not keep (they are sampled as training draws them): the plan is provisional
+    (modelled) until :meth:`Plan.finalize`; ``none`` times nothing (a cache's hotness is all that is wanted)."""
+    if timing not in TIMINGS:
+        raise ValueError(f"engine.plan_timing: must be one of {', '.join(TIMINGS)}, got {timing!r}")
 
     comm, P, r = engine.comm, int(engine.size), int(engine.rank)
     t_start = time.perf_counter()
@@ -248,6 +287,7 @@ def dry_run(engine: Any, requested: str = "auto", profile: Profile | None = None
     # seconds of their upper hops and of their block-0 hop
     kept: list[tuple[tuple[int, int], tuple, float, float]] = []
     kept_bytes = 0
+    n_skipped = 0  # batches of the iterations training times (not kept)
     # batch i belongs to dry epoch i % FOLDS (its fold); they are sampled epoch by epoch (one seed order each)
     order = sorted(range(nb), key=lambda i: (i % FOLDS, i))
     fold_of: list[int] = []
@@ -270,8 +310,11 @@ def dry_run(engine: Any, requested: str = "auto", profile: Profile | None = None
             local_times.append((time.perf_counter() - t0) - (comm.comm_seconds - c0))
             size = sum(a.nbytes for h in upper for a in h[1:]) + D.nbytes + counts.nbytes + nbrs.nbytes + deg.nbytes
             kept_bytes += size
-            if kept_bytes <= KEEP_MB << 20 and len(kept) == n_done:  # training takes this batch's sampling from here
+            tuned_here = epoch == dry_epochs[0] and iteration < tune_iterations  # training times it: sampled there
+            if kept_bytes <= KEEP_MB << 20 and len(kept) == n_done - n_skipped and not tuned_here:
+                # training takes this batch's sampling from here
                 kept.append(((epoch, iteration), (upper, D, (counts, nbrs, deg)), t1 - t0, t2 - t1))
+            n_skipped += tuned_here
             if n_done == nb - 1:  # the shapes the kernels are timed at (below)
                 blocks = engine.upper_blocks(upper, deg, None)
                 csr0 = block_csr(counts, col, src.size)
@@ -404,16 +447,20 @@ def dry_run(engine: Any, requested: str = "auto", profile: Profile | None = None
     load_nocache: dict[str, float] = {}
     # builds and steps of each strategy: the model timed on its own batches; without the model, layer 1's
     # kernels scaled per strategy, the upper layers' kernels at the dry run's shapes and Adam on as many weights
-    built, steps = _time_builds(engine, [s for s in STRATEGIES if s not in engine.ruled_out], iters, dry_epochs[0])
+    later = [s for s in TIMED_IN_TRAINING if s not in engine.ruled_out] if timing == "training" else []
+    timed = [s for s in STRATEGIES if s not in engine.ruled_out and s not in later] if timing != "none" else []
+    built, steps = _time_builds(engine, timed, iters, dry_epochs[0])
     step = steps.get("gdp")
-    if nb and any(s not in steps for s in STRATEGIES):  # layer 1's kernels, for the strategies without a step
+    stand_in = steps.get("nfp")  # until training has timed the others: NFP's step stands in for theirs
+    # layer 1's kernels, for the strategies that will have no step of their own (ruled out; or nothing timed)
+    if nb and any(s not in steps and s not in later for s in STRATEGIES):
         t_gemm1, t_spmm1 = time_layer(csr0, F, dp, engine.dtype, aggregate_first=agg_first)
         # NFP's input is a column slice (a CSR matrix): SAGE projects it first whatever the widths, from the
         # slice's width (the widest rank's): a narrow GEMM writing as many output rows as a full one
         w_nfp = int(np.diff(engine.column_bounds()).max())
         t_gemm1_pf, t_spmm1_pf = time_layer(csr0, w_nfp, dp, engine.dtype)
         last_rows1, last_edges1, last_nd = float(src.size), float(max(nbrs.size, 1)), float(D.size)
-    if step is None and nb:
+    if step is None and nb and not later:  # GDP's step will not be timed: the upper layers' kernels and Adam
         for i, blk in enumerate(blocks):
             fout = C if i == len(blocks) - 1 else dp
             g, a = time_layer(blk.csr, dp, fout, engine.dtype,
@@ -426,117 +473,133 @@ def dry_run(engine: Any, requested: str = "auto", profile: Profile | None = None
         t0 = time.perf_counter()
         opt.step()
         t_step = time.perf_counter() - t0
-    layer1: dict[str, float] = {}  # per iteration: layer 1's modelled forward and backward
-    for s in STRATEGIES:
-        b = {op: 0.0 for op in OPS}
-        calls = {op: 0.0 for op in OPS}
-        b["allreduce"], calls["allreduce"] = params * item * iters, iters
-        b["sample"] = (acc["dnp_sample"] if s == "dnp" else acc["sample"]) * k
-        calls["sample"] = 2 * L * iters
-        if s in ("gdp", "snp", "dnp"):
-            f = every[r]["fetch"][s]
-            asked_of_me = sum(every[p]["fetch"][s][r] for p in range(P) if p != r)
-            b["load"] = 8 * (sum(f) - f[r]) + row_bytes * asked_of_me
-            f0 = every[r]["fetch0"][s]
-            load_nocache[s] = 8 * (sum(f0) - f0[r]) + row_bytes * sum(every[p]["fetch0"][s][r] for p in range(P)
-                                                                       if p != r)
-            calls["load"] = 2 * iters
-        rows1, edges1, csr_rows1 = acc["rows1"] * k, acc["edges1"] * k, 0.0
-        if s == "nfp":
-            b["structure"], calls["structure"] = acc["nfp_struct"] * k, iters
-            others = sum(every[p]["nd"] for p in range(P) if p != r)
-            b["shuffle"] = dp * item * others
-            b["shuffle_bwd"] = dp * item * (P - 1) * acc["nd"] * k
-            calls["shuffle"] = calls["shuffle_bwd"] = iters
-            csr_rows1 = sum(e["rows1"] for e in every)
-            rows1, edges1 = 0.0, sum(e["edges1"] for e in every)
-        elif s == "snp":
-            b["structure"], calls["structure"] = acc["snp_struct"] * k, 2 * iters
-            on_me = sum(every[p]["snp_v"][r] for p in range(P))
-            mine_v = float(snp_v.sum()) * k
-            w = heads * (dp // heads + 2) if gat else (F if agg_first else dp)
-            b["shuffle"] = item * (w * on_me + (heads * mine_v if gat else 0))
-            # aggregating the raw inputs first (SAGE widening), the partials need no gradient
-            b["shuffle_bwd"] = 0.0 if agg_first else item * (w * mine_v + (heads * on_me if gat else 0))
-            calls["shuffle"] = (2 if gat else 1) * iters
-            calls["shuffle_bwd"] = 0 if agg_first else calls["shuffle"]
-            edges1 = acc["snp_local_edges"] * k + sum(every[p]["snp_e"][r] for p in range(P))
-            rows1 = acc["nd"] * k + sum(every[p]["snp_u"][r] for p in range(P))
-        elif s == "dnp":
-            b["shuffle"] = dp * item * acc["dnp_asked"] * k
-            b["shuffle_bwd"] = dp * item * acc["dnp_remote"] * k
-            calls["shuffle"] = calls["shuffle_bwd"] = iters
-            rows1, edges1 = acc["dnp_rows1"] * k, acc["dnp_edges1"] * k
-        sec = {}
-        # build (sampling, structure, blocks): timed in the dry run without a cache, its loading of the input
-        # rows taken off; load: the alpha-beta time of the rows fetched with the cache
-        sec["load"] = prof.comm_time("alltoallv", calls["load"], b["load"])
-        if s in built:  # the timed build holds the loading without a cache: the modelled load replaces it
-            sec["build"] = max(built[s] - (prof.comm_time("alltoallv", calls["load"], load_nocache[s])
-                                           if s in load_nocache else 0.0), 0.0)
-        else:
-            sec["build"] = acc["local_sample_s"] * iters / max(nb, 1) + prof.comm_time(
-                "alltoallv", calls["sample"] + calls["structure"], b["sample"] + b["structure"])
-        sec["shuffle"] = prof.comm_time("alltoallv", calls["shuffle"] + calls["shuffle_bwd"],
-                                        b["shuffle"] + b["shuffle_bwd"])
-        # compute: the measured layer times of one dry-run batch, scaled by each strategy's rows and edges
-        att = 3.0 if gat else 1.0
-        per_it = iters
-        rows_it = (rows1 + csr_rows1) / per_it
-        edges_it = edges1 / per_it
-        # projections scale with the rows projected (all input rows, or the destinations when SAGE
-        # aggregates first; NFP always projects its column slice first), aggregation with the edges
-        tg, ts = (t_gemm1_pf, t_spmm1_pf) if s == "nfp" else (t_gemm1, t_spmm1)
-        # destination rows projected here: DNP's owner computes the destinations every rank asked for, NFP
-        # every rank's destinations (at its slice's width)
-        if s == "nfp":
-            dst_it = sum(e["nd"] for e in every) / per_it
-        else:
-            dst_it = (acc["dnp_dst"] if s == "dnp" else acc["nd"]) * k / per_it
-        if agg_first and s != "nfp":
-            gemm_scale = dst_it / max(last_nd, 1.0)
-        else:
-            gemm_scale = (rows_it + dst_it) / max(last_rows1 + last_nd, 1.0)
-        layer1[s] = tg * gemm_scale + att * ts * edges_it / last_edges1
-        allreduce = prof.comm_time("allreduce", calls["allreduce"], b["allreduce"])
-        if s in steps:  # the strategy's own step, measured (its shuffles included: shown apart, as modelled)
-            sec["compute"] = max(per_it * sum(steps[s]) - sec["shuffle"], 0.0) + allreduce
-        elif step is not None:  # GDP's step, its layer 1 (modelled) replaced by this strategy's (a ruled-out one)
-            sec["compute"] = per_it * (max(step[0] - layer1["gdp"], 0.0) + step[1] + layer1[s]) + allreduce
-        else:
-            sec["compute"] = per_it * (layer1[s] + att * t_up + t_step) + allreduce
-        # memory: stored features (+ NFP's column slices, + cache), the largest batch's layer-1 input and activations
-        store = owned_bytes + (cache_rows * row_bytes if s != "nfp" else 0)
-        if s == "nfp":
-            store += N * ((F // P + 1) * item + 8)
-            batch_rows = sum(e["max_rows1"] for e in every)
-            batch = batch_rows * ((F // P + 1) * (item + 8) + 4 * dp * item)
-        else:
-            batch_rows = acc["max_dnp_rows1"] if s == "dnp" else acc["max_rows1"]
-            batch = batch_rows * (F * item + 4 * dp * item)
-        batch += acc["max_up_rows"] * 4 * dp * item * (heads if gat else 1)
-        costs[s] = StrategyCost(s, b, calls, sec, (store + batch) / 2**20)
-    # the slowest rank decides every strategy's epoch; memory: the largest rank
-    # (and the sampling of the kept batches: every strategy reuses their upper hops, all but DNP, whose owners
-    # sample block 0, their block-0 hop too)
-    vec = torch.tensor([sum(costs[s].seconds.values()) for s in STRATEGIES]
-                       + [costs[s].memory_mb for s in STRATEGIES] + [reuse_up, reuse_h0], dtype=torch.float64)
+    def predict(built: dict[str, float], steps: dict[str, tuple[float, float]],
+                measured: bool = False) -> tuple[dict[str, StrategyCost], str]:
+        """Every strategy's cost and the choice (collective). ``measured``: the steps were timed by training,
+        their gradient all-reduce included (NFP's, timed here, still without)."""
+        step = steps.get("gdp")
+        layer1: dict[str, float] = {}  # per iteration: layer 1's modelled forward and backward
+        for s in STRATEGIES:
+            b = {op: 0.0 for op in OPS}
+            calls = {op: 0.0 for op in OPS}
+            b["allreduce"], calls["allreduce"] = params * item * iters, iters
+            b["sample"] = (acc["dnp_sample"] if s == "dnp" else acc["sample"]) * k
+            calls["sample"] = 2 * L * iters
+            if s in ("gdp", "snp", "dnp"):
+                f = every[r]["fetch"][s]
+                asked_of_me = sum(every[p]["fetch"][s][r] for p in range(P) if p != r)
+                b["load"] = 8 * (sum(f) - f[r]) + row_bytes * asked_of_me
+                f0 = every[r]["fetch0"][s]
+                load_nocache[s] = 8 * (sum(f0) - f0[r]) + row_bytes * sum(every[p]["fetch0"][s][r] for p in range(P)
+                                                                           if p != r)
+                calls["load"] = 2 * iters
+            rows1, edges1, csr_rows1 = acc["rows1"] * k, acc["edges1"] * k, 0.0
+            if s == "nfp":
+                b["structure"], calls["structure"] = acc["nfp_struct"] * k, iters
+                others = sum(every[p]["nd"] for p in range(P) if p != r)
+                b["shuffle"] = dp * item * others
+                b["shuffle_bwd"] = dp * item * (P - 1) * acc["nd"] * k
+                calls["shuffle"] = calls["shuffle_bwd"] = iters
+                csr_rows1 = sum(e["rows1"] for e in every)
+                rows1, edges1 = 0.0, sum(e["edges1"] for e in every)
+            elif s == "snp":
+                b["structure"], calls["structure"] = acc["snp_struct"] * k, 2 * iters
+                on_me = sum(every[p]["snp_v"][r] for p in range(P))
+                mine_v = float(snp_v.sum()) * k
+                w = heads * (dp // heads + 2) if gat else (F if agg_first else dp)
+                b["shuffle"] = item * (w * on_me + (heads * mine_v if gat else 0))
+                # aggregating the raw inputs first (SAGE widening), the partials need no gradient
+                b["shuffle_bwd"] = 0.0 if agg_first else item * (w * mine_v + (heads * on_me if gat else 0))
+                calls["shuffle"] = (2 if gat else 1) * iters
+                calls["shuffle_bwd"] = 0 if agg_first else calls["shuffle"]
+                edges1 = acc["snp_local_edges"] * k + sum(every[p]["snp_e"][r] for p in range(P))
+                rows1 = acc["nd"] * k + sum(every[p]["snp_u"][r] for p in range(P))
+            elif s == "dnp":
+                b["shuffle"] = dp * item * acc["dnp_asked"] * k
+                b["shuffle_bwd"] = dp * item * acc["dnp_remote"] * k
+                calls["shuffle"] = calls["shuffle_bwd"] = iters
+                rows1, edges1 = acc["dnp_rows1"] * k, acc["dnp_edges1"] * k
+            sec = {}
+            # build (sampling, structure, blocks): timed in the dry run without a cache, its loading of the input
+            # rows taken off; load: the alpha-beta time of the rows fetched with the cache
+            sec["load"] = prof.comm_time("alltoallv", calls["load"], b["load"])
+            if s in built:  # the timed build holds the loading without a cache: the modelled load replaces it
+                sec["build"] = max(built[s] - (prof.comm_time("alltoallv", calls["load"], load_nocache[s])
+                                               if s in load_nocache else 0.0), 0.0)
+            else:
+                sec["build"] = acc["local_sample_s"] * iters / max(nb, 1) + prof.comm_time(
+                    "alltoallv", calls["sample"] + calls["structure"], b["sample"] + b["structure"])
+            sec["shuffle"] = prof.comm_time("alltoallv", calls["shuffle"] + calls["shuffle_bwd"],
+                                            b["shuffle"] + b["shuffle_bwd"])
+            # compute: the measured layer times of one dry-run batch, scaled by each strategy's rows and edges
+            att = 3.0 if gat else 1.0
+            per_it = iters
+            rows_it = (rows1 + csr_rows1) / per_it
+            edges_it = edges1 / per_it
+            # projections scale with the rows projected (all input rows, or the destinations when SAGE
+            # aggregates first; NFP always projects its column slice first), aggregation with the edges
+            tg, ts = (t_gemm1_pf, t_spmm1_pf) if s == "nfp" else (t_gemm1, t_spmm1)
+            # destination rows projected here: DNP's owner computes the destinations every rank asked for, NFP
+            # every rank's destinations (at its slice's width)
+            if s == "nfp":
+                dst_it = sum(e["nd"] for e in every) / per_it
+            else:
+                dst_it = (acc["dnp_dst"] if s == "dnp" else acc["nd"]) * k / per_it
+            if agg_first and s != "nfp":
+                gemm_scale = dst_it / max(last_nd, 1.0)
+            else:
+                gemm_scale = (rows_it + dst_it) / max(last_rows1 + last_nd, 1.0)
+            layer1[s] = tg * gemm_scale + att * ts * edges_it / last_edges1
+            allreduce = prof.comm_time("allreduce", calls["allreduce"], b["allreduce"])
+            if s in steps:  # the strategy's own step, measured (its shuffles included: shown apart, as modelled)
+                sec["compute"] = max(per_it * sum(steps[s]) - sec["shuffle"], 0.0) + (
+                    0.0 if measured and s != "nfp" else allreduce)  # training's steps hold their all-reduce
+            elif step is None and s in later and stand_in is not None:  # provisional, until training times it
+                sec["compute"] = max(per_it * sum(stand_in) - sec["shuffle"], 0.0) + allreduce
+            elif step is not None:  # GDP's step, its layer 1 (modelled) replaced by this strategy's (a ruled-out one)
+                sec["compute"] = per_it * (max(step[0] - layer1["gdp"], 0.0) + step[1] + layer1[s]) + (
+                    0.0 if measured else allreduce)
+            else:
+                sec["compute"] = per_it * (layer1[s] + att * t_up + t_step) + allreduce
+            # memory: stored features (+ NFP's column slices, + cache), the largest batch's layer-1 input and activations
+            store = owned_bytes + (cache_rows * row_bytes if s != "nfp" else 0)
+            if s == "nfp":
+                store += N * ((F // P + 1) * item + 8)
+                batch_rows = sum(e["max_rows1"] for e in every)
+                batch = batch_rows * ((F // P + 1) * (item + 8) + 4 * dp * item)
+            else:
+                batch_rows = acc["max_dnp_rows1"] if s == "dnp" else acc["max_rows1"]
+                batch = batch_rows * (F * item + 4 * dp * item)
+            batch += acc["max_up_rows"] * 4 * dp * item * (heads if gat else 1)
+            costs[s] = StrategyCost(s, b, calls, sec, (store + batch) / 2**20)
+        # the slowest rank decides every strategy's epoch; memory: the largest rank
+        vec = torch.tensor([sum(costs[s].seconds.values()) for s in STRATEGIES]
+                           + [costs[s].memory_mb for s in STRATEGIES], dtype=torch.float64)
+        if P > 1:
+            comm.allreduce_(vec, "max")
+        for i, s in enumerate(STRATEGIES):
+            costs[s].total, costs[s].memory_mb = float(vec[i]), float(vec[len(STRATEGIES) + i])
+            if costs[s].memory_mb > limit:
+                costs[s].fits, costs[s].reason = False, f"needs {costs[s].memory_mb:.0f} MB > {limit:.0f} MB per rank"
+        for s, why in engine.ruled_out.items():
+            costs[s].fits, costs[s].reason = False, f"{s} {why.split(':')[0]}"
+        fitting = [s for s in STRATEGIES if costs[s].fits]
+        choice = min(fitting, key=lambda s: costs[s].total) if fitting else "gdp"
+        return costs, choice
+
+    costs, choice = predict(built, steps)
+    # the sampling of the kept batches, the slowest rank's: every strategy reuses their upper hops, all but DNP
+    # (whose owners sample block 0) their block-0 hop too
+    vec = torch.tensor([reuse_up, reuse_h0], dtype=torch.float64)
     if P > 1:
         comm.allreduce_(vec, "max")
-    for i, s in enumerate(STRATEGIES):
-        costs[s].total, costs[s].memory_mb = float(vec[i]), float(vec[len(STRATEGIES) + i])
-        if costs[s].memory_mb > limit:
-            costs[s].fits, costs[s].reason = False, f"needs {costs[s].memory_mb:.0f} MB > {limit:.0f} MB per rank"
-    for s, why in engine.ruled_out.items():
-        costs[s].fits, costs[s].reason = False, f"{s} {why.split(':')[0]}"
-    fitting = [s for s in STRATEGIES if costs[s].fits]
-    choice = min(fitting, key=lambda s: costs[s].total) if fitting else "gdp"
     dry = time.perf_counter() - t_start - prof.seconds if profile is None else time.perf_counter() - t_start
-    reused = {s: float(vec[-2]) + (0.0 if s == "dnp" else float(vec[-1])) for s in STRATEGIES}
-    plan = Plan(costs, choice, prof, nb, iters, dry, hot, remote_nodes, limit, samples, reused)
+    reused = {s: float(vec[0]) + (0.0 if s == "dnp" else float(vec[1])) for s in STRATEGIES}
+    plan = Plan(costs, choice, prof, nb, iters, dry, hot, remote_nodes, limit, samples, reused, timing=timing,
+                tuned=timing != "training", requested=requested,
+                _predict=(lambda b, st, m: predict({**built, **b}, {**steps, **st}, m)) if timing == "training"
+                else None, _rank=r)
     log.debug("apt: rank %d predicted terms %s", r, {s: c.seconds for s, c in costs.items()})
-    if requested == "auto" and r == 0:
-        log.info("apt: predicted epoch per strategy\n%s", plan.table())
-    if requested == "auto" and not fitting:
-        log.warning("apt: no strategy fits in %.0f MB per rank; running gdp", limit)
+    if timing != "training":  # else once training has timed the strategies (finalize)
+        plan._log()
     return plan

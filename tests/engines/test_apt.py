@@ -85,6 +85,7 @@ def test_strategies_sample_the_same_blocks(graph_file):
     ({"cache_mb": -1}, "engine.cache_mb"),
     ({"cache_mb": "big"}, "engine.cache_mb"),
     ({"dry_run_batches": 0}, "engine.dry_run_batches"),
+    ({"strategy": "auto", "plan_timing": "later"}, "engine.plan_timing"),
     ({"fanouts": (5,)}, "sampler.fanouts"),
     ({"batch_size": 0}, "sampler.batch_size"),
     ({"strategy": "nfp", "model": "gat"}, "engine.strategy: nfp"),
@@ -115,9 +116,9 @@ def test_nfp_refuses_attention(graph_file):
 
 def test_auto_runs_the_dry_run_and_logs_the_table(graph_file, caplog):
     with caplog.at_level(logging.INFO, logger="hpc_graph.plan.dry_run"):
-        eng = _apt(graph_file, "auto", fanouts=(3, 2), dry_run_batches=4)
+        eng = _apt(graph_file, "auto", fanouts=(3, 2), dry_run_batches=4, plan_timing="dry_run")
     plan = eng.plan
-    assert eng.strategy == plan.choice
+    assert eng.strategy == plan.choice and plan.tuned and not eng.tuning
     assert plan.choice == min((s for s in plan.costs if plan.costs[s].fits), key=plan.predicted)
     table = plan.table()
     for s in ("gdp", "nfp", "snp", "dnp"):
@@ -192,7 +193,7 @@ def test_profile_file_is_written_and_reused(graph_file, tmp_path):
 def test_training_takes_the_dry_runs_samples(graph_file):
     """The dry run samples the first epochs' own batches; training takes them instead of sampling again and
     gets the batches a fresh engine samples."""
-    kept = _apt(graph_file, "auto", fanouts=(3, 2), dry_run_batches=12)
+    kept = _apt(graph_file, "auto", fanouts=(3, 2), dry_run_batches=12, plan_timing="dry_run")
     fresh = _apt(graph_file, kept.strategy, fanouts=(3, 2))
     keys = sorted(kept._presampled)
     assert keys and all(1 <= e <= 8 for e, _ in keys)
@@ -270,3 +271,77 @@ def test_dry_run_times_nfp_on_zero_slices_and_training_gets_the_real_ones(graph_
     for a, b in zip(timed.graph.blocks, real.graph.blocks):
         assert torch.equal(a.csr.indptr, b.csr.indptr) and torch.equal(a.csr.indices, b.csr.indices)
     assert real.feat.to_dense().abs().sum() > 0
+
+
+def _train_epoch(eng, model, opt, epoch, slow=None, after=None):
+    """Every iteration of ``epoch`` (forward, backward, Adam); ``slow``: {strategy: seconds} slept after a batch of
+    that strategy (a slower step); ``after``: called after the epoch ended (evaluation, say)."""
+    import time
+
+    iters = eng.iterations(epoch)
+    _, sizes = eng.batch_sizes(epoch, iters)
+    for it in range(iters):
+        opt.zero_grad()
+        batch = eng.batch(epoch, it)
+        F.cross_entropy(model(batch.graph, batch.feat), batch.label, reduction="sum").div(sizes[it]).backward()
+        opt.step()
+        if slow and eng.strategy in slow:
+            time.sleep(slow[eng.strategy])
+    eng.end_epoch(epoch, 0.0, 0.0)
+    if after is not None:
+        after()
+
+
+def test_auto_times_gdp_snp_dnp_on_trainings_first_iterations(graph_file, caplog):
+    """plan_timing training: the plan is provisional until training's first iterations (a warm-up and two timed
+    batches of GDP, SNP and DNP in turn, across the epoch's end) have timed them; the next batch finalizes it
+    (a step 0.2 s slower shows in that strategy's prediction, which then loses) and training goes on with the
+    choice. The model trains exactly as with GDP all along (the same samples, equal gradients)."""
+    import time
+
+    with caplog.at_level(logging.INFO, logger="hpc_graph.plan.dry_run"):
+        eng = _apt(graph_file, "auto", fanouts=(3, 2), dry_run_batches=4)
+        ref = _apt(graph_file, "gdp", fanouts=(3, 2))
+        plan = eng.plan
+        assert eng.tuning and not plan.tuned and plan.timing == "training" and "provisional" in plan.table()
+        assert "<- chosen" not in caplog.text and eng.state_dict() == {"strategy": ""}
+        # NFP was timed in the dry run; the iterations training times are not kept (they sample as training does)
+        assert not any(k[0] == 1 and k[1] < 9 for k in eng._presampled)
+        models, opts = [], []
+        for _ in range(2):
+            torch.manual_seed(4)
+            models.append(build_model("sage", 7, 5, 3, num_layers=2, dropout=0.0).double())
+            opts.append(torch.optim.Adam(models[-1].parameters(), lr=0.01))
+        iters = eng.iterations(1)
+        assert iters < 9 < 2 * iters  # the timing runs over the first epoch's end
+        seen = []
+        _train_epoch(eng, models[0], opts[0], 1, slow={"dnp": 0.2},
+                     after=lambda: (seen.append(dict(eng._tune["iteration"])), time.sleep(0.3)))
+        # the epoch's last step was recorded when it ended, not after the pause that followed
+        last = eng._tune["order"][iters - 1][0]
+        assert len(seen[0][last]) == 1 and seen[0][last][0] < 0.3
+        _train_epoch(eng, models[0], opts[0], 2, slow={"dnp": 0.2})
+        assert not eng.tuning and plan.tuned and eng.strategy == plan.choice != "dnp"
+        assert eng.state_dict() == {"strategy": plan.choice}
+        assert plan.costs["dnp"].seconds["compute"] >= 0.2 * iters
+        assert plan.choice == min((s for s in plan.costs if plan.costs[s].fits), key=plan.predicted)
+        assert "<- chosen" in caplog.text and "provisional" not in plan.table()
+        assert eng.stats()["tuning_iterations"] == 9
+    for epoch in (1, 2):
+        _train_epoch(ref, models[1], opts[1], epoch)
+    for a, b in zip(models[0].parameters(), models[1].parameters()):
+        torch.testing.assert_close(a, b, rtol=1e-9, atol=1e-12)
+
+
+def test_choosing_a_strategy_stops_the_timing_and_a_cache_waits_for_the_choice(graph_file):
+    """use_strategy during the timing stops it; with a cache, the timed batches run without it and the
+    choice's hottest rows are cached once the plan is final (one process: no remote rows, so an empty cache
+    both times: checked on more ranks in tests/mpi/scripts/apt_checks.py)."""
+    eng = _apt(graph_file, "auto", fanouts=(3, 2), dry_run_batches=4)
+    eng.batch(1, 0)
+    eng.use_strategy("snp")
+    assert not eng.tuning and eng.strategy == "snp" and not eng.plan.tuned
+    eng.batch(1, 1)
+    assert eng.strategy == "snp"
+    with pytest.raises(RuntimeError, match="nothing left to finalize"):
+        _apt(graph_file, "auto", fanouts=(3, 2), dry_run_batches=4, plan_timing="dry_run").plan.finalize({}, {})

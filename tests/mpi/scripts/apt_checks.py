@@ -244,6 +244,47 @@ def check_reused_samples(pdir, comm) -> int:
     return n
 
 
+def check_timing_in_training(pdir, comm) -> int:
+    """``auto`` timing GDP, SNP and DNP on training's first iterations (plan_timing training, with a cache): the
+    cache stays empty while they are timed, every rank finalizes the plan at the same batch and takes the same
+    choice, whose hottest rows are then cached; the model trains as with GDP all along (the same samples)."""
+    auto = _engine(pdir, comm, "auto", cache_mb=0.001)
+    ref = _engine(pdir, comm, "gdp")
+    if not auto.tuning or auto.stats()["rows_cached"] != 0:
+        raise AssertionError(f"rank {comm.rank}: auto is not timing in training, or cached rows meanwhile")
+    m_a, m_r = _model("sage", auto), _model("sage", ref)
+    opt_a, opt_r = torch.optim.Adam(m_a.parameters(), lr=0.01), torch.optim.Adam(m_r.parameters(), lr=0.01)
+    steps = 0
+    for epoch in (1, 2, 3, 4, 5):  # 9 timing iterations: 3 epochs on 4 ranks
+        iters = auto.iterations(epoch)
+        _, sizes = auto.batch_sizes(epoch, iters)
+        for it in range(iters):
+            for model, eng, opt in ((m_a, auto, opt_a), (m_r, ref, opt_r)):
+                flat, _ = _grads(model, eng, comm, epoch, it, sizes)
+                off = 0
+                for p in model.parameters():
+                    p.grad.copy_(flat[off:off + p.numel()].view_as(p))
+                    off += p.numel()
+                opt.step()
+            steps += 1
+            if auto.tuning and auto.stats()["rows_cached"] != 0:
+                raise AssertionError(f"rank {comm.rank}: rows cached while the strategies are timed")
+        auto.end_epoch(epoch, 0.0, 0.0)
+    if auto.tuning or steps <= auto.stats()["tuning_iterations"]:
+        raise AssertionError(f"rank {comm.rank}: still timing after {steps} iterations")
+    choices = comm.allgather_object(auto.strategy)
+    if len(set(choices)) != 1 or choices[0] != auto.plan.choice:
+        raise AssertionError(f"rank {comm.rank}: the ranks chose {choices}, the plan {auto.plan.choice}")
+    remote = int(auto.dg.node_ranges[-1]) - auto.num_owned
+    if remote and auto.stats()["rows_cached"] == 0:
+        raise AssertionError(f"rank {comm.rank}: the choice's hottest rows were not cached")
+    w_a = torch.cat([p.detach().reshape(-1) for p in m_a.parameters()])
+    w_r = torch.cat([p.detach().reshape(-1) for p in m_r.parameters()])
+    if float((w_a - w_r).abs().max()) > 1e-5:
+        raise AssertionError(f"rank {comm.rank}: auto's weights differ from gdp's by {float((w_a - w_r).abs().max()):.2e}")
+    return 4
+
+
 def check_profile_file(pdir, work, comm) -> int:
     """The machine profile kept in a file: measured and written once, then read by rank 0 and broadcast."""
     from hpc_graph.plan import profile as prof_mod
@@ -281,6 +322,7 @@ def main() -> int:
         t2 = time.perf_counter()
         n += check_dry_run(bdir, comm)
         n += check_reused_samples(pdir, comm)
+        n += check_timing_in_training(pdir, comm)
         n += check_profile_file(pdir, work, comm)
         if comm.rank == 0:
             print(f"seconds: gradients {t1 - t0:.1f}, bytes {t2 - t1:.1f}, dry run {time.perf_counter() - t2:.1f}")
