@@ -252,10 +252,10 @@ def report(args) -> None:
         regret = m.get(r["choice"], float("nan")) / m[best]
         regrets.append(regret)
         speedups.append(m["gdp"] / m.get(r["choice"], float("nan")))
-        overheads.append(r["warm_plan_seconds"] / m.get(r["choice"], float("nan")))
+        ch = r.get("warm_choice", r["choice"])  # the warm plan's choice: the epoch its cost is measured against
+        overheads.append(r["warm_plan_seconds"] / m.get(ch, float("nan")))
         # net of the sampling training takes from the dry run instead of doing it again
-        nets.append((r["warm_plan_seconds"] - r.get("reused_seconds", {}).get(r["choice"], 0.0))
-                    / m.get(r["choice"], float("nan")))
+        nets.append((r["warm_plan_seconds"] - r.get("reused_seconds", {}).get(ch, 0.0)) / m.get(ch, float("nan")))
         cells = [f"{m[s]:.1f}" if s in m else "-" for s in STRATS]
         print(f"| {r['d']} | {r['hidden']} | {r['cache']:.0%} | {r['method']} | " + " | ".join(cells)
               + " | " + "/".join(f"{p[s]:.1f}" for s in STRATS) + f" | {best} | {r['choice']} | {regret:.2f} | "
