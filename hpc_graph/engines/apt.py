@@ -197,12 +197,14 @@ class APTEngine(Engine):
         """Run the dry run and cost model (collective; :mod:`hpc_graph.plan.dry_run`), keep and return the
         :class:`~hpc_graph.plan.dry_run.Plan`. The engine's counters are left as they were.
 
-        ``timing="training"``: NFP is timed in the dry run, GDP, SNP and DNP by the next iterations training
-        runs (:attr:`tuning` until then): each of them builds a warm-up batch if it has not built one in this
-        process, then :data:`TUNE_ROUNDS` timed batches, in turn, each a real training iteration (build, then
-        whatever the caller does until its next :meth:`batch` or :meth:`end_epoch`: forward, backward,
-        gradient all-reduce, optimiser step). The next batch after the last finalizes the plan and switches to
-        its choice (with its cache). The feature cache stays empty meanwhile, as the cost model times builds."""
+        ``timing="training"``: GDP, SNP and DNP are timed by the next iterations training runs (:attr:`tuning`
+        until then): each of them builds a warm-up batch if it has not built one in this process, then
+        :data:`TUNE_ROUNDS` timed batches, in turn, each a real training iteration (build, then whatever the
+        caller does until its next :meth:`batch` or :meth:`end_epoch`: forward, backward, gradient all-reduce,
+        optimiser step). The next batch after the last times NFP (on zero column slices and the engine's copy
+        of the model, as ``dry_run`` timing does: a warm-up and two batches, lost work), finalizes the plan and
+        switches to its choice (with its cache). The feature cache stays empty meanwhile, as the cost model
+        times builds without it."""
         from hpc_graph.plan.dry_run import dry_run
 
         self._tune = None
@@ -258,11 +260,18 @@ class APTEngine(Engine):
         iters, n = self.schedule.iterations(), len(names)
         built = {s: float(v[i]) * iters for i, s in enumerate(names)}
         steps = {s: (max(float(v[n + i] - v[i]), 0.0), 0.0) for i, s in enumerate(names)}
+        self._tune = None
+        if "nfp" not in self.ruled_out:  # NFP on zero column slices and the engine's copy of the model, now that
+            from hpc_graph.plan.dry_run import time_builds  # the process is as warm as for the others
+
+            nfp_built, nfp_steps = time_builds(self, ["nfp"], iters, int(self.first_epoch))
+            built.update(nfp_built)
+            steps.update(nfp_steps)
         self.plan.finalize(built, steps)
         self.use_strategy(self.plan.choice, reset=False)
         if self.rank == 0:
-            log.info("apt: %d iterations timed %s; training goes on with %s", len(t["order"]), ", ".join(names),
-                     self.strategy)
+            log.info("apt: %d training iterations timed %s%s; training goes on with %s", len(t["order"]),
+                     ", ".join(names), "" if "nfp" in self.ruled_out else " (nfp after them)", self.strategy)
         return None
 
     def end_epoch(self, epoch: int, loss: float, seconds: float) -> None:

@@ -21,7 +21,7 @@ the loading of the input rows included: its modelled time is taken off; NFP time
 slices, so that the plan does not exchange the features by columns), ``load`` and ``shuffle`` are
 ``alpha * calls + bytes / beta`` with the :mod:`~hpc_graph.plan.profile` fits (``load`` with the
 cache), and ``compute`` is a training step of the model timed on the strategy's own batches right after
-building them, as training runs them (forward, loss, backward, Adam; :func:`_time_builds`; its layer-1
+building them, as training runs them (forward, loss, backward, Adam; :func:`time_builds`; its layer-1
 shuffles included, shown apart as modelled), plus the gradient all-reduce. Where a strategy has no step
 (ruled out, or a model the engine's options cannot build), layer 1's kernels timed at the dry run's own
 batch shapes (:func:`~hpc_graph.plan.profile.time_layer`, forward and backward), scaled by the strategy's
@@ -50,7 +50,7 @@ from hpc_graph.plan.profile import Profile, profile_machine, time_layer
 log = logging.getLogger(__name__)
 
 STRATEGIES = ("gdp", "nfp", "snp", "dnp")
-TIMED_IN_TRAINING = ("gdp", "snp", "dnp")  # timing "training": these by training's iterations, NFP here
+TIMED_IN_TRAINING = ("gdp", "snp", "dnp")  # timing "training": these by training's iterations, NFP after them
 FOLDS = 8  # dry-run epochs (folds of the cache cross-validation): the training's first FOLDS epochs
 KEEP_MB = 256  # at most this much of the dry run's samples is kept for training to reuse (per rank)
 OPS = ("sample", "structure", "load", "shuffle", "shuffle_bwd", "allreduce")
@@ -148,7 +148,8 @@ class Plan:
                      f"memory limit {self.limit_mb:.0f} MB per rank")
         if self.timing == "training":
             lines.append("builds and steps timed by training's first iterations" if self.tuned else
-                         "provisional: training's first iterations time the builds and steps (modelled until then)")
+                         "provisional: training's first iterations time the builds and steps (compute not counted "
+                         "until then)")
         return "\n".join(lines)
 
 
@@ -203,7 +204,7 @@ def _stepper(engine: Any) -> Any:
     return step, t_opt
 
 
-def _time_builds(engine: Any, strategies: list[str], iters: int, epoch: int,
+def time_builds(engine: Any, strategies: list[str], iters: int, epoch: int,
                  batches: int = 2) -> tuple[dict[str, float], dict[str, tuple[float, float]]]:
     """Seconds per epoch of each strategy's batch building (sampling, structure, input rows, blocks), without a
     cache, and of a training step of the model on each batch built, as training runs them: build, then step
@@ -252,15 +253,48 @@ def _time_builds(engine: Any, strategies: list[str], iters: int, epoch: int,
 TIMINGS = ("dry_run", "training", "none")
 
 
+def cross_validated_fetches(gids: np.ndarray, owner: np.ndarray, inverse: np.ndarray, fold: np.ndarray,
+                            cache_rows: int, num_remote: int, P: int) -> np.ndarray:
+    """Remote rows fetched per owner (float64[P]) with a cache of ``cache_rows`` rows, cross-validated across the
+    dry-run epochs: for each fold, the cache holds the ``cache_rows`` rows read most often in the other folds (ties:
+    the lower id; only rows read there) and the fold's reads it misses are counted. A node's sample is the same
+    all epoch long, so choosing and scoring on the same epoch would flatter the cache.
+
+    ``gids`` (sorted, distinct) and ``owner``: the rows read; ``inverse``, ``fold``: per read, its row's index in
+    ``gids`` and its fold. ``num_remote``: the remote rows there are (a cache that large holds all of them)."""
+    n = gids.size
+    out = np.zeros(P, np.float64)
+    if n == 0 or cache_rows >= num_remote:
+        return out
+    per_fold = np.bincount(fold * n + inverse, minlength=FOLDS * n).reshape(FOLDS, n)
+    total = per_fold.sum(0)
+    tie = n - 1 - np.arange(n, dtype=np.int64)  # among equal counts the lower id ranks higher
+    for f in range(FOLDS):
+        score = per_fold[f]
+        if not score.any():
+            continue
+        pick = total - score
+        cand = np.flatnonzero(pick)
+        cached = np.zeros(n, dtype=bool)
+        if cand.size <= cache_rows:
+            cached[cand] = True
+        else:
+            key = pick[cand] * n + tie[cand]
+            cached[cand[np.argpartition(-key, cache_rows - 1)[:cache_rows]]] = True
+        out += np.bincount(owner[~cached], weights=score[~cached], minlength=P)
+    return out
+
+
 def dry_run(engine: Any, requested: str = "auto", profile: Profile | None = None, timing: str = "dry_run",
             tune_iterations: int = 0) -> Plan:
     """Sample, count, profile and predict (collective; see the module docstring). ``engine``: an
     ``apt`` engine after its data are loaded (its sampler, store, schedule and options are used).
 
-    ``timing``: ``dry_run`` times every strategy's build and step here; ``training`` times only NFP here (on
-    zero column slices) and leaves the others to training's first ``tune_iterations`` iterations, whose
-    batches the dry run does not keep (they are sampled as training draws them): the plan is provisional
-    (modelled) until :meth:`Plan.finalize`; ``none`` times nothing (a cache's hotness is all that is wanted)."""
+    ``timing``: ``dry_run`` times every strategy's build and step here; ``training`` times none here: the
+    engine times GDP, SNP and DNP on training's first ``tune_iterations`` iterations (whose batches the dry run
+    does not keep: they are sampled as training draws them) and NFP right after them, and hands the times to
+    :meth:`Plan.finalize`; until then the plan is provisional (its compute not timed); ``none`` times nothing (a
+    cache's hotness is all that is wanted)."""
     if timing not in TIMINGS:
         raise ValueError(f"engine.plan_timing: must be one of {', '.join(TIMINGS)}, got {timing!r}")
 
@@ -389,34 +423,14 @@ def dry_run(engine: Any, requested: str = "auto", profile: Profile | None = None
     hot, fetch_by_owner, fetch_nocache = {}, {}, {}
     for s, lst in loads.items():
         allg = np.concatenate(lst) if lst else np.zeros(0, np.int64)
-        fetch_nocache[s] = (np.bincount(sampler.owner(allg), minlength=P) if allg.size
-                            else np.zeros(P)).astype(np.float64)
-        gids, cnt = np.unique(allg, return_counts=True)
+        folds = np.repeat(np.asarray(fold_of, dtype=np.int64), [a.size for a in lst]) if lst else allg
+        gids, inv = np.unique(allg, return_inverse=True)
+        own = sampler.owner(gids) if gids.size else np.zeros(0, np.int64)
+        cnt = np.bincount(inv, minlength=gids.size)
         hot[s] = (gids, cnt)
-        if not cache_rows:
-            unc = allg
-        else:
-            # the cache is chosen from every dry-run batch; its hit rate on an epoch it was not chosen from is
-            # estimated by cross-validation across the dry-run epochs (choosing and scoring on the same
-            # epoch flatters it: a node's sample is the same all epoch long)
-            unc_parts = []
-            for fold in range(FOLDS):
-                pick = [a for i, a in enumerate(lst) if fold_of[i] != fold]
-                score = [a for i, a in enumerate(lst) if fold_of[i] == fold]
-                if not score:
-                    continue
-                pg = np.concatenate(pick) if pick else np.zeros(0, np.int64)
-                g_h, c_h = np.unique(pg, return_counts=True)
-                cached = (np.sort(g_h[np.lexsort((g_h, -c_h))][:cache_rows]) if cache_rows < remote_nodes.size
-                          else remote_nodes)
-                sg = np.concatenate(score)
-                unc_parts.append(sg[~np.isin(sg, cached)])
-            unc = np.concatenate(unc_parts) if unc_parts else np.zeros(0, np.int64)
-            fetch_by_owner[s] = (np.bincount(sampler.owner(unc), minlength=P) if unc.size
-                                 else np.zeros(P)).astype(np.float64)
-            continue
-        fetch_by_owner[s] = (np.bincount(sampler.owner(unc), minlength=P) if unc.size
-                             else np.zeros(P)).astype(np.float64)
+        fetch_nocache[s] = np.bincount(own, weights=cnt, minlength=P).astype(np.float64)
+        fetch_by_owner[s] = (cross_validated_fetches(gids, own, inv, folds, cache_rows, remote_nodes.size, P)
+                             if cache_rows else fetch_nocache[s])
     # sampling per batch outside communication (a ruled-out strategy's build is modelled from it): the median
     acc["local_sample_s"] = float(np.median(local_times)) * nb if local_times else 0.0
     # the model's work at this batch's real shapes: layer 1 (block 0) and the upper layers
@@ -447,11 +461,10 @@ def dry_run(engine: Any, requested: str = "auto", profile: Profile | None = None
     load_nocache: dict[str, float] = {}
     # builds and steps of each strategy: the model timed on its own batches; without the model, layer 1's
     # kernels scaled per strategy, the upper layers' kernels at the dry run's shapes and Adam on as many weights
-    later = [s for s in TIMED_IN_TRAINING if s not in engine.ruled_out] if timing == "training" else []
-    timed = [s for s in STRATEGIES if s not in engine.ruled_out and s not in later] if timing != "none" else []
-    built, steps = _time_builds(engine, timed, iters, dry_epochs[0])
+    later = [s for s in STRATEGIES if s not in engine.ruled_out] if timing == "training" else []
+    timed = [s for s in STRATEGIES if s not in engine.ruled_out] if timing == "dry_run" else []
+    built, steps = time_builds(engine, timed, iters, dry_epochs[0])
     step = steps.get("gdp")
-    stand_in = steps.get("nfp")  # until training has timed the others: NFP's step stands in for theirs
     # layer 1's kernels, for the strategies that will have no step of their own (ruled out; or nothing timed)
     if nb and any(s not in steps and s not in later for s in STRATEGIES):
         t_gemm1, t_spmm1 = time_layer(csr0, F, dp, engine.dtype, aggregate_first=agg_first)
@@ -554,8 +567,6 @@ def dry_run(engine: Any, requested: str = "auto", profile: Profile | None = None
             if s in steps:  # the strategy's own step, measured (its shuffles included: shown apart, as modelled)
                 sec["compute"] = max(per_it * sum(steps[s]) - sec["shuffle"], 0.0) + (
                     0.0 if measured and s != "nfp" else allreduce)  # training's steps hold their all-reduce
-            elif step is None and s in later and stand_in is not None:  # provisional, until training times it
-                sec["compute"] = max(per_it * sum(stand_in) - sec["shuffle"], 0.0) + allreduce
             elif step is not None:  # GDP's step, its layer 1 (modelled) replaced by this strategy's (a ruled-out one)
                 sec["compute"] = per_it * (max(step[0] - layer1["gdp"], 0.0) + step[1] + layer1[s]) + (
                     0.0 if measured else allreduce)

@@ -221,11 +221,11 @@ def test_cost_model_times_the_models_step(graph_file, monkeypatch):
 
     eng = _apt(graph_file, "gdp", fanouts=(3, 2), dry_run_batches=4)
     state = torch.random.get_rng_state()
-    built, steps = dr._time_builds(eng, ["gdp", "dnp"], eng.iterations(1), 1)
+    built, steps = dr.time_builds(eng, ["gdp", "dnp"], eng.iterations(1), 1)
     assert set(built) == set(steps) == {"gdp", "dnp"} and all(fb > 0 and opt > 0 for fb, opt in steps.values())
     assert torch.equal(torch.random.get_rng_state(), state) and eng.strategy == "gdp"
     eng.model_name = "no-such-model"
-    assert dr._time_builds(eng, ["gdp", "dnp"], eng.iterations(1), 1)[1] == {}
+    assert dr.time_builds(eng, ["gdp", "dnp"], eng.iterations(1), 1)[1] == {}
     plan_k = eng.run_dry_run("gdp")
     assert all(plan_k.costs[s].seconds["compute"] > 0 for s in dr.STRATEGIES)
     eng.model_name = "sage"
