@@ -214,7 +214,15 @@ class APTEngine(Engine):
         if timing == "training":
             if self.cache_mb > 0:  # builds are timed without the cache (the cost model adds it; collective)
                 self.store.cache(torch.zeros(0, dtype=torch.int64))
-            self._tune = {"order": order, "pos": 0, "pending": None, "build": {}, "iteration": {}}
+            # NFP, if it may run here (its layout fits), is timed between the rounds (its zero layout made now)
+            nfp = "nfp" not in self.ruled_out and self.plan.costs["nfp"].fits
+            timed = [i for i, (_, tm) in enumerate(order) if tm]
+            rounds = len(timed) // TUNE_ROUNDS
+            self._tune = {"order": order, "pos": 0, "pending": None, "build": {}, "iteration": {}, "nfp": nfp,
+                          "nfp_at": {timed[0] + rounds * (k + 1) for k in range(TUNE_ROUNDS)}, "nfp_built": [],
+                          "nfp_steps": []}
+            if nfp:
+                self.prepare("nfp", timing=True)
             self.strategy = order[0][0]
         return self.plan
 
@@ -246,8 +254,11 @@ class APTEngine(Engine):
         and its choice taken (collective)."""
         t = self._tune
         self._tune_record()
-        if t["pos"] < len(t["order"]):
-            s = t["order"][t["pos"]][0]
+        order, pos = t["order"], t["pos"]
+        if t["nfp"] and pos in t["nfp_at"]:
+            self._time_nfp()  # after each timed round (the first time with NFP's own warm-up)
+        if pos < len(order):
+            s = order[pos][0]
             t["pos"] += 1
             self.strategy = s
             return s
@@ -261,18 +272,32 @@ class APTEngine(Engine):
         built = {s: float(v[i]) * iters for i, s in enumerate(names)}
         steps = {s: (max(float(v[n + i] - v[i]), 0.0), 0.0) for i, s in enumerate(names)}
         self._tune = None
-        if "nfp" not in self.ruled_out:  # NFP on zero column slices and the engine's copy of the model, now that
-            from hpc_graph.plan.dry_run import time_builds  # the process is as warm as for the others
-
-            nfp_built, nfp_steps = time_builds(self, ["nfp"], iters, int(self.first_epoch))
-            built.update(nfp_built)
-            steps.update(nfp_steps)
+        if t["nfp_built"]:  # NFP's fastest batch and step (each already the slowest rank's)
+            built["nfp"] = min(t["nfp_built"])
+            if t["nfp_steps"]:
+                steps["nfp"] = min(t["nfp_steps"])
         self.plan.finalize(built, steps)
         self.use_strategy(self.plan.choice, reset=False)
         if self.rank == 0:
             log.info("apt: %d training iterations timed %s%s; training goes on with %s", len(t["order"]),
                      ", ".join(names), "" if "nfp" in self.ruled_out else " (nfp after them)", self.strategy)
         return None
+
+    def _time_nfp(self) -> None:
+        """One NFP batch and step timed between the rounds of training's timing iterations (collective): on zero
+        column slices and the engine's copy of the model (lost work: a training step cannot use zero features),
+        so that NFP is timed in a process as warm, and between the same other work, as the others are."""
+        from hpc_graph.plan.dry_run import time_builds
+
+        t = self._tune
+        self._tune = None  # the batches built within are the timing's own
+        try:
+            built, steps = time_builds(self, ["nfp"], self.schedule.iterations(), int(self.first_epoch), batches=1)
+        finally:
+            self._tune = t
+        t["nfp_built"].append(built["nfp"])
+        if "nfp" in steps:
+            t["nfp_steps"].append(steps["nfp"])
 
     def end_epoch(self, epoch: int, loss: float, seconds: float) -> None:
         self._tune_record()  # the epoch's last step, if it was timing a strategy
