@@ -264,7 +264,8 @@ def summarize(run: Run) -> dict[str, Any]:
     ``bytes_per_epoch_per_rank``; ``compute_share``, ``comm_share`` (fractions of
     compute + communication seconds), ``max_peak_rss_mb``, ``bytes_per_epoch``
     (sum over ranks); for the sampled engines ``bytes_by_op_per_epoch`` (engine_stats'
-    ``bytes_by_op``, summed over ranks, mean per epoch), ``strategy`` and ``cache_hit_rate`` (``apt``),
+    ``bytes_by_op``, summed over ranks, mean per epoch), ``strategy``, ``cache_hit_rate`` and
+    ``tuning_iterations`` (``apt``: iterations that ran another strategy to time it, the largest rank's total),
     None where absent.
     """
     epochs = run.epochs
@@ -308,7 +309,7 @@ def summarize(run: Run) -> dict[str, Any]:
     out["bytes_per_epoch"] = _num(np.nansum(per_rank_bytes)) if np.any(~np.isnan(per_rank_bytes)) else None
     # sampled engines: bytes by operation (engine_stats.bytes_by_op), mean per epoch, summed over ranks
     by_op: dict[str, list[float]] = {}
-    strategies, hits = set(), []
+    strategies, hits, tuning = set(), [], {}
     for row in run.rows:
         st = row.get("engine_stats")
         if not isinstance(st, dict):
@@ -320,10 +321,14 @@ def summarize(run: Run) -> dict[str, Any]:
             strategies.add(str(st["strategy"]))
         if _is_number(st.get("cache_hit_rate")):
             hits.append(float(st["cache_hit_rate"]))
+        if _is_number(st.get("tuning_iterations")):
+            rank = row.get("rank", 0)
+            tuning[rank] = tuning.get(rank, 0) + int(st["tuning_iterations"])
     n_epochs = max(len(epochs), 1)
     out["bytes_by_op_per_epoch"] = {op: sum(v) / n_epochs for op, v in sorted(by_op.items())} or None
     out["strategy"] = ", ".join(sorted(strategies)) or None
     out["cache_hit_rate"] = _num(float(np.mean(hits))) if hits else None
+    out["tuning_iterations"] = max(tuning.values()) if tuning else None
     return out
 
 
@@ -377,7 +382,9 @@ def format_summary(summary: dict[str, Any], label: str | None = None) -> list[st
             f"{op} {format_bytes(v)}" for op, v in s["bytes_by_op_per_epoch"].items()))
     if s.get("strategy"):
         hit = s.get("cache_hit_rate")
-        lines.append(f"  strategy {s['strategy']}" + (f", cache hit rate {100 * hit:.1f}%" if hit is not None else ""))
+        tuned = s.get("tuning_iterations")
+        lines.append(f"  strategy {s['strategy']}" + (f", cache hit rate {100 * hit:.1f}%" if hit is not None else "")
+                     + (f", {tuned} iterations timing the strategies" if tuned else ""))
     return lines
 
 

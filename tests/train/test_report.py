@@ -335,20 +335,24 @@ def test_bytes_by_operation_and_strategy(tmp_path, capsys):
     rng = np.random.default_rng(3)
     ops = rng.integers(0, 10**6, (4, 3, 2))
     hit = rng.uniform(0, 1, (4, 3))
+    tune = rng.integers(0, 6, 4)
     rows = []
     for r in range(3):
         path = run_dir / f"metrics.rank{r}.jsonl"
         lines = [json.loads(x) for x in path.read_text().splitlines() if x.strip()]
         for e, line in enumerate(lines):
             line["engine_stats"] = {"strategy": "dnp", "cache_hit_rate": float(hit[e, r]),
-                                    "bytes_by_op": {"load": int(ops[e, r, 0]), "shuffle": int(ops[e, r, 1])}}
+                                    "bytes_by_op": {"load": int(ops[e, r, 0]), "shuffle": int(ops[e, r, 1])},
+                                    "tuning_iterations": int(tune[e])}
         rows.append(lines)
         path.write_text("".join(json.dumps(x) + "\n" for x in lines))
     s = summarize(load_run(run_dir))
     assert s["bytes_by_op_per_epoch"]["load"] == pytest.approx(ops[..., 0].sum() / 4)
     assert s["bytes_by_op_per_epoch"]["shuffle"] == pytest.approx(ops[..., 1].sum() / 4)
     assert s["strategy"] == "dnp" and s["cache_hit_rate"] == pytest.approx(hit.mean())
+    assert s["tuning_iterations"] == int(tune.sum())  # per rank over the epochs, not over the ranks
     from hpc_graph.train.report import format_summary
 
     text = "\n".join(format_summary(s))
     assert "by operation" in text and "strategy dnp" in text
+    assert (f"{int(tune.sum())} iterations timing" in text) == (tune.sum() > 0)
