@@ -201,10 +201,10 @@ class APTEngine(Engine):
         until then): each of them builds a warm-up batch if it has not built one in this process, then
         :data:`TUNE_ROUNDS` timed batches, in turn, each a real training iteration (build, then whatever the
         caller does until its next :meth:`batch` or :meth:`end_epoch`: forward, backward, gradient all-reduce,
-        optimiser step). The next batch after the last times NFP (on zero column slices and the engine's copy
-        of the model, as ``dry_run`` timing does: a warm-up and two batches, lost work), finalizes the plan and
-        switches to its choice (with its cache). The feature cache stays empty meanwhile, as the cost model
-        times builds without it."""
+        optimiser step). NFP, which cannot train on the zero column slices it is timed on, is timed on the
+        engine's copy of the model after each timed round (:meth:`_time_nfp`; its warm-up the first time: lost
+        work). The next batch after the last finalizes the plan and switches to its choice (with its cache).
+        The feature cache stays empty meanwhile, as the cost model times builds without it."""
         from hpc_graph.plan.dry_run import dry_run
 
         self._tune = None
@@ -280,7 +280,7 @@ class APTEngine(Engine):
         self.use_strategy(self.plan.choice, reset=False)
         if self.rank == 0:
             log.info("apt: %d training iterations timed %s%s; training goes on with %s", len(t["order"]),
-                     ", ".join(names), "" if "nfp" in self.ruled_out else " (nfp after them)", self.strategy)
+                     ", ".join(names), " (and nfp between them)" if t["nfp"] else "", self.strategy)
         return None
 
     def _time_nfp(self) -> None:

@@ -29,6 +29,11 @@ rows and edges, replace GDP's in GDP's step (or, without that, add to the upper 
 step). A strategy whose predicted peak memory exceeds the per-rank limit is ruled out, with the reason
 shown.
 
+Where the builds and steps are timed (``timing``): ``dry_run`` times all of them here, on the engine's copy of
+the model (:func:`time_builds`); ``training`` (the engine's default with ``auto``) leaves them to the engine,
+which times GDP, SNP and DNP on training's own first iterations (real training steps) and NFP between them,
+and hands the times to :meth:`Plan.finalize`: until then the plan is provisional.
+
 The sampled batches are real training batches (those epochs' first iterations): the engine keeps them (up to
 :data:`KEEP_MB` per rank) and training takes their samples instead of drawing them again, so the dry run's
 sampling is not lost work; :attr:`Plan.reused_seconds` is what that saves.
