@@ -55,7 +55,7 @@ from hpc_graph.plan.profile import Profile, profile_machine, time_layer
 log = logging.getLogger(__name__)
 
 STRATEGIES = ("gdp", "nfp", "snp", "dnp")
-TIMED_IN_TRAINING = ("gdp", "snp", "dnp")  # timing "training": these by training's iterations, NFP after them
+TIMED_IN_TRAINING = ("gdp", "snp", "dnp")  # timing "training": these by training's iterations, NFP between them
 FOLDS = 8  # dry-run epochs (folds of the cache cross-validation): the training's first FOLDS epochs
 KEEP_MB = 256  # at most this much of the dry run's samples is kept for training to reuse (per rank)
 OPS = ("sample", "structure", "load", "shuffle", "shuffle_bwd", "allreduce")
@@ -93,8 +93,8 @@ class Plan:
     # hop)}, and per strategy the slowest rank's seconds of the sampling that training will not repeat
     samples: dict[tuple[int, int], tuple] = dataclasses.field(default_factory=dict)
     reused_seconds: dict[str, float] = dataclasses.field(default_factory=dict)
-    # how the builds and steps were timed: "dry_run" (all of them, before training), "training" (NFP before
-    # training, the others by training's first iterations: :meth:`finalize`), "none" (modelled only)
+    # how the builds and steps were timed: "dry_run" (all of them, before training), "training" (GDP, SNP and
+    # DNP by training's first iterations, NFP between their rounds: :meth:`finalize`), "none" (modelled only)
     timing: str = "dry_run"
     tuned: bool = True  # False until :meth:`finalize` has the times of training's first iterations
     requested: str = "auto"
@@ -297,7 +297,7 @@ def dry_run(engine: Any, requested: str = "auto", profile: Profile | None = None
 
     ``timing``: ``dry_run`` times every strategy's build and step here; ``training`` times none here: the
     engine times GDP, SNP and DNP on training's first ``tune_iterations`` iterations (whose batches the dry run
-    does not keep: they are sampled as training draws them) and NFP right after them, and hands the times to
+    does not keep: they are sampled as training draws them) and NFP between their rounds, and hands the times to
     :meth:`Plan.finalize`; until then the plan is provisional (its compute not timed); ``none`` times nothing (a
     cache's hotness is all that is wanted)."""
     if timing not in TIMINGS:
