@@ -84,12 +84,10 @@ def _configs(args, size: int):
 
 def run(args) -> None:
     import torch
-    import torch.nn.functional as F
 
     from hpc_graph.comm import communicator as _communicator
     from hpc_graph.comm.threads import configure_threads
     from hpc_graph.engines import create_engine
-    from hpc_graph.nn import build_model
 
     comm = _communicator.get_communicator("mpi")
     configure_threads(comm=comm, world=True)
@@ -134,24 +132,13 @@ def run(args) -> None:
             if not plan.costs[s].fits:
                 continue
             eng.use_strategy(s)
-            torch.manual_seed(0)
-            model = build_model("sage", eng.num_features, cfg["hidden"], eng.num_classes, num_layers=2, dropout=0.0)
-            opt = torch.optim.Adam(model.parameters(), lr=0.01)
-            params = list(model.parameters())
+            step = _trainer(eng, cfg, comm)
             times = []
             n = min(args.iters + 1, iters)
             for it in range(n):
                 comm.barrier()
                 t = time.perf_counter()
-                opt.zero_grad()
-                batch = eng.batch(EPOCH, it)
-                loss = F.cross_entropy(model(batch.graph, batch.feat), batch.label, reduction="sum") / sizes[it]
-                loss.backward()
-                for p in params:
-                    if p.grad is None:
-                        p.grad = torch.zeros_like(p)
-                comm.allreduce_bucketed_([p.grad for p in params])
-                opt.step()
+                step(EPOCH, it, sizes)
                 times.append(time.perf_counter() - t)
                 if it == 0:
                     eng.reset_stats()  # the warm-up's bytes and cache counts do not count
@@ -182,20 +169,41 @@ def run(args) -> None:
         del eng
 
 
-def _tune(eng, cfg, comm) -> list[float]:
-    """Training iterations of epoch 1 while the engine times the strategies in them (``plan_timing:
-    training``), the last one (which finalizes the plan) included: each one's seconds (every rank's slowest)."""
+def _trainer(eng, cfg, comm):
+    """A fresh 2-layer GraphSAGE and Adam: ``step(epoch, it, sizes)`` trains one iteration on the engine's batch
+    (forward, backward, gradient all-reduce, Adam), as training does."""
     import torch
     import torch.nn.functional as F
 
     from hpc_graph.nn import build_model
 
-    if not eng.tuning:
-        return []
     torch.manual_seed(0)
     model = build_model("sage", eng.num_features, cfg["hidden"], eng.num_classes, num_layers=2, dropout=0.0)
     opt = torch.optim.Adam(model.parameters(), lr=0.01)
     params = list(model.parameters())
+
+    def step(epoch: int, it: int, sizes) -> None:
+        opt.zero_grad()
+        batch = eng.batch(epoch, it)
+        loss = F.cross_entropy(model(batch.graph, batch.feat), batch.label, reduction="sum") / sizes[it]
+        loss.backward()
+        for p in params:
+            if p.grad is None:
+                p.grad = torch.zeros_like(p)
+        comm.allreduce_bucketed_([p.grad for p in params])
+        opt.step()
+
+    return step
+
+
+def _tune(eng, cfg, comm) -> list[float]:
+    """Training iterations of epoch 1 while the engine times the strategies in them (``plan_timing:
+    training``), the last one (which finalizes the plan) included: each one's seconds (every rank's slowest)."""
+    import torch
+
+    if not eng.tuning:
+        return []
+    step = _trainer(eng, cfg, comm)
     iters = eng.iterations(1)
     _, sizes = eng.batch_sizes(1, iters)
     times = []
@@ -204,15 +212,7 @@ def _tune(eng, cfg, comm) -> list[float]:
         comm.barrier()
         t = time.perf_counter()
         layout = eng.layout_seconds
-        opt.zero_grad()
-        batch = eng.batch(1, it)
-        loss = F.cross_entropy(model(batch.graph, batch.feat), batch.label, reduction="sum") / sizes[it]
-        loss.backward()
-        for p in params:
-            if p.grad is None:
-                p.grad = torch.zeros_like(p)
-        comm.allreduce_bucketed_([p.grad for p in params])
-        opt.step()
+        step(1, it, sizes)
         # NFP's column layout, made when the plan chooses NFP: a run told to use NFP makes it too
         times.append(time.perf_counter() - t - (eng.layout_seconds - layout))
         it += 1
