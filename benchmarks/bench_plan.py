@@ -17,7 +17,8 @@ SAGE hidden 128, GAT 4 heads x 32 (bench_training's). Then, per scale, model and
    epoch. The floor ``F`` is measured once per model (``hpc_graph.commands.plan.measure_floor``, what
    ``plan`` does when ``--floor`` is not given); the links' alpha-beta fits once per rank count by
    ``mpiexec -n P hpc-graph plan ... --profile WORK/links-P.json`` (written there, read by the plans);
-   the kernel rates by the plan itself, on the fullest part of the partition.
+   the kernel rates by the plan itself, on the fullest part of the partition, and its calibration factor (a
+   4-epoch ``single`` run of the model on an R-MAT graph of up to scale 17, over its predicted step).
 2. ``mpiexec -n P python -m hpc_graph.cli train --config CFG --set data.path=PARTITION --set
    engine.name=E`` per engine, ``--epochs`` epochs, one evaluation at the end, with
    ``OMP_NUM_THREADS = NUMBA_NUM_THREADS = max(1, cores // P)``, ``OMP_WAIT_POLICY=PASSIVE`` and
@@ -476,7 +477,7 @@ def main(argv: list[str] | None = None) -> int:
                         wait_for_quiet(args.max_busy, args.wait)
                         _run(["mpiexec", "-n", P] + _cli() + ["-q", "plan", "--config", cfg, "--data", parts[P],
                                                               "--engines", "dp", "--ranks", P, "--rates", "synthetic",
-                                                              "--floor", "1GiB", "--profile", work / f"links-{P}.json"],
+                                                              "--calibration", "none", "--floor", "1GiB", "--profile", work / f"links-{P}.json"],
                              _env(None))
                     key = {(scale, model, e, P) for e in args.engines}
                     if args.skip_done and key <= {(r["scale"], r["model"], r["engine"], r["ranks"]) for r in records}:

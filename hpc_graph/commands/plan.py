@@ -25,11 +25,15 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
+import math
 import os
 import sys
 from typing import Any
 
 from hpc_graph.cli import CLIError, add_threads_option
+
+log = logging.getLogger(__name__)
 
 #: the CLI leaves the thread decision to this command (``train.threads`` takes part in it)
 CONFIGURES_THREADS = True
@@ -95,6 +99,10 @@ def add_parser(subparsers) -> None:
     fb.add_argument("--rates", choices=("graph", "synthetic", "none"), default="graph",
                     help="kernel rates: measured on the graph given (default), on a synthetic R-MAT graph, or none "
                          "(memory only)")
+    fb.add_argument("--calibration", default="measure", metavar="measure|none|FACTOR",
+                    help="factor on the compute time: 'measure' (default) times a few real training steps of the "
+                         "model on an R-MAT calibration graph in a subprocess (10-60 s) and divides by what the "
+                         "kernel rates predict for them; 'none': 1; or a number (a factor measured before)")
     add_threads_option(parser)
     parser.set_defaults(func=run)
 
@@ -261,6 +269,16 @@ def _description(args: argparse.Namespace) -> Any:
                       name="described graph")
 
 
+def _child_env(threads: int) -> dict[str, str]:
+    """The environment of a measuring subprocess: ``threads`` threads, no memory limit, and none of the MPI
+    launcher's variables (a child of a rank must start as a process of its own, not join the job)."""
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith(("PMI_", "PMIX_", "OMPI_", "HYDRA_", "MPIR_", "MPI_LOCALRANKID", "MPI_LOCALNRANKS"))}
+    env.update(OMP_NUM_THREADS=str(threads), NUMBA_NUM_THREADS=str(threads))
+    env.pop("HPC_GRAPH_MEMORY_LIMIT", None)
+    return env
+
+
 def measure_floor(config: Any) -> tuple[int, str]:
     """Peak RSS of a 2-epoch ``single`` run of the config's model on a 1024-node R-MAT graph, in a subprocess:
     Python, torch, numba and the kernels this model loads, the thread pools (bytes, and how it was measured)."""
@@ -283,8 +301,7 @@ def measure_floor(config: Any) -> tuple[int, str]:
         cfg = os.path.join(d, "floor.yaml")
         with open(cfg, "w", encoding="utf-8") as fh:
             yaml.safe_dump(raw, fh)
-        env = dict(os.environ, OMP_NUM_THREADS="1", NUMBA_NUM_THREADS="1")
-        env.pop("HPC_GRAPH_MEMORY_LIMIT", None)
+        env = _child_env(1)
         proc = subprocess.run([sys.executable, "-m", "hpc_graph.cli", "-q", "train", "--config", cfg, "--force"],
                               env=env, capture_output=True, text=True, timeout=600)
         if proc.returncode != 0:
@@ -293,6 +310,83 @@ def measure_floor(config: Any) -> tuple[int, str]:
         with open(os.path.join(d, "run", "summary.json"), encoding="utf-8") as fh:
             peak_mb = float(json.load(fh)["peak_rss_mb"][0])
     return int(peak_mb * 2**20), f"measured: peak RSS of a 2-epoch {mc.name} run on a 1024-node graph"
+
+
+#: the calibration graph: R-MAT (edge factor 16) of at most this scale, and no larger than the fullest rank
+CALIBRATION_MAX_SCALE = 17
+CALIBRATION_EPOCHS = 4  # the median of epochs 2.. is timed
+
+
+def parse_calibration(text: str) -> float | None:
+    """``--calibration``: None for ``measure``, 1.0 for ``none``, else a positive factor (CLIError naming it)."""
+    t = str(text).strip().lower()
+    if t == "measure":
+        return None
+    if t == "none":
+        return 1.0
+    try:
+        value = float(t)
+    except ValueError:
+        value = float("nan")
+    if not 0.0 < value < 100.0:
+        raise CLIError(f"--calibration: expected 'measure', 'none' or a positive factor (e.g. 1.3), got {text!r}")
+    return value
+
+
+def measure_calibration(config: Any, spec: Any, nodes: int, threads: int, dtype: Any,
+                        max_scale: int = CALIBRATION_MAX_SCALE) -> tuple[float, str]:
+    """``(factor, how)``: the median epoch of a real ``single`` run of the config's model on an R-MAT graph of
+    ``min(nodes, 2^max_scale)`` nodes (the input width and classes of ``spec``), in a subprocess at ``threads``
+    threads, over the step the planner predicts for it from kernel rates measured on that graph here. The
+    probes time every kernel alone on warm data; a training step runs them back to back on cold caches, with
+    allocations, autograd and Python in between, which the factor carries to every prediction."""
+    import statistics
+    import subprocess
+    import tempfile
+
+    import yaml
+
+    from data_io.generators.rmat import write_rmat
+    from hpc_graph.plan import fullbatch as fb
+    from hpc_graph.plan.profile import kernel_rates
+    from hpc_graph.train.config import config_to_dict
+
+    scale = int(min(max(10, math.ceil(math.log2(max(nodes, 2)))), max_scale))
+    with tempfile.TemporaryDirectory(prefix="hpc-graph-calibrate-") as d:
+        path = os.path.join(d, "g.h5")
+        write_rmat(path, scale, 16, feat_dim=int(spec.in_dim), num_classes=int(max(spec.classes, 2)), seed=1)
+        raw = config_to_dict(config)
+        raw["data"] = {**raw["data"], "path": path, "feature_layout": "dense"}
+        raw["engine"] = {"name": "single"}
+        raw["train"] = {**raw["train"], "epochs": CALIBRATION_EPOCHS, "eval_every": CALIBRATION_EPOCHS,
+                        "progress": False, "run_dir": os.path.join(d, "run"), "threads": int(threads),
+                        "checkpoint_every": 0}
+        raw.pop("lm", None)
+        cfg = os.path.join(d, "calibrate.yaml")
+        with open(cfg, "w", encoding="utf-8") as fh:
+            yaml.safe_dump(raw, fh)
+        env = _child_env(threads)
+        proc = subprocess.run([sys.executable, "-m", "hpc_graph.cli", "-q", "train", "--config", cfg, "--force"],
+                              env=env, capture_output=True, text=True, timeout=1800)
+        if proc.returncode != 0:
+            raise CLIError(f"--calibration: the calibration run failed ({proc.stderr.strip()[-300:]}); "
+                           "pass --calibration none or a factor")
+        with open(os.path.join(d, "run", "metrics.jsonl"), encoding="utf-8") as fh:
+            epochs = [json.loads(line)["epoch_seconds"] for line in fh if line.strip()]
+        measured = statistics.median(epochs[1:] or epochs)
+        graph = fb.graph_from_dataset(path)
+        csr, _ = _rank_graph(path, fb.single_layout(graph), 4_000_000)
+        kr = kernel_rates(csr, dtype, gat=spec.name == "gat", reps=3, label="calibration graph")
+        del csr
+    rates = fb.Rates.from_kernels(kr)
+    pred = fb.predict("single", spec, graph, fb.single_layout(graph), floor=0, rates=rates, threads=kr.threads,
+                      cores_per_node=kr.threads, ranks_per_node=1)
+    predicted = float(pred.rank_seconds[0])
+    factor = measured / predicted if predicted > 0 else 1.0
+    if not 0.5 <= factor <= 3.0:
+        log.warning("plan: calibration factor %.2f is outside [0.5, 3] (a busy machine?); using it anyway", factor)
+    return factor, (f"measured: {CALIBRATION_EPOCHS}-epoch single run of this model on an R-MAT scale-{scale} graph "
+                    f"at {kr.threads} thread(s): epoch {measured:.3f} s over {predicted:.3f} s predicted")
 
 
 def _rank_graph(data: str, layout: Any, max_edges: int) -> tuple[Any, str]:
@@ -373,6 +467,7 @@ def _run_fullbatch(args: argparse.Namespace, config: Any) -> int:
 
     engines = parse_engines(args.engines, config.engine.name)
     memory = _size(args.memory_per_rank, "--memory-per-rank") if args.memory_per_rank is not None else None
+    calibration = parse_calibration(args.calibration)
     cut = parse_cut(args.cut_fraction)
     if not args.edge_imbalance >= 1.0:
         raise CLIError(f"--edge-imbalance: must be at least 1.0, got {args.edge_imbalance}")
@@ -478,9 +573,15 @@ def _run_fullbatch(args: argparse.Namespace, config: Any) -> int:
             csr, what = _rank_graph(data, parted or fb.single_layout(graph), 4_000_000)
         kr = kernel_rates(csr, dtype, gat=gat, label=what)
         del csr
-        rates = fb.Rates.from_kernels(kr, exchange=exchange, allreduce=allreduce, link=link,
+        if calibration is None:
+            factor, cal_src = measure_calibration(config, spec, _fullest_nodes(parted or fb.single_layout(graph)),
+                                                  kr.threads, dtype)
+        else:
+            factor, cal_src = calibration, "--calibration"
+        rates = fb.Rates.from_kernels(kr, exchange=exchange, allreduce=allreduce, link=link, calibration=factor,
                                       sources={"kernels": f"measured now on {kr.graph} at {kr.threads} thread(s) "
-                                                          f"({kr.seconds:.1f} s)", "links": links_src})
+                                                          f"({kr.seconds:.1f} s)", "links": links_src,
+                                               "calibration": f"{factor:.3f} ({cal_src})"})
         rate_src = rates.sources["kernels"]
     threads_fixed = config.train.threads
     preds: list[Any] = []
@@ -538,6 +639,7 @@ def _run_fullbatch(args: argparse.Namespace, config: Any) -> int:
                        "node) threads" + (f" (train.threads = {threads_fixed})" if threads_fixed else ""))
     if rates is not None:
         assumptions.append(f"kernel rates: {rate_src}")
+        assumptions.append(f"compute time x calibration {rates.sources['calibration']}")
         assumptions.append(rates.sources["links"])
     else:
         assumptions.append(f"rates: {rate_src}")
@@ -569,6 +671,12 @@ def _run_fullbatch(args: argparse.Namespace, config: Any) -> int:
             raise CLIError(f"--json: cannot write {args.json} ({exc.strerror or exc})") from None
     sys.stdout.flush()
     return 0
+
+
+def _fullest_nodes(layout: Any) -> int:
+    """Owned nodes of the rank with the most edges (the calibration graph is no larger)."""
+    part = max(layout.parts, key=lambda r: r.edges)
+    return int(part.owned)
 
 
 def _degrees(path: str, graph: Any) -> Any:

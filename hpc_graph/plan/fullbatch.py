@@ -533,7 +533,10 @@ class Rates:
     kernels' time that scales with threads (Amdahl), measured at 1 and ``threads`` threads.
     ``exchange``/``allreduce``: ``(alpha s, beta bytes/s)`` or None (no measured link: ``link`` used).
     ``link``: a :class:`~hpc_graph.comm.link.LinkModel` (a modelled network, or the default).
-    ``sources``: where each number came from (printed).
+    ``sources``: where each number came from (printed). ``calibration``: factor on every compute term: a real
+    training step's time over what these rates predict for it, measured by ``hpc-graph plan`` on a calibration
+    graph (the probes time each kernel alone on warm data; a step runs them back to back on cold caches, with
+    allocations, autograd and Python between them: 1.1-1.4x on the machines measured).
     """
 
     spmm_fwd: tuple[float, float]
@@ -551,6 +554,7 @@ class Rates:
     allreduce: tuple[float, float] | None = None
     link: Any = None
     sources: dict[str, str] = dataclasses.field(default_factory=dict)
+    calibration: float = 1.0
 
     @classmethod
     def from_kernels(cls, kernels: Any, **links: Any) -> "Rates":
@@ -1841,7 +1845,7 @@ def time_of(w: _Walk, rates: Rates, *, threads: int, cores_share: float, ranks: 
     ``cores_share`` cores. ``overlap``: exchanges started in the background (sylvie's pipeline) travel while
     the rank computes (a network link); False: they cost their full time (ranks of one node, whose
     transfers are copies by the same cores, as measured on this machine)."""
-    k = rates.slowdown(threads, cores_share)
+    k = rates.slowdown(threads, cores_share) * rates.calibration
     wk = w.work
 
     def lin(items, ab):

@@ -318,6 +318,10 @@ def _restore_threads(before: tuple[int, int]) -> None:
     torch.set_num_threads(before[1])
 
 
+#: calls per round of the probes that write fresh tensors (stream, mask): their median is over reps x this
+FRESH_CALLS = 3
+
+
 def kernel_rates(csr: Any = None, dtype: torch.dtype = torch.float32, *, widths: tuple[int, ...] = (16, 64, 128),
                  gat_shapes: tuple[tuple[int, int], ...] = ((1, 16), (4, 32)), gat: bool = True,
                  reps: int = 5, max_edges: int = 4_000_000, label: str = "") -> KernelRates:
@@ -402,16 +406,23 @@ def kernel_rates(csr: Any = None, dtype: torch.dtype = torch.float32, *, widths:
             probes += [(f"gat_fwd {heads * dim}", threads, gfwd), (f"gat_bwd {heads * dim}", threads, gbwd)]
     big = torch.randn(1 << 24, generator=gen, dtype=dtype)  # 64 MiB each: past the caches
     other = torch.randn(1 << 24, generator=gen, dtype=dtype)
-    out = torch.empty_like(big)
-    probes.append(("stream", threads, lambda: torch.add(big, other, out=out)))
-    # the dropout hash kernel itself, into a buffer reused across calls: a fresh 64 MiB output per call
-    # measures the kernel's (erratic) page allocation instead, which the element rate should not carry
+    # a step's elementwise passes and dropouts write fresh tensors (as the SpMM, GEMM and attention probes
+    # above do): each call here allocates its output and frees it, so the rates carry the first touch of
+    # new pages. That cost is erratic on some machines (a fill now and then takes several times longer while
+    # the kernel compacts memory for huge pages), so these two probes run ``FRESH_CALLS`` times a round and
+    # the median over all of them is kept
+    probes += [("stream", threads, lambda: torch.add(big, other))] * FRESH_CALLS
     from hpc_graph.ops._bridge import as_array
     from hpc_graph.ops._kernel_args import kernel
 
     drop = kernel("dropout.dropout_apply", big)
-    src, dst = as_array(big), as_array(out)
-    probes.append(("mask", threads, lambda: drop(src, 7, 1 << 15, 2.0, dst)))
+    src = as_array(big)
+
+    def mask_fresh():
+        out = torch.empty_like(big)
+        drop(src, 7, 1 << 15, 2.0, as_array(out))
+
+    probes += [("mask", threads, mask_fresh)] * FRESH_CALLS
     zs = torch.randn(rows, 4, 32, generator=gen, dtype=dtype, requires_grad=True)
     att = torch.randn(1, 4, 32, generator=gen, dtype=dtype, requires_grad=True)
     gs = torch.randn(rows, 4, generator=gen, dtype=dtype)

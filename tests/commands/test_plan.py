@@ -1,5 +1,6 @@
 """`hpc-graph plan`: the apt engine's predictions without training; bad configs as one line, exit 2."""
 import json
+import math
 
 import pytest
 import yaml
@@ -115,10 +116,12 @@ def test_plan_partition_dir_uses_its_statistics(tmp_path, fb_data, capsys):
 def test_plan_times_with_rates_measured_on_the_graph(tmp_path, fb_data, capsys):
     out_json = tmp_path / "p.json"
     rc = main(["-q", "plan", "--config", _fb_cfg(tmp_path, fb_data / "g.h5", name="gcn"), "--engines", "dp,sar",
-               "--ranks", "2", "--cut-fraction", "0.4", "--floor", "400MiB", "--json", str(out_json)])
+               "--ranks", "2", "--cut-fraction", "0.4", "--floor", "400MiB", "--calibration", "1.25",
+               "--json", str(out_json)])
     out = capsys.readouterr().out
     assert rc == 0
     plan = json.loads(out_json.read_text())
+    assert plan["rates"]["calibration"] == 1.25 and "compute time x calibration 1.250 (--calibration)" in out
     for p in plan["predictions"]:
         t = p["time"]
         assert t["compute"] > 0 and t["halo"] > 0 and t["epoch_seconds"] == pytest.approx(
@@ -137,7 +140,7 @@ def test_plan_sylvie_sends_fewer_bytes_and_hides_them_with_its_pipeline(tmp_path
                                  "train": {"progress": False, "run_dir": str(tmp_path / "run")}}))
     out_json = tmp_path / "p.json"
     rc = main(["-q", "plan", "--config", str(p), "--engines", "dp,sylvie", "--floor", "400MiB", "--rates", "synthetic",
-               "--link-bandwidth", "1MB/s", "--json", str(out_json)])
+               "--link-bandwidth", "1MB/s", "--calibration", "none", "--json", str(out_json)])
     out = capsys.readouterr().out
     assert rc == 0 and set(_rows(out)) == {("dp", 2), ("sylvie", 2)}
     assert "sylvie: 2 bits per halo row, scales 32-bit, exchange one epoch stale" in out
@@ -224,6 +227,8 @@ def test_plan_measures_the_floor_by_default(tmp_path, fb_data, capsys):
     (["--floor", "big"], "--floor: 'big': not a size"),
     (["--cores-per-node", "0"], "--cores-per-node: must be a positive integer"),
     (["--link-bandwidth", "fast"], "--link-bandwidth: cannot read 'fast'"),
+    (["--calibration", "-1"], "--calibration: expected 'measure', 'none' or a positive factor"),
+    (["--calibration", "fast"], "--calibration: expected 'measure', 'none' or a positive factor"),
 ])
 def test_plan_bad_inputs_one_line_exit_2(tmp_path, fb_data, capsys, args, message):
     base = ["plan", "--config", _fb_cfg(tmp_path, fb_data / "g.h5"), "--floor", "400MiB"]
@@ -232,6 +237,26 @@ def test_plan_bad_inputs_one_line_exit_2(tmp_path, fb_data, capsys, args, messag
     rc = main(base + args)
     err = capsys.readouterr().err
     assert rc == 2 and err.startswith("hpc-graph plan: error: ") and message in err and err.count("\n") == 1, err
+
+
+def test_plan_calibrates_the_compute_time_by_a_real_run(tmp_path, fb_data):
+    """measure_calibration: a real single run of the config's model over what the kernel rates predict for it."""
+    import re
+
+    import torch
+
+    from hpc_graph.commands.plan import measure_calibration
+    from hpc_graph.plan import fullbatch as fb
+    from hpc_graph.train.config import load_config
+
+    config = load_config(_fb_cfg(tmp_path, fb_data / "g.h5", name="gcn"))
+    spec = fb.model_spec(config.model, 16, 4)
+    factor, how = measure_calibration(config, spec, nodes=1000, threads=1, dtype=torch.float32, max_scale=10)
+    m = re.search(r"R-MAT scale-10 graph at 1 thread\(s\): epoch ([0-9.]+) s over ([0-9.]+) s predicted", how)
+    assert m, how
+    measured, predicted = float(m.group(1)), float(m.group(2))
+    assert math.isfinite(factor) and factor > 0 and predicted > 0
+    assert factor == pytest.approx(measured / predicted, rel=0.02)  # the printed values are rounded
 
 
 def test_plan_bad_profile_and_json_paths(tmp_path, fb_data, capsys):

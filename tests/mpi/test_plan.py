@@ -59,7 +59,7 @@ def test_train_refusal_is_collective_and_force_bypasses_it(parted):
 def test_plan_measures_the_links_on_two_ranks(parted, tmp_path):
     prof = tmp_path / "links.json"
     cmd = ["-m", "hpc_graph.cli", "-q", "plan", "--config", parted / "cfg.yaml", "--engines", "dp,sar",
-           "--ranks", "2", "--floor", "450MiB", "--rates", "synthetic", "--profile", prof]
+           "--ranks", "2", "--floor", "450MiB", "--rates", "synthetic", "--calibration", "none", "--profile", prof]
     proc = run_mpi(cmd, 2, timeout=150)
     assert proc.stdout.count("links: alpha-beta fits measured now on 2 ranks") == 1, proc.stdout
     saved = json.loads(prof.read_text())

@@ -185,6 +185,13 @@ def test_time_terms_follow_the_rates():
     slow = fb.predict("dp", spec, g, lay, floor=0, rates=rates, cores_per_node=2, ranks_per_node=4)
     assert (slow.threads, slow.cores_share) == (1, 0.5) and (dp.threads, dp.cores_share) == (2, 2.0)
     assert slow.time.compute == pytest.approx(4 * dp.time.compute, rel=1e-9)
+    # the calibration factor multiplies every compute term and nothing else
+    cal = fb.predict("dp", spec, g, lay, floor=0, rates=dataclasses.replace(rates, calibration=1.7),
+                     cores_per_node=8, ranks_per_node=4)
+    assert cal.time.compute == pytest.approx(1.7 * dp.time.compute, rel=1e-12)
+    for term, seconds in dp.time.terms.items():
+        assert cal.time.terms[term] == pytest.approx(1.7 * seconds, rel=1e-12)
+    assert (cal.time.halo, cal.time.allreduce) == (dp.time.halo, dp.time.allreduce)
 
 
 def test_models_the_planner_does_not_describe_are_refused():
