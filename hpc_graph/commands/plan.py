@@ -314,7 +314,7 @@ def measure_floor(config: Any) -> tuple[int, str]:
 
 #: the calibration graph: R-MAT (edge factor 16) of at most this scale, and no larger than the fullest rank
 CALIBRATION_MAX_SCALE = 17
-CALIBRATION_EPOCHS = 4  # the median of epochs 2.. is timed
+CALIBRATION_EPOCHS = 6  # the median of epochs 2.. is timed
 
 
 def parse_calibration(text: str) -> float | None:
@@ -333,13 +333,17 @@ def parse_calibration(text: str) -> float | None:
     return value
 
 
-def measure_calibration(config: Any, spec: Any, nodes: int, threads: int, dtype: Any,
-                        max_scale: int = CALIBRATION_MAX_SCALE) -> tuple[float, str]:
-    """``(factor, how)``: the median epoch of a real ``single`` run of the config's model on an R-MAT graph of
-    ``min(nodes, 2^max_scale)`` nodes (the input width and classes of ``spec``), in a subprocess at ``threads``
-    threads, over the step the planner predicts for it from kernel rates measured on that graph here. The
-    probes time every kernel alone on warm data; a training step runs them back to back on cold caches, with
-    allocations, autograd and Python in between, which the factor carries to every prediction."""
+def measure_calibration(config: Any, spec: Any, nodes: int, threads: list[int], dtype: Any, *,
+                        parallel: float | None = None, max_scale: int = CALIBRATION_MAX_SCALE
+                        ) -> dict[int, tuple[float, str]]:
+    """``{t: (factor, how)}`` for every thread count ``t`` in ``threads``: the median epoch of a real ``single``
+    run of the config's model on an R-MAT graph of ``min(nodes, 2^max_scale)`` nodes (the input width and classes
+    of ``spec``), in a subprocess at ``t`` threads, over the step the planner predicts for it from kernel rates
+    measured on that graph here. ``parallel``: the Amdahl fraction the plan's own rates use, so that a factor at
+    fewer threads than the rates were measured with also corrects that extrapolation. The probes time every
+    kernel alone on warm data; a training step runs them back to back on cold caches, with allocations,
+    autograd and Python in between, which the factor carries to every prediction."""
+    import dataclasses
     import statistics
     import subprocess
     import tempfile
@@ -352,41 +356,48 @@ def measure_calibration(config: Any, spec: Any, nodes: int, threads: int, dtype:
     from hpc_graph.train.config import config_to_dict
 
     scale = int(min(max(10, math.ceil(math.log2(max(nodes, 2)))), max_scale))
+    measured: dict[int, float] = {}
     with tempfile.TemporaryDirectory(prefix="hpc-graph-calibrate-") as d:
         path = os.path.join(d, "g.h5")
         write_rmat(path, scale, 16, feat_dim=int(spec.in_dim), num_classes=int(max(spec.classes, 2)), seed=1)
         raw = config_to_dict(config)
         raw["data"] = {**raw["data"], "path": path, "feature_layout": "dense"}
         raw["engine"] = {"name": "single"}
-        raw["train"] = {**raw["train"], "epochs": CALIBRATION_EPOCHS, "eval_every": CALIBRATION_EPOCHS,
-                        "progress": False, "run_dir": os.path.join(d, "run"), "threads": int(threads),
-                        "checkpoint_every": 0}
         raw.pop("lm", None)
-        cfg = os.path.join(d, "calibrate.yaml")
-        with open(cfg, "w", encoding="utf-8") as fh:
-            yaml.safe_dump(raw, fh)
-        env = _child_env(threads)
-        proc = subprocess.run([sys.executable, "-m", "hpc_graph.cli", "-q", "train", "--config", cfg, "--force"],
-                              env=env, capture_output=True, text=True, timeout=1800)
-        if proc.returncode != 0:
-            raise CLIError(f"--calibration: the calibration run failed ({proc.stderr.strip()[-300:]}); "
-                           "pass --calibration none or a factor")
-        with open(os.path.join(d, "run", "metrics.jsonl"), encoding="utf-8") as fh:
-            epochs = [json.loads(line)["epoch_seconds"] for line in fh if line.strip()]
-        measured = statistics.median(epochs[1:] or epochs)
+        for t in sorted(set(int(x) for x in threads)):
+            run_dir = os.path.join(d, f"run{t}")
+            raw["train"] = {**raw["train"], "epochs": CALIBRATION_EPOCHS, "eval_every": CALIBRATION_EPOCHS,
+                            "progress": False, "run_dir": run_dir, "threads": t, "checkpoint_every": 0}
+            cfg = os.path.join(d, f"calibrate{t}.yaml")
+            with open(cfg, "w", encoding="utf-8") as fh:
+                yaml.safe_dump(raw, fh)
+            proc = subprocess.run([sys.executable, "-m", "hpc_graph.cli", "-q", "train", "--config", cfg, "--force"],
+                                  env=_child_env(t), capture_output=True, text=True, timeout=1800)
+            if proc.returncode != 0:
+                raise CLIError(f"--calibration: the calibration run failed ({proc.stderr.strip()[-300:]}); "
+                               "pass --calibration none or a factor")
+            with open(os.path.join(run_dir, "metrics.jsonl"), encoding="utf-8") as fh:
+                epochs = [json.loads(line)["epoch_seconds"] for line in fh if line.strip()]
+            measured[t] = statistics.median(epochs[1:] or epochs)
         graph = fb.graph_from_dataset(path)
         csr, _ = _rank_graph(path, fb.single_layout(graph), 4_000_000)
-        kr = kernel_rates(csr, dtype, gat=spec.name == "gat", reps=3, label="calibration graph")
+        kr = kernel_rates(csr, dtype, gat=spec.name == "gat", label="calibration graph")
         del csr
     rates = fb.Rates.from_kernels(kr)
-    pred = fb.predict("single", spec, graph, fb.single_layout(graph), floor=0, rates=rates, threads=kr.threads,
-                      cores_per_node=kr.threads, ranks_per_node=1)
-    predicted = float(pred.rank_seconds[0])
-    factor = measured / predicted if predicted > 0 else 1.0
-    if not 0.5 <= factor <= 3.0:
-        log.warning("plan: calibration factor %.2f is outside [0.5, 3] (a busy machine?); using it anyway", factor)
-    return factor, (f"measured: {CALIBRATION_EPOCHS}-epoch single run of this model on an R-MAT scale-{scale} graph "
-                    f"at {kr.threads} thread(s): epoch {measured:.3f} s over {predicted:.3f} s predicted")
+    if parallel is not None:
+        rates = dataclasses.replace(rates, parallel=float(parallel))
+    out: dict[int, tuple[float, str]] = {}
+    for t, seconds in measured.items():
+        pred = fb.predict("single", spec, graph, fb.single_layout(graph), floor=0, rates=rates, threads=t,
+                          cores_per_node=t, ranks_per_node=1)
+        predicted = float(pred.rank_seconds[0])
+        factor = seconds / predicted if predicted > 0 else 1.0
+        if not 0.5 <= factor <= 3.0:
+            log.warning("plan: calibration factor %.2f at %d thread(s) is outside [0.5, 3] (a busy machine?); "
+                        "using it anyway", factor, t)
+        out[t] = (factor, f"{CALIBRATION_EPOCHS}-epoch single run of this model on an R-MAT scale-{scale} graph at "
+                          f"{t} thread(s): epoch {seconds:.4g} s over {predicted:.4g} s predicted")
+    return out
 
 
 def _rank_graph(data: str, layout: Any, max_edges: int) -> tuple[Any, str]:
@@ -554,6 +565,7 @@ def _run_fullbatch(args: argparse.Namespace, config: Any) -> int:
     else:
         floor, floor_src = 0, ""
     cores = args.cores_per_node or len(affinity_cpus()) or (os.cpu_count() or 1)
+    threads_fixed = config.train.threads
     rates = None
     rate_src = "none (--rates none): memory only"
     links_src = ""
@@ -573,17 +585,27 @@ def _run_fullbatch(args: argparse.Namespace, config: Any) -> int:
             csr, what = _rank_graph(data, parted or fb.single_layout(graph), 4_000_000)
         kr = kernel_rates(csr, dtype, gat=gat, label=what)
         del csr
+        by_threads: dict[int, float] = {}
         if calibration is None:
-            factor, cal_src = measure_calibration(config, spec, _fullest_nodes(parted or fb.single_layout(graph)),
-                                                  kr.threads, dtype)
+            # the thread counts the planned ranks run (at most this process's): the fewest and the most
+            wanted = set()
+            for P in shown:
+                rpn = min(P, args.ranks_per_node) if args.ranks_per_node else P
+                wanted.add(min(threads_fixed or fb.threads_for(rpn, cores)[0], kr.threads))
+            wanted = {min(wanted), max(wanted)}
+            found = measure_calibration(config, spec, _fullest_nodes(parted or fb.single_layout(graph)),
+                                        sorted(wanted), dtype, parallel=kr.parallel)
+            by_threads = {t: f for t, (f, _) in found.items()}
+            factor = by_threads[max(by_threads)]
+            cal_src = "; ".join(f"{f:.3f} from a {how}" for f, how in found.values())
         else:
-            factor, cal_src = calibration, "--calibration"
+            factor, cal_src = calibration, f"{calibration:.3f} (--calibration)"
         rates = fb.Rates.from_kernels(kr, exchange=exchange, allreduce=allreduce, link=link, calibration=factor,
+                                      calibration_threads=by_threads,
                                       sources={"kernels": f"measured now on {kr.graph} at {kr.threads} thread(s) "
                                                           f"({kr.seconds:.1f} s)", "links": links_src,
-                                               "calibration": f"{factor:.3f} ({cal_src})"})
+                                               "calibration": cal_src})
         rate_src = rates.sources["kernels"]
-    threads_fixed = config.train.threads
     preds: list[Any] = []
     smallest: dict[str, int | None] = {}
     shown_set = set(shown)

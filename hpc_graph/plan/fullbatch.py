@@ -536,7 +536,9 @@ class Rates:
     ``sources``: where each number came from (printed). ``calibration``: factor on every compute term: a real
     training step's time over what these rates predict for it, measured by ``hpc-graph plan`` on a calibration
     graph (the probes time each kernel alone on warm data; a step runs them back to back on cold caches, with
-    allocations, autograd and Python between them: 1.1-1.4x on the machines measured).
+    allocations, autograd and Python between them: 1.0-1.4x on the machines measured).
+    ``calibration_threads``: factors measured at given thread counts (they also absorb the error of the
+    parallel fraction, measured from a few speed-ups only); a rank uses the nearest (:meth:`calibration_for`).
     """
 
     spmm_fwd: tuple[float, float]
@@ -555,6 +557,16 @@ class Rates:
     link: Any = None
     sources: dict[str, str] = dataclasses.field(default_factory=dict)
     calibration: float = 1.0
+    calibration_threads: dict[int, float] = dataclasses.field(default_factory=dict)
+
+    def calibration_for(self, threads: int) -> float:
+        """The calibration factor of a rank running ``threads`` threads: the one measured at the nearest thread
+        count (in log scale; ``calibration_threads``), else ``calibration``."""
+        if not self.calibration_threads:
+            return self.calibration
+        t = math.log2(max(1, threads))
+        best = min(self.calibration_threads, key=lambda k: (abs(math.log2(max(1, k)) - t), -k))
+        return self.calibration_threads[best]
 
     @classmethod
     def from_kernels(cls, kernels: Any, **links: Any) -> "Rates":
@@ -1845,7 +1857,7 @@ def time_of(w: _Walk, rates: Rates, *, threads: int, cores_share: float, ranks: 
     ``cores_share`` cores. ``overlap``: exchanges started in the background (sylvie's pipeline) travel while
     the rank computes (a network link); False: they cost their full time (ranks of one node, whose
     transfers are copies by the same cores, as measured on this machine)."""
-    k = rates.slowdown(threads, cores_share) * rates.calibration
+    k = rates.slowdown(threads, cores_share) * rates.calibration_for(threads)
     wk = w.work
 
     def lin(items, ab):

@@ -192,6 +192,13 @@ def test_time_terms_follow_the_rates():
     for term, seconds in dp.time.terms.items():
         assert cal.time.terms[term] == pytest.approx(1.7 * seconds, rel=1e-12)
     assert (cal.time.halo, cal.time.allreduce) == (dp.time.halo, dp.time.allreduce)
+    # per thread count: a rank uses the factor measured nearest its threads (2 here; 1 on 4 ranks of 2 cores)
+    both = dataclasses.replace(rates, calibration=9.0, calibration_threads={1: 3.0, 2: 1.5})
+    assert both.calibration_for(2) == 1.5 and both.calibration_for(1) == 3.0 and both.calibration_for(64) == 1.5
+    assert fb.predict("dp", spec, g, lay, floor=0, rates=both, cores_per_node=8, ranks_per_node=4).time.compute \
+        == pytest.approx(1.5 * dp.time.compute, rel=1e-12)
+    assert fb.predict("dp", spec, g, lay, floor=0, rates=both, cores_per_node=2, ranks_per_node=4).time.compute \
+        == pytest.approx(3.0 * slow.time.compute, rel=1e-12)
 
 
 def test_models_the_planner_does_not_describe_are_refused():
