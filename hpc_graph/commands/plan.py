@@ -367,7 +367,8 @@ def measure_calibration(config: Any, spec: Any, nodes: int, threads: list[int], 
         for t in sorted(set(int(x) for x in threads)):
             run_dir = os.path.join(d, f"run{t}")
             raw["train"] = {**raw["train"], "epochs": CALIBRATION_EPOCHS, "eval_every": CALIBRATION_EPOCHS,
-                            "progress": False, "run_dir": run_dir, "threads": t, "checkpoint_every": 0}
+                            "progress": False, "run_dir": run_dir, "threads": t, "checkpoint_every": 0,
+                            "device": "cpu"}
             cfg = os.path.join(d, f"calibrate{t}.yaml")
             with open(cfg, "w", encoding="utf-8") as fh:
                 yaml.safe_dump(raw, fh)
