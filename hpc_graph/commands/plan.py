@@ -101,7 +101,7 @@ def add_parser(subparsers) -> None:
                          "(memory only)")
     fb.add_argument("--calibration", default="measure", metavar="measure|none|FACTOR",
                     help="factor on the compute time: 'measure' (default) times a few real training steps of the "
-                         "model on an R-MAT calibration graph in a subprocess (10-60 s) and divides by what the "
+                         "model on an R-MAT calibration graph in a subprocess (10-90 s on 2 cores) and divides by what the "
                          "kernel rates predict for them; 'none': 1; or a number (a factor measured before)")
     add_threads_option(parser)
     parser.set_defaults(func=run)
