@@ -269,23 +269,30 @@ def _description(args: argparse.Namespace) -> Any:
                       name="described graph")
 
 
-def _child_env(threads: int) -> dict[str, str]:
-    """The environment of a measuring subprocess: ``threads`` threads, no memory limit, and none of the MPI
-    launcher's variables (a child of a rank must start as a process of its own, not join the job)."""
+def _train_subprocess(raw: dict, cfg: str, threads: int, timeout: float, failure: str) -> None:
+    """Write the config ``raw`` to ``cfg`` and run ``hpc-graph train`` on it in a subprocess of its own: ``threads``
+    threads, no memory limit, none of the MPI launcher's variables (a child of a rank must start as a process of
+    its own, not join the job). A failed run raises CLIError ``failure`` with the end of its stderr."""
+    import subprocess
+
+    import yaml
+
+    with open(cfg, "w", encoding="utf-8") as fh:
+        yaml.safe_dump(raw, fh)
     env = {k: v for k, v in os.environ.items()
            if not k.startswith(("PMI_", "PMIX_", "OMPI_", "HYDRA_", "MPIR_", "MPI_LOCALRANKID", "MPI_LOCALNRANKS"))}
     env.update(OMP_NUM_THREADS=str(threads), NUMBA_NUM_THREADS=str(threads))
     env.pop("HPC_GRAPH_MEMORY_LIMIT", None)
-    return env
+    proc = subprocess.run([sys.executable, "-m", "hpc_graph.cli", "-q", "train", "--config", cfg, "--force"],
+                          env=env, capture_output=True, text=True, timeout=timeout)
+    if proc.returncode != 0:
+        raise CLIError(failure.format(stderr=proc.stderr.strip()[-300:]))
 
 
 def measure_floor(config: Any) -> tuple[int, str]:
     """Peak RSS of a 2-epoch ``single`` run of the config's model on a 1024-node R-MAT graph, in a subprocess:
     Python, torch, numba and the kernels this model loads, the thread pools (bytes, and how it was measured)."""
-    import subprocess
     import tempfile
-
-    import yaml
 
     from data_io.generators.rmat import write_rmat
 
@@ -298,15 +305,8 @@ def measure_floor(config: Any) -> tuple[int, str]:
         raw = {"data": {"path": os.path.join(d, "g.h5")}, "engine": {"name": "single"}, "model": model,
                "train": {"epochs": 2, "progress": False, "run_dir": os.path.join(d, "run"), "eval_every": 2,
                          "dtype": config.train.dtype}}
-        cfg = os.path.join(d, "floor.yaml")
-        with open(cfg, "w", encoding="utf-8") as fh:
-            yaml.safe_dump(raw, fh)
-        env = _child_env(1)
-        proc = subprocess.run([sys.executable, "-m", "hpc_graph.cli", "-q", "train", "--config", cfg, "--force"],
-                              env=env, capture_output=True, text=True, timeout=600)
-        if proc.returncode != 0:
-            raise CLIError(f"--floor: measuring the process floor failed ({proc.stderr.strip()[-300:]}); "
-                           "give it with --floor SIZE")
+        _train_subprocess(raw, os.path.join(d, "floor.yaml"), 1, 600,
+                          "--floor: measuring the process floor failed ({stderr}); give it with --floor SIZE")
         with open(os.path.join(d, "run", "summary.json"), encoding="utf-8") as fh:
             peak_mb = float(json.load(fh)["peak_rss_mb"][0])
     return int(peak_mb * 2**20), f"measured: peak RSS of a 2-epoch {mc.name} run on a 1024-node graph"
@@ -345,10 +345,7 @@ def measure_calibration(config: Any, spec: Any, nodes: int, threads: list[int], 
     autograd and Python in between, which the factor carries to every prediction."""
     import dataclasses
     import statistics
-    import subprocess
     import tempfile
-
-    import yaml
 
     from data_io.generators.rmat import write_rmat
     from hpc_graph.plan import fullbatch as fb
@@ -369,14 +366,9 @@ def measure_calibration(config: Any, spec: Any, nodes: int, threads: list[int], 
             raw["train"] = {**raw["train"], "epochs": CALIBRATION_EPOCHS, "eval_every": CALIBRATION_EPOCHS,
                             "progress": False, "run_dir": run_dir, "threads": t, "checkpoint_every": 0,
                             "device": "cpu"}
-            cfg = os.path.join(d, f"calibrate{t}.yaml")
-            with open(cfg, "w", encoding="utf-8") as fh:
-                yaml.safe_dump(raw, fh)
-            proc = subprocess.run([sys.executable, "-m", "hpc_graph.cli", "-q", "train", "--config", cfg, "--force"],
-                                  env=_child_env(t), capture_output=True, text=True, timeout=1800)
-            if proc.returncode != 0:
-                raise CLIError(f"--calibration: the calibration run failed ({proc.stderr.strip()[-300:]}); "
-                               "pass --calibration none or a factor")
+            _train_subprocess(raw, os.path.join(d, f"calibrate{t}.yaml"), t, 1800,
+                              "--calibration: the calibration run failed ({stderr}); pass --calibration none or a "
+                              "factor")
             with open(os.path.join(run_dir, "metrics.jsonl"), encoding="utf-8") as fh:
                 epochs = [json.loads(line)["epoch_seconds"] for line in fh if line.strip()]
             measured[t] = statistics.median(epochs[1:] or epochs)
