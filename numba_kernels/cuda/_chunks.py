@@ -52,7 +52,8 @@ def num_chunks(num_edges: int, T: int) -> int:
     return max(1, (int(num_edges) + T - 1) // T)
 
 
-def chunk_kernels(nbtype, G: int, C: int, NA: int, reset, segment, store, merge, skip_empty: bool = False):
+def chunk_kernels(nbtype, G: int, C: int, NA: int, reset, segment, store, merge, skip_empty: bool = False,
+                  NT: int = 1):
     """``(chunks, fixup)``: the two kernels of one edge-balanced computation (see the module docstring).
 
     A group of ``G`` lanes takes a chunk; lane ``t`` owns the features ``t, t + G, ...`` (``C`` slots) and
@@ -60,7 +61,11 @@ def chunk_kernels(nbtype, G: int, C: int, NA: int, reset, segment, store, merge,
     device functions (closure constants, inlined):
 
     * ``reset(acc)``: the accumulators of an empty segment;
-    * ``segment(row, k0, k1, indices, args, heads, lane, acc)``: fold CSR positions ``[k0, k1)`` of ``row``;
+    * ``segment(row, k0, k1, indices, args, heads, slots, tmp, lane, acc)``: fold CSR positions ``[k0, k1)``
+      of ``row``; ``slots[0, c]``/``slots[1, c]`` are slot ``c``'s head and feature, 0 past the row's ``F``
+      features (so an edge loop can run every slot without a test: those slots compute values nobody
+      stores), ``tmp`` a local ``[NT, C]`` array for per-row values (device functions must not allocate
+      local arrays themselves: numba's simulator swaps ``cuda`` per call, racing between its threads);
     * ``store(row, degree, D, args, heads, lane, acc)``: finish a whole row (``degree``: its positions);
     * ``merge(acc, part, ch, heads, lane)``: fold chunk ``ch``'s stored part (``part[a, ch, feature]``) in.
 
@@ -72,10 +77,12 @@ def chunk_kernels(nbtype, G: int, C: int, NA: int, reset, segment, store, merge,
     """
 
     @cuda.jit(device=True, inline=True)
-    def slot_heads(lane, F, D, heads):
+    def slot_heads(lane, F, D, heads, slots):
         for c in range(C):
             f = lane + G * c
             heads[c] = f // D if f < F else -1
+            slots[0, c] = heads[c] if f < F else 0
+            slots[1, c] = f if f < F else 0
 
     @cuda.jit(device=True, inline=True)
     def put(part, ch, heads, lane, acc):
@@ -91,13 +98,15 @@ def chunk_kernels(nbtype, G: int, C: int, NA: int, reset, segment, store, merge,
         tid = cuda.blockIdx.x * cuda.blockDim.x + cuda.threadIdx.x
         lane = tid % G
         heads = cuda.local.array(C, np.int64)
+        slots = cuda.local.array((2, C), np.int64)
+        tmp = cuda.local.array((NT, C), nbtype)
         acc = cuda.local.array((NA, C), nbtype)
-        slot_heads(lane, F, D, heads)
+        slot_heads(lane, F, D, heads, slots)
         for ch in range(tid // G, nchunks, (cuda.gridDim.x * cuda.blockDim.x) // G):
             lo, hi, r0, r1, lead = chunk_rows(ch, T, indptr, n, indices.shape[0], nchunks)
             if lead > lo:
                 reset(acc)
-                segment(r0 - 1, lo, lead, indices, args, heads, lane, acc)
+                segment(r0 - 1, lo, lead, indices, args, heads, slots, tmp, lane, acc)
                 put(part_f, ch, heads, lane, acc)
             last = -1
             for r in range(r0, r1):
@@ -106,7 +115,7 @@ def chunk_kernels(nbtype, G: int, C: int, NA: int, reset, segment, store, merge,
                 if skip_empty and start == end:
                     continue
                 reset(acc)
-                segment(r, start, min(end, hi), indices, args, heads, lane, acc)
+                segment(r, start, min(end, hi), indices, args, heads, slots, tmp, lane, acc)
                 if end <= hi:
                     store(r, end - start, D, args, heads, lane, acc)
                 else:
@@ -123,8 +132,9 @@ def chunk_kernels(nbtype, G: int, C: int, NA: int, reset, segment, store, merge,
         tid = cuda.blockIdx.x * cuda.blockDim.x + cuda.threadIdx.x
         lane = tid % G
         heads = cuda.local.array(C, np.int64)
+        slots = cuda.local.array((2, C), np.int64)
         acc = cuda.local.array((NA, C), nbtype)
-        slot_heads(lane, F, D, heads)
+        slot_heads(lane, F, D, heads, slots)
         for ch in range(tid // G, nchunks, (cuda.gridDim.x * cuda.blockDim.x) // G):
             r = ext[ch]
             if r < 0:

@@ -53,11 +53,22 @@ def _build_chunked(nbtype, C: int):
     ``acc``, ``grad_out``, ``grad_z`` are flat ``[rows, F]`` views; scores and states ``[rows, H]``.
     """
     zero = nbtype(0)
+    one = nbtype(1)
     ninf = nbtype(-np.inf)
+
+    # Every edge loop below runs each slot's arithmetic without a per-slot test: a slot past the row's F
+    # features uses head 0 and column 0 (``slots``) and computes values that ``store``/``put`` never
+    # write, so the loads of all slots are issued together. The scores' arithmetic is in the rows' precision
+    # (``slope`` arrives as a scalar of that type; literals are typed), only the dropout test uses ``p`` as
+    # given, as the CPU twin does.
 
     @cuda.jit(device=True, inline=True)
     def leaky(a, slope):
         return a if a >= 0 else a * slope
+
+    @cuda.jit(device=True, inline=True)
+    def keep_scale(p):
+        return nbtype(1.0 / (1.0 - p)) if p > 0.0 else one
 
     # ---------------------------------------------------------------- forward: acc = (max, weight sum, rows)
     # args = (z, s_src, s_dst, src_gid, dst_gid, slope, p, seed, m0, l0, m, l, out)
@@ -69,34 +80,30 @@ def _build_chunked(nbtype, C: int):
             acc[2, c] = zero
 
     @cuda.jit(device=True, inline=True)
-    def fwd_segment(i, k0, k1, indices, args, heads, lane, acc):
+    def fwd_segment(i, k0, k1, indices, args, heads, slots, tmp, lane, acc):
         """Softmax state of row ``i`` over positions ``[k0, k1)`` alone: max, sum of weights, weighted rows."""
         z, s_src, s_dst, src_gid, dst_gid, slope, p, seed = (args[0], args[1], args[2], args[3], args[4], args[5],
                                                              args[6], args[7])
+        for c in range(C):
+            tmp[0, c] = s_dst[i, slots[0, c]]
         for e in range(k0, k1):
             j = indices[e]
             for c in range(C):
-                h = heads[c]
-                if h >= 0:
-                    a = leaky(s_dst[i, h] + s_src[j, h], slope)
-                    if a > acc[0, c]:
-                        acc[0, c] = a
+                a = leaky(tmp[0, c] + s_src[j, slots[0, c]], slope)
+                if a > acc[0, c]:
+                    acc[0, c] = a
         use_drop = p > 0.0
-        inv_keep = 1.0 / (1.0 - p) if use_drop else 1.0
+        inv_keep = keep_scale(p)
         dst_hash = _mix(_mix(np.uint64(0), seed), _gid(dst_gid, i)) if use_drop else np.uint64(0)
         for e in range(k0, k1):
             j = indices[e]
             edge_hash = _mix(dst_hash, _gid(src_gid, j)) if use_drop else np.uint64(0)
             for c in range(C):
-                h = heads[c]
-                if h >= 0:
-                    w = math.exp(leaky(s_dst[i, h] + s_src[j, h], slope) - acc[0, c])
-                    acc[1, c] += w
-                    if use_drop:
-                        if not _keep(edge_hash, h, p):
-                            continue
-                        w = w * inv_keep
-                    acc[2, c] += w * z[j, lane + 32 * c]
+                w = math.exp(leaky(tmp[0, c] + s_src[j, slots[0, c]], slope) - acc[0, c])
+                acc[1, c] += w
+                if use_drop:
+                    w = w * inv_keep if _keep(edge_hash, slots[0, c], p) else zero
+                acc[2, c] += w * z[j, slots[1, c]]
 
     @cuda.jit(device=True, inline=True)
     def fold(acc, c, m2, l2, a2):
@@ -104,8 +111,8 @@ def _build_chunked(nbtype, C: int):
         top = acc[0, c] if acc[0, c] > m2 else m2
         if top == ninf:
             return
-        r1 = math.exp(acc[0, c] - top) if acc[0, c] > ninf else 0.0
-        r2 = math.exp(m2 - top) if m2 > ninf else 0.0
+        r1 = math.exp(acc[0, c] - top) if acc[0, c] > ninf else zero
+        r2 = math.exp(m2 - top) if m2 > ninf else zero
         acc[1, c] = acc[1, c] * r1 + l2 * r2
         acc[2, c] = acc[2, c] * r1 + a2 * r2
         acc[0, c] = top
@@ -127,34 +134,36 @@ def _build_chunked(nbtype, C: int):
                 f = lane + 32 * c
                 fold(acc, c, m0[i, h], l0[i, h], out[i, f])
                 out[i, f] = acc[2, c]
-                if f % D == 0:
+                if f == h * D:
                     m[i, h] = acc[0, c]
                     l[i, h] = acc[1, c]
 
     # ---------------------------------------------------------------- backward over rows: acc = (bz, tt)
     # args = (z, s_src, s_dst, src_gid, dst_gid, slope, p, seed, m, l, grad_out, rowbuf, rowtt)
     @cuda.jit(device=True, inline=True)
-    def dst_segment(i, k0, k1, indices, args, heads, lane, acc):
+    def dst_segment(i, k0, k1, indices, args, heads, slots, tmp, lane, acc):
         """Add row ``i``'s positions: ``bz += p kept s z_j`` (per feature), ``tt += p s`` (per head)."""
         z, s_src, s_dst, src_gid, dst_gid, slope, p, seed, m, l = (args[0], args[1], args[2], args[3], args[4],
                                                                    args[5], args[6], args[7], args[8], args[9])
+        for c in range(C):  # the row's score, max and weight sum per slot: loaded once
+            tmp[0, c] = s_dst[i, slots[0, c]]
+            tmp[1, c] = m[i, slots[0, c]]
+            tmp[2, c] = l[i, slots[0, c]]
         use_drop = p > 0.0
-        inv_keep = 1.0 / (1.0 - p) if use_drop else 1.0
+        inv_keep = keep_scale(p)
         dst_hash = _mix(_mix(np.uint64(0), seed), _gid(dst_gid, i)) if use_drop else np.uint64(0)
         for e in range(k0, k1):
             j = indices[e]
             edge_hash = _mix(dst_hash, _gid(src_gid, j)) if use_drop else np.uint64(0)
             for c in range(C):
-                h = heads[c]
-                if h >= 0:
-                    pre = s_dst[i, h] + s_src[j, h]
-                    prob = math.exp(leaky(pre, slope) - m[i, h]) / l[i, h]
-                    slf = 1.0 if pre >= 0 else slope
-                    acc[1, c] += prob * slf
-                    kept = inv_keep
-                    if use_drop and not _keep(edge_hash, h, p):
-                        kept = 0.0
-                    acc[0, c] += prob * kept * slf * z[j, lane + 32 * c]
+                pre = tmp[0, c] + s_src[j, slots[0, c]]
+                prob = math.exp(leaky(pre, slope) - tmp[1, c]) / tmp[2, c]
+                slf = one if pre >= 0 else slope
+                acc[1, c] += prob * slf
+                kept = inv_keep
+                if use_drop and not _keep(edge_hash, slots[0, c], p):
+                    kept = zero
+                acc[0, c] += prob * kept * slf * z[j, slots[1, c]]
 
     @cuda.jit(device=True, inline=True)
     def dst_store(i, deg, D, args, heads, lane, acc):
@@ -164,36 +173,37 @@ def _build_chunked(nbtype, C: int):
             if h >= 0:
                 f = lane + 32 * c
                 rowbuf[i, f] = grad_out[i, f] * acc[0, c]
-                if f % D == 0:
+                if f == h * D:
                     rowtt[i, h] = acc[1, c]
 
     # ---------------------------------------------------------------- backward over columns: acc = (gz, ag, tt)
     # args = (z, s_src, s_dst, src_gid, dst_gid, slope, p, seed, m, l, grad_out, delta, grad_z, rowbuf, rowtt)
     @cuda.jit(device=True, inline=True)
-    def src_segment(j, k0, k1, indices_t, args, heads, lane, acc):
+    def src_segment(j, k0, k1, indices_t, args, heads, slots, tmp, lane, acc):
         """Add source ``j``'s transposed positions: ``gz += p kept go_i``, ``ag += p kept s go_i`` (per feature),
         ``tt += p s delta_i`` (per head)."""
         s_src, s_dst, src_gid, dst_gid, slope, p, seed, m, l, grad_out, delta = (
             args[1], args[2], args[3], args[4], args[5], args[6], args[7], args[8], args[9], args[10], args[11])
+        for c in range(C):  # the source's score per slot: loaded once
+            tmp[0, c] = s_src[j, slots[0, c]]
         use_drop = p > 0.0
-        inv_keep = 1.0 / (1.0 - p) if use_drop else 1.0
+        inv_keep = keep_scale(p)
         seed_hash = _mix(np.uint64(0), seed)
         for e in range(k0, k1):
             i = indices_t[e]
             edge_hash = _mix(_mix(seed_hash, _gid(dst_gid, i)), _gid(src_gid, j)) if use_drop else np.uint64(0)
             for c in range(C):
-                h = heads[c]
-                if h >= 0:
-                    pre = s_dst[i, h] + s_src[j, h]
-                    prob = math.exp(leaky(pre, slope) - m[i, h]) / l[i, h]
-                    slf = 1.0 if pre >= 0 else slope
-                    acc[2, c] += prob * slf * delta[i, h]
-                    kept = inv_keep
-                    if use_drop and not _keep(edge_hash, h, p):
-                        kept = 0.0
-                    g = grad_out[i, lane + 32 * c]
-                    acc[0, c] += prob * kept * g
-                    acc[1, c] += prob * kept * slf * g
+                h = slots[0, c]
+                pre = s_dst[i, h] + tmp[0, c]
+                prob = math.exp(leaky(pre, slope) - m[i, h]) / l[i, h]
+                slf = one if pre >= 0 else slope
+                acc[2, c] += prob * slf * delta[i, h]
+                kept = inv_keep
+                if use_drop and not _keep(edge_hash, h, p):
+                    kept = zero
+                g = grad_out[i, slots[1, c]]
+                acc[0, c] += prob * kept * g
+                acc[1, c] += prob * kept * slf * g
 
     @cuda.jit(device=True, inline=True)
     def src_store(j, deg, D, args, heads, lane, acc):
@@ -204,14 +214,14 @@ def _build_chunked(nbtype, C: int):
                 f = lane + 32 * c
                 grad_z[j, f] += acc[0, c]
                 rowbuf[j, f] = z[j, f] * acc[1, c]
-                if f % D == 0:
+                if f == h * D:
                     rowtt[j, h] = acc[2, c]
 
     reset2, merge2 = sum_parts(32, C, 2, nbtype)
     reset3, merge3 = sum_parts(32, C, 3, nbtype)
-    return (chunk_kernels(nbtype, 32, C, 3, fwd_reset, fwd_segment, fwd_store, fwd_merge, skip_empty=True),
-            chunk_kernels(nbtype, 32, C, 2, reset2, dst_segment, dst_store, merge2, skip_empty=True),
-            chunk_kernels(nbtype, 32, C, 3, reset3, src_segment, src_store, merge3, skip_empty=True))
+    return (chunk_kernels(nbtype, 32, C, 3, fwd_reset, fwd_segment, fwd_store, fwd_merge, skip_empty=True, NT=1),
+            chunk_kernels(nbtype, 32, C, 2, reset2, dst_segment, dst_store, merge2, skip_empty=True, NT=3),
+            chunk_kernels(nbtype, 32, C, 3, reset3, src_segment, src_store, merge3, skip_empty=True, NT=1))
 
 
 @cuda.jit
@@ -253,6 +263,11 @@ def _chunked_kernels(dtype, features: int):
 
 def _flat(a):
     return a.reshape(a.shape[0], a.shape[1] * a.shape[2])
+
+
+def _typed(value: float, dtype):
+    """``value`` as a scalar of the rows' type: a float32 kernel then scores in float32, not float64."""
+    return np.dtype(dtype).type(value)
 
 
 def _run(kernels, indptr, indices, z, args, dtype, num_acc: int) -> None:
@@ -319,8 +334,8 @@ def accumulate(indptr, indices, z, s_src, s_dst, src_gid, dst_gid, negative_slop
         m0, l0 = scratch(m.shape, m.dtype), scratch(l.shape, l.dtype)  # the old state, read while m, l change
         m0.copy_to_device(m, stream=stream())
         l0.copy_to_device(l, stream=stream())
-        args = (_flat(z), s_src, s_dst, src_gid, dst_gid, float(negative_slope), float(attn_dropout), int(seed),
-                m0, l0, m, l, _flat(acc))
+        args = (_flat(z), s_src, s_dst, src_gid, dst_gid, _typed(negative_slope, acc.dtype), float(attn_dropout),
+                int(seed), m0, l0, m, l, _flat(acc))
         _run(ks[0], indptr, indices, z, args, acc.dtype, 3)
         return
     launch(_accumulate, (indptr.shape[0] - 1) * z.shape[1], indptr, indices, z, s_src, s_dst, src_gid,
@@ -376,8 +391,8 @@ def backward_dst(indptr, indices, z, s_src, s_dst, src_gid, dst_gid, negative_sl
     if ks is not None:
         n, H, D = indptr.shape[0] - 1, z.shape[1], z.shape[2]
         rowbuf, rowtt = scratch((n, H * D), grad_out.dtype), scratch((n, H), grad_out.dtype)
-        args = (_flat(z), s_src, s_dst, src_gid, dst_gid, float(negative_slope), float(attn_dropout), int(seed),
-                m, l, _flat(grad_out), rowbuf, rowtt)
+        args = (_flat(z), s_src, s_dst, src_gid, dst_gid, _typed(negative_slope, grad_out.dtype),
+                float(attn_dropout), int(seed), m, l, _flat(grad_out), rowbuf, rowtt)
         _run(ks[1], indptr, indices, z, args, grad_out.dtype, 2)
         launch(_head_reduce, n * H, indptr, rowbuf, rowtt, delta, grad_s_dst, D)
         return
@@ -418,8 +433,8 @@ def backward_src(indptr_t, indices_t, z, s_src, s_dst, src_gid, dst_gid, negativ
     if ks is not None:
         n, H, D = indptr_t.shape[0] - 1, z.shape[1], z.shape[2]
         rowbuf, rowtt = scratch((n, H * D), grad_z.dtype), scratch((n, H), grad_z.dtype)
-        args = (_flat(z), s_src, s_dst, src_gid, dst_gid, float(negative_slope), float(attn_dropout), int(seed),
-                m, l, _flat(grad_out), delta, _flat(grad_z), rowbuf, rowtt)
+        args = (_flat(z), s_src, s_dst, src_gid, dst_gid, _typed(negative_slope, grad_z.dtype),
+                float(attn_dropout), int(seed), m, l, _flat(grad_out), delta, _flat(grad_z), rowbuf, rowtt)
         _run(ks[2], indptr_t, indices_t, z, args, grad_z.dtype, 3)
         launch(_head_reduce, n * H, indptr_t, rowbuf, rowtt, scratch((0, 1), grad_z.dtype), grad_s_src, D)
         return

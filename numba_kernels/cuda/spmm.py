@@ -163,49 +163,53 @@ def _build_chunked(nbtype, G: int, C: int):
     one = nbtype(1)
 
     @cuda.jit(device=True, inline=True)
-    def segment(row, k0, k1, indices, args, heads, lane, acc):
-        """``acc[0, c] += sum_k cf_k * x[j_k, lane + G c]`` over positions ``[k0, k1)``, two edges a step."""
+    def segment(row, k0, k1, indices, args, heads, slots, tmp, lane, acc):
+        """``acc[0, c] += sum_k cf_k * x[j_k, lane + G c]`` over positions ``[k0, k1)``, two edges a step.
+
+        The edge loop has no per-slot test: a slot past the row's ``F`` features reads column 0 and sums values
+        that ``store``/``put`` never write, so the ``2 C`` gathered loads of a step are issued together
+        (a test per slot put each slot's two loads behind a branch: two in flight instead of ``2 C``). Row and
+        column indices are unsigned: no negative-index wrap-around per access.
+        """
         eids, weight, col_scale, x = args[0], args[1], args[2], args[3]
         has_e = eids.shape[0] > 0
         has_w = weight.shape[0] > 0
         has_s = col_scale.shape[0] > 0
         w_heads = weight.shape[1] > 1
         k = k0
-        while k + 1 < k1:  # the two edges' loads are independent: twice the loads in flight
-            j0 = indices[k]
-            j1 = indices[k + 1]
+        while k + 1 < k1:  # the two edges' loads are independent: 2 C loads in flight
+            j0 = np.uint64(indices[k])
+            j1 = np.uint64(indices[k + 1])
             c0 = one
             c1 = one
             if has_s:
                 c0 = col_scale[j0]
                 c1 = col_scale[j1]
             if has_w:
-                e0 = eids[k] if has_e else k
-                e1 = eids[k + 1] if has_e else k + 1
+                e0 = np.uint64(eids[k]) if has_e else np.uint64(k)
+                e1 = np.uint64(eids[k + 1]) if has_e else np.uint64(k + 1)
                 for c in range(C):
-                    if heads[c] >= 0:
-                        h = heads[c] if w_heads else 0
-                        f = lane + G * c
-                        acc[0, c] += c0 * weight[e0, h] * x[j0, f] + c1 * weight[e1, h] * x[j1, f]
+                    f = np.uint64(slots[1, c])
+                    h = np.uint64(slots[0, c]) if w_heads else np.uint64(0)
+                    acc[0, c] += c0 * weight[e0, h] * x[j0, f] + c1 * weight[e1, h] * x[j1, f]
             else:
                 for c in range(C):
-                    if heads[c] >= 0:
-                        f = lane + G * c
-                        acc[0, c] += c0 * x[j0, f] + c1 * x[j1, f]
+                    f = np.uint64(slots[1, c])
+                    acc[0, c] += c0 * x[j0, f] + c1 * x[j1, f]
             k += 2
         if k < k1:
-            j0 = indices[k]
+            j0 = np.uint64(indices[k])
             c0 = one
             if has_s:
                 c0 = col_scale[j0]
-            e0 = (eids[k] if has_e else k) if has_w else 0
-            for c in range(C):
-                if heads[c] >= 0:
-                    f = lane + G * c
-                    if has_w:
-                        acc[0, c] += c0 * weight[e0, heads[c] if w_heads else 0] * x[j0, f]
-                    else:
-                        acc[0, c] += c0 * x[j0, f]
+            if has_w:
+                e0 = np.uint64(eids[k]) if has_e else np.uint64(k)
+                for c in range(C):
+                    h = np.uint64(slots[0, c]) if w_heads else np.uint64(0)
+                    acc[0, c] += c0 * weight[e0, h] * x[j0, np.uint64(slots[1, c])]
+            else:
+                for c in range(C):
+                    acc[0, c] += c0 * x[j0, np.uint64(slots[1, c])]
 
     @cuda.jit(device=True, inline=True)
     def store(row, deg, D, args, heads, lane, acc):
@@ -216,7 +220,7 @@ def _build_chunked(nbtype, G: int, C: int):
                 f = lane + G * c
                 v = acc[0, c]
                 if mean and deg > 0:
-                    v = v / deg
+                    v = v / nbtype(deg)  # in the row's precision (an int64 divisor made it a float64 division)
                 if rs.shape[0] > 0:
                     v = v * rs[row]
                 if row < sx.shape[0]:
