@@ -10,8 +10,9 @@ edges, not rows: the CSR positions are cut into chunks of ``EDGES_PER_CHUNK``
 and each chunk goes to a group of ``G`` lanes (``G`` = 8, 16 or 32, the
 smallest power of two >= F = H * D, at most a warp); lane ``t`` owns features
 ``t, t + G, ...`` (``C = ceil(F / G)`` of them, kept in registers), so each
-gathered source row is one coalesced group load per slot, two edges' loads in
-flight at a time. A chunk finishes the rows that start and end in it; the
+gathered source row is one coalesced group load per slot; two edges a step,
+their ``2 C`` loads issued together (no per-slot test in the edge loop: slots
+past ``F`` read column 0 and are never stored). A chunk finishes the rows that start and end in it; the
 part of a row that crosses chunks is summed per chunk into scratch rows and a
 second kernel adds them up in chunk order (deterministic, no atomics), so a
 hub row of 100 000 edges costs ~400 groups working side by side instead of
