@@ -17,9 +17,9 @@ SAGE hidden 128, GAT 4 heads x 32 (bench_training's). Then, per scale, model and
    epoch. The floor ``F`` is measured once per model (``hpc_graph.commands.plan.measure_floor``, what
    ``plan`` does when ``--floor`` is not given); the links' alpha-beta fits once per rank count by
    ``mpiexec -n P hpc-graph plan ... --profile WORK/links-P.json`` (written there, read by the plans);
-   the kernel rates by the plan itself, on the fullest part of the partition, and its calibration factor (a
-   6-epoch ``single`` run of the model on an R-MAT graph of up to scale 17, over its predicted step, at the
-   thread count the ranks run).
+   the kernel rates by the plan itself, on the fullest part of the partition, and its calibration (a
+   6-epoch ``single`` run of the model on an R-MAT graph of up to scale 17, minus its predicted step: the
+   per-epoch overhead added to every rank, at the thread counts the ranks run).
 2. ``mpiexec -n P python -m hpc_graph.cli train --config CFG --set data.path=PARTITION --set
    engine.name=E`` per engine, ``--epochs`` epochs, one evaluation at the end, with
    ``OMP_NUM_THREADS = NUMBA_NUM_THREADS = max(1, cores // P)``, ``OMP_WAIT_POLICY=PASSIVE`` and

@@ -99,10 +99,11 @@ def add_parser(subparsers) -> None:
     fb.add_argument("--rates", choices=("graph", "synthetic", "none"), default="graph",
                     help="kernel rates: measured on the graph given (default), on a synthetic R-MAT graph, or none "
                          "(memory only)")
-    fb.add_argument("--calibration", default="measure", metavar="measure|none|FACTOR",
-                    help="factor on the compute time: 'measure' (default) times a few real training steps of the "
-                         "model on an R-MAT calibration graph in a subprocess (10-90 s on 2 cores) and divides by what the "
-                         "kernel rates predict for them; 'none': 1; or a number (a factor measured before)")
+    fb.add_argument("--calibration", default="measure", metavar="measure|none|SECONDS",
+                    help="seconds an epoch takes beyond its kernels, added to every rank's compute: 'measure' "
+                         "(default) times a few real training epochs of the model on an R-MAT calibration graph in "
+                         "a subprocess (10-90 s on 2 cores) and subtracts what the kernel rates predict for them; "
+                         "'none': 0; or a number of seconds (one measured before)")
     add_threads_option(parser)
     parser.set_defaults(func=run)
 
@@ -318,31 +319,33 @@ CALIBRATION_EPOCHS = 6  # the median of epochs 2.. is timed
 
 
 def parse_calibration(text: str) -> float | None:
-    """``--calibration``: None for ``measure``, 1.0 for ``none``, else a positive factor (CLIError naming it)."""
+    """``--calibration``: None for ``measure``, 0 for ``none``, else seconds per epoch >= 0 (``0.4`` or
+    ``0.4s``; CLIError naming the option otherwise)."""
     t = str(text).strip().lower()
     if t == "measure":
         return None
     if t == "none":
-        return 1.0
+        return 0.0
     try:
-        value = float(t)
+        value = float(t[:-1] if t.endswith("s") else t)
     except ValueError:
         value = float("nan")
-    if not 0.0 < value < 100.0:
-        raise CLIError(f"--calibration: expected 'measure', 'none' or a positive factor (e.g. 1.3), got {text!r}")
+    if not 0.0 <= value < 3600.0:
+        raise CLIError(f"--calibration: expected 'measure', 'none' or the seconds an epoch takes beyond its kernels "
+                       f"(e.g. 0.4), got {text!r}")
     return value
 
 
 def measure_calibration(config: Any, spec: Any, nodes: int, threads: list[int], dtype: Any, *,
                         parallel: float | None = None, max_scale: int = CALIBRATION_MAX_SCALE
                         ) -> dict[int, tuple[float, str]]:
-    """``{t: (factor, how)}`` for every thread count ``t`` in ``threads``: the median epoch of a real ``single``
+    """``{t: (seconds, how)}`` for every thread count ``t`` in ``threads``: the median epoch of a real ``single``
     run of the config's model on an R-MAT graph of ``min(nodes, 2^max_scale)`` nodes (the input width and classes
-    of ``spec``), in a subprocess at ``t`` threads, over the step the planner predicts for it from kernel rates
-    measured on that graph here. ``parallel``: the Amdahl fraction the plan's own rates use, so that a factor at
-    fewer threads than the rates were measured with also corrects that extrapolation. The probes time every
-    kernel alone on warm data; a training step runs them back to back on cold caches, with allocations,
-    autograd and Python in between, which the factor carries to every prediction."""
+    of ``spec``), in a subprocess at ``t`` threads, minus the step the planner predicts for it from kernel rates
+    measured on that graph here: the step's overhead beyond its kernels (autograd, allocations, Python, the
+    optimizer), added to every rank's predicted compute (:attr:`hpc_graph.plan.fullbatch.Rates.step_overhead`).
+    ``parallel``: the Amdahl fraction the plan's own rates use, so that an overhead measured at fewer threads
+    than the rates were also absorbs that extrapolation's error."""
     import dataclasses
     import statistics
     import tempfile
@@ -384,12 +387,12 @@ def measure_calibration(config: Any, spec: Any, nodes: int, threads: list[int], 
         pred = fb.predict("single", spec, graph, fb.single_layout(graph), floor=0, rates=rates, threads=t,
                           cores_per_node=t, ranks_per_node=1)
         predicted = float(pred.rank_seconds[0])
-        factor = seconds / predicted if predicted > 0 else 1.0
-        if not 0.5 <= factor <= 3.0:
-            log.warning("plan: calibration factor %.2f at %d thread(s) is outside [0.5, 3] (a busy machine?); "
-                        "using it anyway", factor, t)
-        out[t] = (factor, f"{CALIBRATION_EPOCHS}-epoch single run of this model on an R-MAT scale-{scale} graph at "
-                          f"{t} thread(s): epoch {seconds:.4g} s over {predicted:.4g} s predicted")
+        extra = seconds - predicted
+        if not -0.5 * predicted <= extra <= 2.0 * predicted:
+            log.warning("plan: the calibration run's epoch (%.3g s at %d thread(s)) is far from the %.3g s its kernels "
+                        "predict (a busy machine?); using it anyway", seconds, t, predicted)
+        out[t] = (extra, f"{CALIBRATION_EPOCHS}-epoch single run of this model on an R-MAT scale-{scale} graph at "
+                         f"{t} thread(s): epoch {seconds:.4g} s, {predicted:.4g} s predicted")
     return out
 
 
@@ -589,12 +592,12 @@ def _run_fullbatch(args: argparse.Namespace, config: Any) -> int:
             found = measure_calibration(config, spec, _fullest_nodes(parted or fb.single_layout(graph)),
                                         sorted(wanted), dtype, parallel=kr.parallel)
             by_threads = {t: f for t, (f, _) in found.items()}
-            factor = by_threads[max(by_threads)]
-            cal_src = "; ".join(f"{f:.3f} from a {how}" for f, how in found.values())
+            overhead = by_threads[max(by_threads)]
+            cal_src = "; ".join(f"{f:+.3f} s from a {how}" for f, how in found.values())
         else:
-            factor, cal_src = calibration, f"{calibration:.3f} (--calibration)"
-        rates = fb.Rates.from_kernels(kr, exchange=exchange, allreduce=allreduce, link=link, calibration=factor,
-                                      calibration_threads=by_threads,
+            overhead, cal_src = calibration, f"{calibration:+.3f} s (--calibration)"
+        rates = fb.Rates.from_kernels(kr, exchange=exchange, allreduce=allreduce, link=link, step_overhead=overhead,
+                                      step_overhead_threads=by_threads,
                                       sources={"kernels": f"measured now on {kr.graph} at {kr.threads} thread(s) "
                                                           f"({kr.seconds:.1f} s)", "links": links_src,
                                                "calibration": cal_src})
@@ -654,7 +657,8 @@ def _run_fullbatch(args: argparse.Namespace, config: Any) -> int:
                        "node) threads" + (f" (train.threads = {threads_fixed})" if threads_fixed else ""))
     if rates is not None:
         assumptions.append(f"kernel rates: {rate_src}")
-        assumptions.append(f"compute time x calibration {rates.sources['calibration']}")
+        assumptions.append(f"compute time + per-epoch overhead beyond the kernels (calibration) "
+                           f"{rates.sources['calibration']}")
         assumptions.append(rates.sources["links"])
     else:
         assumptions.append(f"rates: {rate_src}")

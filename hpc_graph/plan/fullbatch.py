@@ -533,12 +533,14 @@ class Rates:
     kernels' time that scales with threads (Amdahl), measured at 1 and ``threads`` threads.
     ``exchange``/``allreduce``: ``(alpha s, beta bytes/s)`` or None (no measured link: ``link`` used).
     ``link``: a :class:`~hpc_graph.comm.link.LinkModel` (a modelled network, or the default).
-    ``sources``: where each number came from (printed). ``calibration``: factor on every compute term: a real
-    training step's time over what these rates predict for it, measured by ``hpc-graph plan`` on a calibration
-    graph (the probes time each kernel alone on warm data; a step runs them back to back on cold caches, with
-    allocations, autograd and Python between them: 1.0-1.4x on the machines measured).
-    ``calibration_threads``: factors measured at given thread counts (they also absorb the error of the
-    parallel fraction, measured from a few speed-ups only); a rank uses the nearest (:meth:`calibration_for`).
+    ``sources``: where each number came from (printed). ``step_overhead``: seconds an epoch takes beyond
+    what these rates predict for its kernels, added to every rank's compute: measured by ``hpc-graph plan`` as
+    a real training run's epoch minus the prediction for it on a calibration graph (the probes time each kernel
+    alone; a step also builds the autograd graph, allocates, runs Python and the optimizer between them: a
+    few tenths of a second per epoch on the machines measured, about the same at 2^15 and 2^20 nodes, which
+    is why it is added, not multiplied: a factor measured on a small graph over-predicted large ones).
+    ``step_overhead_threads``: overheads measured at given thread counts (they also absorb the error of the
+    parallel fraction, measured from a few speed-ups only); a rank uses the nearest (:meth:`step_overhead_for`).
     """
 
     spmm_fwd: tuple[float, float]
@@ -556,17 +558,17 @@ class Rates:
     allreduce: tuple[float, float] | None = None
     link: Any = None
     sources: dict[str, str] = dataclasses.field(default_factory=dict)
-    calibration: float = 1.0
-    calibration_threads: dict[int, float] = dataclasses.field(default_factory=dict)
+    step_overhead: float = 0.0
+    step_overhead_threads: dict[int, float] = dataclasses.field(default_factory=dict)
 
-    def calibration_for(self, threads: int) -> float:
-        """The calibration factor of a rank running ``threads`` threads: the one measured at the nearest thread
-        count (in log scale; ``calibration_threads``), else ``calibration``."""
-        if not self.calibration_threads:
-            return self.calibration
+    def step_overhead_for(self, threads: int) -> float:
+        """The per-epoch overhead of a rank running ``threads`` threads: the one measured at the nearest thread
+        count (in log scale; ``step_overhead_threads``), else ``step_overhead``."""
+        if not self.step_overhead_threads:
+            return self.step_overhead
         t = math.log2(max(1, threads))
-        best = min(self.calibration_threads, key=lambda k: (abs(math.log2(max(1, k)) - t), -k))
-        return self.calibration_threads[best]
+        best = min(self.step_overhead_threads, key=lambda k: (abs(math.log2(max(1, k)) - t), -k))
+        return self.step_overhead_threads[best]
 
     @classmethod
     def from_kernels(cls, kernels: Any, **links: Any) -> "Rates":
@@ -1857,7 +1859,7 @@ def time_of(w: _Walk, rates: Rates, *, threads: int, cores_share: float, ranks: 
     ``cores_share`` cores. ``overlap``: exchanges started in the background (sylvie's pipeline) travel while
     the rank computes (a network link); False: they cost their full time (ranks of one node, whose
     transfers are copies by the same cores, as measured on this machine)."""
-    k = rates.slowdown(threads, cores_share) * rates.calibration_for(threads)
+    k = rates.slowdown(threads, cores_share)
     wk = w.work
 
     def lin(items, ab):
@@ -1870,6 +1872,12 @@ def time_of(w: _Walk, rates: Rates, *, threads: int, cores_share: float, ranks: 
     elem = (wk.stream / rates.stream + wk.mask / rates.mask + wk.score / rates.score) * k
     codec = wk.codec / rates.codec * k
     compute = spmm + att + gemm + elem + codec
+    # the step's overhead beyond its kernels (Rates.step_overhead): a flow stage carries its layers' share; a
+    # rank with less than a core runs it slower; a measured overhead below zero takes at most half the kernels
+    lo, hi = w._stage()
+    extra = rates.step_overhead_for(threads) * (hi - lo) / max(1, w.spec.layers)
+    extra = max(extra * max(1.0, 1.0 / cores_share) if cores_share > 0 else extra, -0.5 * compute)
+    compute += extra
     halo = sum(rates.exchange_time(o, i, p) for o, i, p in wk.exchanges)
     # sylvie's pipeline: an exchange has a whole epoch of computation to travel behind
     behind = sum(rates.exchange_time(o, i, p) for o, i, p in wk.background)
@@ -1887,6 +1895,7 @@ def time_of(w: _Walk, rates: Rates, *, threads: int, cores_share: float, ranks: 
     terms = {"spmm": spmm, "attention": att, "gemm": gemm, "elementwise": elem}
     if w.codec is not None:
         terms["codec"] = codec
+    terms["overhead"] = extra
     return TimeEstimate(rank=w.rs.rank, compute=compute, halo=halo, allreduce=ar, terms=terms,
                         messages=len(every), halo_bytes=sum(max(o, i) for o, i, _ in every), bytes_sent=sent,
                         hidden=hidden)

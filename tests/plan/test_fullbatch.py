@@ -185,20 +185,30 @@ def test_time_terms_follow_the_rates():
     slow = fb.predict("dp", spec, g, lay, floor=0, rates=rates, cores_per_node=2, ranks_per_node=4)
     assert (slow.threads, slow.cores_share) == (1, 0.5) and (dp.threads, dp.cores_share) == (2, 2.0)
     assert slow.time.compute == pytest.approx(4 * dp.time.compute, rel=1e-9)
-    # the calibration factor multiplies every compute term and nothing else
-    cal = fb.predict("dp", spec, g, lay, floor=0, rates=dataclasses.replace(rates, calibration=1.7),
+    # the calibration's per-epoch overhead adds to every rank's compute (a term of its own) and nothing else
+    cal = fb.predict("dp", spec, g, lay, floor=0, rates=dataclasses.replace(rates, step_overhead=0.7),
                      cores_per_node=8, ranks_per_node=4)
-    assert cal.time.compute == pytest.approx(1.7 * dp.time.compute, rel=1e-12)
+    assert dp.time.terms["overhead"] == 0.0 and cal.time.terms["overhead"] == pytest.approx(0.7, rel=1e-12)
+    assert cal.time.compute == pytest.approx(dp.time.compute + 0.7, rel=1e-12)
     for term, seconds in dp.time.terms.items():
-        assert cal.time.terms[term] == pytest.approx(1.7 * seconds, rel=1e-12)
+        if term != "overhead":
+            assert cal.time.terms[term] == seconds
     assert (cal.time.halo, cal.time.allreduce) == (dp.time.halo, dp.time.allreduce)
-    # per thread count: a rank uses the factor measured nearest its threads (2 here; 1 on 4 ranks of 2 cores)
-    both = dataclasses.replace(rates, calibration=9.0, calibration_threads={1: 3.0, 2: 1.5})
-    assert both.calibration_for(2) == 1.5 and both.calibration_for(1) == 3.0 and both.calibration_for(64) == 1.5
+    assert all(b == pytest.approx(a + 0.7, rel=1e-12) for a, b in zip(dp.rank_seconds, cal.rank_seconds))
+    # a rank on half a core runs it twice as long; a negative overhead removes at most half the kernels' time
+    slow_cal = fb.predict("dp", spec, g, lay, floor=0, rates=dataclasses.replace(rates, step_overhead=0.7),
+                          cores_per_node=2, ranks_per_node=4)
+    assert slow_cal.time.compute == pytest.approx(slow.time.compute + 1.4, rel=1e-12)
+    neg = fb.predict("dp", spec, g, lay, floor=0, rates=dataclasses.replace(rates, step_overhead=-1e9),
+                     cores_per_node=8, ranks_per_node=4)
+    assert neg.time.compute == pytest.approx(0.5 * dp.time.compute, rel=1e-12)
+    # per thread count: a rank uses the overhead measured nearest its threads (2 here; 1 on 4 ranks of 2 cores)
+    both = dataclasses.replace(rates, step_overhead=9.0, step_overhead_threads={1: 3.0, 2: 1.5})
+    assert both.step_overhead_for(2) == 1.5 and both.step_overhead_for(1) == 3.0 and both.step_overhead_for(64) == 1.5
     assert fb.predict("dp", spec, g, lay, floor=0, rates=both, cores_per_node=8, ranks_per_node=4).time.compute \
-        == pytest.approx(1.5 * dp.time.compute, rel=1e-12)
+        == pytest.approx(1.5 + dp.time.compute, rel=1e-12)
     assert fb.predict("dp", spec, g, lay, floor=0, rates=both, cores_per_node=2, ranks_per_node=4).time.compute \
-        == pytest.approx(3.0 * slow.time.compute, rel=1e-12)
+        == pytest.approx(2 * 3.0 + slow.time.compute, rel=1e-12)
 
 
 def test_models_the_planner_does_not_describe_are_refused():
