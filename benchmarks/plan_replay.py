@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import re
 import statistics
 import sys
@@ -38,7 +39,8 @@ def replay(plan: dict, engine: str) -> dict | None:
         return None
     pred = next(p for p in plan["predictions"] if p["engine"] == engine)
     threads = pred["threads_per_rank"]
-    near = min(factors, key=lambda k: (abs(k - threads), k))  # as Rates.calibration_for on these counts
+    # the factor measured nearest the rank's threads (log scale, ties to more threads), as session 39's planner
+    near = min(factors, key=lambda k: (abs(math.log2(max(1, k)) - math.log2(max(1, threads))), -k))
     measured, predicted = runs[near]
     t = pred["time"]
     kernels = t["compute"] / factors[near]
