@@ -37,15 +37,13 @@ if [ -n "$mpich" ] && [ -n "$m4py" ] && pipi /tmp/site-mpi "$m4py" && rm -rf /tm
    && python3 -m zipfile -e "$mpich" /tmp/mpich; then
   mdata=$(ls -d /tmp/mpich/mpich-*.data/data | head -1); chmod -R +x "$mdata/bin"
   libmpi=$mdata/lib/libmpi.so.12
-  if [ -f "$libmpi" ] && [ -x "$mdata/bin/mpiexec" ]; then
-    ( export PYTHONPATH="/tmp/site-mpi:$PYTHONPATH" PATH="$mdata/bin:$PATH" MPI4PY_MPIABI=mpich \
-        MPI4PY_LIBMPI="$libmpi" LD_LIBRARY_PATH="$mdata/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
-      mpi_ok "$mdata/bin/mpiexec" ) && chosen=mpich
-    if [ "$chosen" = mpich ]; then
-      export PYTHONPATH="/tmp/site-mpi:$PYTHONPATH" PATH="$mdata/bin:$PATH" MPI4PY_MPIABI=mpich \
-        MPI4PY_LIBMPI="$libmpi" LD_LIBRARY_PATH="$mdata/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
-      export HPC_GRAPH_MPIEXEC="$mdata/bin/mpiexec"
-    fi
+  mpich_env() {
+    export PYTHONPATH="/tmp/site-mpi:$PYTHONPATH" PATH="$mdata/bin:$PATH" MPI4PY_MPIABI=mpich \
+      MPI4PY_LIBMPI="$libmpi" LD_LIBRARY_PATH="$mdata/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" \
+      HPC_GRAPH_MPIEXEC="$mdata/bin/mpiexec"
+  }
+  if [ -f "$libmpi" ] && [ -x "$mdata/bin/mpiexec" ] && ( mpich_env; mpi_ok "$mdata/bin/mpiexec" ); then
+    chosen=mpich; mpich_env
   fi
 fi
 if [ -z "$chosen" ] && command -v mpirun >/dev/null 2>&1 && mpirun --version 2>&1 | grep -q "Open MPI" \
@@ -70,16 +68,17 @@ step() {  # step NAME TIMEOUT CMD...: run with a limit, log to $OUT/NAME.log, re
   tail -n "${TAIL:-25}" "$OUT/$name.log"
   [ $rc -eq 0 ] || status=1
 }
+kernels_step() { step kernels 150 python3 -m pytest -q -n 12 -p no:cacheprovider -rf tests/gpu/test_ops_gpu.py \
+                   tests/gpu/test_kernels_gpu.py; }
+# ranks of 2 threads: 8 workers each starting 2-rank runs would otherwise put 8 threads per rank on 16 cores
+train_step() { OMP_NUM_THREADS=2 step train 300 python3 -m pytest -q -n 8 -p no:cacheprovider -rf --timeout 280 \
+                 tests/gpu/test_train_gpu.py; }
 for s in "${STEPS[@]}"; do
   case $s in
     env) step env 60 bash -c "nvidia-smi -L; python3 -c 'import torch, numba, numpy, sys, mpi4py, h5py; print(sys.version.split()[0], torch.__version__, numba.__version__, numpy.__version__, mpi4py.__file__, h5py.get_config().mpi); from numba import cuda; cuda.detect()'; echo PYTHONPATH=\$PYTHONPATH MPIEXEC='$MPIEXEC' MPI4PY_LIBMPI=\${MPI4PY_LIBMPI:-}; $MPIEXEC -n 2 python3 -m hpc_graph.cli info --env" ;;
-    tests) step kernels 150 python3 -m pytest -q -n 12 -p no:cacheprovider -rf tests/gpu/test_ops_gpu.py \
-             tests/gpu/test_kernels_gpu.py
-           OMP_NUM_THREADS=2 step train 300 python3 -m pytest -q -n 8 -p no:cacheprovider -rf --timeout 280 \
-             tests/gpu/test_train_gpu.py ;;
-    kernels) step kernels 150 python3 -m pytest -q -n 12 -p no:cacheprovider -rf tests/gpu/test_ops_gpu.py tests/gpu/test_kernels_gpu.py ;;
-    train) OMP_NUM_THREADS=2 step train 300 python3 -m pytest -q -n 8 -p no:cacheprovider -rf --timeout 280 \
-             tests/gpu/test_train_gpu.py ;;
+    tests) kernels_step; train_step ;;
+    kernels) kernels_step ;;
+    train) train_step ;;
     bench20) step bench20 120 python3 -m hpc_graph.cli bench kernels --device cuda --scale 20 --repeat 5 \
                --ops memcpy spmm sddmm sage gat --json "$OUT/kernels20.jsonl" --force ;;
     bench22) step bench22 200 python3 -m hpc_graph.cli bench kernels --device cuda --scale 22 --repeat 5 \

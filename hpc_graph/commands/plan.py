@@ -371,7 +371,7 @@ def measure_calibration(config: Any, spec: Any, nodes: int, threads: list[int], 
                             "device": "cpu"}
             _train_subprocess(raw, os.path.join(d, f"calibrate{t}.yaml"), t, 1800,
                               "--calibration: the calibration run failed ({stderr}); pass --calibration none or a "
-                              "factor")
+                              "number of seconds")
             with open(os.path.join(run_dir, "metrics.jsonl"), encoding="utf-8") as fh:
                 epochs = [json.loads(line)["epoch_seconds"] for line in fh if line.strip()]
             measured[t] = statistics.median(epochs[1:] or epochs)
