@@ -15,7 +15,9 @@ random partitions into 2 and 4 parts.
 cache 0 or 10 % of the remote rows, METIS or random parts), a 2-layer GraphSAGE (mean) with fan-outs
 10, 5 and 1024 seeds per rank and iteration: the engine's dry run and profile (timed), its prediction for
 every strategy, then for every strategy ``--iters`` training iterations of epoch 9 (past the dry run's
-epochs; forward, backward, gradient all-reduce, Adam step) after one warm-up, timed on every rank; the measured epoch is the slowest rank's
+epochs; forward, backward, gradient all-reduce, Adam step), timed on every rank, the strategies taking turns
+in ``--passes`` blocks (each after a switch and one untimed warm-up: the machine's speed drifts over seconds,
+and every strategy is measured across the same seconds); the measured epoch is the slowest rank's
 median iteration times the iterations of an epoch. Bytes per operation measured over the timed iterations
 are scaled to an epoch the same way (the 4-rank run checks bytes; its timings share 2 cores among 4 ranks).
 
@@ -128,28 +130,49 @@ def run(args) -> None:
                "fits": {s: plan.costs[s].fits for s in STRATS}, "measured": {}, "measured_bytes": {},
                "cache_hit_rate": {}}
         _, sizes = eng.batch_sizes(EPOCH, iters)
-        for s in STRATS:
-            if not plan.costs[s].fits:
-                continue
-            eng.use_strategy(s)
-            step = _trainer(eng, cfg, comm)
-            times = []
-            n = min(args.iters + 1, iters)
-            for it in range(n):
-                comm.barrier()
-                t = time.perf_counter()
-                step(EPOCH, it, sizes)
-                times.append(time.perf_counter() - t)
-                if it == 0:
-                    eng.reset_stats()  # the warm-up's bytes and cache counts do not count
-            med = torch.tensor([statistics.median(times[1:]) if len(times) > 1 else times[0]], dtype=torch.float64)
+        # the strategies take turns, in --passes blocks each (a warm-up after every switch, untimed): this
+        # machine's speed drifts by +-15 % over seconds, and timed one after another each strategy would be
+        # measured in its own few seconds; in turns, every strategy's iterations span the whole measurement
+        ran = [s for s in STRATS if plan.costs[s].fits]
+        steps = {s: _trainer(eng, cfg, comm) for s in ran}
+        times = {s: [] for s in ran}
+        nbytes = {s: {} for s in ran}
+        build = dict.fromkeys(ran, 0.0)
+        hits = {s: [0, 0] for s in ran}
+        passes = max(1, min(args.passes, args.iters))
+        per = -(-args.iters // passes)
+        it = 0
+        for p in range(passes):
+            k = min(per, args.iters - p * per)
+            if k <= 0 or it + k + 1 > iters:
+                break
+            for s in ran:
+                eng.use_strategy(s)
+                for j in range(k + 1):
+                    comm.barrier()
+                    t = time.perf_counter()
+                    steps[s](EPOCH, it + j, sizes)
+                    if j:
+                        times[s].append(time.perf_counter() - t)
+                    else:
+                        eng.reset_stats()  # the warm-up's bytes and cache counts do not count
+                st = eng.stats()
+                for op, v in st["bytes_by_op"].items():
+                    nbytes[s][op] = nbytes[s].get(op, 0) + v
+                build[s] += st["build_seconds"]
+                hits[s][0] += eng.store.stats()["cached"]
+                hits[s][1] += eng.store.stats()["cached"] + eng.store.stats()["fetched"]
+            it += k + 1
+        rec["measured_iteration_seconds"] = {}
+        for s in ran:
+            med = torch.tensor([statistics.median(times[s])], dtype=torch.float64)
             comm.allreduce_(med, "max")
-            st = eng.stats()
-            scale = iters / max(n - 1, 1)
+            scale = iters / len(times[s])
             rec["measured"][s] = float(med.item()) * iters
-            rec["measured_bytes"][s] = {k: v * scale for k, v in st["bytes_by_op"].items()}
-            rec["cache_hit_rate"][s] = st["cache_hit_rate"]
-            rec.setdefault("measured_build", {})[s] = st["build_seconds"] * scale
+            rec["measured_bytes"][s] = {k: v * scale for k, v in nbytes[s].items()}
+            rec["cache_hit_rate"][s] = hits[s][0] / hits[s][1] if hits[s][1] and eng.cache_mb > 0 else None
+            rec.setdefault("measured_build", {})[s] = build[s] * scale
+            rec["measured_iteration_seconds"][s] = times[s]  # rank 0's
         # what timing the strategies in training cost: its iterations (the last one, which finalizes the plan and
         # switches to the choice, included) less as many iterations of the chosen strategy
         for key, ch, tune in (("plan_seconds", plan.choice, tune_cold), ("warm_plan_seconds", warm_choice, tune_warm)):
@@ -231,7 +254,7 @@ def matrix(args) -> None:
                "--work", args.work, "--scale", str(args.scale), "--graph", args.graph,
                "--csbm-nodes", str(args.csbm_nodes), "--dims", str(cfg["d"]), "--hidden", str(cfg["hidden"]),
                "--cache", str(cfg["cache"]), "--methods", cfg["method"], "--batch", str(args.batch),
-               "--iters", str(args.iters), "--dry-batches", str(args.dry_batches), "--plan-timing", args.plan_timing,
+               "--iters", str(args.iters), "--passes", str(args.passes), "--dry-batches", str(args.dry_batches), "--plan-timing", args.plan_timing,
                "--out", args.out]
         subprocess.run(cmd, check=True)
 
@@ -368,7 +391,9 @@ def main() -> int:
         rp.add_argument("--cache", type=float, nargs="+", default=[0.0, 0.1])
         rp.add_argument("--methods", nargs="+", default=["metis", "random"])
         rp.add_argument("--batch", type=int, default=1024)
-        rp.add_argument("--iters", type=int, default=6)
+        rp.add_argument("--iters", type=int, default=6, help="timed iterations of each strategy, in all")
+        rp.add_argument("--passes", type=int, default=4,
+                        help="the strategies take turns this many times (a warm-up after each switch)")
         rp.add_argument("--dry-batches", type=int, default=20)
         rp.add_argument("--plan-timing", choices=("training", "dry_run"), default="training")
         rp.add_argument("--out", required=True)
