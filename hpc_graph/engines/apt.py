@@ -59,9 +59,19 @@ log = logging.getLogger(__name__)
 
 STRATEGIES = ("gdp", "nfp", "snp", "dnp")
 PLAN_TIMINGS = ("training", "dry_run")  # engine.plan_timing
-TUNE_ROUNDS = 2  # timed batches of each (the fastest counts)
-SETTLE = 16  # at most this many untimed iterations before the timing starts, in a fresh process
+TUNE_ROUNDS = 2  # rounds of timed batches, a gap apart (the machine's speed drifts over seconds): averaged
+TUNE_PAIR = 2  # batches of each strategy in a row within a round: the faster counts
+SETTLE = 16  # at most this many untimed iterations before the timing starts (and between its rounds)
+LEADER = "*"  # in the timing order: the fastest strategy timed so far (training's gap between the rounds)
 AFFINE_MODELS = ("gcn", "sage")  # layer 1 affine in its input: NFP's partial sums are exact
+
+
+def _rounds_mean(seconds: list[float]) -> float:
+    """The fastest of each round's :data:`TUNE_PAIR` timed batches, averaged over the rounds (a batch is only
+    ever slowed by something else, e.g. the kernel compacting memory; the machine's speed drifts between
+    rounds)."""
+    fastest = [min(seconds[i:i + TUNE_PAIR]) for i in range(0, len(seconds), TUNE_PAIR)]
+    return sum(fastest) / len(fastest)
 
 
 class APTEngine(Engine):
@@ -200,16 +210,20 @@ class APTEngine(Engine):
 
         ``timing="training"``: GDP, SNP and DNP are timed by the next iterations training runs (:attr:`tuning`
         until then): each of them builds a warm-up batch if it has not built one in this process, then
-        :data:`TUNE_ROUNDS` timed batches, in turn, each a real training iteration (build, then whatever the
-        caller does until its next :meth:`batch` or :meth:`end_epoch`: forward, backward, gradient all-reduce,
-        optimiser step). NFP, which cannot train on the zero column slices it is timed on, is timed on the
-        engine's copy of the model after each timed round (:meth:`_time_nfp`; its warm-up the first time: lost
-        work). The next batch after the last finalizes the plan and switches to its choice (with its cache).
+        :data:`TUNE_ROUNDS` rounds of :data:`TUNE_PAIR` timed batches each, in turn, each a real training
+        iteration (build, then whatever the caller does until its next :meth:`batch` or :meth:`end_epoch`:
+        forward, backward, gradient all-reduce, optimiser step); between the rounds, an eighth of an epoch (at
+        most :data:`SETTLE` iterations) of the fastest so far, untimed, so that the rounds see the machine at
+        different seconds. A strategy's time: the faster batch of each round, averaged over the rounds. NFP,
+        which cannot train on the zero column slices it is timed on, is timed on the engine's copy of the model
+        after each timed round (:meth:`_time_nfp`; its warm-up the first time: lost work; the faster of its
+        rounds counts). The next batch after the last finalizes the plan and switches to its choice (with its
+        cache).
         The feature cache stays empty meanwhile, as the cost model times builds without it."""
         from hpc_graph.plan.dry_run import dry_run
 
         self._tune = None
-        order = self._tune_order() if timing == "training" else []
+        order, ends = self._tune_order() if timing == "training" else ([], [])
         self.plan = dry_run(self, requested, timing=timing, tune_iterations=len(order))
         self._presampled, self.plan.samples = self.plan.samples, {}
         if timing == "training":
@@ -217,11 +231,8 @@ class APTEngine(Engine):
                 self.store.cache(torch.zeros(0, dtype=torch.int64))
             # NFP, if it may run here (its layout fits), is timed between the rounds (its zero layout made now)
             nfp = "nfp" not in self.ruled_out and self.plan.costs["nfp"].fits
-            timed = [i for i, (_, tm) in enumerate(order) if tm]
-            rounds = len(timed) // TUNE_ROUNDS
             self._tune = {"order": order, "pos": 0, "pending": None, "build": {}, "iteration": {}, "nfp": nfp,
-                          "nfp_at": {timed[0] + rounds * (k + 1) for k in range(TUNE_ROUNDS)}, "nfp_built": [],
-                          "nfp_steps": []}
+                          "nfp_at": set(ends), "nfp_built": [], "nfp_steps": [], "leader": None}
             if nfp:
                 self.prepare("nfp", timing=True)
             self.strategy = order[0][0]
@@ -232,15 +243,35 @@ class APTEngine(Engine):
         """Whether training's next iterations still time the strategies (``auto``; :meth:`run_dry_run`)."""
         return self._tune is not None
 
-    def _tune_order(self) -> list[tuple[str, bool]]:
-        """``(strategy, timed)`` of each iteration that times the strategies: a warm-up for those not built in
-        this process yet, then :data:`TUNE_ROUNDS` rounds of one batch each."""
+    def _tune_order(self) -> tuple[list[tuple[str, bool]], list[int]]:
+        """``(strategy, timed)`` of each iteration that times the strategies (a warm-up for those not built in
+        this process yet, then :data:`TUNE_ROUNDS` rounds of :data:`TUNE_PAIR` batches of each, in turn, the
+        rounds a gap of :data:`LEADER` iterations apart), and the positions that end a round."""
         names = [s for s in TIMED_IN_TRAINING if s not in self.ruled_out]
         # in a fresh process the first iterations are the slowest (every strategy's, by up to 2x): GDP trains
         # them untimed first, an eighth of an epoch (at most SETTLE)
-        settle = 0 if self.built_strategies else min(self.schedule.iterations() // 8, SETTLE)
-        return ([(names[0], False)] * settle + [(s, False) for s in names if s not in self.built_strategies]
-                + [(s, True) for _ in range(TUNE_ROUNDS) for s in names])
+        eighth = min(self.schedule.iterations() // 8, SETTLE)
+        order = [(names[0], False)] * (0 if self.built_strategies else eighth)
+        order += [(s, False) for s in names if s not in self.built_strategies]
+        ends = []
+        for k in range(TUNE_ROUNDS):
+            # a machine shared with others runs +-15 % faster or slower from one second to the next: the rounds
+            # are an eighth of an epoch apart (training meanwhile runs the fastest strategy timed so far)
+            order += [(LEADER, False)] * (eighth if k else 0)
+            order += [(s, True) for s in names for _ in range(TUNE_PAIR)]
+            ends.append(len(order))
+        return order, ends
+
+    def _leader(self) -> str:
+        """The strategy with the fastest timed iteration so far (the slowest rank's; collective, once)."""
+        t = self._tune
+        if t["leader"] is None:
+            names = list(t["iteration"])
+            v = torch.tensor([min(t["iteration"][s]) for s in names], dtype=torch.float64)
+            if self.size > 1:
+                self.comm.allreduce_(v, "max")
+            t["leader"] = names[int(torch.argmin(v))]
+        return t["leader"]
 
     def _tune_record(self) -> None:
         """The step that followed the last timed batch ended now: keep its build and iteration seconds."""
@@ -263,12 +294,15 @@ class APTEngine(Engine):
             self._time_nfp()  # after each timed round (the first time with NFP's own warm-up)
         if pos < len(order):
             s = order[pos][0]
+            if s == LEADER:
+                s = self._leader()
             t["pos"] += 1
             self.strategy = s
             return s
-        # every rank's fastest batch of each strategy: its build and its whole iteration; the slowest rank's
+        # every rank's batches of each strategy: the faster of each round, averaged over the rounds (its build
+        # and its whole iteration); the slowest rank's
         names = list(t["build"])
-        v = torch.tensor([min(t["build"][s]) for s in names] + [min(t["iteration"][s]) for s in names],
+        v = torch.tensor([_rounds_mean(t["build"][s]) for s in names] + [_rounds_mean(t["iteration"][s]) for s in names],
                          dtype=torch.float64)
         if self.size > 1:
             self.comm.allreduce_(v, "max")

@@ -16,7 +16,7 @@ epochs (the samples of every strategy are the same), and counts for every strate
 
 Unlike APT, the prediction includes compute and memory, and times what it can instead of modelling
 it: ``epoch = build + load + shuffle + compute`` for the slowest rank, where ``build`` (sampling,
-structure, blocks) is each strategy's batch building timed on two batches (timed without a cache,
+structure, blocks) is each strategy's batch building timed on a few batches (timed without a cache,
 the loading of the input rows included: its modelled time is taken off; NFP timed on zero column
 slices, so that the plan does not exchange the features by columns), ``load`` and ``shuffle`` are
 ``alpha * calls + bytes / beta`` with the :mod:`~hpc_graph.plan.profile` fits (``load`` with the

@@ -255,7 +255,9 @@ def check_timing_in_training(pdir, comm) -> int:
     m_a, m_r = _model("sage", auto), _model("sage", ref)
     opt_a, opt_r = torch.optim.Adam(m_a.parameters(), lr=0.01), torch.optim.Adam(m_r.parameters(), lr=0.01)
     steps = 0
-    for epoch in (1, 2, 3, 4, 5):  # 9 timing iterations: 3 epochs on 4 ranks
+    for epoch in range(1, 13):  # 15 timing iterations (3 warm-ups, 2 rounds of 2 x 3): 5 epochs on 4 ranks
+        if epoch > 2 and not auto.tuning:
+            break  # an epoch and more of the choice
         iters = auto.iterations(epoch)
         _, sizes = auto.batch_sizes(epoch, iters)
         for it in range(iters):
