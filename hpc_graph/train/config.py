@@ -153,9 +153,10 @@ class EngineConfig:
                                   "run instead of sampling them again.")
     plan_timing: str = _field("training", _only(_choice("training", "dry_run"), "apt"),
                               "`apt` with `strategy: auto`: what times each strategy's batch building and "
-                              "training step. `training`: training's first iterations (a warm-up and two timed "
-                              "batches of GDP, SNP and DNP in turn, each a real training step; then NFP on zero "
-                              "column slices), then the cheapest is chosen and logged; "
+                              "training step. `training`: training's first iterations (a warm-up, then two rounds "
+                              "of two timed batches of GDP, SNP and DNP each, an eighth of an epoch of the "
+                              "fastest between the rounds, each a real training step; NFP on zero column slices "
+                              "after each round), then the cheapest is chosen and logged; "
                               "`dry_run`: all four are timed on the engine's copy of the model before training "
                               "starts (about eight iterations' work more; what `hpc-graph plan` does).")
     profile_mb: float = _field(64.0, _only(_float(0.0, lo_open=True), "apt"),
