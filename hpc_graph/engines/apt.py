@@ -302,8 +302,8 @@ class APTEngine(Engine):
         # every rank's batches of each strategy: the faster of each round, averaged over the rounds (its build
         # and its whole iteration); the slowest rank's
         names = list(t["build"])
-        v = torch.tensor([_rounds_mean(t["build"][s]) for s in names] + [_rounds_mean(t["iteration"][s]) for s in names],
-                         dtype=torch.float64)
+        v = torch.tensor([_rounds_mean(t["build"][s]) for s in names]
+                         + [_rounds_mean(t["iteration"][s]) for s in names], dtype=torch.float64)
         if self.size > 1:
             self.comm.allreduce_(v, "max")
         iters, n = self.schedule.iterations(), len(names)
