@@ -164,6 +164,9 @@ def run(args) -> None:
                 hits[s][1] += eng.store.stats()["cached"] + eng.store.stats()["fetched"]
             it += k + 1
         rec["measured_iteration_seconds"], rec["measured_mean_iteration"] = {}, {}
+        if not all(times.values()):
+            raise SystemExit(f"{cfg['path']}: an epoch of {iters} iteration(s) is too short for --passes {passes} "
+                             f"x {per} timed iterations and a warm-up each")
         for s in ran:
             med = torch.tensor([statistics.median(times[s]), statistics.fmean(times[s])], dtype=torch.float64)
             comm.allreduce_(med, "max")
