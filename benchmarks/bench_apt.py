@@ -160,8 +160,9 @@ def run(args) -> None:
                 for op, v in st["bytes_by_op"].items():
                     nbytes[s][op] = nbytes[s].get(op, 0) + v
                 build[s] += st["build_seconds"]
-                hits[s][0] += eng.store.stats()["cached"]
-                hits[s][1] += eng.store.stats()["cached"] + eng.store.stats()["fetched"]
+                store = eng.store.stats()
+                hits[s][0] += store["cached"]
+                hits[s][1] += store["cached"] + store["fetched"]
             it += k + 1
         rec["measured_iteration_seconds"], rec["measured_mean_iteration"] = {}, {}
         if not all(times.values()):
@@ -261,8 +262,8 @@ def matrix(args) -> None:
                "--work", args.work, "--scale", str(args.scale), "--graph", args.graph,
                "--csbm-nodes", str(args.csbm_nodes), "--dims", str(cfg["d"]), "--hidden", str(cfg["hidden"]),
                "--cache", str(cfg["cache"]), "--methods", cfg["method"], "--batch", str(args.batch),
-               "--iters", str(args.iters), "--passes", str(args.passes), "--dry-batches", str(args.dry_batches), "--plan-timing", args.plan_timing,
-               "--out", args.out]
+               "--iters", str(args.iters), "--passes", str(args.passes), "--dry-batches", str(args.dry_batches),
+               "--plan-timing", args.plan_timing, "--out", args.out]
         subprocess.run(cmd, check=True)
 
 
