@@ -165,6 +165,7 @@ class APTEngine(Engine):
         self._tune: dict[str, Any] | None = None  # training's first iterations timing the strategies (auto)
         self._tuning_iterations = 0
         self.layout_seconds = 0.0  # spent making NFP's column layout (the real one)
+        self.fill_seconds = 0.0  # spent filling the feature cache (any run with a cache pays it once)
         if strategy == "auto" or self.cache_mb > 0:
             online = strategy == "auto" and self.plan_timing == "training" and device.type == "cpu"
             self.run_dry_run(strategy, "training" if online else "dry_run" if strategy == "auto" else "none")
@@ -263,15 +264,42 @@ class APTEngine(Engine):
         return order, ends
 
     def _leader(self) -> str:
-        """The strategy with the fastest timed iteration so far (the slowest rank's; collective, once)."""
+        """The strategy with the fastest timed iteration so far (the slowest rank's; collective, once). NFP,
+        timed on lost work after the first round, competes with its iteration as training would run it (its
+        build, step and Adam, and the gradient all-reduce the profile predicts); if it leads and the gap holds
+        a timed pair, NFP takes over: :meth:`_lead_with_nfp`."""
         t = self._tune
         if t["leader"] is None:
             names = list(t["iteration"])
-            v = torch.tensor([min(t["iteration"][s]) for s in names], dtype=torch.float64)
+            vals = [min(t["iteration"][s]) for s in names]
+            gap = sum(1 for s, _ in t["order"][t["pos"]:] if s == LEADER)
+            if t["nfp_built"] and t["nfp_steps"] and gap >= TUNE_PAIR:
+                c = self.plan.costs["nfp"]
+                allreduce = self.plan.profile.comm_time("allreduce", 1.0, c.bytes["allreduce"]
+                                                        / max(c.calls["allreduce"], 1.0))
+                names.append("nfp")
+                vals.append(min(t["nfp_built"]) / max(self.schedule.iterations(), 1) + sum(min(t["nfp_steps"]))
+                            + allreduce)
+            v = torch.tensor(vals, dtype=torch.float64)
             if self.size > 1:
                 self.comm.allreduce_(v, "max")
             t["leader"] = names[int(torch.argmin(v))]
+            if t["leader"] == "nfp":
+                self._lead_with_nfp()
         return t["leader"]
+
+    def _lead_with_nfp(self) -> None:
+        """NFP led the first round (collective): its real column layout is made now and it trains for real from
+        here on: the gap's first :data:`TUNE_PAIR` iterations and as many after the last round are its timed
+        rounds (real iterations, measured as the others are), and no lost work times it any more."""
+        t = self._tune
+        pos, order = t["pos"], t["order"]
+        gap = [i for i in range(pos, len(order)) if order[i][0] == LEADER]
+        for j, i in enumerate(gap):
+            order[i] = ("nfp", j < TUNE_PAIR)
+        order += [("nfp", True)] * TUNE_PAIR
+        t["nfp_at"] = set()
+        self.prepare("nfp")
 
     def _tune_record(self) -> None:
         """The step that followed the last timed batch ended now: keep its build and iteration seconds."""
@@ -301,7 +329,7 @@ class APTEngine(Engine):
             return s
         # every rank's batches of each strategy: the faster of each round, averaged over the rounds (its build
         # and its whole iteration); the slowest rank's
-        names = list(t["build"])
+        names = list(t["build"])  # (NFP's too, where it led: trained for real)
         v = torch.tensor([_rounds_mean(t["build"][s]) for s in names]
                          + [_rounds_mean(t["iteration"][s]) for s in names], dtype=torch.float64)
         if self.size > 1:
@@ -310,15 +338,16 @@ class APTEngine(Engine):
         built = {s: float(v[i]) * iters for i, s in enumerate(names)}
         steps = {s: (max(float(v[n + i] - v[i]), 0.0), 0.0) for i, s in enumerate(names)}
         self._tune = None
-        if t["nfp_built"]:  # NFP's fastest batch and step (each already the slowest rank's)
+        if t["nfp_built"] and "nfp" not in built:  # NFP's fastest lost-work batch and step (the slowest rank's)
             built["nfp"] = min(t["nfp_built"])
             if t["nfp_steps"]:
                 steps["nfp"] = min(t["nfp_steps"])
-        self.plan.finalize(built, steps)
+        self.plan.finalize(built, steps, trained=names)
         self.use_strategy(self.plan.choice, reset=False)
         if self.rank == 0:
             log.info("apt: %d training iterations timed %s%s; training goes on with %s", len(t["order"]),
-                     ", ".join(names), " (and nfp between them)" if t["nfp"] else "", self.strategy)
+                     ", ".join(names), " (and nfp between them)" if t["nfp"] and "nfp" not in names else "",
+                     self.strategy)
         return None
 
     def _time_nfp(self) -> None:
@@ -365,7 +394,9 @@ class APTEngine(Engine):
 
     def _fill_cache(self, gids: np.ndarray) -> None:
         """Cache the rows of ``gids`` (remote nodes, hottest first; collective)."""
+        t0 = time.perf_counter()
         self.store.cache(torch.from_numpy(np.asarray(gids, dtype=np.int64)))
+        self.fill_seconds += time.perf_counter() - t0
         log.info("apt: rank %d caches %d remote feature rows (%.1f MiB)", self.rank, self.store.cache_gid.size,
                  self.store.cache_gid.size * (self.num_features * self.host_feat.element_size() + 8) / 2**20)
 

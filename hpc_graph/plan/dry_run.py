@@ -101,14 +101,17 @@ class Plan:
     _predict: Any = dataclasses.field(default=None, repr=False, compare=False)
     _rank: int = dataclasses.field(default=0, repr=False, compare=False)
 
-    def finalize(self, built: dict[str, float], steps: dict[str, tuple[float, float]]) -> None:
+    def finalize(self, built: dict[str, float], steps: dict[str, tuple[float, float]],
+                 trained: Any = ("gdp", "snp", "dnp")) -> None:
         """Predict again with the times training measured (collective): ``built`` seconds per epoch of each
         strategy's batch building, ``steps`` seconds per iteration of its training step (forward, backward,
-        gradient all-reduce, optimiser; ``(step, 0.0)``). Those strategies' predictions replace the
-        modelled ones; the choice is made again and, for ``auto``, the table logged."""
+        gradient all-reduce, optimiser; ``(step, 0.0)``) for the strategies ``trained`` timed on real training
+        iterations; any other strategy's step is ``(forward + backward, Adam)``, its all-reduce modelled. Those
+        strategies' predictions replace the modelled ones; the choice is made again and, for ``auto``, the table
+        logged."""
         if self._predict is None:
             raise RuntimeError("apt: this plan has nothing left to finalize")
-        self.costs, self.choice = self._predict(built, steps, True)
+        self.costs, self.choice = self._predict(built, steps, frozenset(trained))
         self._predict, self.tuned = None, True
         self._log()
 
@@ -492,9 +495,9 @@ def dry_run(engine: Any, requested: str = "auto", profile: Profile | None = None
         opt.step()
         t_step = time.perf_counter() - t0
     def predict(built: dict[str, float], steps: dict[str, tuple[float, float]],
-                measured: bool = False) -> tuple[dict[str, StrategyCost], str]:
-        """Every strategy's cost and the choice (collective). ``measured``: the steps were timed by training,
-        their gradient all-reduce included (NFP's, timed here, still without)."""
+                measured: frozenset = frozenset()) -> tuple[dict[str, StrategyCost], str]:
+        """Every strategy's cost and the choice (collective). ``measured``: the strategies whose steps training
+        timed, their gradient all-reduce included (the others' steps, timed here, are without)."""
         step = steps.get("gdp")
         layer1: dict[str, float] = {}  # per iteration: layer 1's modelled forward and backward
         for s in STRATEGIES:
@@ -571,10 +574,10 @@ def dry_run(engine: Any, requested: str = "auto", profile: Profile | None = None
             allreduce = prof.comm_time("allreduce", calls["allreduce"], b["allreduce"])
             if s in steps:  # the strategy's own step, measured (its shuffles included: shown apart, as modelled)
                 sec["compute"] = max(per_it * sum(steps[s]) - sec["shuffle"], 0.0) + (
-                    0.0 if measured and s != "nfp" else allreduce)  # training's steps hold their all-reduce
+                    0.0 if s in measured else allreduce)  # training's steps hold their all-reduce
             elif step is not None:  # GDP's step, its layer 1 (modelled) replaced by this strategy's (a ruled-out one)
                 sec["compute"] = per_it * (max(step[0] - layer1["gdp"], 0.0) + step[1] + layer1[s]) + (
-                    0.0 if measured else allreduce)
+                    0.0 if "gdp" in measured else allreduce)
             else:
                 sec["compute"] = per_it * (layer1[s] + att * t_up + t_step) + allreduce
             # memory: stored features (+ NFP's column slices, + cache), the largest batch's layer-1 input and activations

@@ -342,6 +342,43 @@ def test_auto_times_gdp_snp_dnp_on_trainings_first_iterations(graph_file, caplog
         torch.testing.assert_close(a, b, rtol=1e-9, atol=1e-12)
 
 
+def test_nfp_leading_the_first_round_trains_for_real_from_the_gap_on(graph_file):
+    """NFP, timed on lost work after the first round, leads it (GDP, SNP and DNP slowed by 0.05 s a step): its real
+    column layout is made, the gap trains NFP (its first TUNE_PAIR iterations timed), as many NFP iterations after
+    the last round are timed, no lost work times NFP again; the plan takes NFP's real iterations (build and step)
+    and chooses it. The model trains exactly as with GDP all along."""
+    slow = dict.fromkeys(("gdp", "snp", "dnp"), 0.05)
+    eng = _apt(graph_file, "auto", fanouts=(3, 2), dry_run_batches=4, batch_size=4)
+    ref = _apt(graph_file, "gdp", fanouts=(3, 2), batch_size=4)
+    assert eng.tuning and eng._tune["nfp"] and eng._nfp["timing"]
+    order = eng._tune["order"]
+    leader, picks = eng._leader, []
+    eng._leader = lambda: picks.append(leader()) or picks[-1]
+    time_nfp, lost = eng._time_nfp, []
+    eng._time_nfp = lambda: lost.append(1) or time_nfp()
+    models, opts = [], []
+    for _ in range(2):
+        torch.manual_seed(4)
+        models.append(build_model("sage", 7, 5, 3, num_layers=2, dropout=0.0).double())
+        opts.append(torch.optim.Adam(models[-1].parameters(), lr=0.01))
+    iters = eng.iterations(1)
+    eighth = min(iters // 8, SETTLE)
+    assert eighth >= TUNE_PAIR
+    for epoch in (1, 2, 3):
+        _train_epoch(eng, models[0], opts[0], epoch, slow=slow)
+        _train_epoch(ref, models[1], opts[1], epoch)
+    plan = eng.plan
+    assert not eng.tuning and plan.tuned and picks == ["nfp"] and len(lost) == 1
+    assert order.count(("nfp", True)) == TUNE_ROUNDS * TUNE_PAIR and not any(s == "*" for s, _ in order)
+    assert order[-TUNE_PAIR:] == [("nfp", True)] * TUNE_PAIR
+    assert eng.stats()["tuning_iterations"] == len(order) == eighth + 3 + TUNE_ROUNDS * TUNE_PAIR * 3 + eighth + TUNE_PAIR
+    assert plan.choice == eng.strategy == "nfp" and not eng._nfp["timing"] and eng.layout_seconds > 0
+    # GDP's prediction holds its slowed steps; NFP's (trained for real) does not
+    assert plan.costs["gdp"].seconds["compute"] >= 0.05 * iters > plan.costs["nfp"].seconds["compute"]
+    for a, b in zip(models[0].parameters(), models[1].parameters()):
+        torch.testing.assert_close(a, b, rtol=1e-9, atol=1e-12)
+
+
 def test_choosing_a_strategy_stops_the_timing_and_a_cache_waits_for_the_choice(graph_file):
     """use_strategy during the timing stops it; with a cache, the timed batches run without it and the
     choice's hottest rows are cached once the plan is final (one process: no remote rows, so an empty cache
