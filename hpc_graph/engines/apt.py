@@ -217,9 +217,10 @@ class APTEngine(Engine):
         most :data:`SETTLE` iterations) of the fastest so far, untimed, so that the rounds see the machine at
         different seconds. A strategy's time: the faster batch of each round, averaged over the rounds. NFP,
         which cannot train on the zero column slices it is timed on, is timed on the engine's copy of the model
-        after each timed round (:meth:`_time_nfp`; its warm-up the first time: lost work; the faster of its
-        rounds counts). The next batch after the last finalizes the plan and switches to its choice (with its
-        cache).
+        after the first round (:meth:`_time_nfp`; its warm-up the first time: lost work); if it leads then, it
+        trains for real from the gap on, timed like the others (:meth:`_lead_with_nfp`), else it is timed so
+        again after the last round (the faster counts). The next batch after the last finalizes the plan and
+        switches to its choice (with its cache).
         The feature cache stays empty meanwhile, as the cost model times builds without it."""
         from hpc_graph.plan.dry_run import dry_run
 
