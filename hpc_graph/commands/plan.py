@@ -102,8 +102,9 @@ def add_parser(subparsers) -> None:
     fb.add_argument("--calibration", default="measure", metavar="measure|none|SECONDS",
                     help="seconds an epoch takes beyond its kernels, added to every rank's compute: 'measure' "
                          "(default) times a few real training epochs of the model on an R-MAT calibration graph in "
-                         "a subprocess (10-90 s on 2 cores) and subtracts what the kernel rates predict for them; "
-                         "'none': 0; or a number of seconds (one measured before)")
+                         "a subprocess (10-90 s on 2 cores) and subtracts what the kernel rates predict for them, and "
+                         "where the ranks planned oversubscribe this host's cores, runs as many copies at once to "
+                         "measure how much slower they run; 'none': 0; or a number of seconds (one measured before)")
     add_threads_option(parser)
     parser.set_defaults(func=run)
 
@@ -270,24 +271,39 @@ def _description(args: argparse.Namespace) -> Any:
                       name="described graph")
 
 
-def _train_subprocess(raw: dict, cfg: str, threads: int, timeout: float, failure: str) -> None:
+def _train_subprocess(raw: dict, cfg: str, threads: int, timeout: float, failure: str, copies: int = 1) -> None:
     """Write the config ``raw`` to ``cfg`` and run ``hpc-graph train`` on it in a subprocess of its own: ``threads``
     threads, no memory limit, none of the MPI launcher's variables (a child of a rank must start as a process of
-    its own, not join the job). A failed run raises CLIError ``failure`` with the end of its stderr."""
+    its own, not join the job). ``copies`` > 1: that many at once, copy ``k`` in ``train.run_dir`` + ``.k``
+    (each its own config file, ``cfg`` + ``.k``). A failed run raises CLIError ``failure`` with the end of its
+    stderr, the other copies stopped."""
     import subprocess
 
     import yaml
 
-    with open(cfg, "w", encoding="utf-8") as fh:
-        yaml.safe_dump(raw, fh)
     env = {k: v for k, v in os.environ.items()
            if not k.startswith(("PMI_", "PMIX_", "OMPI_", "HYDRA_", "MPIR_", "MPI_LOCALRANKID", "MPI_LOCALNRANKS"))}
     env.update(OMP_NUM_THREADS=str(threads), NUMBA_NUM_THREADS=str(threads))
     env.pop("HPC_GRAPH_MEMORY_LIMIT", None)
-    proc = subprocess.run([sys.executable, "-m", "hpc_graph.cli", "-q", "train", "--config", cfg, "--force"],
-                          env=env, capture_output=True, text=True, timeout=timeout)
-    if proc.returncode != 0:
-        raise CLIError(failure.format(stderr=proc.stderr.strip()[-300:]))
+    procs = []
+    try:
+        for k in range(copies):
+            path = cfg if copies == 1 else f"{cfg}.{k}"
+            own = raw if copies == 1 else {**raw, "train": {**raw["train"], "run_dir": f"{raw['train']['run_dir']}.{k}"}}
+            with open(path, "w", encoding="utf-8") as fh:
+                yaml.safe_dump(own, fh)
+            procs.append(subprocess.Popen([sys.executable, "-m", "hpc_graph.cli", "-q", "train", "--config", path,
+                                           "--force"], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                                          text=True))
+        for proc in procs:
+            _, err = proc.communicate(timeout=timeout)
+            if proc.returncode != 0:
+                raise CLIError(failure.format(stderr=err.strip()[-300:]))
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
 
 
 def measure_floor(config: Any) -> tuple[int, str]:
@@ -316,6 +332,8 @@ def measure_floor(config: Any) -> tuple[int, str]:
 #: the calibration graph: R-MAT (edge factor 16) of at most this scale, and no larger than the fullest rank
 CALIBRATION_MAX_SCALE = 17
 CALIBRATION_EPOCHS = 6  # the median of epochs 2.. is timed
+CONTENTION_EPOCHS = 4  # the same for each copy of the oversubscription measurement
+CONTENTION_MAX_COPIES = 64  # ranks per node beyond which no contention is measured (the plain model stands)
 
 
 def parse_calibration(text: str) -> float | None:
@@ -336,6 +354,42 @@ def parse_calibration(text: str) -> float | None:
     return value
 
 
+def _calibration_graph(config: Any, spec: Any, nodes: int, d: str, max_scale: int) -> tuple[dict, str, int]:
+    """Write the R-MAT calibration graph of ``min(nodes, 2^max_scale)`` nodes (the input width and classes of
+    ``spec``) in folder ``d``; the config (as a dict) that trains the config's model on it with ``single``, its
+    path, and its scale."""
+    from data_io.generators.rmat import write_rmat
+    from hpc_graph.train.config import config_to_dict
+
+    scale = int(min(max(10, math.ceil(math.log2(max(nodes, 2)))), max_scale))
+    path = os.path.join(d, "g.h5")
+    write_rmat(path, scale, 16, feat_dim=int(spec.in_dim), num_classes=int(max(spec.classes, 2)), seed=1)
+    raw = config_to_dict(config)
+    raw["data"] = {**raw["data"], "path": path, "feature_layout": "dense"}
+    raw["engine"] = {"name": "single"}
+    raw.pop("lm", None)
+    return raw, path, scale
+
+
+def _calibration_epochs(raw: dict, d: str, name: str, threads: int, epochs: int, copies: int = 1) -> list[float]:
+    """The median epoch (epochs 2..) of each of ``copies`` runs of ``raw`` started at once, ``threads`` threads
+    each (run folders ``d/name``...)."""
+    import statistics
+
+    run_dir = os.path.join(d, name)
+    raw = {**raw, "train": {**raw["train"], "epochs": epochs, "eval_every": epochs, "progress": False,
+                            "run_dir": run_dir, "threads": threads, "checkpoint_every": 0, "device": "cpu"}}
+    _train_subprocess(raw, os.path.join(d, f"{name}.yaml"), threads, 1800,
+                      "--calibration: the calibration run failed ({stderr}); pass --calibration none or a number of "
+                      "seconds", copies=copies)
+    out = []
+    for k in range(copies):
+        with open(os.path.join(run_dir if copies == 1 else f"{run_dir}.{k}", "metrics.jsonl"), encoding="utf-8") as fh:
+            got = [json.loads(line)["epoch_seconds"] for line in fh if line.strip()]
+        out.append(statistics.median(got[1:] or got))
+    return out
+
+
 def measure_calibration(config: Any, spec: Any, nodes: int, threads: list[int], dtype: Any, *,
                         parallel: float | None = None, max_scale: int = CALIBRATION_MAX_SCALE
                         ) -> dict[int, tuple[float, str]]:
@@ -347,34 +401,16 @@ def measure_calibration(config: Any, spec: Any, nodes: int, threads: list[int], 
     ``parallel``: the Amdahl fraction the plan's own rates use, so that an overhead measured at fewer threads
     than the rates were also absorbs that extrapolation's error."""
     import dataclasses
-    import statistics
     import tempfile
 
-    from data_io.generators.rmat import write_rmat
     from hpc_graph.plan import fullbatch as fb
     from hpc_graph.plan.profile import kernel_rates
-    from hpc_graph.train.config import config_to_dict
 
-    scale = int(min(max(10, math.ceil(math.log2(max(nodes, 2)))), max_scale))
     measured: dict[int, float] = {}
     with tempfile.TemporaryDirectory(prefix="hpc-graph-calibrate-") as d:
-        path = os.path.join(d, "g.h5")
-        write_rmat(path, scale, 16, feat_dim=int(spec.in_dim), num_classes=int(max(spec.classes, 2)), seed=1)
-        raw = config_to_dict(config)
-        raw["data"] = {**raw["data"], "path": path, "feature_layout": "dense"}
-        raw["engine"] = {"name": "single"}
-        raw.pop("lm", None)
+        raw, path, scale = _calibration_graph(config, spec, nodes, d, max_scale)
         for t in sorted(set(int(x) for x in threads)):
-            run_dir = os.path.join(d, f"run{t}")
-            raw["train"] = {**raw["train"], "epochs": CALIBRATION_EPOCHS, "eval_every": CALIBRATION_EPOCHS,
-                            "progress": False, "run_dir": run_dir, "threads": t, "checkpoint_every": 0,
-                            "device": "cpu"}
-            _train_subprocess(raw, os.path.join(d, f"calibrate{t}.yaml"), t, 1800,
-                              "--calibration: the calibration run failed ({stderr}); pass --calibration none or a "
-                              "number of seconds")
-            with open(os.path.join(run_dir, "metrics.jsonl"), encoding="utf-8") as fh:
-                epochs = [json.loads(line)["epoch_seconds"] for line in fh if line.strip()]
-            measured[t] = statistics.median(epochs[1:] or epochs)
+            measured[t] = _calibration_epochs(raw, d, f"run{t}", t, CALIBRATION_EPOCHS)[0]
         graph = fb.graph_from_dataset(path)
         csr, _ = _rank_graph(path, fb.single_layout(graph), 4_000_000)
         kr = kernel_rates(csr, dtype, gat=spec.name == "gat", label="calibration graph")
@@ -393,6 +429,35 @@ def measure_calibration(config: Any, spec: Any, nodes: int, threads: list[int], 
                         "predict (a busy machine?); using it anyway", seconds, t, predicted)
         out[t] = (extra, f"{CALIBRATION_EPOCHS}-epoch single run of this model on an R-MAT scale-{scale} graph at "
                          f"{t} thread(s): epoch {seconds:.4g} s, {predicted:.4g} s predicted")
+    return out
+
+
+def measure_contention(config: Any, spec: Any, nodes: int, crowds: list[tuple[int, int]], cores: int, *,
+                       max_scale: int = CALIBRATION_MAX_SCALE) -> dict[float, tuple[float, str]]:
+    """``{over: (factor, how)}`` for every ``(copies, threads)`` in ``crowds`` (ranks per node and their threads
+    that oversubscribe this host's ``cores``; ``over = copies * threads / cores``): ``copies`` real ``single``
+    runs of the config's model on the calibration graph (:func:`measure_calibration`'s), ``threads`` threads each,
+    started at once, against one run alone at as many threads: the copies' median epoch over the lone run's.
+    It replaces the "``over`` ranks per core run ``over`` times slower" of the plain model
+    (:meth:`hpc_graph.plan.fullbatch.Rates.slowdown`): cores time-shared between ranks also share their caches,
+    and kernels with large working sets (GAT's attention) lose more than the time slice."""
+    import statistics
+    import tempfile
+
+    out: dict[float, tuple[float, str]] = {}
+    log.info("plan: measuring how much slower ranks sharing cores run (%s copies of a calibration run at once)",
+             ", ".join(str(c) for c, _ in sorted(set(crowds))))
+    with tempfile.TemporaryDirectory(prefix="hpc-graph-contention-") as d:
+        raw, _, scale = _calibration_graph(config, spec, nodes, d, max_scale)
+        for copies, t in sorted(set(crowds)):
+            alone = _calibration_epochs(raw, d, f"alone{t}", t, CONTENTION_EPOCHS)[0]
+            crowd = _calibration_epochs(raw, d, f"crowd{copies}x{t}", t, CONTENTION_EPOCHS, copies=copies)
+            over = round(copies * t / cores, 6)
+            factor = statistics.median(crowd) / alone
+            out[over] = (factor, f"x{factor:.2f} for {over:g} threads per core: {copies} copies of a {CONTENTION_EPOCHS}-"
+                                 f"epoch single run of this model on an R-MAT scale-{scale} graph at {t} thread(s) "
+                                 f"each on {cores} cores, epoch {statistics.median(crowd):.4g} s against {alone:.4g} s "
+                                 f"alone")
     return out
 
 
@@ -594,13 +659,16 @@ def _run_fullbatch(args: argparse.Namespace, config: Any) -> int:
             by_threads = {t: f for t, (f, _) in found.items()}
             overhead = by_threads[max(by_threads)]
             cal_src = "; ".join(f"{f:+.3f} s from a {how}" for f, how in found.values())
+            contention, cont_src = _contention(args, config, spec, parted or fb.single_layout(graph), shown, cores,
+                                               threads_fixed)
         else:
             overhead, cal_src = calibration, f"{calibration:+.3f} s (--calibration)"
+            contention, cont_src = {}, "not measured (--calibration given): ranks sharing a core run as much slower"
         rates = fb.Rates.from_kernels(kr, exchange=exchange, allreduce=allreduce, link=link, step_overhead=overhead,
-                                      step_overhead_threads=by_threads,
+                                      step_overhead_threads=by_threads, contention=contention,
                                       sources={"kernels": f"measured now on {kr.graph} at {kr.threads} thread(s) "
                                                           f"({kr.seconds:.1f} s)", "links": links_src,
-                                               "calibration": cal_src})
+                                               "calibration": cal_src, "contention": cont_src})
         rate_src = rates.sources["kernels"]
     preds: list[Any] = []
     smallest: dict[str, int | None] = {}
@@ -659,6 +727,8 @@ def _run_fullbatch(args: argparse.Namespace, config: Any) -> int:
         assumptions.append(f"kernel rates: {rate_src}")
         assumptions.append(f"compute time + per-epoch overhead beyond the kernels (calibration) "
                            f"{rates.sources['calibration']}")
+        if rates.sources.get("contention"):
+            assumptions.append(f"ranks oversubscribing a node's cores: {rates.sources['contention']}")
         assumptions.append(rates.sources["links"])
     else:
         assumptions.append(f"rates: {rate_src}")
@@ -690,6 +760,34 @@ def _run_fullbatch(args: argparse.Namespace, config: Any) -> int:
             raise CLIError(f"--json: cannot write {args.json} ({exc.strerror or exc})") from None
     sys.stdout.flush()
     return 0
+
+
+def _contention(args: argparse.Namespace, config: Any, spec: Any, layout: Any, shown: list[int], cores: int,
+                threads_fixed: int | None) -> tuple[dict[float, float], str]:
+    """Measure how much slower ranks that oversubscribe a node's cores run (:func:`measure_contention`), for the
+    rank counts shown, on this host when it is the node planned for (``cores`` its own); ``({}, why)`` where
+    nothing needs or allows it."""
+    from hpc_graph.comm.threads import affinity_cpus
+    from hpc_graph.plan import fullbatch as fb
+
+    crowds = set()
+    for P in shown:
+        rpn = min(P, args.ranks_per_node) if args.ranks_per_node else P
+        t_rank, _ = fb.threads_for(rpn, cores)
+        thr = threads_fixed or t_rank
+        if thr * rpn > cores:
+            crowds.add((rpn, thr))
+    if not crowds:
+        return {}, ""
+    here = len(affinity_cpus()) or (os.cpu_count() or 1)
+    if cores != here:
+        return {}, (f"not measured (--cores-per-node {cores} is not this host's {here}): a rank running k threads per "
+                    "core runs k times slower")
+    if any(c > CONTENTION_MAX_COPIES for c, _ in crowds):
+        return {}, (f"not measured (more than {CONTENTION_MAX_COPIES} ranks per node): a rank running k threads per "
+                    "core runs k times slower")
+    found = measure_contention(config, spec, _fullest_nodes(layout), sorted(crowds), cores)
+    return {o: f for o, (f, _) in found.items()}, "; ".join(how for _, how in found.values())
 
 
 def _fullest_nodes(layout: Any) -> int:

@@ -226,7 +226,8 @@ class APTEngine(Engine):
 
         self._tune = None
         order, ends = self._tune_order() if timing == "training" else ([], [])
-        self.plan = dry_run(self, requested, timing=timing, tune_iterations=len(order))
+        # (NFP leading the first round times TUNE_PAIR iterations more: _lead_with_nfp)
+        self.plan = dry_run(self, requested, timing=timing, tune_iterations=len(order) + (TUNE_PAIR if order else 0))
         self._presampled, self.plan.samples = self.plan.samples, {}
         if timing == "training":
             if self.cache_mb > 0:  # builds are timed without the cache (the cost model adds it; collective)

@@ -300,7 +300,8 @@ def dry_run(engine: Any, requested: str = "auto", profile: Profile | None = None
 
     ``timing``: ``dry_run`` times every strategy's build and step here; ``training`` times none here: the
     engine times GDP, SNP and DNP on training's first ``tune_iterations`` iterations (whose batches the dry run
-    does not keep: they are sampled as training draws them) and NFP between their rounds, and hands the times to
+    does not sample: they are sampled as training draws them; its first epoch's batches are the next ones, kept
+    for training) and NFP between their rounds, and hands the times to
     :meth:`Plan.finalize`; until then the plan is provisional (its compute not timed); ``none`` times nothing (a
     cache's hotness is all that is wanted)."""
     if timing not in TIMINGS:
@@ -337,7 +338,9 @@ def dry_run(engine: Any, requested: str = "auto", profile: Profile | None = None
     with engine.scratch():  # counters, epoch and the rest as they were afterwards
         for n_done, it in enumerate(order):
             fold_of.append(it % FOLDS)
-            epoch, iteration = dry_epochs[it % FOLDS], (it // FOLDS) % max(iters, 1)
+            # the first epoch's batches from past the iterations training times (which sample for themselves)
+            skip = tune_iterations if it % FOLDS == 0 and tune_iterations < iters else 0
+            epoch, iteration = dry_epochs[it % FOLDS], (skip + it // FOLDS) % max(iters, 1)
             seeds = engine.seeds(epoch, iteration)
             acc["seeds"] += seeds.numel()
             t0, c0 = time.perf_counter(), comm.comm_seconds

@@ -541,6 +541,9 @@ class Rates:
     is why it is added, not multiplied: a factor measured on a small graph over-predicted large ones).
     ``step_overhead_threads``: overheads measured at given thread counts (they also absorb the error of the
     parallel fraction, measured from a few speed-ups only); a rank uses the nearest (:meth:`step_overhead_for`).
+    ``contention``: ``{over: factor}``, how much slower a rank runs when the ranks of a node run ``over``
+    threads per core, measured (``hpc-graph plan``: copies of a real run at once against one alone); where none
+    was measured for a rank's ``over``, ``over`` itself (a time slice of a core).
     """
 
     spmm_fwd: tuple[float, float]
@@ -560,6 +563,15 @@ class Rates:
     sources: dict[str, str] = dataclasses.field(default_factory=dict)
     step_overhead: float = 0.0
     step_overhead_threads: dict[int, float] = dataclasses.field(default_factory=dict)
+    contention: dict[float, float] = dataclasses.field(default_factory=dict)
+
+    def oversubscribed(self, over: float) -> float | None:
+        """The factor measured for ranks running ``over`` threads per core (``contention``: ``{over: factor}``,
+        copies of a real run at once against one alone), or None where none was measured."""
+        for k, f in self.contention.items():
+            if abs(float(k) - over) <= 1e-6 * max(1.0, over):
+                return float(f)
+        return None
 
     def step_overhead_for(self, threads: int) -> float:
         """The per-epoch overhead of a rank running ``threads`` threads: the one measured at the nearest thread
@@ -589,7 +601,8 @@ class Rates:
         t_here = t(self.threads)
         t_rank = t(max(1, threads))
         over = max(1.0, threads / cores_share) if cores_share > 0 else 1.0
-        return t_rank / t_here * over
+        measured = self.oversubscribed(over) if over > 1.0 else None
+        return t_rank / t_here * (over if measured is None else measured)
 
     def exchange_time(self, out_bytes: float, in_bytes: float, peers: int) -> float:
         if peers <= 0 or (out_bytes <= 0 and in_bytes <= 0):
@@ -1876,7 +1889,12 @@ def time_of(w: _Walk, rates: Rates, *, threads: int, cores_share: float, ranks: 
     # rank with less than a core runs it slower; a measured overhead below zero takes at most half the kernels
     lo, hi = w._stage()
     extra = rates.step_overhead_for(threads) * (hi - lo) / max(1, w.spec.layers)
-    extra = max(extra * max(1.0, 1.0 / cores_share) if cores_share > 0 else extra, -0.5 * compute)
+    measured = rates.oversubscribed(threads / cores_share) if cores_share > 0 and threads > cores_share else None
+    if measured is not None:  # the copies measured the whole step, its overhead included
+        extra *= measured
+    elif cores_share > 0:
+        extra *= max(1.0, 1.0 / cores_share)
+    extra = max(extra, -0.5 * compute)
     compute += extra
     halo = sum(rates.exchange_time(o, i, p) for o, i, p in wk.exchanges)
     # sylvie's pipeline: an exchange has a whole epoch of computation to travel behind

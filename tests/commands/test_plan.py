@@ -264,6 +264,67 @@ def test_plan_calibrates_the_compute_time_by_a_real_run(tmp_path, fb_data):
         assert extra == pytest.approx(measured - predicted, abs=1e-3 * measured)  # the printed values are rounded
 
 
+def test_plan_measures_oversubscription_by_copies_of_a_real_run(tmp_path, fb_data, monkeypatch):
+    """measure_contention: the median epoch of N copies of the calibration run started at once, over one run alone
+    (real runs: every copy trains and writes its own metrics; the factor checked against the runs' own epochs)."""
+    import statistics
+
+    from hpc_graph.commands import plan as plan_cmd
+    from hpc_graph.plan import fullbatch as fb
+    from hpc_graph.train.config import load_config
+
+    config = load_config(_fb_cfg(tmp_path, fb_data / "g.h5", name="gcn"))
+    spec = fb.model_spec(config.model, 16, 4)
+    seen = []
+    real = plan_cmd._calibration_epochs
+
+    def spy(raw, d, name, threads, epochs, copies=1):
+        got = real(raw, d, name, threads, epochs, copies)
+        seen.append((name, threads, copies, got))
+        return got
+
+    monkeypatch.setattr(plan_cmd, "_calibration_epochs", spy)
+    monkeypatch.setattr(plan_cmd, "CONTENTION_EPOCHS", 2)
+    found = plan_cmd.measure_contention(config, spec, nodes=1000, crowds=[(2, 1), (2, 1)], cores=1, max_scale=10)
+    assert list(found) == [2.0] and [(n, t, c) for n, t, c, _ in seen] == [("alone1", 1, 1), ("crowd2x1", 1, 2)]
+    alone, crowd = seen[0][3], seen[1][3]
+    assert len(alone) == 1 and len(crowd) == 2 and all(x > 0 for x in alone + crowd)
+    factor, how = found[2.0]
+    assert factor == pytest.approx(statistics.median(crowd) / alone[0], rel=1e-12)
+    assert "2 copies of a 2-epoch single run of this model on an R-MAT scale-10 graph at 1 thread(s) each on 1 " \
+        "cores" in how
+
+
+def test_plan_measures_contention_only_where_ranks_oversubscribe_this_host(fb_data, monkeypatch):
+    """_contention: copies are run for the ranks per node (and threads) that oversubscribe the cores, only when
+    the node planned for is this host; otherwise the plain model, with the reason."""
+    import argparse
+
+    from hpc_graph.commands import plan as plan_cmd
+    from hpc_graph.plan import fullbatch as fb
+
+    calls = []
+
+    def fake(config, spec, nodes, crowds, cores):
+        calls.append((crowds, cores))
+        return {round(c * t / cores, 6): (1.5, f"{c}x{t}") for c, t in crowds}
+
+    monkeypatch.setattr(plan_cmd, "measure_contention", fake)
+    monkeypatch.setattr("hpc_graph.comm.threads.affinity_cpus", lambda: list(range(4)))
+    layout = fb.single_layout(fb.graph_from_dataset(str(fb_data / "g.h5")))
+    free = argparse.Namespace(ranks_per_node=None)
+    assert plan_cmd._contention(free, None, None, layout, [1, 2, 4, 8], 4, None) == ({2.0: 1.5}, "8x1")
+    assert calls == [([(8, 1)], 4)]
+    assert plan_cmd._contention(free, None, None, layout, [1, 2, 4], 4, None) == ({}, "")
+    assert plan_cmd._contention(argparse.Namespace(ranks_per_node=2), None, None, layout, [8], 4, None) == ({}, "")
+    assert plan_cmd._contention(free, None, None, layout, [2, 4], 4, 2) == ({2.0: 1.5}, "4x2")  # train.threads 2
+    got, why = plan_cmd._contention(free, None, None, layout, [4], 2, None)
+    assert got == {} and "not measured (--cores-per-node 2 is not this host's 4)" in why
+    got, why = plan_cmd._contention(free, None, None, layout, [4, 256], 4, None)
+    assert got == {} and f"more than {plan_cmd.CONTENTION_MAX_COPIES} ranks per node" in why
+    assert len(calls) == 2
+
+
 def test_plan_bad_profile_and_json_paths(tmp_path, fb_data, capsys):
     bad = tmp_path / "bad.json"
     bad.write_text("{not json")

@@ -352,6 +352,9 @@ def test_nfp_leading_the_first_round_trains_for_real_from_the_gap_on(graph_file)
     ref = _apt(graph_file, "gdp", fanouts=(3, 2), batch_size=4)
     assert eng.tuning and eng._tune["nfp"] and eng._nfp["timing"]
     order = eng._tune["order"]
+    # the dry run's first-epoch batches are the ones right past the timing (at most TUNE_PAIR more with NFP leading)
+    iters, tune = eng.iterations(1), len(order) + TUNE_PAIR
+    assert sorted(i for e, i in eng._presampled if e == 1) == list(range(tune, min(tune + 1, iters)))
     leader, picks = eng._leader, []
     eng._leader = lambda: picks.append(leader()) or picks[-1]
     time_nfp, lost = eng._time_nfp, []
@@ -361,7 +364,6 @@ def test_nfp_leading_the_first_round_trains_for_real_from_the_gap_on(graph_file)
         torch.manual_seed(4)
         models.append(build_model("sage", 7, 5, 3, num_layers=2, dropout=0.0).double())
         opts.append(torch.optim.Adam(models[-1].parameters(), lr=0.01))
-    iters = eng.iterations(1)
     eighth = min(iters // 8, SETTLE)
     assert eighth >= TUNE_PAIR
     for epoch in (1, 2, 3):

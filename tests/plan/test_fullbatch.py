@@ -211,6 +211,34 @@ def test_time_terms_follow_the_rates():
         == pytest.approx(2 * 3.0 + slow.time.compute, rel=1e-12)
 
 
+def test_measured_contention_replaces_the_time_slice_model():
+    """Where the plan measured how much slower ranks oversubscribing a node run (Rates.contention, per threads per
+    core), that factor replaces "k threads per core run k times slower" for the kernels and the overhead alike;
+    other ratios, and ranks that do not oversubscribe, are untouched."""
+    g = fb.GraphShape(nodes=20_000, edges=400_000, features=64, classes=8, train_nodes=2_000)
+    spec = fb.model_spec(NS(name="gat", hidden=16, num_layers=2, dropout=0.5, heads=4, out_heads=1), 64, 8)
+    rates = fb.Rates(spmm_fwd=(1e-9, 1e-10), spmm_bwd=(1e-9, 1e-10), gat_fwd=(2e-9, 1e-10), gat_bwd=(4e-9, 2e-10),
+                     gemm_flops=1e10, stream=1e10, threads=1, parallel=1.0, exchange=(1e-4, 1e9),
+                     allreduce=(1e-4, 1e9), step_overhead=0.3)
+    lay = fb.layout_from_cut_model(g, 4, 0.3)
+    rng = np.random.default_rng(5)
+    f = float(rng.uniform(2.2, 4.0))
+    measured = dataclasses.replace(rates, contention={2.0: f, 4.0: 9.0})
+    assert measured.oversubscribed(2.0) == f and measured.oversubscribed(3.0) is None and rates.oversubscribed(2.0) is None
+
+    def compute(r, cores):
+        t = fb.predict("dp", spec, g, lay, floor=0, rates=r, cores_per_node=cores, ranks_per_node=4).time
+        return t.compute - t.terms["overhead"], t.terms["overhead"]
+
+    free, free_over = compute(rates, 4)  # one core each: nothing to measure, nothing changes
+    assert compute(measured, 4) == (free, free_over) and free_over == pytest.approx(0.3)
+    plain, plain_over = compute(rates, 2)  # two threads per core: twice as long without a measurement
+    assert plain == pytest.approx(2 * free, rel=1e-12) and plain_over == pytest.approx(0.6)
+    got, got_over = compute(measured, 2)
+    assert got == pytest.approx(f * free, rel=1e-12) and got_over == pytest.approx(f * 0.3, rel=1e-12)
+    assert compute(measured, 3) == compute(rates, 3)  # 4/3 threads per core: not measured
+
+
 def test_models_the_planner_does_not_describe_are_refused():
     with pytest.raises(ValueError, match="model.name.*gcn2"):
         fb.model_spec(NS(name="gcn2", hidden=8, num_layers=2, dropout=0.5), 8, 3)
