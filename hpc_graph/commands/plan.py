@@ -332,7 +332,8 @@ def measure_floor(config: Any) -> tuple[int, str]:
 #: the calibration graph: R-MAT (edge factor 16) of at most this scale, and no larger than the fullest rank
 CALIBRATION_MAX_SCALE = 17
 CALIBRATION_EPOCHS = 6  # the median of epochs 2.. is timed
-CONTENTION_EPOCHS = 4  # the same for each copy of the oversubscription measurement
+CONTENTION_EPOCHS = 4  # the same for the oversubscription measurement's first lone run (at most 4x as many for
+CONTENTION_SECONDS = 8.0  # the copies and the second lone run, which run at least this many seconds of epochs)
 CONTENTION_MAX_COPIES = 64  # ranks per node beyond which no contention is measured (the plain model stands)
 
 
@@ -437,7 +438,8 @@ def measure_contention(config: Any, spec: Any, nodes: int, crowds: list[tuple[in
     """``{over: (factor, how)}`` for every ``(copies, threads)`` in ``crowds`` (ranks per node and their threads
     that oversubscribe this host's ``cores``; ``over = copies * threads / cores``): ``copies`` real ``single``
     runs of the config's model on the calibration graph (:func:`measure_calibration`'s), ``threads`` threads each,
-    started at once, against one run alone at as many threads: the copies' median epoch over the lone run's.
+    started at once, against one run alone at as many threads before them and one after: the copies' median
+    epoch over the lone runs' mean.
     It replaces the "``over`` ranks per core run ``over`` times slower" of the plain model
     (:meth:`hpc_graph.plan.fullbatch.Rates.slowdown`): cores time-shared between ranks also share their caches,
     and kernels with large working sets (GAT's attention) lose more than the time slice."""
@@ -450,14 +452,21 @@ def measure_contention(config: Any, spec: Any, nodes: int, crowds: list[tuple[in
     with tempfile.TemporaryDirectory(prefix="hpc-graph-contention-") as d:
         raw, _, scale = _calibration_graph(config, spec, nodes, d, max_scale)
         for copies, t in sorted(set(crowds)):
-            alone = _calibration_epochs(raw, d, f"alone{t}", t, CONTENTION_EPOCHS)[0]
-            crowd = _calibration_epochs(raw, d, f"crowd{copies}x{t}", t, CONTENTION_EPOCHS, copies=copies)
+            # alone, the copies, alone again: a machine whose speed drifts over the measurement (a shared one
+            # does, by 10-40 % from one second to the next) is seen by both sides of the ratio alike
+            before = _calibration_epochs(raw, d, f"alone{t}", t, CONTENTION_EPOCHS)[0]
+            # at least CONTENTION_SECONDS of epochs on each side (short epochs see a second's speed each)
+            n = int(min(max(CONTENTION_EPOCHS, math.ceil(CONTENTION_SECONDS / max(before, 1e-3)) + 1),
+                        4 * CONTENTION_EPOCHS))
+            crowd = _calibration_epochs(raw, d, f"crowd{copies}x{t}", t, n, copies=copies)
+            after = _calibration_epochs(raw, d, f"again{t}", t, n)[0]
+            alone = 0.5 * (before + after)
             over = round(copies * t / cores, 6)
             factor = statistics.median(crowd) / alone
-            out[over] = (factor, f"x{factor:.2f} for {over:g} threads per core: {copies} copies of a {CONTENTION_EPOCHS}-"
-                                 f"epoch single run of this model on an R-MAT scale-{scale} graph at {t} thread(s) "
+            out[over] = (factor, f"x{factor:.2f} for {over:g} threads per core: {copies} copies of a {n}-epoch "
+                                 f"single run of this model on an R-MAT scale-{scale} graph at {t} thread(s) "
                                  f"each on {cores} cores, epoch {statistics.median(crowd):.4g} s against {alone:.4g} s "
-                                 f"alone")
+                                 f"alone (before and after them)")
     return out
 
 

@@ -265,8 +265,9 @@ def test_plan_calibrates_the_compute_time_by_a_real_run(tmp_path, fb_data):
 
 
 def test_plan_measures_oversubscription_by_copies_of_a_real_run(tmp_path, fb_data, monkeypatch):
-    """measure_contention: the median epoch of N copies of the calibration run started at once, over one run alone
-    (real runs: every copy trains and writes its own metrics; the factor checked against the runs' own epochs)."""
+    """measure_contention: the median epoch of N copies of the calibration run started at once, over the mean of one
+    run alone before them and one after (real runs: every copy trains and writes its own metrics; the factor
+    checked against the runs' own epochs)."""
     import statistics
 
     from hpc_graph.commands import plan as plan_cmd
@@ -285,12 +286,14 @@ def test_plan_measures_oversubscription_by_copies_of_a_real_run(tmp_path, fb_dat
 
     monkeypatch.setattr(plan_cmd, "_calibration_epochs", spy)
     monkeypatch.setattr(plan_cmd, "CONTENTION_EPOCHS", 2)
+    monkeypatch.setattr(plan_cmd, "CONTENTION_SECONDS", 0.0)
     found = plan_cmd.measure_contention(config, spec, nodes=1000, crowds=[(2, 1), (2, 1)], cores=1, max_scale=10)
-    assert list(found) == [2.0] and [(n, t, c) for n, t, c, _ in seen] == [("alone1", 1, 1), ("crowd2x1", 1, 2)]
-    alone, crowd = seen[0][3], seen[1][3]
-    assert len(alone) == 1 and len(crowd) == 2 and all(x > 0 for x in alone + crowd)
+    assert list(found) == [2.0]
+    assert [(n, t, c) for n, t, c, _ in seen] == [("alone1", 1, 1), ("crowd2x1", 1, 2), ("again1", 1, 1)]
+    before, crowd, after = seen[0][3], seen[1][3], seen[2][3]
+    assert len(before) == len(after) == 1 and len(crowd) == 2 and all(x > 0 for x in before + crowd + after)
     factor, how = found[2.0]
-    assert factor == pytest.approx(statistics.median(crowd) / alone[0], rel=1e-12)
+    assert factor == pytest.approx(statistics.median(crowd) / (0.5 * (before[0] + after[0])), rel=1e-12)
     assert "2 copies of a 2-epoch single run of this model on an R-MAT scale-10 graph at 1 thread(s) each on 1 " \
         "cores" in how
 
