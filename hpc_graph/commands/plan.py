@@ -292,15 +292,18 @@ def _train_subprocess(raw: dict, cfg: str, threads: int, timeout: float, failure
             own = raw if copies == 1 else {**raw, "train": {**raw["train"], "run_dir": f"{raw['train']['run_dir']}.{k}"}}
             with open(path, "w", encoding="utf-8") as fh:
                 yaml.safe_dump(own, fh)
-            procs.append(subprocess.Popen([sys.executable, "-m", "hpc_graph.cli", "-q", "train", "--config", path,
-                                           "--force"], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                                          text=True))
-        for proc in procs:
-            _, err = proc.communicate(timeout=timeout)
+            # stderr to a file: a pipe left unread while another copy is waited for could fill and stall it
+            with open(path + ".err", "w", encoding="utf-8") as err:
+                procs.append((subprocess.Popen([sys.executable, "-m", "hpc_graph.cli", "-q", "train", "--config", path,
+                                                "--force"], env=env, stdout=subprocess.DEVNULL, stderr=err),
+                              path + ".err"))
+        for proc, err_path in procs:
+            proc.wait(timeout=timeout)
             if proc.returncode != 0:
-                raise CLIError(failure.format(stderr=err.strip()[-300:]))
+                with open(err_path, encoding="utf-8", errors="replace") as fh:
+                    raise CLIError(failure.format(stderr=fh.read().strip()[-300:]))
     finally:
-        for proc in procs:
+        for proc, _ in procs:
             if proc.poll() is None:
                 proc.kill()
                 proc.wait()

@@ -298,6 +298,19 @@ def test_plan_measures_oversubscription_by_copies_of_a_real_run(tmp_path, fb_dat
         "cores" in how
 
 
+def test_a_failing_calibration_run_names_itself_and_leaves_no_copy_running(tmp_path):
+    """_train_subprocess: a copy that fails raises the given message with the end of its stderr; the others are
+    stopped."""
+    from hpc_graph.cli import CLIError
+    from hpc_graph.commands import plan as plan_cmd
+
+    raw = {"data": {"path": str(tmp_path / "missing.h5")}, "model": {"name": "gcn"},
+           "train": {"epochs": 1, "run_dir": str(tmp_path / "run")}}
+    with pytest.raises(CLIError, match=r"^--calibration: failed \(.*missing\.h5"):
+        plan_cmd._train_subprocess(raw, str(tmp_path / "c.yaml"), 1, 120, "--calibration: failed ({stderr})", copies=2)
+    assert (tmp_path / "c.yaml.0").exists() and (tmp_path / "c.yaml.1.err").exists()
+
+
 def test_plan_measures_contention_only_where_ranks_oversubscribe_this_host(fb_data, monkeypatch):
     """_contention: copies are run for the ranks per node (and threads) that oversubscribe the cores, only when
     the node planned for is this host; otherwise the plain model, with the reason."""
