@@ -675,7 +675,8 @@ def _run_fullbatch(args: argparse.Namespace, config: Any) -> int:
                                                threads_fixed)
         else:
             overhead, cal_src = calibration, f"{calibration:+.3f} s (--calibration)"
-            contention, cont_src = {}, "not measured (--calibration given): ranks sharing a core run as much slower"
+            contention, cont_src = {}, ("not measured (--calibration given): a rank running k threads per core runs "
+                                        "k times slower" if _crowds(args, shown, cores, threads_fixed) else "")
         rates = fb.Rates.from_kernels(kr, exchange=exchange, allreduce=allreduce, link=link, step_overhead=overhead,
                                       step_overhead_threads=by_threads, contention=contention,
                                       sources={"kernels": f"measured now on {kr.graph} at {kr.threads} thread(s) "
@@ -774,12 +775,8 @@ def _run_fullbatch(args: argparse.Namespace, config: Any) -> int:
     return 0
 
 
-def _contention(args: argparse.Namespace, config: Any, spec: Any, layout: Any, shown: list[int], cores: int,
-                threads_fixed: int | None) -> tuple[dict[float, float], str]:
-    """Measure how much slower ranks that oversubscribe a node's cores run (:func:`measure_contention`), for the
-    rank counts shown, on this host when it is the node planned for (``cores`` its own); ``({}, why)`` where
-    nothing needs or allows it."""
-    from hpc_graph.comm.threads import affinity_cpus
+def _crowds(args: argparse.Namespace, shown: list[int], cores: int, threads_fixed: int | None) -> set[tuple[int, int]]:
+    """``(ranks per node, threads)`` of the rank counts shown that run more threads than a node's ``cores``."""
     from hpc_graph.plan import fullbatch as fb
 
     crowds = set()
@@ -789,6 +786,17 @@ def _contention(args: argparse.Namespace, config: Any, spec: Any, layout: Any, s
         thr = threads_fixed or t_rank
         if thr * rpn > cores:
             crowds.add((rpn, thr))
+    return crowds
+
+
+def _contention(args: argparse.Namespace, config: Any, spec: Any, layout: Any, shown: list[int], cores: int,
+                threads_fixed: int | None) -> tuple[dict[float, float], str]:
+    """Measure how much slower ranks that oversubscribe a node's cores run (:func:`measure_contention`), for the
+    rank counts shown, on this host when it is the node planned for (``cores`` its own); ``({}, why)`` where
+    nothing needs or allows it."""
+    from hpc_graph.comm.threads import affinity_cpus
+
+    crowds = _crowds(args, shown, cores, threads_fixed)
     if not crowds:
         return {}, ""
     here = len(affinity_cpus()) or (os.cpu_count() or 1)

@@ -116,13 +116,19 @@ def test_plan_partition_dir_uses_its_statistics(tmp_path, fb_data, capsys):
 def test_plan_times_with_rates_measured_on_the_graph(tmp_path, fb_data, capsys):
     out_json = tmp_path / "p.json"
     rc = main(["-q", "plan", "--config", _fb_cfg(tmp_path, fb_data / "g.h5", name="gcn"), "--engines", "dp,sar",
-               "--ranks", "2", "--cut-fraction", "0.4", "--floor", "400MiB", "--calibration", "1.25s",
-               "--json", str(out_json)])
+               "--ranks", "2,4", "--cut-fraction", "0.4", "--floor", "400MiB", "--calibration", "1.25s",
+               "--cores-per-node", "4", "--json", str(out_json)])
     out = capsys.readouterr().out
     assert rc == 0
     plan = json.loads(out_json.read_text())
     assert plan["rates"]["step_overhead"] == 1.25 and "overhead beyond the kernels (calibration) +1.250 s " \
         "(--calibration)" in out
+    # a given calibration measures no oversubscription: said only where a rank count would oversubscribe
+    assert "ranks oversubscribing" not in out and plan["rates"]["contention"] == {}
+    assert main(["-q", "plan", "--config", _fb_cfg(tmp_path, fb_data / "g.h5", name="gcn"), "--engines", "dp",
+                 "--ranks", "4", "--cut-fraction", "0.4", "--floor", "400MiB", "--calibration", "1.25s",
+                 "--cores-per-node", "2", "--rates", "synthetic"]) == 0
+    assert "ranks oversubscribing a node's cores: not measured (--calibration given)" in capsys.readouterr().out
     for p in plan["predictions"]:
         t = p["time"]
         assert t["compute"] > 0 and t["halo"] > 0 and t["epoch_seconds"] == pytest.approx(
