@@ -156,7 +156,8 @@ class EngineConfig:
                               "training step. `training`: training's first iterations (a warm-up, then two rounds "
                               "of two timed batches of GDP, SNP and DNP each, an eighth of an epoch of the "
                               "fastest between the rounds, each a real training step; NFP on zero column slices "
-                              "after each round), then the cheapest is chosen and logged; "
+                              "after the first round, then trained and timed for real if it leads, else timed so "
+                              "again after the second), then the cheapest is chosen and logged; "
                               "`dry_run`: all four are timed on the engine's copy of the model before training "
                               "starts (about eight iterations' work more; what `hpc-graph plan` does).")
     profile_mb: float = _field(64.0, _only(_float(0.0, lo_open=True), "apt"),
