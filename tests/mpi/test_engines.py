@@ -1,5 +1,8 @@
 """``dp``, ``sar`` and ``sylvie`` (32 bits) reproduce the ``single`` engine on 2, 3 and 4 ranks (real MPI).
 
+On 3 ranks GCN, SAGE and GAT only; the deep models on two of the three datasets per rank count (2 and 4
+together cover all three), see the script's docstring.
+
 One ``mpiexec`` launch per rank count runs every check (see
 ``scripts/engine_equivalence.py``): GCN, SAGE, GAT and the deep models
 (GCNII, JKNet, APPNP, SGC, DAGNN, R-GCN on the datasets' edge types, RevGCN, RevGAT) and GT's sparse
@@ -19,8 +22,19 @@ import pytest
 from _run import SCRIPTS, run_mpi
 
 
+def _expected_cases(nprocs: int) -> int:
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("engine_equivalence", SCRIPTS / "engine_equivalence.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.expected_cases(nprocs)
+
+
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize("nprocs", [2, 3, 4])
 def test_dp_sar_and_sylvie_match_single(tmp_path, nprocs):
     proc = run_mpi([SCRIPTS / "engine_equivalence.py", tmp_path / "work"], nprocs, timeout=240)
-    assert f"engine_equivalence: {nprocs} ranks, 144 cases per rank OK" in proc.stdout, proc.stdout
+    cases = _expected_cases(nprocs)
+    assert cases >= 36
+    assert f"engine_equivalence: {nprocs} ranks, {cases} cases per rank OK" in proc.stdout, proc.stdout
