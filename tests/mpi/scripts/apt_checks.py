@@ -17,7 +17,8 @@ Rank 0 writes a random graph with skewed degrees and partitions it into N parts
    cache holding every row fetches none, and its gradients equal GDP's.
 4. **dry run**: the byte predictions of every operation, and their total, match
    a real epoch within 5 % (the load with a cache within 10 %: its hit rate on
-   an epoch it was not chosen from is a cross-validated estimate).
+   an epoch it was not chosen from is a cross-validated estimate); with a cache
+   on 2 ranks, without on 4 (NFP without on both).
 5. **reused samples**: the first epochs' batches the dry run sampled, taken by
    training instead of sampling them again, give the gradients of batches
    sampled afresh (exactly), and send no sampling bytes (GDP, NFP, SNP).
@@ -188,7 +189,9 @@ def check_bytes(pdir, comm) -> int:
 
 def check_dry_run(data_dir, comm) -> int:
     n = 0
-    for s, cache_mb in [(s, c) for s in STRATS for c in (0, 0.1) if not (s == "nfp" and c)]:
+    # without a cache on 4 ranks, with one on 2 (NFP has none): every strategy both ways across the two runs
+    cache = 0 if comm.size > 2 else 0.1
+    for s, cache_mb in [(s, 0 if s == "nfp" else cache) for s in STRATS]:
         eng = create_engine("apt", str(data_dir), comm, CPU, torch.float32,
                             {"fanouts": (5, 3), "batch_size": 64, "strategy": s, "model": "sage", "hidden": 16,
                              "dry_run_batches": 1000, "seed": 2, "cache_mb": cache_mb,
@@ -325,7 +328,8 @@ def main() -> int:
         n += check_dry_run(bdir, comm)
         n += check_reused_samples(pdir, comm)
         n += check_timing_in_training(pdir, comm)
-        n += check_profile_file(pdir, work, comm)
+        if P == 2:  # the file's round trip does not depend on the rank count
+            n += check_profile_file(pdir, work, comm)
         if comm.rank == 0:
             print(f"seconds: gradients {t1 - t0:.1f}, bytes {t2 - t1:.1f}, dry run {time.perf_counter() - t2:.1f}")
     except Exception:

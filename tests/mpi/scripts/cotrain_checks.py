@@ -125,7 +125,7 @@ def main() -> None:
         torch.testing.assert_close(p, q, rtol=1e-9, atol=1e-12, msg=f"data-parallel LM differs at {n}")
 
     # 2. interleaving changes times, never results (synchronous LM steps, and delayed ones)
-    for staleness in (0, 2):
+    for staleness in ((0, 2) if size <= 2 else (2,)):  # 4 ranks: the delayed steps only
         _interleave_check(data, work, comm, staleness)
 
     # 3. no text: refused on every rank

@@ -16,6 +16,8 @@ dropout:
 * a checkpoint written by a pipeline resumes to the same next step (also under ``stale``, with its history);
 * too few layers for the stages is refused on every rank.
 
+On more than 2 ranks the model checks run for GCN, RevGCN and the GAT with attention dropout only.
+
 Rank 0 prints ``flow_checks: P ranks OK``.
 
 Usage: flow_checks.py WORKDIR
@@ -136,7 +138,9 @@ def main() -> None:
         _dataset(data)
     comm.barrier()
     local = LocalCommunicator()
-    for key, model in MODELS.items():
+    # on 4 ranks three of the five models (a stack, the reversible blocks, attention with dropout); all on 2
+    keys = ("gcn", "revgcn", "gat_attn_dropout") if size > 2 else tuple(MODELS)
+    for key, model in ((k, MODELS[k]) for k in keys):
         ref = _run(Trainer(_config(data, "single", model, work / f"{key}-single-{rank}"), local))
         flow1 = Trainer(_config(data, "flow", model, work / f"{key}-flow1"), comm)
         parts = comm.allgather_object(sorted(n for n, p in flow1.model.named_parameters() if not p.is_meta))
