@@ -99,7 +99,10 @@ def main() -> int:
     comm.barrier()
     local = _communicator.get_communicator("local")
     checks = 0
-    for name, model in MODELS.items():
+    # GCN, SAGE and GAT on 2 ranks; GCN alone on 3 (an odd rank count for the exchanges and DistBatchNorm's
+    # all-reduce is covered by SAGE on 2 and the engine equivalence test on 3)
+    names = tuple(MODELS) if comm.size <= 2 else ("gcn",)
+    for name, model in ((k, MODELS[k]) for k in names):
         ref = Trainer(_config(data, "single", model, work / f"ref-{comm.rank}"), local)
         assert ref.feat.layout == torch.sparse_csr, ref.feat.layout
         want_loss, want_acc, want_state = _trajectory(ref)
