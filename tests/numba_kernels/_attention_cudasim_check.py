@@ -1,10 +1,18 @@
 """Run the CUDA attention twins under NUMBA_ENABLE_CUDASIM=1 on tiny inputs and compare them
 with the torch references (and the CPU twins).  Started by test_attention_cuda.py in a
 subprocess so the simulator setting never leaks into the CPU tests.  Exits non-zero on a mismatch.
+
+The simulator runs every GPU thread of every block as a Python thread, so the cost is the number
+of threads launched times their work: the graphs are small (every awkward feature still present),
+each kernel layout / dtype / option is run once rather than as a cross product, and under the
+simulator the checks after the first ones launch one-warp blocks (:func:`small_blocks`; the same
+kernels, only fewer idle threads).  On a real GPU (``HPC_GRAPH_REAL_GPU=1``) every launch keeps the
+production configuration.
 """
 import os
 import sys
 import warnings
+from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
@@ -20,6 +28,43 @@ from numba_kernels import get_kernel  # noqa: E402
 
 warnings.simplefilter("ignore", RuntimeWarning)  # uint64 hash arithmetic wraps on purpose
 TOL = {np.float32: dict(rtol=3e-4, atol=3e-5), np.float64: dict(rtol=1e-10, atol=1e-12)}
+SIM = os.environ.get("NUMBA_ENABLE_CUDASIM") == "1"
+if SIM:  # simulated threads hand the GIL over at every syncthreads and poll: a short switch interval
+    sys.setswitchinterval(5e-4)
+#: awkward_graph(rng, num_dst, num_src, num_edges): ~26 edges; a hub row of 13, rows of 1-5 edges, empty
+#: rows 0 and 5, isolated sources 5-7 (so split_blocks(g, 3)'s last block has no edges: the early return),
+#: self-loops, duplicate edges
+GRAPH = (8, 8, 16)
+
+
+@contextmanager
+def small_blocks():
+    """Under the simulator: 32-thread blocks for the attention launches (one warp: a chunk of the chunked
+    kernels; the thread-per-(row, head) kernels stride the same way), instead of 128 threads of which most
+    idle on these tiny inputs. A no-op on a real GPU."""
+    import numba_kernels.cuda._attention_common as common
+    import numba_kernels.cuda.gat_attention as cuda_gat
+
+    old = cuda_gat._THREADS, common.THREADS_PER_BLOCK
+    if SIM:
+        cuda_gat._THREADS = common.THREADS_PER_BLOCK = 32
+    try:
+        yield
+    finally:
+        cuda_gat._THREADS, common.THREADS_PER_BLOCK = old
+
+
+@contextmanager
+def edges_per_chunk(T):
+    """Chunks of ``T`` CSR positions in the chunked GAT kernels (rows across chunks, chunks of short rows)."""
+    import numba_kernels.cuda.gat_attention as cuda_gat
+
+    old = cuda_gat.EDGES_PER_CHUNK
+    cuda_gat.EDGES_PER_CHUNK = T
+    try:
+        yield
+    finally:
+        cuda_gat.EDGES_PER_CHUNK = old
 
 
 def K(name, device):
@@ -35,7 +80,7 @@ def check_gat(dtype, p, num_blocks, H=2, D=3):
     F = H * D <= 32 takes one slot per lane, up to 256 several (heads spanning slots when D does not
     divide 32), wider rows the thread-per-(row, head) fallback."""
     rng = np.random.default_rng(7)
-    g = awkward_graph(rng, 12, 10, 40)
+    g = awkward_graph(rng, *GRAPH)
     slope, seed = 0.2, 5
     z = rng.standard_normal((g.num_src, H, D)).astype(dtype)
     s_src = (rng.standard_normal((g.num_src, H)) + np.linspace(0, 4, g.num_src)[:, None]).astype(dtype)
@@ -73,7 +118,7 @@ def check_gat(dtype, p, num_blocks, H=2, D=3):
 
 def check_dot(dtype, with_bias, num_blocks):
     rng = np.random.default_rng(8)
-    g = awkward_graph(rng, 12, 10, 40)
+    g = awkward_graph(rng, *GRAPH)
     H, Dk, Dv, scale = 2, 3, 2, 0.7
     q = rng.standard_normal((g.num_dst, H, Dk)).astype(dtype)
     k = rng.standard_normal((g.num_src, H, Dk)).astype(dtype) * 2
@@ -122,7 +167,7 @@ def check_dot_codes(dtype):
     from numba_kernels.cpu import dot_attention as cpu
 
     rng = np.random.default_rng(10)
-    g = awkward_graph(rng, 12, 10, 40)
+    g = awkward_graph(rng, *GRAPH)
     H, Dk, Dv, scale, C = 2, 3, 2, 0.7, 4
     q = rng.standard_normal((g.num_dst, H, Dk)).astype(dtype)
     k = rng.standard_normal((g.num_src, H, Dk)).astype(dtype)
@@ -161,7 +206,7 @@ def check_dot_codes(dtype):
 def check_dropout_bits_match_cpu():
     """The CUDA hash keeps exactly the coefficients the CPU hash keeps."""
     rng = np.random.default_rng(9)
-    n, H, p, seed = 300, 3, 0.4, 2 ** 40 + 17
+    n, H, p, seed = 100, 3, 0.4, 2 ** 40 + 17
     src = rng.integers(0, n, n).astype(np.int64)
     src_gid = rng.integers(0, 2 ** 40, n).astype(np.int64)
     dst_gid = rng.integers(0, 2 ** 40, n).astype(np.int64)
@@ -178,20 +223,22 @@ def check_dropout_bits_match_cpu():
 
 
 if __name__ == "__main__":
+    # the production launch configuration (128-thread blocks, 256-edge chunks): every dtype
     for dtype in (np.float32, np.float64):
-        check_gat(dtype, 0.0, 1)
-        check_gat(dtype, 0.3, 3)
+        check_gat(dtype, 0.0, 1)  # one slot per lane (F = 6)
         check_dot(dtype, False, 1)
-        check_dot(dtype, True, 3)
+        check_dot(dtype, True, 3)  # bias; blocks merged into the state, an empty block
         check_dot_codes(dtype)
-    check_gat(np.float32, 0.3, 2, H=3, D=20)   # two slots per lane, heads straddling slots
-    check_gat(np.float64, 0.0, 1, H=2, D=32)   # one head per slot
-    check_gat(np.float32, 0.0, 2, H=2, D=130)  # wider than 256: the thread-per-(row, head) kernels
-    import numba_kernels.cuda.gat_attention as cuda_gat
-
-    for T in (3, 1, 7):  # small chunks: rows across many chunks (the hub), chunks of short and empty rows
-        cuda_gat.EDGES_PER_CHUNK = T
-        check_gat(np.float64, 0.3, 2, H=3, D=20)
-        check_gat(np.float32, 0.0, 1, H=2, D=3)
-    check_dropout_bits_match_cpu()
+    with small_blocks():
+        check_gat(np.float32, 0.3, 3, H=3, D=20)  # dropout; two slots per lane, heads straddling slots
+        check_gat(np.float64, 0.0, 1, H=2, D=32)  # one head per slot
+        check_gat(np.float32, 0.0, 2, H=2, D=130)  # wider than 256: the thread-per-(row, head) kernels
+        # small chunks: the hub across many chunks (leading/trailing parts, the fix-up merges), chunks of
+        # several short and empty rows (T = 3), chunks of one edge each (T = 1)
+        with edges_per_chunk(3):
+            check_gat(np.float64, 0.3, 3, H=3, D=20)
+            check_gat(np.float32, 0.0, 2, H=2, D=3)
+        with edges_per_chunk(1):
+            check_gat(np.float32, 0.3, 1, H=2, D=3)
+        check_dropout_bits_match_cpu()
     print("cudasim attention OK")

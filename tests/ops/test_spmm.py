@@ -314,23 +314,45 @@ def test_spmm_fused_bad_inputs(awkward_graph):
         spmm_fused(narrow, torch.randn(12, 4), self_loop=True)
 
 
-@pytest.mark.parametrize("env,expect", [
+BLOCK_ENVS = [
     ({"HPC_GRAPH_SPMM_BLOCK_BYTES": "256MiB", "HPC_GRAPH_SPMM_MAX_BLOCKS": "2"}, "268435456 2"),
     ({"HPC_GRAPH_SPMM_BLOCK_BYTES": "0"}, "0 8"),
     ({}, f"{32 << 20} 8"),
-])
-def test_block_settings_from_the_environment(env, expect):
-    """The column-range settings are read once, when the module is imported."""
+]
+
+
+@pytest.fixture(scope="module")
+def block_settings_seen():
+    """What a fresh process reads for each environment of ``BLOCK_ENVS``: one subprocess imports the module
+    under the first and re-imports it (``importlib.reload``) under each of the others."""
+    import json
     import subprocess
     import sys
 
-    code = ("import sys, hpc_graph.ops.spmm, hpc_graph.plan.fullbatch; s = sys.modules['hpc_graph.ops.spmm']; "
-            "print(s.BLOCK_BYTES, s.MAX_BLOCKS)")
+    code = ("import importlib, json, os, sys\n"
+            "envs = json.loads(sys.argv[1])\n"
+            "for i, env in enumerate(envs):\n"
+            "    for k in [k for k in os.environ if k.startswith('HPC_GRAPH_SPMM_')]:\n"
+            "        del os.environ[k]\n"
+            "    os.environ.update(env)\n"
+            "    if i == 0:\n"
+            "        import hpc_graph.ops.spmm, hpc_graph.plan.fullbatch\n"
+            "    else:\n"
+            "        importlib.reload(sys.modules['hpc_graph.ops.spmm'])\n"
+            "    s = sys.modules['hpc_graph.ops.spmm']\n"
+            "    print('SEEN', s.BLOCK_BYTES, s.MAX_BLOCKS)\n")
     full = {k: v for k, v in os.environ.items() if not k.startswith("HPC_GRAPH_SPMM_")}
-    out = subprocess.run([sys.executable, "-c", code], env={**full, **env}, capture_output=True, text=True,
-                         timeout=120)
+    out = subprocess.run([sys.executable, "-c", code, json.dumps([env for env, _ in BLOCK_ENVS])], env=full,
+                         capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
-    assert out.stdout.split()[-2:] == expect.split()
+    return [line.split()[1:] for line in out.stdout.splitlines() if line.startswith("SEEN ")]
+
+
+@pytest.mark.parametrize("case", range(len(BLOCK_ENVS)))
+def test_block_settings_from_the_environment(block_settings_seen, case):
+    """The column-range settings are read when the module is imported."""
+    assert len(block_settings_seen) == len(BLOCK_ENVS)
+    assert block_settings_seen[case] == BLOCK_ENVS[case][1].split()
 
 
 @pytest.mark.parametrize("name,value,message", [
