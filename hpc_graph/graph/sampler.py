@@ -90,6 +90,10 @@ class NeighborSampler:
         self.orig = dg.orig_id.cpu().numpy().astype(np.int64)
         self.bytes_sent = 0
         self.messages = 0
+        # with keep_served, the last :meth:`remote` call's ``(ids, counts, neighbours)`` it sampled for the other
+        # ranks (in the order asked, every asking rank's in turn; None until then)
+        self.keep_served = False
+        self.served: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None
 
     def owner(self, gids: np.ndarray) -> np.ndarray:
         """int64 owning rank of each global id."""
@@ -131,6 +135,8 @@ class NeighborSampler:
         ask = np.bincount(owner, minlength=size).astype(np.int64)
         asked, asked_counts = comm.alltoallv(torch.from_numpy(gids[order]), ask)
         c, nbrs, deg = self.local(asked.numpy(), fanout, key)
+        if self.keep_served:
+            self.served = (asked.numpy(), c, nbrs)
         answer, sizes = _pack_answers(deg, c, nbrs, asked_counts)
         got, got_sizes = comm.alltoallv(torch.from_numpy(answer), sizes)
         self.bytes_sent += int(comm.bytes_sent - b0)

@@ -49,7 +49,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from hpc_graph.graph.sampler import block_csr, relabel, sample_key
+from hpc_graph.graph.sampler import block_csr, relabel
 from hpc_graph.plan.profile import Profile, profile_machine, time_layer
 
 log = logging.getLogger(__name__)
@@ -335,6 +335,7 @@ def dry_run(engine: Any, requested: str = "auto", profile: Profile | None = None
     order = sorted(range(nb), key=lambda i: (i % FOLDS, i))
     fold_of: list[int] = []
     mark = np.zeros(engine.num_owned, dtype=bool)  # DNP's counting: my destinations of a batch (left all False)
+    sampler.keep_served = True
     with engine.scratch():  # counters, epoch and the rest as they were afterwards
         for n_done, it in enumerate(order):
             fold_of.append(it % FOLDS)
@@ -348,7 +349,9 @@ def dry_run(engine: Any, requested: str = "auto", profile: Profile | None = None
             upper, D = engine.sample_upper(seeds + first, epoch)
             s_up = engine.counter.get("sample", 0) - s0
             t1 = time.perf_counter()
+            sampler.served = None
             counts, nbrs, deg = engine.hop(D, 0, epoch)
+            served = sampler.served  # what this rank sampled for the others' block-0 destinations (DNP's below)
             s_all = engine.counter.get("sample", 0) - s0
             t2 = time.perf_counter()
             src, col = relabel(D, nbrs)
@@ -395,21 +398,23 @@ def dry_run(engine: Any, requested: str = "auto", profile: Profile | None = None
             acc["snp_struct"] += 8 * (int(v.sum()) + int(e.sum()))
             d_owned = owned_src[:nd]  # src starts with D
             loads["snp"].append(D[~d_owned])
-            # DNP: destinations to their owners (collective, as in training), who sample and load their sources;
-            # a node's sample is the same whoever draws it, so my own destinations' are GDP's above
-            downer = sampler.owner(D)
+            # DNP: destinations to their owners (as in training), who sample and load their sources. The
+            # destinations other ranks would send me are those whose block-0 neighbours they just asked me to
+            # sample (GDP's remote sampling above), and a node's sample is the same whoever draws it: my own
+            # destinations' samples are GDP's, the others' are those I served
             mine = d_owned
             rpos = np.flatnonzero(~mine)
-            rpos = rpos[np.argsort(downer[rpos], kind="stable")]
-            req = np.bincount(downer[rpos], minlength=P).astype(np.int64)
-            asked, _ = comm.alltoallv(torch.from_numpy(D[rpos]), req)
-            asked = asked.numpy()
+            asked, c_s, n_s = served if served is not None else (np.zeros(0, np.int64),) * 3
             d_mine = D[mine]
             # the asked destinations I do not hold already (distinct, in id order): a mask of my destinations
             mark[d_mine - first] = True
-            new = np.unique(asked[~mark[asked - first]])
+            keep = np.flatnonzero(~mark[asked - first])
             mark[d_mine - first] = False
-            _, nb_new, _ = sampler.local(new, engine.fanouts[-1], sample_key(engine.seed, epoch, 0))
+            new, at = np.unique(asked[keep], return_index=True)
+            sel = keep[at]  # each new destination's first answer
+            cnt = c_s[sel]
+            starts = np.cumsum(c_s) - c_s
+            nb_new = n_s[np.repeat(starts[sel] - (np.cumsum(cnt) - cnt), cnt) + np.arange(int(cnt.sum()))]
             src_d, _ = relabel(np.concatenate([d_mine, new]), np.concatenate([nbrs[np.repeat(mine, counts)], nb_new]))
             loads["dnp"].append(src_d[~sampler.is_owned(src_d)])
             acc["dnp_rows1"] += src_d.size
@@ -419,6 +424,7 @@ def dry_run(engine: Any, requested: str = "auto", profile: Profile | None = None
             acc["dnp_asked"] += asked.shape[0]
             acc["dnp_remote"] += rpos.size
             acc["dnp_sample"] += s_up + 8 * (rpos.size + asked.shape[0])
+    sampler.keep_served, sampler.served = False, None
     # every rank reuses the same batches (the sampling is collective): the shortest run of kept batches
     n_kept = torch.tensor([len(kept)], dtype=torch.int64)
     if P > 1:
