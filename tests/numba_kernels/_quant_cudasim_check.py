@@ -2,7 +2,10 @@
 
 Started by test_quant_cuda.py in a subprocess so the simulator setting never
 reaches the CPU tests. Tiny inputs (the simulator runs every GPU thread as a
-Python thread). Exits non-zero on a mismatch; prints ``OK quant`` at the end.
+Python thread, and ``row_range``'s shared-memory reduction synchronises its
+block at every step, so each of its cases runs once: every dtype, D = 0, one
+feature, fewer features than threads, a 64-thread block, NaN/+-Inf rows,
+rows sent twice). Exits non-zero on a mismatch; prints ``OK quant`` at the end.
 
 ``python _quant_cudasim_check.py ptx`` (without the simulator) instead compiles
 every kernel to PTX for both dtypes with libNVVM, which needs no GPU: the
@@ -39,14 +42,19 @@ from numba_kernels.cpu import quant as C  # noqa: E402
 from numba_kernels.cuda import quant as G  # noqa: E402
 
 warnings.simplefilter("ignore", RuntimeWarning)  # uint64 hash arithmetic wraps on purpose
+if os.environ.get("NUMBA_ENABLE_CUDASIM") == "1":  # simulated threads hand the GIL over at every syncthreads
+    sys.setswitchinterval(5e-4)
 
 
 def dev(a):
     return cuda.to_device(np.ascontiguousarray(a))
 
 
-def check_message(counts, D, dtype, key, grid=None):
-    """Pack/unpack one message on both twins; ``grid=(blocks, threads)`` forces grid-stride loops."""
+def check_message(counts, D, dtype, key, grid=None, ranges=True, unpack=True):
+    """Pack/unpack one message on both twins; ``grid=(blocks, threads)`` forces grid-stride loops.
+
+    ``ranges``/``unpack``: also the message's row ranges / the unpack (each ``row_range`` block
+    synchronises at every reduction step: the costliest kernel under the simulator)."""
     rng = np.random.default_rng(sum(counts) * 100 + D)
     m = sum(counts)
     msg = R.make_message(rng, counts, D, dtype, constant_rows=[m // 2] if m > 2 else [],
@@ -56,12 +64,13 @@ def check_message(counts, D, dtype, key, grid=None):
     tag = f"counts={counts} D={D} {np.dtype(dtype).name}"
 
     # row ranges (the message's own zero/scale come from the reference)
-    lo_c, hi_c = np.empty(m, np.float32), np.empty(m, np.float32)
-    C.row_range(x, rows, lo_c, hi_c)
-    lo_g, hi_g = dev(np.full(m, 7, np.float32)), dev(np.full(m, 7, np.float32))
-    G.row_range(dev(x), dev(rows), lo_g, hi_g)
-    np.testing.assert_array_equal(lo_g.copy_to_host(), lo_c, err_msg=f"row_range lo {tag}")
-    np.testing.assert_array_equal(hi_g.copy_to_host(), hi_c, err_msg=f"row_range hi {tag}")
+    if ranges:
+        lo_c, hi_c = np.empty(m, np.float32), np.empty(m, np.float32)
+        C.row_range(x, rows, lo_c, hi_c)
+        lo_g, hi_g = dev(np.full(m, 7, np.float32)), dev(np.full(m, 7, np.float32))
+        G.row_range(dev(x), dev(rows), lo_g, hi_g)
+        np.testing.assert_array_equal(lo_g.copy_to_host(), lo_c, err_msg=f"row_range lo {tag}")
+        np.testing.assert_array_equal(hi_g.copy_to_host(), hi_c, err_msg=f"row_range hi {tag}")
 
     # pack
     codes_c = np.full(int(cs[4]), 0xA5, np.uint8)
@@ -76,6 +85,8 @@ def check_message(counts, D, dtype, key, grid=None):
     q_ref = R.quantize(x, rows, msg["zero"], msg["scale"], ids, key, gs)
     np.testing.assert_array_equal(codes_c, R.pack(q_ref, gs), err_msg=f"CPU codes {tag}")
     np.testing.assert_array_equal(codes_g, codes_c, err_msg=f"CUDA codes {tag}")
+    if not unpack:
+        return codes_g
 
     # unpack into scattered output rows; other rows stay untouched
     out_rows = rng.permutation(m + 4)[:m].astype(np.int64)
@@ -95,24 +106,27 @@ def check_message(counts, D, dtype, key, grid=None):
 
 
 def check_row_range_nonfinite():
-    for dtype in (np.float32, np.float64):
-        for D in (0, 1, 5, 40):
-            rng = np.random.default_rng(D)
-            x = rng.standard_normal((6, D)).astype(dtype)
-            if D:
-                x[1, D - 1] = np.nan
-                x[3, 0] = np.inf
-                x[4, D // 2] = -np.inf
-            rows = np.array([0, 1, 3, 4, 5, 1], np.int64)
-            lo, hi = dev(np.full(6, 7, np.float32)), dev(np.full(6, 7, np.float32))
-            G.row_range(dev(x), dev(rows), lo, hi)
-            want_lo, want_hi = R.row_range(x, rows)
-            np.testing.assert_array_equal(lo.copy_to_host(), want_lo, err_msg=f"row_range D={D}")
-            np.testing.assert_array_equal(hi.copy_to_host(), want_hi, err_msg=f"row_range D={D}")
-    # several rows per block (grid-stride over rows)
-    x = np.arange(60, dtype=np.float32).reshape(12, 5)
-    rows = np.arange(12, dtype=np.int64)[::-1].copy()
-    lo, hi = dev(np.zeros(12, np.float32)), dev(np.zeros(12, np.float32))
+    # both dtypes: D = 0 (two rows), more features than 32 (a 64-thread block, idle threads, one more reduction
+    # step); one dtype each: a single feature, a few (check_message adds both dtypes' messages of 3-13 features,
+    # rows sent twice). Rows: finite, NaN (last feature), +Inf (first), -Inf (middle)
+    for dtype, D in ((np.float32, 0), (np.float64, 0), (np.float32, 1), (np.float64, 5), (np.float32, 40),
+                     (np.float64, 40)):
+        rng = np.random.default_rng(D)
+        x = rng.standard_normal((6, D)).astype(dtype)
+        if D:
+            x[1, D - 1] = np.nan
+            x[3, 0] = np.inf
+            x[4, D // 2] = -np.inf
+        rows = np.array([5, 1, 3, 4] if D else [0, 1], np.int64)
+        lo, hi = dev(np.full(len(rows), 7, np.float32)), dev(np.full(len(rows), 7, np.float32))
+        G.row_range(dev(x), dev(rows), lo, hi)
+        want_lo, want_hi = R.row_range(x, rows)
+        np.testing.assert_array_equal(lo.copy_to_host(), want_lo, err_msg=f"row_range D={D}")
+        np.testing.assert_array_equal(hi.copy_to_host(), want_hi, err_msg=f"row_range D={D}")
+    # several rows per block (grid-stride over rows: three each)
+    x = np.arange(30, dtype=np.float32).reshape(6, 5)
+    rows = np.arange(6, dtype=np.int64)[::-1].copy()
+    lo, hi = dev(np.zeros(6, np.float32)), dev(np.zeros(6, np.float32))
     G._row_range_kernel[2, 32](dev(x), dev(rows), lo, hi)
     np.testing.assert_array_equal(lo.copy_to_host(), x[rows].min(1))
     np.testing.assert_array_equal(hi.copy_to_host(), x[rows].max(1))
@@ -188,12 +202,12 @@ def main() -> int:
     check_row_range_nonfinite()
     check_special_values()
     a = check_message((2, 1, 3, 2), 13, np.float32, key=2024)
-    b = check_message((2, 1, 3, 2), 13, np.float32, key=2025)
+    b = check_message((2, 1, 3, 2), 13, np.float32, key=2025, ranges=False, unpack=False)  # same x
     assert (a != b).any(), "different keys must give different codes"
     check_message((0, 3, 0, 1), 3, np.float64, key=np.uint64(2**63 + 5))
     check_message((1, 0, 0, 0), 7, np.float64, key=1)
-    check_message((3, 2, 2, 3), 5, np.float32, key=7, grid=(2, 8))  # grid-stride loops
-    check_message((1, 1, 0, 2), 0, np.float32, key=3)  # D == 0: no codes
+    check_message((3, 2, 2, 3), 5, np.float32, key=7, grid=(2, 8), ranges=False)  # grid-stride loops
+    check_message((1, 1, 0, 2), 0, np.float32, key=3, ranges=False)  # D == 0: no codes (its ranges: above)
     print("OK quant")
     return 0
 

@@ -2,7 +2,9 @@
 
 Started by test_sample_cuda.py in a subprocess so the simulator setting never
 reaches the CPU tests. Tiny inputs (the simulator runs every GPU thread as a
-Python thread). Exits non-zero on a mismatch; prints ``OK sample`` at the end.
+Python thread, and the block kernel's bitonic sort synchronises its block at
+every step, so it gets few rows: each kind once per launch). Exits non-zero on
+a mismatch; prints ``OK sample`` at the end.
 
 ``python _sample_cudasim_check.py ptx`` (without the simulator) instead compiles
 both kernels to PTX with libNVVM, which needs no GPU. Prints ``SKIP ptx`` when
@@ -33,6 +35,8 @@ from numba_kernels.cpu import sample as C  # noqa: E402
 from numba_kernels.cuda import sample as G  # noqa: E402
 
 warnings.simplefilter("ignore", RuntimeWarning)  # uint64 hash arithmetic wraps on purpose
+if os.environ.get("NUMBA_ENABLE_CUDASIM") == "1":  # simulated threads hand the GIL over at every syncthreads
+    sys.setswitchinterval(5e-4)
 
 FILL = -7
 
@@ -90,11 +94,15 @@ def check_block_kernel():
     indptr = np.zeros(len(degs) + 1, np.int64)
     np.cumsum(degs, out=indptr[1:])
     nbrs = np.concatenate([np.arange(d, dtype=np.int64) * 3 + 5 for d in degs])
-    rows = np.array([0, 1, 2, 3, 4, 5, 6, 0], np.int64)
-    ids = np.array([11, 12, 13, 14, 15, 16, 17, 18], np.int64)
     assert G.LOCAL_MAX < 100
-    run_both(indptr, nbrs, rows, ids, 100, key=9)
-    run_both(indptr, nbrs, rows, ids, 100, key=10, grid=(1, 4), block_grid=(2, 32))  # rows per block
+    # the production launch (a block per row): a plain and a complement selection in the block kernel, rows it
+    # skips (s <= LOCAL_MAX in the thread kernel: complement s = 50, empty, k = deg)
+    rows = np.array([0, 1, 2, 3, 5], np.int64)
+    run_both(indptr, nbrs, rows, rows + 11, 100, key=9)
+    # one 32-thread block for all rows (each thread sorts 4 of the 128 slots; the shared table reused by the next
+    # row, a skipped row in between): the largest row (plain), then a complement selection
+    rows = np.array([4, 1, 5], np.int64)
+    run_both(indptr, nbrs, rows, rows + 11, 100, key=10, grid=(1, 4), block_grid=(1, 32))
 
 
 def check_errors():
