@@ -2,20 +2,43 @@
 import os
 import subprocess
 import sys
+import time
 
 import pytest
 
 _PROBE = ("import os, hpc_graph, torch\n"
           "from hpc_graph.ops._kernel_args import torch_huge_pages\n"
           "print(os.environ.get('THP_MEM_ALLOC_ENABLE'), torch_huge_pages())\n")
+_CASES = [(None, "1 True"), ("0", "0 False"), ("1", "1 True")]
 
 
-@pytest.mark.parametrize("preset, expected", [(None, "1 True"), ("0", "0 False"), ("1", "1 True")])
-def test_import_turns_on_huge_pages_unless_user_chose(preset, expected):
-    env = {k: v for k, v in os.environ.items() if k != "THP_MEM_ALLOC_ENABLE"}
-    if preset is not None:
-        env["THP_MEM_ALLOC_ENABLE"] = preset
-    out = subprocess.run([sys.executable, "-c", _PROBE], env=env, capture_output=True, text=True, timeout=120,
-                         cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+@pytest.fixture(scope="module")
+def probes():
+    """``{preset: CompletedProcess}``: :data:`_PROBE` in a fresh interpreter per preset, all started at once
+    (independent processes that spend their time importing torch: they overlap on the test box's cores)."""
+    cwd = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    procs = {}
+    try:
+        for preset, _ in _CASES:
+            env = {k: v for k, v in os.environ.items() if k != "THP_MEM_ALLOC_ENABLE"}
+            if preset is not None:
+                env["THP_MEM_ALLOC_ENABLE"] = preset
+            procs[preset] = subprocess.Popen([sys.executable, "-c", _PROBE], env=env, stdout=subprocess.PIPE,
+                                             stderr=subprocess.PIPE, text=True, cwd=cwd)
+        done, deadline = {}, time.monotonic() + 120
+        for preset, proc in procs.items():
+            out, err = proc.communicate(timeout=max(1.0, deadline - time.monotonic()))
+            done[preset] = subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
+        return done
+    finally:
+        for proc in procs.values():
+            if proc.poll() is None:
+                proc.kill()
+                proc.communicate()
+
+
+@pytest.mark.parametrize("preset, expected", _CASES)
+def test_import_turns_on_huge_pages_unless_user_chose(probes, preset, expected):
+    out = probes[preset]
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip().splitlines()[-1] == expected

@@ -5,6 +5,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -161,6 +162,9 @@ def test_gather_over_a_communicator_counts_the_ranks_on_this_host():
 
 
 # -- applying, in a fresh interpreter ---------------------------------------------------------------
+# Each check needs its own interpreter (numba's pool is sized once per process). The interpreters are
+# independent and spend their time importing numba and torch on one core each, so the module starts all
+# of them at once (they overlap on the test box's cores) and every test reads its own result.
 _APPLY = """
 import json, os, sys
 import numba, torch                     # both imported before the decision, numba's pool not started
@@ -178,34 +182,8 @@ print(json.dumps({"plan": plan.threads, "source": plan.source, "numba": numba.ge
                   "cpus": len(os.sched_getaffinity(0))}))
 """
 
-
-def _run_apply(*args, env_extra=None):
-    env = {k: v for k, v in os.environ.items()
-           if k not in ("NUMBA_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS",
-                        EXPORT_MARKER)}
-    env["PYTHONPATH"] = os.pathsep.join([str(REPO), env.get("PYTHONPATH", "")])
-    env.update(env_extra or {})
-    proc = subprocess.run([sys.executable, "-c", _APPLY, *args], capture_output=True, text=True, env=env,
-                          timeout=180)
-    assert proc.returncode == 0, proc.stderr
-    return json.loads(proc.stdout.strip().splitlines()[-1])
-
-
-def test_configure_applies_the_decision_to_numba_torch_and_the_pool():
-    got = _run_apply()
-    assert got["source"] == "affinity" and got["plan"] == got["cpus"]
-    assert got["numba"] == got["torch"] == got["pool"] == got["plan"]
-
-
-def test_configure_with_an_explicit_count_sizes_the_pool_to_it():
-    got = _run_apply("1", env_extra={"OMP_NUM_THREADS": "2"})
-    assert got["source"] == "train.threads"
-    assert got["numba"] == got["torch"] == got["pool"] == 1
-
-
-def test_numba_keeps_compiling_after_the_threads_change_in_a_process_that_started_its_pool():
-    """numba re-reads NUMBA_NUM_THREADS at every compilation; configure must not change it under it."""
-    script = """
+# numba re-reads NUMBA_NUM_THREADS at every compilation; configure must not change it under it
+_RECOMPILE = """
 import os, numba
 from numba import njit, prange
 @njit(parallel=True)
@@ -223,9 +201,60 @@ def g(x):
     return x + 1
 print(g(1), numba.get_num_threads())  # a new compilation after the change
 """
-    env = {k: v for k, v in os.environ.items() if k not in ("NUMBA_NUM_THREADS", EXPORT_MARKER)}
-    env["NUMBA_NUM_THREADS"] = "2"
-    env["PYTHONPATH"] = os.pathsep.join([str(REPO), env.get("PYTHONPATH", "")])
-    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=180)
+
+_THREAD_VARS = ("NUMBA_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS", EXPORT_MARKER)
+
+# name -> (script, arguments, variables removed from this environment, variables set)
+_FRESH = {
+    "affinity": (_APPLY, (), _THREAD_VARS, {}),
+    "explicit": (_APPLY, ("1",), _THREAD_VARS, {"OMP_NUM_THREADS": "2"}),
+    "recompile": (_RECOMPILE, (), ("NUMBA_NUM_THREADS", EXPORT_MARKER), {"NUMBA_NUM_THREADS": "2"}),
+}
+
+
+@pytest.fixture(scope="module")
+def fresh():
+    """``{name: CompletedProcess}`` of every :data:`_FRESH` script, run at the same time in fresh interpreters."""
+    procs = {}
+    try:
+        for name, (script, args, removed, added) in _FRESH.items():
+            env = {k: v for k, v in os.environ.items() if k not in removed}
+            env["PYTHONPATH"] = os.pathsep.join([str(REPO), env.get("PYTHONPATH", "")])
+            env.update(added)
+            procs[name] = subprocess.Popen([sys.executable, "-c", script, *args], stdout=subprocess.PIPE,
+                                           stderr=subprocess.PIPE, text=True, env=env)
+        done, deadline = {}, time.monotonic() + 180
+        for name, proc in procs.items():
+            out, err = proc.communicate(timeout=max(1.0, deadline - time.monotonic()))
+            done[name] = subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
+        return done
+    finally:
+        for proc in procs.values():
+            if proc.poll() is None:
+                proc.kill()
+                proc.communicate()
+
+
+def _applied(fresh, name):
+    proc = fresh[name]
+    assert proc.returncode == 0, proc.stderr
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def test_configure_applies_the_decision_to_numba_torch_and_the_pool(fresh):
+    got = _applied(fresh, "affinity")
+    assert got["source"] == "affinity" and got["plan"] == got["cpus"]
+    assert got["numba"] == got["torch"] == got["pool"] == got["plan"]
+
+
+def test_configure_with_an_explicit_count_sizes_the_pool_to_it(fresh):
+    got = _applied(fresh, "explicit")
+    assert got["source"] == "train.threads"
+    assert got["numba"] == got["torch"] == got["pool"] == 1
+
+
+def test_numba_keeps_compiling_after_the_threads_change_in_a_process_that_started_its_pool(fresh):
+    """numba re-reads NUMBA_NUM_THREADS at every compilation; configure must not change it under it."""
+    proc = fresh["recompile"]
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.split() == ["2", "1"]

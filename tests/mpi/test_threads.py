@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 from _run import _launcher, run_mpi
@@ -78,16 +79,31 @@ def test_config_beats_environment_and_flag_beats_config(parts):
         assert (r["source"], r["threads"], r["numba"], r["torch"]) == ("--threads", 1, 1, 1)
 
 
-@pytest.mark.parametrize("extra,env,named", [
+BAD_SETTINGS = [
     (("--threads", "0"), {}, "--threads: must be a positive integer, got '0'"),
     (("--set", "train.threads=-2"), {}, "train.threads: must be a positive integer, got -2"),
     (("--set", "train.threads=1.5"), {}, "train.threads: must be a positive integer, got 1.5"),
     ((), {"NUMBA_NUM_THREADS": "abc"}, "NUMBA_NUM_THREADS: must be a positive integer, got 'abc'"),
     ((), {"OMP_NUM_THREADS": "-1"}, "OMP_NUM_THREADS: must be a positive integer, got '-1'"),
-])
-def test_bad_thread_setting_ends_the_job_naming_it(parts, extra, env, named):
+]
+
+
+@pytest.fixture(scope="module")
+def bad_jobs(parts):
+    """``{named: CompletedProcess}``: every :data:`BAD_SETTINGS` job (2 ranks), all launched at once.
+
+    Each job ends before its ranks import torch (mostly interpreter start-up and waiting on the launcher),
+    so the jobs overlap well on the test box's cores; each keeps its own run directory and timeout."""
     root, dirs = parts
-    proc = _train(root, dirs[2], 2, *extra, env=env, check=False)
+    with ThreadPoolExecutor(len(BAD_SETTINGS)) as pool:
+        jobs = {named: pool.submit(_train, root, dirs[2], 2, *extra, env=env, check=False)
+                for extra, env, named in BAD_SETTINGS}
+        return {named: job.result() for named, job in jobs.items()}
+
+
+@pytest.mark.parametrize("extra,env,named", BAD_SETTINGS)
+def test_bad_thread_setting_ends_the_job_naming_it(bad_jobs, extra, env, named):
+    proc = bad_jobs[named]
     assert proc.returncode == 2, proc.stderr
     assert named in proc.stderr
 

@@ -1,6 +1,7 @@
 """Every Communicator operation against a NumPy reference, on however many ranks it runs.
 
-Usage: mpiexec -n N python comm_ops.py [--backend mpi,torch] [--tiny-limit BYTES]
+Usage: mpiexec -n N python comm_ops.py [--backend mpi,torch] [--tiny-limit BYTES] [--link-model]
+                                       [--fail-rank R [--in-thread]]
 
 Each rank's data comes from a generator seeded by its rank, so every rank can
 rebuild any other rank's data and compute the expected result locally. Runs
@@ -8,9 +9,24 @@ all checks twice: with the default message limit, and with a tiny
 ``max_message_bytes`` that forces chunking (checked by recording the size of
 every message). Prints "OK BACKEND rank R" per backend; any failure raises and the
 abort handler takes the job down.
+
+Two more checks share the job (each launch costs seconds of interpreter start-up per rank):
+
+* ``--link-model`` (2 ranks): after a backend's checks, ``link_model.py`` runs on that backend's
+  communicator (counters zeroed, as in a job of its own); prints "OK link BACKEND rank R".
+* ``--fail-rank R``: at the end, rank R raises (in a thread named ``worker`` with ``--in-thread``)
+  while the other ranks wait in an all-reduce of the MPI communicator. The abort handler must end
+  the job with a non-zero status and name the rank on stderr; without it the others would block
+  forever. Rank R prints "FAILING rank R at T" (``time.time()``) first, so that the test can time
+  the abort; a rank that is not aborted prints "rank R was not aborted".
 """
 import argparse
 import logging
+import runpy
+import sys
+import threading
+import time
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -214,15 +230,58 @@ def check_backend(backend, tiny_limit):
     comm.barrier()
 
 
+LINK_MODEL = Path(__file__).resolve().parent / "link_model.py"
+
+
+def run_link_model(backend):
+    """``link_model.py BACKEND`` on this job's communicator of ``backend``, its counters zeroed first."""
+    comm = get_communicator(backend)
+    comm.reset_counters()
+    argv = sys.argv
+    sys.argv = [str(LINK_MODEL), backend]
+    try:
+        runpy.run_path(str(LINK_MODEL), run_name="__main__")
+    finally:
+        sys.argv = argv
+    print(f"OK link {backend} rank {comm.rank}", flush=True)
+
+
+def fail_on(rank, in_thread):
+    """Rank ``rank`` raises while the other ranks wait in an all-reduce; only an abort ends the job."""
+    comm = get_communicator("mpi")
+    install_abort_handler(comm)
+    comm.barrier()
+    if comm.rank == rank:
+        def fail():
+            raise ValueError(f"deliberate failure on rank {comm.rank}")
+        print(f"FAILING rank {comm.rank} at {time.time():.3f}", flush=True)
+        if in_thread:
+            worker = threading.Thread(target=fail, name="worker")
+            worker.start()
+            worker.join()
+            comm.allreduce_(torch.ones(3))  # the thread's abort must end this rank too
+        else:
+            fail()
+    comm.allreduce_(torch.ones(3))  # the other ranks block here until aborted
+    print(f"rank {comm.rank} was not aborted", flush=True)
+
+
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--backend", default="mpi", help="comma-separated: mpi,torch")
     parser.add_argument("--tiny-limit", type=int, default=24)
+    parser.add_argument("--link-model", action="store_true", help="run link_model.py after each backend")
+    parser.add_argument("--fail-rank", type=int, default=None, help="this rank raises at the end")
+    parser.add_argument("--in-thread", action="store_true", help="--fail-rank raises in a thread")
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     for backend in args.backend.split(","):
         check_backend(backend, args.tiny_limit)
         print(f"OK {backend} rank {get_communicator(backend).rank}", flush=True)
+        if args.link_model:
+            run_link_model(backend)
+    if args.fail_rank is not None:
+        fail_on(args.fail_rank, args.in_thread)
 
 
 if __name__ == "__main__":
