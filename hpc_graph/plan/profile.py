@@ -320,6 +320,8 @@ def _restore_threads(before: tuple[int, int]) -> None:
 
 #: calls per round of the probes that write fresh tensors (stream, mask): their median is over reps x this
 FRESH_CALLS = 3
+#: elements of each of the two tensors the stream and mask probes pass over (float32: 64 MiB each, past the caches)
+STREAM_ELEMENTS = 1 << 24
 
 
 def kernel_rates(csr: Any = None, dtype: torch.dtype = torch.float32, *, widths: tuple[int, ...] = (16, 64, 128),
@@ -404,8 +406,8 @@ def kernel_rates(csr: Any = None, dtype: torch.dtype = torch.float32, *, widths:
                 z.grad = s_src.grad = s_dst.grad = None
 
             probes += [(f"gat_fwd {heads * dim}", threads, gfwd), (f"gat_bwd {heads * dim}", threads, gbwd)]
-    big = torch.randn(1 << 24, generator=gen, dtype=dtype)  # 64 MiB each: past the caches
-    other = torch.randn(1 << 24, generator=gen, dtype=dtype)
+    big = torch.randn(STREAM_ELEMENTS, generator=gen, dtype=dtype)
+    other = torch.randn(STREAM_ELEMENTS, generator=gen, dtype=dtype)
     # a step's elementwise passes and dropouts write fresh tensors (as the SpMM, GEMM and attention probes
     # above do): each call here allocates its output and frees it, so the rates carry the first touch of
     # new pages. That cost is erratic on some machines (a fill now and then takes several times longer while

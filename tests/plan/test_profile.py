@@ -8,7 +8,9 @@ from hpc_graph.plan.profile import kernel_rates
 
 
 @pytest.mark.parametrize("index_dtype", [np.int32, np.int64])
-def test_kernel_rates_with_gat_probes_on_either_index_type(index_dtype):
+def test_kernel_rates_with_gat_probes_on_either_index_type(index_dtype, monkeypatch):
+    monkeypatch.setattr("hpc_graph.plan.profile.FRESH_CALLS", 1)  # one stream and mask call a round,
+    monkeypatch.setattr("hpc_graph.plan.profile.STREAM_ELEMENTS", 1 << 18)  # on 1 MiB, not 64
     rng = np.random.default_rng(0)
     n = 300
     src, dst = rng.integers(0, n, 2000), rng.integers(0, n, 2000)

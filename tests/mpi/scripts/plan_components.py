@@ -1,8 +1,9 @@
 """Run under ``mpiexec -n N``: the planner's memory components equal the tensors of real ``dp``/``sar``/``sylvie`` steps.
 
 Rank 0 writes an undirected and a directed R-MAT graph (512 nodes) and METIS-partitions each into N
-parts; every rank then trains one step of GCN, SAGE and GAT on ``dp``, ``sar``, ``sar`` without
-prefetch and ``sylvie`` (2 bits, synchronous), two steps on ``sylvie`` with its pipeline (4 bits,
+parts (:func:`prepare`; the test calls it beforehand, once for both rank counts, so that no rank spins in a
+barrier while rank 0 writes them); every rank then trains one step of GCN, SAGE and GAT on ``dp``, ``sar``,
+``sar`` without prefetch and ``sylvie`` (2 bits, synchronous), two steps on ``sylvie`` with its pipeline (4 bits,
 float16 scales: the first step synchronous, the second on stale halo rows), and one step of ``flow``
 (one stage of layers per rank, stages by count, 1 and 3 micro-batches), with column-blocked SpMM
 copies forced on (small ``BLOCK_BYTES``), and compares graph,
@@ -13,20 +14,26 @@ with several remote blocks, where the planner splits the cut edges over the bloc
 their halo rows (partition.json has no per-block edge count): within 0.5 %; and flow's largest receive
 with several micro-batches (METIS sizes them; the plan takes N/M rows each): within 5 %.
 
-Usage: plan_components.py WORKDIR
+``--cli CFG`` (one launch instead of three for ``tests/mpi/test_plan.py``): then, on every rank, in this
+process (the commands' ``main``, what ``hpc-graph`` runs): ``hpc-graph train --config CFG`` with
+``HPC_GRAPH_MEMORY_LIMIT=50MB`` (run dir ``WORKDIR/refused``), the same with ``--force``
+(``WORKDIR/forced``), and ``hpc-graph plan --config CFG --profile WORKDIR/links.json`` (links measured on
+these ranks; kernel rates in one round on a scale-10 synthetic graph), and rank 0 prints every rank's exit
+statuses: ``plan_components: cli exit statuses [[train, train --force, plan], ...]``.
+
+Usage: plan_components.py WORKDIR [DATADIR] [--cli CFG]   (the graphs in DATADIR, default WORKDIR)
 """
 from __future__ import annotations
 
 import importlib
+import json
 import sys
 import traceback
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "plan"))
+import yaml
 
-import yaml  # noqa: E402
-
-from hpc_graph.comm import get_communicator  # noqa: E402
+from hpc_graph.comm import get_communicator
 
 
 def compare_step(case: str, tr, got: dict, want: dict, step: int) -> list[str]:
@@ -52,21 +59,63 @@ def compare_step(case: str, tr, got: dict, want: dict, step: int) -> list[str]:
     return out
 
 
+def prepare(data: Path, P: int) -> None:
+    """The two graphs in ``data`` and their ``P``-part partitions (those already there are kept)."""
+    from data_io.generators.rmat import write_rmat
+    from data_io.partitioner import partition_dataset
+
+    data.mkdir(parents=True, exist_ok=True)
+    for name, sym in (("u", True), ("d", False)):
+        if not (data / f"{name}.h5").exists():
+            write_rmat(data / f"{name}.h5", 9, 8, feat_dim=12, num_classes=4, seed=3, symmetrize=sym)
+        if not (data / f"{name}-{P}").exists():
+            partition_dataset(str(data / f"{name}.h5"), str(data / f"{name}-{P}"), P)
+
+
+def cli_checks(work: Path, cfg: str, comm) -> list[int]:
+    """Exit statuses of ``hpc-graph train`` (refused: memory limit 50MB), ``train --force`` and
+    ``plan --profile`` on this rank (see the module docstring)."""
+    import functools
+    import os
+
+    from hpc_graph.cli import main as cli
+    from hpc_graph.plan import profile
+
+    os.environ["HPC_GRAPH_MEMORY_LIMIT"] = "50MB"
+    try:
+        codes = [cli(["-q", "train", "--config", cfg, "--run-dir", str(work / "refused")])]
+        comm.barrier()  # both ranks are past the refusal: none is left waiting in it
+        codes.append(cli(["-q", "train", "--config", cfg, "--run-dir", str(work / "forced"), "--force"]))
+    finally:
+        del os.environ["HPC_GRAPH_MEMORY_LIMIT"]
+    profile.FRESH_CALLS, profile.STREAM_ELEMENTS = 1, 1 << 18
+    profile.kernel_rates = functools.partial(profile.kernel_rates, reps=1)
+    graph = profile.synthetic_graph
+    profile.synthetic_graph = lambda scale=16, edge_factor=16: graph(10, 8)
+    codes.append(cli(["-q", "plan", "--config", cfg, "--engines", "dp,sar", "--ranks", "2", "--floor", "450MiB",
+                      "--rates", "synthetic", "--calibration", "none", "--profile", str(work / "links.json")]))
+    sys.stdout.flush()
+    return codes
+
+
 def main() -> int:
-    work = Path(sys.argv[1])
+    import argparse
+
+    parser = argparse.ArgumentParser()
+    parser.add_argument("work", type=Path)
+    parser.add_argument("data", type=Path, nargs="?")
+    parser.add_argument("--cli", default=None)
+    args = parser.parse_args()
+    work, data = args.work, args.data or args.work
     comm = get_communicator("mpi")
     P = comm.size
     if comm.rank == 0:
-        from data_io.generators.rmat import write_rmat
-        from data_io.partitioner import partition_dataset
-
         work.mkdir(parents=True, exist_ok=True)
-        for name, sym in (("u", True), ("d", False)):
-            write_rmat(work / f"{name}.h5", 9, 8, feat_dim=12, num_classes=4, seed=3, symmetrize=sym)
-            partition_dataset(str(work / f"{name}.h5"), str(work / f"{name}-{P}"), P)
+        prepare(data, P)
     comm.barrier()
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "plan"))
     spmm = importlib.import_module("hpc_graph.ops.spmm")
-    spmm.BLOCK_BYTES = 4 << 10
+    block_bytes, spmm.BLOCK_BYTES = spmm.BLOCK_BYTES, 4 << 10
     from _measure import measure, predict
     from hpc_graph.train.config import load_config
     from hpc_graph.train.trainer import Trainer
@@ -80,7 +129,7 @@ def main() -> int:
             prefetch = opts.get("prefetch", True)
             for model in ("gcn", "sage", "gat"):
                 flow = engine == "flow"  # the whole dataset on every rank, one stage of layers each
-                raw = {"data": {"path": str(work / (f"{graph}.h5" if flow else f"{graph}-{P}"))},
+                raw = {"data": {"path": str(data / (f"{graph}.h5" if flow else f"{graph}-{P}"))},
                        "engine": {"name": engine, **opts},
                        "model": {"name": model, "hidden": 8, "num_layers": max(3, P) if flow else 3,
                                  **({"heads": 2} if model == "gat" else {})},
@@ -102,7 +151,17 @@ def main() -> int:
         for p in bad:
             print("MISMATCH", p)
         if not bad:
-            print(f"plan_components: {P} ranks, {cases} cases per rank OK")
+            print(f"plan_components: {P} ranks, {cases} cases per rank OK", flush=True)
+    if args.cli:
+        spmm.BLOCK_BYTES = block_bytes
+        try:
+            mine = cli_checks(work, args.cli, comm)
+        except Exception:  # noqa: BLE001
+            print(f"plan_components: cli checks failed on rank {comm.rank}: {traceback.format_exc()}", flush=True)
+            mine = None
+        codes = comm.allgather_object(mine)
+        if comm.rank == 0:
+            print(f"plan_components: cli exit statuses {json.dumps(codes)}", flush=True)
     return 0 if not any(everyone) else 1
 
 
