@@ -10,10 +10,24 @@ _PROBE = ("import os, hpc_graph, torch\n"
           "from hpc_graph.ops._kernel_args import torch_huge_pages\n"
           "print(os.environ.get('THP_MEM_ALLOC_ENABLE'), torch_huge_pages())\n")
 _CASES = [(None, "1 True"), ("0", "0 False"), ("1", "1 True")]
+# a whole CLI run (generate, train with Adam and a schedule, evaluate, checkpoint), then the LM's AdamW: nothing
+# imports torch._dynamo (torch.optim would, ~2 s on every rank: hpc_graph.nn.optim)
+_TRAIN_PROBE = ("import sys, torch\n"
+                "from hpc_graph.cli import main\n"
+                "main(['generate', 'csbm', '-o', 'g.h5', '--num-nodes', '300'])\n"
+                "open('c.yaml', 'w').write('data: {path: g.h5}\\nmodel: {name: sage, hidden: 8}\\n'\n"
+                "    'train: {epochs: 2, progress: false, run_dir: run}\\noptim: {schedule: cosine}\\n')\n"
+                "try:\n"
+                "    main(['train', '--config', 'c.yaml'])\n"
+                "except SystemExit as exc:\n"
+                "    assert not exc.code, exc.code\n"
+                "from hpc_graph.nn.optim import AdamW\n"
+                "p = torch.zeros(3, requires_grad=True); p.grad = torch.ones(3); AdamW([p]).step()\n"
+                "print('dynamo', 'torch._dynamo' in sys.modules)\n")
 
 
 @pytest.fixture(scope="module")
-def probes():
+def probes(tmp_path_factory):
     """``{preset: CompletedProcess}``: :data:`_PROBE` in a fresh interpreter per preset, all started at once
     (independent processes that spend their time importing torch: they overlap on the test box's cores)."""
     cwd = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -25,6 +39,8 @@ def probes():
                 env["THP_MEM_ALLOC_ENABLE"] = preset
             procs[preset] = subprocess.Popen([sys.executable, "-c", _PROBE], env=env, stdout=subprocess.PIPE,
                                              stderr=subprocess.PIPE, text=True, cwd=cwd)
+        procs["train"] = subprocess.Popen([sys.executable, "-c", _TRAIN_PROBE], stdout=subprocess.PIPE,
+                                          stderr=subprocess.PIPE, text=True, cwd=tmp_path_factory.mktemp("train"))
         done, deadline = {}, time.monotonic() + 120
         for preset, proc in procs.items():
             out, err = proc.communicate(timeout=max(1.0, deadline - time.monotonic()))
@@ -42,3 +58,9 @@ def test_import_turns_on_huge_pages_unless_user_chose(probes, preset, expected):
     out = probes[preset]
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip().splitlines()[-1] == expected
+
+
+def test_training_never_imports_dynamo(probes):
+    out = probes["train"]
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert out.stdout.strip().splitlines()[-1] == "dynamo False", out.stdout[-2000:]

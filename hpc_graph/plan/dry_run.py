@@ -50,6 +50,7 @@ import numpy as np
 import torch
 
 from hpc_graph.graph.sampler import block_csr, relabel
+from hpc_graph.nn.optim import Adam
 from hpc_graph.plan.profile import Profile, profile_machine, time_layer
 
 log = logging.getLogger(__name__)
@@ -193,7 +194,7 @@ def _stepper(engine: Any) -> Any:
             log.debug("apt: the cost model times kernels only (%s)", exc)
             return None, 0.0
     model = model.to(engine.dtype)
-    opt = torch.optim.Adam(model.parameters())
+    opt = Adam(model.parameters())
     for p in model.parameters():
         p.grad = torch.zeros_like(p)
     opt.step()
@@ -498,7 +499,7 @@ def dry_run(engine: Any, requested: str = "auto", profile: Profile | None = None
             t_up += g + a
         weights = torch.zeros(params, dtype=engine.dtype, requires_grad=True)
         weights.grad = torch.zeros_like(weights)
-        opt = torch.optim.Adam([weights])
+        opt = Adam([weights])
         opt.step()
         t0 = time.perf_counter()
         opt.step()

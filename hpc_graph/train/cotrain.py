@@ -43,6 +43,8 @@ import numpy as np
 import torch
 from torch.nn import functional as F
 
+from hpc_graph.nn.optim import AdamW
+
 log = logging.getLogger(__name__)
 
 GROUPINGS = ("centrality", "random", "reversed", "none")
@@ -165,7 +167,7 @@ class LMTrainer:
         head_ids = {id(p) for mod in (lm.heads, lm.classifier) for p in mod.parameters()}
         groups = [{"params": [p for p in self.params if id(p) not in head_ids], "lr": lr},
                   {"params": [p for p in self.params if id(p) in head_ids], "lr": head_lr or lr}]
-        self.optimizer = torch.optim.AdamW([g for g in groups if g["params"]], weight_decay=weight_decay)
+        self.optimizer = AdamW([g for g in groups if g["params"]], weight_decay=weight_decay)
         self._dtype = self.params[0].dtype if self.params else torch.float32
         # a step of exit e touches only the parameters e depends on: only their gradients are all-reduced and
         # only they are stepped (AdamW skips a parameter without a gradient: no momentum drift, no decay)

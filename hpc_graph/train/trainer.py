@@ -78,6 +78,7 @@ from data_io.errors import DataError, atomic_output
 from hpc_graph.engines import create_engine
 from hpc_graph.engines.base import Engine
 from hpc_graph.nn import build_model
+from hpc_graph.nn import optim
 from hpc_graph.train import checkpoint as ckpt
 from hpc_graph.train.config import Config, ConfigError, check_paths, config_to_dict, validate_config
 from hpc_graph.train.metrics import MERGED_METRICS, MetricsWriter, ProgressBar, merge_metrics, peak_rss_mb
@@ -498,18 +499,18 @@ class Trainer:
         np.random.seed(seed % 2**32)
         torch.manual_seed(seed)
 
-    def _optimizer(self) -> torch.optim.Optimizer:
+    def _optimizer(self) -> optim.Optimizer:
         oc = self.config.optim
         if oc.name == "adam":
-            return torch.optim.Adam(self.params, lr=oc.lr, weight_decay=oc.weight_decay)
-        return torch.optim.SGD(self.params, lr=oc.lr, momentum=oc.momentum, weight_decay=oc.weight_decay)
+            return optim.Adam(self.params, lr=oc.lr, weight_decay=oc.weight_decay)
+        return optim.SGD(self.params, lr=oc.lr, momentum=oc.momentum, weight_decay=oc.weight_decay)
 
     def _scheduler(self):
         oc = self.config.optim
         if oc.schedule == "step":
-            return torch.optim.lr_scheduler.StepLR(self.optimizer, step_size=oc.step_size, gamma=oc.gamma)
+            return optim.StepLR(self.optimizer, step_size=oc.step_size, gamma=oc.gamma)
         if oc.schedule == "cosine":
-            return torch.optim.lr_scheduler.CosineAnnealingLR(self.optimizer, T_max=self.config.train.epochs)
+            return optim.CosineLR(self.optimizer, T_max=self.config.train.epochs)
         return None
 
     def _default_run_dir(self) -> str:

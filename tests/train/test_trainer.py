@@ -9,6 +9,7 @@ import torch
 from torch.nn import functional as F
 
 from data_io.generators.csbm import write_csbm
+from hpc_graph.nn import optim
 from hpc_graph.train.config import ConfigError, config_from_dict
 from hpc_graph.train.metrics import metrics_path, read_metrics
 from hpc_graph.train.trainer import Trainer, choose_engine, row_normalize, to_layout
@@ -116,7 +117,7 @@ def test_step_schedule_and_sgd(graph_file, tmp_path):
     cfg = _config(graph_file, tmp_path, optim={"name": "sgd", "lr": 0.1, "momentum": 0.9, "schedule": "step",
                                                "step_size": 3, "gamma": 0.5})
     trainer = Trainer(cfg)
-    assert isinstance(trainer.optimizer, torch.optim.SGD)
+    assert isinstance(trainer.optimizer, optim.SGD) and trainer.optimizer.param_groups[0]["momentum"] == 0.9
     lrs = []
     for _ in range(7):
         lrs.append(trainer.optimizer.param_groups[0]["lr"])

@@ -42,6 +42,7 @@ from data_io.partitioner import partition_dataset
 from hpc_graph.comm import communicator as _communicator
 from hpc_graph.engines import create_engine
 from hpc_graph.nn import build_model
+from hpc_graph.nn.optim import Adam  # torch.optim would import torch._dynamo: seconds per rank
 from hpc_graph.plan.dry_run import FOLDS
 
 CPU = torch.device("cpu")
@@ -105,7 +106,7 @@ def check_equal_gradients(pdir, comm) -> int:
             model = _model(model_name, eng)
             g, _ = _grads(model, eng, comm, 1, 0, sizes)
             # 5 Adam steps on the next batches
-            opt = torch.optim.Adam(model.parameters(), lr=0.01)
+            opt = Adam(model.parameters(), lr=0.01)
             model.zero_grad()
             for it in range(min(5, iters)):
                 flat, _ = _grads(model, eng, comm, 1, it, sizes)
@@ -256,7 +257,7 @@ def check_timing_in_training(pdir, comm) -> int:
     if not auto.tuning or auto.stats()["rows_cached"] != 0:
         raise AssertionError(f"rank {comm.rank}: auto is not timing in training, or cached rows meanwhile")
     m_a, m_r = _model("sage", auto), _model("sage", ref)
-    opt_a, opt_r = torch.optim.Adam(m_a.parameters(), lr=0.01), torch.optim.Adam(m_r.parameters(), lr=0.01)
+    opt_a, opt_r = Adam(m_a.parameters(), lr=0.01), Adam(m_r.parameters(), lr=0.01)
     steps = 0
     for epoch in range(1, 13):  # 15 timing iterations (3 warm-ups, 2 rounds of 2 x 3): 5 epochs on 4 ranks
         if epoch > 2 and not auto.tuning:

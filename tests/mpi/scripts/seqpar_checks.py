@@ -38,6 +38,7 @@ from hpc_graph.comm import communicator as _communicator
 from hpc_graph.engines import create_engine
 from hpc_graph.graph.whole_graph import WholeGraph as _SingleGraph
 from hpc_graph.nn import build_model
+from hpc_graph.nn.optim import Adam  # torch.optim would import torch._dynamo: seconds per rank
 from hpc_graph.ops.csr import CSR
 
 RTOL = 1e-10
@@ -92,8 +93,8 @@ def _check(comm, path, name, extra, tag, order="id", options=None) -> int:
     model.load_state_dict(ref.state_dict())
     # eps 1e-4, not 1e-8: the key bias's true gradient is 0 (softmax ignores a constant per row), so its
     # computed gradient is rounding noise (~1e-17) that Adam would scale by lr/eps = 1e6 into the weights
-    opt_r = torch.optim.Adam(ref.parameters(), lr=0.01, eps=1e-4)
-    opt_s = torch.optim.Adam(model.parameters(), lr=0.01, eps=1e-4)
+    opt_r = Adam(ref.parameters(), lr=0.01, eps=1e-4)
+    opt_s = Adam(model.parameters(), lr=0.01, eps=1e-4)
     rows = g.global_ids()  # the node ids of this rank's tokens
     glob = name == "graphormer" or extra.get("global_token", False)
     for step in range(3):
