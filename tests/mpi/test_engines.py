@@ -1,7 +1,7 @@
 """``dp``, ``sar`` and ``sylvie`` (32 bits) reproduce the ``single`` engine on 2, 3 and 4 ranks (real MPI).
 
-On 3 ranks GCN, SAGE and GAT only; the deep models on two of the three datasets per rank count (2 and 4
-together cover all three), see the script's docstring.
+On 3 ranks GCN, SAGE and GAT only; the deep models on two of the three datasets on 2 ranks and the third on
+4 (together all three), see the script's docstring.
 
 One ``mpiexec`` launch per rank count runs every check (see
 ``scripts/engine_equivalence.py``): GCN, SAGE, GAT and the deep models
