@@ -28,8 +28,9 @@ _TRAIN_PROBE = ("import sys, torch\n"
 
 @pytest.fixture(scope="module")
 def probes(tmp_path_factory):
-    """``{preset: CompletedProcess}``: :data:`_PROBE` in a fresh interpreter per preset, all started at once
-    (independent processes that spend their time importing torch: they overlap on the test box's cores)."""
+    """``{preset: CompletedProcess}``: :data:`_PROBE` in a fresh interpreter per preset, and ``"train"``:
+    :data:`_TRAIN_PROBE` in a fresh interpreter (in a temporary directory), all started at once (independent
+    processes that spend their time importing torch: they overlap on the test box's cores)."""
     cwd = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     procs = {}
     try:
