@@ -41,17 +41,16 @@ class Optimizer:
             raise ValueError(f"{type(self).__name__}: got an empty parameter list")
         if not isinstance(items[0], dict):
             items = [{"params": items}]
-        seen: set[int] = set()
         for group in items:
-            self.add_param_group(group, seen)
+            self.add_param_group(group)
 
-    def add_param_group(self, group: dict[str, Any], _seen: set[int] | None = None) -> None:
+    def add_param_group(self, group: dict[str, Any]) -> None:
         """Add a group (``params`` plus overrides of the defaults)."""
         if "params" not in group:
             raise ValueError(f"{type(self).__name__}: a parameter group needs 'params'")
         params = group["params"]
         params = [params] if isinstance(params, torch.Tensor) else list(params)
-        seen = _seen if _seen is not None else {id(p) for g in self.param_groups for p in g["params"]}
+        seen = {id(p) for g in self.param_groups for p in g["params"]}
         for p in params:
             if not isinstance(p, torch.Tensor):
                 raise TypeError(f"{type(self).__name__}: parameters must be tensors, got {type(p).__name__}")
@@ -106,15 +105,13 @@ class Optimizer:
     # -- checkpoints -------------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
         """``{"state": {index: buffers}, "param_groups": [options + "params": indices]}`` (torch's layout)."""
-        index: dict[int, int] = {}
+        index: dict[int, int] = {}  # a parameter is in one group only (add_param_group)
         groups = []
         for group in self.param_groups:
-            ids = []
-            for p in group["params"]:
-                index.setdefault(id(p), len(index))
-                ids.append(index[id(p)])
+            ids = list(range(len(index), len(index) + len(group["params"])))
+            index.update(zip((id(p) for p in group["params"]), ids))
             groups.append({**{k: v for k, v in group.items() if k != "params"}, "params": ids})
-        state = {index[id(p)]: dict(s) for p, s in self.state.items() if id(p) in index}
+        state = {index[id(p)]: dict(s) for p, s in self.state.items()}
         return {"state": state, "param_groups": groups}
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:

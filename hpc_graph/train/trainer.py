@@ -77,8 +77,7 @@ from torch.nn import functional as F
 from data_io.errors import DataError, atomic_output
 from hpc_graph.engines import create_engine
 from hpc_graph.engines.base import Engine
-from hpc_graph.nn import build_model
-from hpc_graph.nn import optim
+from hpc_graph.nn import build_model, optim
 from hpc_graph.train import checkpoint as ckpt
 from hpc_graph.train.config import Config, ConfigError, check_paths, config_to_dict, validate_config
 from hpc_graph.train.metrics import MERGED_METRICS, MetricsWriter, ProgressBar, merge_metrics, peak_rss_mb
