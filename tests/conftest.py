@@ -67,6 +67,18 @@ def pytest_configure(config):
     configure_threads()
 
 
+def pytest_collection_modifyitems(session, config, items):
+    """Run the multi-rank tests (``tests/mpi/``) last, after the in-process ones.
+
+    Why: numba compiles a kernel the first time a process calls it and caches the machine code on disk
+    (``cache=True``); on a fresh clone, as in CI, every cache is cold. Each rank of an ``mpiexec`` run is a
+    process of its own, so a kernel first met there is compiled by every rank at once, on the same cores
+    (up to four times over). Run after the kernel and operator tests, the ranks find most kernels compiled.
+    The order within each group is unchanged."""
+    mpi_dir = Path(__file__).resolve().parent / "mpi"
+    items[:] = sorted(items, key=lambda item: Path(str(item.fspath)).resolve().is_relative_to(mpi_dir))
+
+
 @pytest.fixture(name="awkward_graph")
 def _awkward_graph_fixture():
     """The :func:`awkward_graph` builder: ``awkward_graph(seed, num_dst, num_src, num_edges)``."""

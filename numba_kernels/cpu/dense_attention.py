@@ -133,59 +133,6 @@ def _eight(A, h, d0, j0, nb):
 
 
 @njit(cache=True, inline="always", fastmath=FASTMATH)
-def _add_products(row, A, h, j0, nb, w, r, D):
-    """``row[:nb] += sum_d w[r, d] * A[h, d, j0:j0+nb]``."""
-    d0 = 0
-    while d0 + 8 <= D:
-        a0, a1, a2, a3, a4, a5, a6, a7 = _eight(A, h, d0, j0, nb)
-        w0, w1, w2, w3 = w[r, d0], w[r, d0 + 1], w[r, d0 + 2], w[r, d0 + 3]
-        w4, w5, w6, w7 = w[r, d0 + 4], w[r, d0 + 5], w[r, d0 + 6], w[r, d0 + 7]
-        for jj in range(nb):
-            row[jj] += (w0 * a0[jj] + w1 * a1[jj] + w2 * a2[jj] + w3 * a3[jj]
-                        + w4 * a4[jj] + w5 * a5[jj] + w6 * a6[jj] + w7 * a7[jj])
-        d0 += 8
-    for d in range(d0, D):
-        a = A[h, d, j0:j0 + nb]
-        wd = w[r, d]
-        for jj in range(nb):
-            row[jj] += wd * a[jj]
-
-
-@njit(cache=True, inline="always", fastmath=FASTMATH)
-def _reduce_products(row, A, h, j0, nb, out, r, D, z):
-    """``out[r, d] += row[:nb] . A[h, d, j0:j0+nb]`` for every ``d < D`` (``z``: 0 in the dtype)."""
-    d0 = 0
-    while d0 + 8 <= D:
-        a0, a1, a2, a3, a4, a5, a6, a7 = _eight(A, h, d0, j0, nb)
-        s0 = s1 = s2 = s3 = s4 = s5 = s6 = s7 = z
-        for jj in range(nb):
-            p = row[jj]
-            s0 += p * a0[jj]
-            s1 += p * a1[jj]
-            s2 += p * a2[jj]
-            s3 += p * a3[jj]
-            s4 += p * a4[jj]
-            s5 += p * a5[jj]
-            s6 += p * a6[jj]
-            s7 += p * a7[jj]
-        out[r, d0] += s0
-        out[r, d0 + 1] += s1
-        out[r, d0 + 2] += s2
-        out[r, d0 + 3] += s3
-        out[r, d0 + 4] += s4
-        out[r, d0 + 5] += s5
-        out[r, d0 + 6] += s6
-        out[r, d0 + 7] += s7
-        d0 += 8
-    for d in range(d0, D):
-        a = A[h, d, j0:j0 + nb]
-        s = z
-        for jj in range(nb):
-            s += row[jj] * a[jj]
-        out[r, d] += s
-
-
-@njit(cache=True, inline="always", fastmath=FASTMATH)
 def _products_rows(S, nr, A, h, j0, nb, w, D, init):
     """``S[r, :nb] = init + sum_d w[r, d] * A[h, d, j0:j0+nb]`` for every ``r < nr``: four rows at a time
     share each load of ``A`` (a row at a time is bound by the loads: one per multiply-add)."""
@@ -238,7 +185,11 @@ def _products_rows(S, nr, A, h, j0, nb, w, D, init):
         row = S[r, 0:nb]
         for jj in range(nb):
             row[jj] = init
-        _add_products(row, A, h, j0, nb, w, r, D)
+        for d in range(D):  # a plain loop: at most three rows, in a task's last block only
+            a = A[h, d, j0:j0 + nb]
+            wd = w[r, d]
+            for jj in range(nb):
+                row[jj] += wd * a[jj]
 
 
 @njit(cache=True, inline="always", fastmath=FASTMATH)
@@ -308,8 +259,14 @@ def _reduce_rows(S, nr, A, h, j0, nb, out, D, z):
             out[r0, d] += u
             out[r0 + 1, d] += t
         r0 += 2
-    for r in range(r0, nr):
-        _reduce_products(S[r, 0:nb], A, h, j0, nb, out, r, D, z)
+    for r in range(r0, nr):  # a plain loop: at most one row, in a task's last block only
+        p = S[r, 0:nb]
+        for d in range(D):
+            a = A[h, d, j0:j0 + nb]
+            s = z
+            for jj in range(nb):
+                s += p[jj] * a[jj]
+            out[r, d] += s
 
 
 @njit(cache=True, inline="always", fastmath=FASTMATH)
@@ -424,6 +381,14 @@ def _accumulate_far(q, kT, vT, far, scale64, mptr, mcols, n, precise, m, l, acc)
                 acc[i, h, d] = aloc[r, d]
 
 
+def _c_inputs(q, kT, vT, far, mptr, mcols):
+    """The read-only inputs C-contiguous (a copy only where they are not), the pattern's arrays int64: one
+    compiled signature per float dtype (each costs tens of seconds of compiling on a cold cache; an
+    ``F``-ordered ``delta`` from NumPy once made a second one)."""
+    return (np.ascontiguousarray(q), np.ascontiguousarray(kT), np.ascontiguousarray(vT), np.ascontiguousarray(far),
+            np.ascontiguousarray(mptr, dtype=np.int64), np.ascontiguousarray(mcols, dtype=np.int64))
+
+
 def accumulate_far(q, kT, vT, far, scale: float, mptr, mcols, n: int, m, l, acc) -> None:
     """Fold the far pairs of the first ``n`` tokens into the state ``(m, l, acc)`` in place.
 
@@ -436,6 +401,7 @@ def accumulate_far(q, kT, vT, far, scale: float, mptr, mcols, n: int, m, l, acc)
     if n == 0:
         return
     precise = q.dtype != np.float32
+    q, kT, vT, far, mptr, mcols = _c_inputs(q, kT, vT, far, mptr, mcols)
     _accumulate_far(q, kT, vT, far, float(scale), mptr, mcols, int(n), precise, m, l, acc)
 
 
@@ -530,5 +496,7 @@ def backward_far(q, kT, vT, far, scale: float, mptr, mcols, n: int, m, l, grad_o
     if n == 0:
         return
     precise = q.dtype != np.float32
+    q, kT, vT, far, mptr, mcols = _c_inputs(q, kT, vT, far, mptr, mcols)
+    m, l, grad_out, delta = (np.ascontiguousarray(a) for a in (m, l, grad_out, delta))
     _backward_far(q, kT, vT, far, float(scale), mptr, mcols, int(n), precise, grad_kT.shape[0], m, l, grad_out,
                   delta, grad_q, grad_kT, grad_vT, grad_far)
