@@ -374,6 +374,12 @@ def _pack_par(x, rows, zero, scale, ids, khash, group_start, code_start, codes, 
         _pack_rows(x, rows, zero, scale, ids, khash, group_start, code_start, codes, g, i0, i1, buf64)
 
 
+def _layout_arrays(group_start, code_start):
+    """Writable int64 copies of the two five-entry layouts: a read-only one (a received header) would compile
+    every kernel that takes them a second time."""
+    return np.array(group_start, dtype=np.int64), np.array(code_start, dtype=np.int64)
+
+
 def quantize_pack(x, rows, zero, scale, ids, key, group_start, code_start, codes) -> None:
     """Quantise message rows ``x[rows]`` with stochastic rounding and pack the codes.
 
@@ -393,6 +399,7 @@ def quantize_pack(x, rows, zero, scale, ids, key, group_start, code_start, codes
     (exact rounding steps in the module docstring), 0 for a row with scale 0, < 0 or NaN.
     Parallel over chunks of whole rows (a multiple of 8 rows of one group each).
     """
+    group_start, code_start = _layout_arrays(group_start, code_start)
     if codes.shape[0] != code_start[4]:
         raise ValueError(f"codes has {codes.shape[0]} bytes, layout needs {int(code_start[4])}")
     if codes.shape[0] == 0:
@@ -466,6 +473,7 @@ def unpack_dequantize(codes, zero, scale, group_start, code_start, out_rows, out
     m = out_rows.shape[0]
     if m == 0:
         return
+    group_start, code_start = _layout_arrays(group_start, code_start)
     if codes.shape[0] != code_start[4]:
         raise ValueError(f"codes has {codes.shape[0]} bytes, layout needs {int(code_start[4])}")
     if m * out.shape[1] < SMALL_WORK:
