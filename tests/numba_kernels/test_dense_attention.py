@@ -110,3 +110,38 @@ def test_a_row_with_every_column_masked_and_no_prior_stays_empty():
     accumulate_far(q, kT, vT, np.zeros(H, np.float32), 1.0, mptr, mcols, n, m, l, acc)
     assert np.isneginf(m[0, 0]) and l[0, 0] == 0 and not acc[0].any()
     np.testing.assert_allclose(l[1:, 0], 4.0)  # the others see 4 equal scores: max subtracted, sum 4
+
+
+def test_layouts_and_read_only_inputs_compile_nothing_new():
+    """A transposed (F-ordered) ``delta`` or read-only inputs reuse the C-contiguous signature compiled for
+    the dtype (each signature of these kernels costs tens of seconds of compiling): equal results, and the
+    kernels' compiled signatures do not grow."""
+    from numba_kernels.cpu import dense_attention as DA
+
+    n, T, H, dk, dv = 11, 12, 2, 3, 2
+    q, k, v, far, mptr, mcols, mask, prior, pv = _case(5, n, T, H, dk, dv, np.float64)
+    m, l, acc = _state_from_prior(prior, pv, np.float64)
+    kT = np.ascontiguousarray(k[:n].transpose(1, 2, 0))
+    vT = np.ascontiguousarray(v[:n].transpose(1, 2, 0))
+    go = np.random.default_rng(2).standard_normal((T, H, dv))
+    delta_c = np.random.default_rng(3).standard_normal((T, H))
+
+    def backward(delta, qq):
+        grads = (np.zeros_like(q), np.zeros((1, H, dk, n)), np.zeros((1, H, dv, n)), np.zeros((1, H)))
+        backward_far(qq, kT, vT, far, 0.5, mptr, mcols, n, m, l, go, delta, *grads)
+        return grads
+
+    def fold(qq):
+        state = (m.copy(), l.copy(), acc.copy())
+        accumulate_far(qq, kT, vT, far, 0.5, mptr, mcols, n, *state)
+        return state
+
+    want_b, want_f = backward(delta_c, q), fold(q)
+    before = (len(DA._backward_far.signatures), len(DA._accumulate_far.signatures))
+    delta_f = np.asfortranarray(delta_c)
+    q_ro = q.copy()
+    q_ro.flags.writeable = False
+    assert delta_f.flags.f_contiguous and not delta_f.flags.c_contiguous
+    for got, want in zip(backward(delta_f, q_ro) + fold(q_ro), want_b + want_f):
+        np.testing.assert_array_equal(got, want)
+    assert (len(DA._backward_far.signatures), len(DA._accumulate_far.signatures)) == before

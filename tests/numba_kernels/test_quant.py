@@ -434,3 +434,24 @@ def test_get_kernel_dispatches_to_cpu_twin():
     assert get_kernel("quant.quantize_pack", "cpu") is Q.quantize_pack
     assert get_kernel("quant.unpack_dequantize", "cpu") is Q.unpack_dequantize
     assert get_kernel("quant.row_range", "cpu") is Q.row_range
+
+
+def test_read_only_layouts_compile_nothing_new():
+    """Read-only ``group_start`` / ``code_start`` (a received message's header) give the same bytes and rows as
+    writable ones and reuse the kernels already compiled for them."""
+    rng = np.random.default_rng(7)
+    msg = R.make_message(rng, (3, 2, 4, 1), 5, np.float32)
+    codes, cs = _pack(msg, 11)
+    want = _unpack(msg, codes, cs, np.float32)
+    kernels = (Q._pack_ser, Q._pack_rows, Q._unpack_ser, Q._unpack_rows)
+    before = [len(k.signatures) for k in kernels]
+    gs, cs_ro = msg["group_start"].copy(), cs.copy()
+    gs.flags.writeable = False
+    cs_ro.flags.writeable = False
+    codes2 = np.zeros_like(codes)
+    Q.quantize_pack(msg["x"], msg["rows"], msg["zero"], msg["scale"], msg["ids"], 11, gs, cs_ro, codes2)
+    np.testing.assert_array_equal(codes2, codes)
+    out = np.zeros_like(want)
+    Q.unpack_dequantize(codes2, msg["zero"], msg["scale"], gs, cs_ro, np.arange(msg["rows"].shape[0]), out)
+    np.testing.assert_array_equal(out, want)
+    assert [len(k.signatures) for k in kernels] == before
