@@ -31,3 +31,18 @@ def get_kernel(name: str, device: str = "cpu") -> Callable:
         return getattr(module, func)
     except AttributeError:
         raise ValueError(f"no kernel {func!r} in numba_kernels.{kind}.{family}") from None
+
+
+def cpu_cache_state(probe: str = "spmm._spmm_sum") -> tuple[bool | None, str]:
+    """``(warm, folder)``: whether numba's on-disk cache holds machine code of the CPU kernel ``probe`` for its
+    current source, and the folder it caches in.
+
+    ``warm`` is False on a fresh install (or after a kernel's source changed): the first calls of every kernel
+    compile it (minutes in all, on every process that calls them first); None when the cache cannot be
+    inspected (a numba without these internals). Nothing is compiled or loaded here."""
+    family, _, func = probe.partition(".")
+    try:
+        cache = getattr(importlib.import_module(f"numba_kernels.cpu.{family}"), func)._cache
+        return bool(cache._cache_file._load_index()), str(cache._cache_path)
+    except Exception:  # numba's caching internals are not public API
+        return None, ""

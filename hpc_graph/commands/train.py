@@ -85,10 +85,16 @@ def run(args: argparse.Namespace) -> int:
         else:
             configure_threads(config.train.threads, explicit_name="train.threads", world=True)
         # decided before torch and numba are imported: their pools start with the right size
+        from numba_kernels import cpu_cache_state
+        warm, cache_dir = cpu_cache_state()  # before anything compiles
         from hpc_graph.train.trainer import Trainer
         trainer = Trainer(config, resume=args.resume, force_memory=args.force)
     except ConfigError as exc:
         raise CLIError(str(exc)) from None
+    if warm is False and trainer.rank == 0:  # a first job would otherwise look stuck for minutes
+        print(f"hpc-graph train: note: numba compiles the CPU kernels at their first use after an install "
+              f"(a few minutes on every rank of this first job, before its first epochs); later runs load them "
+              f"from {cache_dir}", file=sys.stderr)
 
     import signal
 

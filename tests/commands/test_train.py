@@ -119,3 +119,15 @@ def test_train_with_lm_cotraining_from_the_cli(tmp_path, capsys):
     rc = main(["-q", "train", "--config", _cfg(tmp_path, str(plain)), "--set", "lm.enabled=true"])
     err = capsys.readouterr().err
     assert rc == 2 and "/node/text" in err and err.count("\n") == 1
+
+
+@pytest.mark.parametrize("warm", [False, True, None])
+def test_a_cold_kernel_cache_is_announced(tmp_path, graph_file, capsys, monkeypatch, warm):
+    """On a fresh install (numba's kernel cache cold) the first job says that it compiles, and where the
+    kernels will be cached; not once they are, nor when the cache cannot be inspected."""
+    import numba_kernels
+
+    monkeypatch.setattr(numba_kernels, "cpu_cache_state", lambda *a: (warm, "/nowhere/numba-cache"))
+    assert main(["-q", "train", "--config", _cfg(tmp_path, graph_file), "--set", "train.epochs=1"]) == 0
+    err = capsys.readouterr().err
+    assert ("numba compiles the CPU kernels" in err and "/nowhere/numba-cache" in err) is (warm is False)
