@@ -354,8 +354,9 @@ def _pack_rows(x, rows, zero, scale, ids, khash, group_start, code_start, codes,
 def _pack_ser(x, rows, zero, scale, ids, khash, group_start, code_start, codes):
     buf64 = np.empty(x.shape[1] + 1, np.uint64)
     for g in range(4):
+        # np.int64(0), not a literal 0: the same compiled signature as _pack_par's calls (a literal compiles anew)
         _pack_rows(x, rows, zero, scale, ids, khash, group_start, code_start, codes,
-                   g, 0, group_start[g + 1] - group_start[g], buf64)
+                   g, np.int64(0), group_start[g + 1] - group_start[g], buf64)
 
 
 @njit(**_PAR)
@@ -443,7 +444,7 @@ def _unpack_ser(codes, zero, scale, group_start, code_start, out_rows, out):
     zt = zero.astype(out.dtype)
     st = scale.astype(out.dtype)
     levels = np.arange(256).astype(out.dtype)
-    _unpack_rows(codes, zt, st, levels, group_start, code_start, out_rows, out, 0, out_rows.shape[0])
+    _unpack_rows(codes, zt, st, levels, group_start, code_start, out_rows, out, np.int64(0), out_rows.shape[0])
 
 
 @njit(**_PAR)

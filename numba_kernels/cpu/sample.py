@@ -251,7 +251,7 @@ def _sample_ser(indptr, nbrs, rows, ids, fanout, F, kh, out_nbrs, smax, tsize):
     sel = np.empty(max(smax, 1), np.int64)
     tmp = np.empty(max(smax, 1), np.int64)
     table = np.empty(tsize, np.int64)
-    _sample_rows(indptr, nbrs, rows, ids, fanout, F, kh, out_nbrs, 0, rows.shape[0], sel, tmp, table)
+    _sample_rows(indptr, nbrs, rows, ids, fanout, F, kh, out_nbrs, np.int64(0), rows.shape[0], sel, tmp, table)
 
 
 @njit(**_PAR)
