@@ -76,7 +76,7 @@ def pytest_collection_modifyitems(session, config, items):
     (up to four times over). Run after the kernel and operator tests, the ranks find most kernels compiled.
     The order within each group is unchanged."""
     mpi_dir = Path(__file__).resolve().parent / "mpi"
-    items[:] = sorted(items, key=lambda item: Path(str(item.fspath)).resolve().is_relative_to(mpi_dir))
+    items[:] = sorted(items, key=lambda item: Path(item.path).resolve().is_relative_to(mpi_dir))
 
 
 @pytest.fixture(name="awkward_graph")
