@@ -9,6 +9,7 @@
   backward pass see the same mask.  The CUDA twin
   (``numba_kernels/cuda/_attention_common.py``) computes the same bits.
 * ``init_state`` / ``finalize``: the online-softmax state ``(m, l, acc)``.
+* ``plain_array``: an input made C-contiguous and writable, so that a kernel compiles one signature for it.
 """
 from __future__ import annotations
 
@@ -82,6 +83,13 @@ def _row_chunks(indptr, nchunks):
 #: below this many multiply-adds a kernel runs on one thread: waking the
 #: thread pool costs more than the work (milliseconds on a loaded machine).
 SMALL_WORK = 1 << 16
+
+
+def plain_array(a, dtype=None) -> np.ndarray:
+    """``a`` C-contiguous, writable and of ``dtype`` (a copy only where it is not). numba types a transposed or a
+    read-only array apart from a plain one and compiles a kernel again for it (tens of seconds for the largest)."""
+    a = np.ascontiguousarray(a, dtype=dtype)
+    return a if a.flags.writeable else a.copy()
 
 
 def run_parallel(kernel, indptr, work: int, *args) -> None:

@@ -42,7 +42,7 @@ from numba import njit, prange
 from numba.core import types
 from numba.extending import intrinsic
 
-from numba_kernels.cpu._attention_common import FASTMATH
+from numba_kernels.cpu._attention_common import FASTMATH, plain_array
 
 __all__ = ["ROWS", "COLS", "accumulate_far", "backward_far", "far_chunks"]
 
@@ -381,18 +381,11 @@ def _accumulate_far(q, kT, vT, far, scale64, mptr, mcols, n, precise, m, l, acc)
                 acc[i, h, d] = aloc[r, d]
 
 
-def _plain(a, dtype=None):
-    """``a`` C-contiguous and writable (a copy only where it is not)."""
-    a = np.ascontiguousarray(a, dtype=dtype)
-    return a if a.flags.writeable else a.copy()
-
-
 def _c_inputs(q, kT, vT, far, mptr, mcols):
-    """The read-only inputs C-contiguous and writable (copies only where they are not), the pattern's arrays
-    int64: one compiled signature per float dtype (each costs tens of seconds of compiling on a cold cache;
-    numba types a transposed or a read-only array apart, and an ``F``-ordered ``delta`` from NumPy once made a
-    second one)."""
-    return (_plain(q), _plain(kT), _plain(vT), _plain(far), _plain(mptr, np.int64), _plain(mcols, np.int64))
+    """The read-only inputs as :func:`plain_array` s, the pattern's arrays int64: one compiled signature per float
+    dtype (an ``F``-ordered ``delta`` from NumPy once made a second one)."""
+    return (plain_array(q), plain_array(kT), plain_array(vT), plain_array(far), plain_array(mptr, np.int64),
+            plain_array(mcols, np.int64))
 
 
 def accumulate_far(q, kT, vT, far, scale: float, mptr, mcols, n: int, m, l, acc) -> None:
@@ -503,6 +496,6 @@ def backward_far(q, kT, vT, far, scale: float, mptr, mcols, n: int, m, l, grad_o
         return
     precise = q.dtype != np.float32
     q, kT, vT, far, mptr, mcols = _c_inputs(q, kT, vT, far, mptr, mcols)
-    m, l, grad_out, delta = (_plain(a) for a in (m, l, grad_out, delta))
+    m, l, grad_out, delta = (plain_array(a) for a in (m, l, grad_out, delta))
     _backward_far(q, kT, vT, far, float(scale), mptr, mcols, int(n), precise, grad_kT.shape[0], m, l, grad_out,
                   delta, grad_q, grad_kT, grad_vT, grad_far)

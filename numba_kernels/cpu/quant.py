@@ -96,7 +96,7 @@ from numba import njit, prange, types
 from numba.core import cgutils
 from numba.core.extending import intrinsic
 
-from numba_kernels.cpu._attention_common import SMALL_WORK, _mix
+from numba_kernels.cpu._attention_common import SMALL_WORK, _mix, plain_array
 
 __all__ = ["group_layout", "key_hash", "row_range", "quantize_pack", "unpack_dequantize", "BITS"]
 
@@ -375,12 +375,6 @@ def _pack_par(x, rows, zero, scale, ids, khash, group_start, code_start, codes, 
         _pack_rows(x, rows, zero, scale, ids, khash, group_start, code_start, codes, g, i0, i1, buf64)
 
 
-def _layout_arrays(group_start, code_start):
-    """Writable int64 copies of the two five-entry layouts: a read-only one (a received header) would compile
-    every kernel that takes them a second time."""
-    return np.array(group_start, dtype=np.int64), np.array(code_start, dtype=np.int64)
-
-
 def quantize_pack(x, rows, zero, scale, ids, key, group_start, code_start, codes) -> None:
     """Quantise message rows ``x[rows]`` with stochastic rounding and pack the codes.
 
@@ -400,7 +394,7 @@ def quantize_pack(x, rows, zero, scale, ids, key, group_start, code_start, codes
     (exact rounding steps in the module docstring), 0 for a row with scale 0, < 0 or NaN.
     Parallel over chunks of whole rows (a multiple of 8 rows of one group each).
     """
-    group_start, code_start = _layout_arrays(group_start, code_start)
+    group_start, code_start = plain_array(group_start, np.int64), plain_array(code_start, np.int64)
     if codes.shape[0] != code_start[4]:
         raise ValueError(f"codes has {codes.shape[0]} bytes, layout needs {int(code_start[4])}")
     if codes.shape[0] == 0:
@@ -474,7 +468,7 @@ def unpack_dequantize(codes, zero, scale, group_start, code_start, out_rows, out
     m = out_rows.shape[0]
     if m == 0:
         return
-    group_start, code_start = _layout_arrays(group_start, code_start)
+    group_start, code_start = plain_array(group_start, np.int64), plain_array(code_start, np.int64)
     if codes.shape[0] != code_start[4]:
         raise ValueError(f"codes has {codes.shape[0]} bytes, layout needs {int(code_start[4])}")
     if m * out.shape[1] < SMALL_WORK:
