@@ -271,6 +271,17 @@ def _description(args: argparse.Namespace) -> Any:
                       name="described graph")
 
 
+def _child_env(threads: int, numba_threads: int | None = None) -> dict[str, str]:
+    """The environment of a process ``plan`` starts: ``threads`` threads (numba's pool sized ``numba_threads``,
+    default the same), no memory limit, none of the MPI launcher's variables (a child of a rank must start as a
+    process of its own, not join the job)."""
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith(("PMI_", "PMIX_", "OMPI_", "HYDRA_", "MPIR_", "MPI_LOCALRANKID", "MPI_LOCALNRANKS"))}
+    env.update(OMP_NUM_THREADS=str(threads), NUMBA_NUM_THREADS=str(max(threads, numba_threads or threads)))
+    env.pop("HPC_GRAPH_MEMORY_LIMIT", None)
+    return env
+
+
 def _train_subprocess(raw: dict, cfg: str, threads: int, timeout: float, failure: str, copies: int = 1) -> None:
     """Write the config ``raw`` to ``cfg`` and run ``hpc-graph train`` on it in a subprocess of its own: ``threads``
     threads, no memory limit, none of the MPI launcher's variables (a child of a rank must start as a process of
@@ -281,10 +292,7 @@ def _train_subprocess(raw: dict, cfg: str, threads: int, timeout: float, failure
 
     import yaml
 
-    env = {k: v for k, v in os.environ.items()
-           if not k.startswith(("PMI_", "PMIX_", "OMPI_", "HYDRA_", "MPIR_", "MPI_LOCALRANKID", "MPI_LOCALNRANKS"))}
-    env.update(OMP_NUM_THREADS=str(threads), NUMBA_NUM_THREADS=str(threads))
-    env.pop("HPC_GRAPH_MEMORY_LIMIT", None)
+    env = _child_env(threads)
     procs = []
     try:
         for k in range(copies):
@@ -335,8 +343,8 @@ def measure_floor(config: Any) -> tuple[int, str]:
 #: the calibration graph: R-MAT (edge factor 16) of at most this scale, and no larger than the fullest rank
 CALIBRATION_MAX_SCALE = 17
 CALIBRATION_EPOCHS = 6  # the median of epochs 2.. is timed
-CONTENTION_EPOCHS = 4  # the same for the oversubscription measurement's first lone run (at most 4x as many for
-CONTENTION_SECONDS = 8.0  # the copies and the second lone run, which run at least this many seconds of epochs)
+CONTENTION_EPOCHS = 4  # the oversubscription measurement's first lone run: the median of epochs 2.. (at most 4x as
+CONTENTION_SECONDS = 8.0  # many for the copies and the second lone run, which run at least this many seconds of epochs)
 CONTENTION_MAX_COPIES = 64  # ranks per node beyond which no contention is measured (the plain model stands)
 
 
@@ -395,33 +403,37 @@ def _calibration_epochs(raw: dict, d: str, name: str, threads: int, epochs: int,
 
 
 def measure_calibration(config: Any, spec: Any, nodes: int, threads: list[int], dtype: Any, *,
-                        parallel: float | None = None, max_scale: int = CALIBRATION_MAX_SCALE
-                        ) -> dict[int, tuple[float, str]]:
-    """``{t: (seconds, how)}`` for every thread count ``t`` in ``threads``: the median epoch of a real ``single``
-    run of the config's model on an R-MAT graph of ``min(nodes, 2^max_scale)`` nodes (the input width and classes
-    of ``spec``), in a subprocess at ``t`` threads, minus the step the planner predicts for it from kernel rates
-    measured on that graph here: the step's overhead beyond its kernels (autograd, allocations, Python, the
-    optimizer), added to every rank's predicted compute (:attr:`hpc_graph.plan.fullbatch.Rates.step_overhead`).
-    ``parallel``: the Amdahl fraction the plan's own rates use, so that an overhead measured at fewer threads
-    than the rates were also absorbs that extrapolation's error."""
-    import dataclasses
+                        rank_graph: tuple[Any, str] = (None, ""), max_scale: int = CALIBRATION_MAX_SCALE
+                        ) -> tuple[dict[int, tuple[float, str]], Any]:
+    """``({t: (seconds, how)}, rates)``. ``seconds``, for every thread count ``t`` in ``threads``: the step's
+    overhead beyond its kernels (autograd, allocations, Python, the optimizer), added to every rank's predicted
+    compute (:attr:`hpc_graph.plan.fullbatch.Rates.step_overhead`): the median epoch (epochs 2..) of a real
+    ``single`` run of the config's model on an R-MAT graph of ``min(nodes, 2^max_scale)`` nodes (the input width
+    and classes of ``spec``), in a subprocess at ``t`` threads, less the step the planner predicts for it from
+    kernel rates measured on that graph here.
+
+    ``rates``: the :class:`~hpc_graph.plan.profile.KernelRates` of ``rank_graph`` (``(csr, label)``, the graph the
+    plan's rates come from; csr None: the synthetic graph), measured here too, its probes in rounds alternating
+    with the calibration graph's (:func:`~hpc_graph.plan.profile.paired_kernel_rates`): the overhead is a small
+    difference of two large times, and rates measured seconds apart on a shared machine differ by 10-20 %; paired,
+    both sets err alike, and what the plan adds (the rank's kernels plus the overhead) does not carry the drift.
+    The calibration graph's rates take the rank graph's Amdahl fraction, so that an overhead measured at fewer
+    threads than the rates also absorbs the error of that extrapolation."""
     import tempfile
 
     from hpc_graph.plan import fullbatch as fb
-    from hpc_graph.plan.profile import kernel_rates
+    from hpc_graph.plan.profile import paired_kernel_rates
 
     measured: dict[int, float] = {}
     with tempfile.TemporaryDirectory(prefix="hpc-graph-calibrate-") as d:
         raw, path, scale = _calibration_graph(config, spec, nodes, d, max_scale)
+        graph = fb.graph_from_dataset(path)
         for t in sorted(set(int(x) for x in threads)):
             measured[t] = _calibration_epochs(raw, d, f"run{t}", t, CALIBRATION_EPOCHS)[0]
-        graph = fb.graph_from_dataset(path)
-        csr, _ = _rank_graph(path, fb.single_layout(graph), 4_000_000)
-        kr = kernel_rates(csr, dtype, gat=spec.name == "gat", label="calibration graph")
-        del csr
-    rates = fb.Rates.from_kernels(kr)
-    if parallel is not None:
-        rates = dataclasses.replace(rates, parallel=float(parallel))
+        cal_csr, _ = fb.rank_csr(path, fb.single_layout(graph), 4_000_000)
+        kr, kr_cal = paired_kernel_rates([rank_graph, (cal_csr, "calibration graph")], dtype, gat=spec.name == "gat")
+        del cal_csr
+    rates = fb.Rates.from_kernels(kr_cal)
     out: dict[int, tuple[float, str]] = {}
     for t, seconds in measured.items():
         pred = fb.predict("single", spec, graph, fb.single_layout(graph), floor=0, rates=rates, threads=t,
@@ -432,8 +444,9 @@ def measure_calibration(config: Any, spec: Any, nodes: int, threads: list[int], 
             log.warning("plan: the calibration run's epoch (%.3g s at %d thread(s)) is far from the %.3g s its kernels "
                         "predict (a busy machine?); using it anyway", seconds, t, predicted)
         out[t] = (extra, f"{CALIBRATION_EPOCHS}-epoch single run of this model on an R-MAT scale-{scale} graph at "
-                         f"{t} thread(s): epoch {seconds:.4g} s, {predicted:.4g} s predicted")
-    return out
+                         f"{t} thread(s): epoch {seconds:.4g} s, {predicted:.4g} s predicted (kernel rates measured "
+                         "in rounds alternating with the plan's)")
+    return out, kr
 
 
 def measure_contention(config: Any, spec: Any, nodes: int, crowds: list[tuple[int, int]], cores: int, *,
@@ -471,36 +484,6 @@ def measure_contention(config: Any, spec: Any, nodes: int, crowds: list[tuple[in
                                  f"each on {cores} cores, epoch {statistics.median(crowd):.4g} s against {alone:.4g} s "
                                  f"alone (before and after them)")
     return out
-
-
-def _rank_graph(data: str, layout: Any, max_edges: int) -> tuple[Any, str]:
-    """The CSR kernel rates are measured on: the fullest rank's part of a partition, or the dataset's graph."""
-    import numpy as np
-    import torch
-
-    from hpc_graph.ops.csr import CSR, column_dtype
-
-    if os.path.isdir(data):
-        from data_io.partition import read_partition
-
-        part_id = max(layout.parts, key=lambda r: r.edges).rank
-        part = read_partition(data, part_id, features=False)
-        n = int(part.num_owned)
-        csr = CSR(torch.from_numpy(np.asarray(part.indptr, dtype=np.int64)),
-                  torch.from_numpy(np.asarray(part.indices, dtype=column_dtype(n + int(part.num_halo)))),
-                  n + int(part.num_halo), validate=False)
-        return csr, f"part {part_id} of {data} (its [owned | halo] CSR)"
-    from data_io.dataset import open_dataset
-
-    with open_dataset(data, check_values=False) as ds:
-        indptr = np.asarray(ds.indptr(), dtype=np.int64)
-        stop = int(np.searchsorted(indptr, max_edges, side="right"))
-        stop = max(1, min(stop, len(indptr) - 1))
-        ptr, indices, _, _ = ds.graph_rows(0, stop)  # the first rows only
-        n = int(ds.num_nodes)
-    csr = CSR(torch.from_numpy(np.asarray(ptr, dtype=np.int64)),
-              torch.from_numpy(np.asarray(indices, dtype=column_dtype(n))), n, validate=False)
-    return csr, f"{data}"
 
 
 def _links(args: argparse.Namespace, config: Any, comm: Any) -> tuple[Any, Any, Any, str]:
@@ -655,25 +638,27 @@ def _run_fullbatch(args: argparse.Namespace, config: Any) -> int:
         gat = spec.name == "gat"
         csr, what = (None, "")
         if args.rates == "graph" and data is not None:
-            csr, what = _rank_graph(data, parted or fb.single_layout(graph), 4_000_000)
-        kr = kernel_rates(csr, dtype, gat=gat, label=what)
-        del csr
+            csr, what = fb.rank_csr(data, parted or fb.single_layout(graph), 4_000_000)
         by_threads: dict[int, float] = {}
         if calibration is None:
             # the thread counts the planned ranks run (at most this process's): the fewest and the most
+            here = int(torch.get_num_threads())
             wanted = set()
             for P in shown:
                 rpn = min(P, args.ranks_per_node) if args.ranks_per_node else P
-                wanted.add(min(threads_fixed or fb.threads_for(rpn, cores)[0], kr.threads))
+                wanted.add(min(threads_fixed or fb.threads_for(rpn, cores)[0], here))
             wanted = {min(wanted), max(wanted)}
-            found = measure_calibration(config, spec, _fullest_nodes(parted or fb.single_layout(graph)),
-                                        sorted(wanted), dtype, parallel=kr.parallel)
+            found, kr = measure_calibration(config, spec, _fullest_nodes(parted or fb.single_layout(graph)),
+                                            sorted(wanted), dtype, rank_graph=(csr, what))
+            del csr
             by_threads = {t: f for t, (f, _) in found.items()}
             overhead = by_threads[max(by_threads)]
             cal_src = "; ".join(f"{f:+.3f} s from a {how}" for f, how in found.values())
             contention, cont_src = _contention(args, config, spec, parted or fb.single_layout(graph), shown, cores,
                                                threads_fixed)
         else:
+            kr = kernel_rates(csr, dtype, gat=gat, label=what)
+            del csr
             overhead, cal_src = calibration, f"{calibration:+.3f} s (--calibration)"
             contention, cont_src = {}, ("not measured (--calibration given): a rank running k threads per core runs "
                                         "k times slower" if _crowds(args, shown, cores, threads_fixed) else "")

@@ -519,6 +519,37 @@ def single_layout(graph: GraphShape) -> Layout:
     return Layout(ranks=1, parts=[part], source="the whole graph on one rank", cut_fraction=0.0)
 
 
+def rank_csr(data: str, layout: Any, max_edges: int) -> tuple[Any, str]:
+    """The CSR kernel rates are measured on, and what it is: the fullest rank's part of a partition directory
+    ``data`` (by ``layout``'s edges), or the first rows (about ``max_edges`` edges) of a dataset file's graph."""
+    import numpy as np
+    import torch
+
+    from hpc_graph.ops.csr import CSR, column_dtype
+
+    if os.path.isdir(data):
+        from data_io.partition import read_partition
+
+        part_id = max(layout.parts, key=lambda r: r.edges).rank
+        part = read_partition(data, part_id, features=False)
+        n = int(part.num_owned)
+        csr = CSR(torch.from_numpy(np.asarray(part.indptr, dtype=np.int64)),
+                  torch.from_numpy(np.asarray(part.indices, dtype=column_dtype(n + int(part.num_halo)))),
+                  n + int(part.num_halo), validate=False)
+        return csr, f"part {part_id} of {data} (its [owned | halo] CSR)"
+    from data_io.dataset import open_dataset
+
+    with open_dataset(data, check_values=False) as ds:
+        indptr = np.asarray(ds.indptr(), dtype=np.int64)
+        stop = int(np.searchsorted(indptr, max_edges, side="right"))
+        stop = max(1, min(stop, len(indptr) - 1))
+        ptr, indices, _, _ = ds.graph_rows(0, stop)  # the first rows only
+        n = int(ds.num_nodes)
+    csr = CSR(torch.from_numpy(np.asarray(ptr, dtype=np.int64)),
+              torch.from_numpy(np.asarray(indices, dtype=column_dtype(n))), n, validate=False)
+    return csr, f"{data}"
+
+
 # -- rates --------------------------------------------------------------------------------------------
 @dataclasses.dataclass
 class Rates:

@@ -324,168 +324,236 @@ FRESH_CALLS = 3
 STREAM_ELEMENTS = 1 << 24
 
 
-def kernel_rates(csr: Any = None, dtype: torch.dtype = torch.float32, *, widths: tuple[int, ...] = (16, 64, 128),
-                 gat_shapes: tuple[tuple[int, int], ...] = ((1, 16), (4, 32)), gat: bool = True,
-                 reps: int = 5, max_edges: int = 4_000_000, label: str = "") -> KernelRates:
-    """Measure :class:`KernelRates` on ``csr`` (a :class:`~hpc_graph.ops.csr.CSR`; None: an R-MAT scale-16
-    graph). Graphs with more than ``max_edges`` edges are cut to their first rows holding about that
-    many (all source columns kept: the same rows of ``x`` are gathered as in the whole graph). Every
-    probe runs once to warm up (and build its transposes and caches), then ``reps`` rounds run every probe
-    once each (round-robin: a slow phase of a shared machine spreads over all probes); the median per
-    probe is kept. Not collective: one process measures at its own threads."""
-    from hpc_graph.ops.csr import CSR
-    from hpc_graph.ops.gat_attention import gat_attention
-    from hpc_graph.ops.spmm import spmm_fused
+class KernelProbes:
+    """The probes behind :class:`KernelRates`, timed in rounds: ``run_round()`` runs every probe once (round-robin:
+    a slow phase of a shared machine spreads over all probes), :meth:`rates` gives the rates from the medians
+    over all rounds or over some of them. Building the probes runs one untimed round (it warms up their
+    transposes, caches and compiled kernels).
 
-    t_start = time.perf_counter()
-    if csr is None:
-        csr = synthetic_graph()
-        label = label or "synthetic R-MAT scale 16 (edge factor 16, undirected)"
-    indptr, indices = csr.indptr, csr.indices
-    if csr.num_edges > max_edges:
-        rows = int(np.searchsorted(indptr.numpy(), max_edges, side="right")) - 1
-        rows = max(rows, 1)
-        indptr = indptr[:rows + 1].clone()
-        indices = indices[:int(indptr[-1])].clone()
-        csr = CSR(indptr, indices, csr.num_src, validate=False)
-        label = f"{label}, first {rows} rows ({csr.num_edges} edges)"
-    E, n_src, n_dst = csr.num_edges, csr.num_src, csr.num_dst
-    gen = torch.Generator().manual_seed(2)
-    threads = int(torch.get_num_threads())
-    # every probe: (name, threads, fn); measured round-robin, so that a slow phase of the machine (another
-    # job, a page-compaction storm) spreads over all of them instead of ruining one; the median per probe
-    probes: list[tuple[str, int, Any]] = []
+    ``csr``: a :class:`~hpc_graph.ops.csr.CSR` (None: an R-MAT scale-16 graph); graphs with more than
+    ``max_edges`` edges are cut to their first rows holding about that many (all source columns kept: the
+    same rows of ``x`` are gathered as in the whole graph). ``threads``: the threads the probes run at (default:
+    torch's current count); ``speedup``: also time SpMM forward, backward and the GEMMs at one thread, for the
+    Amdahl fraction (only with ``threads > 1``; otherwise the fraction is 1). Not collective: one process
+    measures at its own threads, and its thread counts are restored after each round."""
 
-    def spmm_probes(width: int, nthreads: int) -> None:
-        x = torch.randn(n_src, width, generator=gen, dtype=dtype, requires_grad=True)
-        g = torch.randn(n_dst, width, generator=gen, dtype=dtype)
-        held = {"out": spmm_fused(csr, x, "sum")}
+    def __init__(self, csr: Any = None, dtype: torch.dtype = torch.float32, *,
+                 widths: tuple[int, ...] = (16, 64, 128), gat_shapes: tuple[tuple[int, int], ...] = ((1, 16), (4, 32)),
+                 gat: bool = True, max_edges: int = 4_000_000, label: str = "", threads: int | None = None,
+                 speedup: bool = True):
+        from hpc_graph.ops.csr import CSR
+        from hpc_graph.ops.gat_attention import gat_attention
+        from hpc_graph.ops.spmm import spmm_fused
 
-        def fwd():
-            held["out"] = spmm_fused(csr, x, "sum")
+        self._t_start = time.perf_counter()
+        if csr is None:
+            csr = synthetic_graph()
+            label = label or "synthetic R-MAT scale 16 (edge factor 16, undirected)"
+        indptr, indices = csr.indptr, csr.indices
+        if csr.num_edges > max_edges:
+            rows = int(np.searchsorted(indptr.numpy(), max_edges, side="right")) - 1
+            rows = max(rows, 1)
+            indptr = indptr[:rows + 1].clone()
+            indices = indices[:int(indptr[-1])].clone()
+            csr = CSR(indptr, indices, csr.num_src, validate=False)
+            label = f"{label}, first {rows} rows ({csr.num_edges} edges)"
+        E, n_src, n_dst = csr.num_edges, csr.num_src, csr.num_dst
+        self.label = label or repr(csr)
+        self.edges, self.dst_rows = int(E), int(n_dst)
+        self.widths, self.gat_shapes, self.gat = tuple(int(w) for w in widths), tuple(gat_shapes), bool(gat)
+        gen = torch.Generator().manual_seed(2)
+        self.threads = threads = int(threads) if threads else int(torch.get_num_threads())
+        # every probe: (name, threads, fn); the median per probe over the rounds
+        probes: list[tuple[str, int, Any]] = []
 
-        def bwd():
-            torch.autograd.backward(held["out"], g, retain_graph=True)
-            x.grad = None
+        def spmm_probes(width: int, nthreads: int) -> None:
+            x = torch.randn(n_src, width, generator=gen, dtype=dtype, requires_grad=True)
+            g = torch.randn(n_dst, width, generator=gen, dtype=dtype)
+            held = {"out": spmm_fused(csr, x, "sum")}
 
-        probes.append((f"spmm_fwd {width}", nthreads, fwd))
-        probes.append((f"spmm_bwd {width}", nthreads, bwd))
+            def fwd():
+                held["out"] = spmm_fused(csr, x, "sum")
 
-    for w in widths:
-        spmm_probes(int(w), threads)
-    rows = 65536
-    a = torch.randn(rows, 128, generator=gen, dtype=dtype)
-    w = torch.randn(128, 128, generator=gen, dtype=dtype)
-    g = torch.randn(rows, 128, generator=gen, dtype=dtype)
-    flops = 2.0 * rows * 128 * 128
-    probes += [("gemm_fwd", threads, lambda: a @ w.t()), ("gemm_wg", threads, lambda: g.t() @ a)]
-    if threads > 1:  # the speed-up from 1 to ``threads`` threads: SpMM forward, backward and the GEMMs
-        spmm_probes(int(widths[-1]), 1)
-        probes += [("gemm_fwd", 1, lambda: a @ w.t()), ("gemm_wg", 1, lambda: g.t() @ a)]
-    if gat:
-        ar = torch.arange(n_dst + 1, dtype=torch.int64)
-        deg = csr.indptr[1:] - csr.indptr[:-1]
-        loops = torch.empty(E + n_dst, dtype=csr.indices.dtype)  # int32 columns, as the engines hold them
-        pos = torch.arange(E, dtype=torch.int64) + torch.repeat_interleave(ar[:-1], deg)
-        loops[pos] = csr.indices
-        loops[csr.indptr[1:] + ar[:-1]] = (torch.arange(n_dst, dtype=torch.int64) % max(n_src, 1)).to(loops.dtype)
-        g_loops = CSR(csr.indptr + ar, loops, n_src, validate=False)
-        del pos, loops
-        for heads, dim in gat_shapes:
-            z = torch.randn(n_src, heads, dim, generator=gen, dtype=dtype, requires_grad=True)
-            s_src = torch.randn(n_src, heads, generator=gen, dtype=dtype, requires_grad=True)
-            s_dst = torch.randn(n_dst, heads, generator=gen, dtype=dtype, requires_grad=True)
-            go = torch.randn(n_dst, heads, dim, generator=gen, dtype=dtype)
-            held = {"out": gat_attention(g_loops, z, s_src, s_dst)}
+            def bwd():
+                torch.autograd.backward(held["out"], g, retain_graph=True)
+                x.grad = None
 
-            def gfwd(z=z, s_src=s_src, s_dst=s_dst, held=held):
-                held["out"] = gat_attention(g_loops, z, s_src, s_dst)
+            probes.append((f"spmm_fwd {width}", nthreads, fwd))
+            probes.append((f"spmm_bwd {width}", nthreads, bwd))
 
-            def gbwd(z=z, s_src=s_src, s_dst=s_dst, held=held, go=go):
-                torch.autograd.backward(held["out"], go, retain_graph=True)
-                z.grad = s_src.grad = s_dst.grad = None
+        for w in self.widths:
+            spmm_probes(w, threads)
+        rows = 65536
+        a = torch.randn(rows, 128, generator=gen, dtype=dtype)
+        w = torch.randn(128, 128, generator=gen, dtype=dtype)
+        g = torch.randn(rows, 128, generator=gen, dtype=dtype)
+        self._flops = 2.0 * rows * 128 * 128
+        probes += [("gemm_fwd", threads, lambda: a @ w.t()), ("gemm_wg", threads, lambda: g.t() @ a)]
+        self.speedup = bool(speedup) and threads > 1
+        if self.speedup:  # the speed-up from 1 to ``threads`` threads: SpMM forward, backward and the GEMMs
+            spmm_probes(self.widths[-1], 1)
+            probes += [("gemm_fwd", 1, lambda: a @ w.t()), ("gemm_wg", 1, lambda: g.t() @ a)]
+        if gat:
+            ar = torch.arange(n_dst + 1, dtype=torch.int64)
+            deg = csr.indptr[1:] - csr.indptr[:-1]
+            loops = torch.empty(E + n_dst, dtype=csr.indices.dtype)  # int32 columns, as the engines hold them
+            pos = torch.arange(E, dtype=torch.int64) + torch.repeat_interleave(ar[:-1], deg)
+            loops[pos] = csr.indices
+            loops[csr.indptr[1:] + ar[:-1]] = (torch.arange(n_dst, dtype=torch.int64) % max(n_src, 1)).to(loops.dtype)
+            g_loops = CSR(csr.indptr + ar, loops, n_src, validate=False)
+            del pos, loops
+            for heads, dim in self.gat_shapes:
+                z = torch.randn(n_src, heads, dim, generator=gen, dtype=dtype, requires_grad=True)
+                s_src = torch.randn(n_src, heads, generator=gen, dtype=dtype, requires_grad=True)
+                s_dst = torch.randn(n_dst, heads, generator=gen, dtype=dtype, requires_grad=True)
+                go = torch.randn(n_dst, heads, dim, generator=gen, dtype=dtype)
+                held = {"out": gat_attention(g_loops, z, s_src, s_dst)}
 
-            probes += [(f"gat_fwd {heads * dim}", threads, gfwd), (f"gat_bwd {heads * dim}", threads, gbwd)]
-    big = torch.randn(STREAM_ELEMENTS, generator=gen, dtype=dtype)
-    other = torch.randn(STREAM_ELEMENTS, generator=gen, dtype=dtype)
-    # a step's elementwise passes and dropouts write fresh tensors (as the SpMM, GEMM and attention probes
-    # above do): each call here allocates its output and frees it, so the rates carry the first touch of
-    # new pages. That cost is erratic on some machines (a fill now and then takes several times longer while
-    # the kernel compacts memory for huge pages), so these two probes run ``FRESH_CALLS`` times a round and
-    # the median over all of them is kept
-    probes += [("stream", threads, lambda: torch.add(big, other))] * FRESH_CALLS
-    from hpc_graph.ops._bridge import as_array
-    from hpc_graph.ops._kernel_args import kernel
+                def gfwd(z=z, s_src=s_src, s_dst=s_dst, held=held):
+                    held["out"] = gat_attention(g_loops, z, s_src, s_dst)
 
-    drop = kernel("dropout.dropout_apply", big)
-    src = as_array(big)
+                def gbwd(z=z, s_src=s_src, s_dst=s_dst, held=held, go=go):
+                    torch.autograd.backward(held["out"], go, retain_graph=True)
+                    z.grad = s_src.grad = s_dst.grad = None
 
-    def mask_fresh():
-        out = torch.empty_like(big)
-        drop(src, 7, 1 << 15, 2.0, as_array(out))
+                probes += [(f"gat_fwd {heads * dim}", threads, gfwd), (f"gat_bwd {heads * dim}", threads, gbwd)]
+        big = torch.randn(STREAM_ELEMENTS, generator=gen, dtype=dtype)
+        other = torch.randn(STREAM_ELEMENTS, generator=gen, dtype=dtype)
+        self._stream_bytes = 3.0 * big.numel() * big.element_size()
+        self._mask_elements = big.numel()
+        # a step's elementwise passes and dropouts write fresh tensors (as the SpMM, GEMM and attention probes
+        # above do): each call here allocates its output and frees it, so the rates carry the first touch of
+        # new pages. That cost is erratic on some machines (a fill now and then takes several times longer while
+        # the kernel compacts memory for huge pages), so these two probes run ``FRESH_CALLS`` times a round and
+        # the median over all of them is kept
+        probes += [("stream", threads, lambda: torch.add(big, other))] * FRESH_CALLS
+        from hpc_graph.ops._bridge import as_array
+        from hpc_graph.ops._kernel_args import kernel
 
-    probes += [("mask", threads, mask_fresh)] * FRESH_CALLS
-    zs = torch.randn(rows, 4, 32, generator=gen, dtype=dtype, requires_grad=True)
-    att = torch.randn(1, 4, 32, generator=gen, dtype=dtype, requires_grad=True)
-    gs = torch.randn(rows, 4, generator=gen, dtype=dtype)
+        drop = kernel("dropout.dropout_apply", big)
+        src = as_array(big)
 
-    def score():
-        (zs * att).sum(-1).backward(gs)
-        zs.grad = att.grad = None
+        def mask_fresh():
+            out = torch.empty_like(big)
+            drop(src, 7, 1 << 15, 2.0, as_array(out))
 
-    probes.append(("score", threads, score))
-    from hpc_graph.ops.quant import decode, encode, message_layout
+        probes += [("mask", threads, mask_fresh)] * FRESH_CALLS
+        zs = torch.randn(rows, 4, 32, generator=gen, dtype=dtype, requires_grad=True)
+        att = torch.randn(1, 4, 32, generator=gen, dtype=dtype, requires_grad=True)
+        gs = torch.randn(rows, 4, generator=gen, dtype=dtype)
+        self._score_elements = zs.numel()
 
-    qx = torch.randn(rows, 128, generator=gen, dtype=dtype)
-    q_rows = torch.arange(rows, dtype=torch.int64)
-    q_layout = message_layout(np.full(rows, 8, np.int8), 128, 0, dtype)
-    q_out = torch.empty_like(qx)
+        def score():
+            (zs * att).sum(-1).backward(gs)
+            zs.grad = att.grad = None
 
-    def codec():
-        decode(encode(qx, q_rows, q_layout, ids=q_rows, key=5), q_layout, q_out, q_rows)
+        probes.append(("score", threads, score))
+        from hpc_graph.ops.quant import decode, encode, message_layout
 
-    probes.append(("codec", threads, codec))
-    times: dict[tuple[str, int], list[float]] = {(name, k): [] for name, k, _ in probes}
-    before = (threads, threads)
-    try:
-        for rnd in range(reps + 1):  # round 0 warms up (transposes, caches, compiled kernels)
-            for name, k, fn in probes:
+        qx = torch.randn(rows, 128, generator=gen, dtype=dtype)
+        q_rows = torch.arange(rows, dtype=torch.int64)
+        q_layout = message_layout(np.full(rows, 8, np.int8), 128, 0, dtype)
+        q_out = torch.empty_like(qx)
+        self._codec_elements = 2 * qx.numel()
+
+        def codec():
+            decode(encode(qx, q_rows, q_layout, ids=q_rows, key=5), q_layout, q_out, q_rows)
+
+        probes.append(("codec", threads, codec))
+        self._probes = probes
+        self._rounds: list[dict[tuple[str, int], list[float]]] = []
+        self._run(record=False)  # warms up (transposes, caches, compiled kernels)
+
+    @property
+    def rounds(self) -> int:
+        """Timed rounds so far."""
+        return len(self._rounds)
+
+    def run_round(self) -> None:
+        """Run every probe once, timed."""
+        self._run(record=True)
+
+    def _run(self, record: bool) -> None:
+        times: dict[tuple[str, int], list[float]] = {(name, k): [] for name, k, _ in self._probes}
+        before = _set_threads(self.threads)
+        try:
+            for name, k, fn in self._probes:
                 _set_threads(k)
                 t0 = time.perf_counter()
                 fn()
-                if rnd:
-                    times[name, k].append(time.perf_counter() - t0)
-    finally:
-        _restore_threads(before)
-    med = {key: float(np.median(v)) for key, v in times.items()}
-    fwd_pts = [(w, med[f"spmm_fwd {w}", threads] / E) for w in widths]
-    bwd_pts = [(w, med[f"spmm_bwd {w}", threads] / E) for w in widths]
-    e_loops = E + n_dst
-    gat_f = [(h * d, med[f"gat_fwd {h * d}", threads] / e_loops) for h, d in gat_shapes] if gat else []
-    gat_b = [(h * d, med[f"gat_bwd {h * d}", threads] / e_loops) for h, d in gat_shapes] if gat else []
-    t_gemm = med["gemm_fwd", threads] + med["gemm_wg", threads]
-    gemm = 2.0 * flops / t_gemm
-    parallel = 1.0
-    if threads > 1:
-        w_last = widths[-1]
-        speedups = [med[f"spmm_fwd {w_last}", 1] / med[f"spmm_fwd {w_last}", threads],
-                    med[f"spmm_bwd {w_last}", 1] / med[f"spmm_bwd {w_last}", threads],
-                    (med["gemm_fwd", 1] + med["gemm_wg", 1]) / t_gemm]
-        speedup = float(np.median(speedups))
-        parallel = min(1.0, max(0.0, (1.0 - 1.0 / max(speedup, 1e-9)) / (1.0 - 1.0 / threads)))
-    stream = 3.0 * big.numel() * big.element_size() / max(med["stream", threads], 1e-9)
-    mask = big.numel() / max(med["mask", threads], 1e-9)
-    score_rate = zs.numel() / max(med["score", threads], 1e-9)
-    codec_rate = 2 * qx.numel() / max(med["codec", threads], 1e-9)
-    rates = KernelRates(spmm_fwd=_fit_per_edge(fwd_pts), spmm_bwd=_fit_per_edge(bwd_pts),
-                        gat_fwd=_fit_per_edge(gat_f) if gat_f else (0.0, 0.0),
-                        gat_bwd=_fit_per_edge(gat_b) if gat_b else (0.0, 0.0), gemm_flops=gemm, stream=stream,
-                        mask=mask, score=score_rate, codec=codec_rate, threads=threads, parallel=parallel, graph=label or repr(csr),
-                        seconds=time.perf_counter() - t_start)
+                times[name, k].append(time.perf_counter() - t0)
+        finally:
+            _restore_threads(before)
+        if record:
+            self._rounds.append(times)
+
+    def rates(self, rounds: Any = None) -> KernelRates:
+        """:class:`KernelRates` from the medians over the timed rounds (``rounds``: their indices; default all)."""
+        picked = [self._rounds[i] for i in (range(len(self._rounds)) if rounds is None else rounds)]
+        if not picked:
+            raise ValueError("KernelProbes.rates: no timed round (call run_round first)")
+        med = {key: float(np.median([t for rnd in picked for t in rnd[key]])) for key in picked[0]}
+        threads, widths, E = self.threads, self.widths, self.edges
+        fwd_pts = [(w, med[f"spmm_fwd {w}", threads] / E) for w in widths]
+        bwd_pts = [(w, med[f"spmm_bwd {w}", threads] / E) for w in widths]
+        e_loops = E + self.dst_rows
+        gat_f = [(h * d, med[f"gat_fwd {h * d}", threads] / e_loops) for h, d in self.gat_shapes] if self.gat else []
+        gat_b = [(h * d, med[f"gat_bwd {h * d}", threads] / e_loops) for h, d in self.gat_shapes] if self.gat else []
+        t_gemm = med["gemm_fwd", threads] + med["gemm_wg", threads]
+        gemm = 2.0 * self._flops / t_gemm
+        parallel = 1.0
+        if self.speedup:
+            w_last = widths[-1]
+            speedups = [med[f"spmm_fwd {w_last}", 1] / med[f"spmm_fwd {w_last}", threads],
+                        med[f"spmm_bwd {w_last}", 1] / med[f"spmm_bwd {w_last}", threads],
+                        (med["gemm_fwd", 1] + med["gemm_wg", 1]) / t_gemm]
+            speedup = float(np.median(speedups))
+            parallel = min(1.0, max(0.0, (1.0 - 1.0 / max(speedup, 1e-9)) / (1.0 - 1.0 / threads)))
+        stream = self._stream_bytes / max(med["stream", threads], 1e-9)
+        mask = self._mask_elements / max(med["mask", threads], 1e-9)
+        score_rate = self._score_elements / max(med["score", threads], 1e-9)
+        codec_rate = self._codec_elements / max(med["codec", threads], 1e-9)
+        return KernelRates(spmm_fwd=_fit_per_edge(fwd_pts), spmm_bwd=_fit_per_edge(bwd_pts),
+                           gat_fwd=_fit_per_edge(gat_f) if gat_f else (0.0, 0.0),
+                           gat_bwd=_fit_per_edge(gat_b) if gat_b else (0.0, 0.0), gemm_flops=gemm, stream=stream,
+                           mask=mask, score=score_rate, codec=codec_rate, threads=threads, parallel=parallel,
+                           graph=self.label, seconds=time.perf_counter() - self._t_start)
+
+
+def kernel_rates(csr: Any = None, dtype: torch.dtype = torch.float32, *, widths: tuple[int, ...] = (16, 64, 128),
+                 gat_shapes: tuple[tuple[int, int], ...] = ((1, 16), (4, 32)), gat: bool = True,
+                 reps: int = 5, max_edges: int = 4_000_000, label: str = "") -> KernelRates:
+    """Measure :class:`KernelRates` on ``csr`` (see :class:`KernelProbes`): a warm-up round, then ``reps`` timed
+    rounds of every probe; the median per probe is kept. Not collective: one process measures at its own
+    threads."""
+    probes = KernelProbes(csr, dtype, widths=widths, gat_shapes=gat_shapes, gat=gat, max_edges=max_edges, label=label)
+    for _ in range(reps):
+        probes.run_round()
+    rates = probes.rates()
     log.info("kernel rates (%s, %d threads): spmm %.3g+%.3g w ns/edge, gemm %.3g GFLOP/s, stream %.3g GB/s, "
-             "mask %.3g G/s, codec %.3g G/s, parallel fraction %.2f", rates.graph, threads, rates.spmm_fwd[0] * 1e9,
-             rates.spmm_fwd[1] * 1e9, gemm / 1e9, stream / 1e9, mask / 1e9, codec_rate / 1e9, parallel)
+             "mask %.3g G/s, codec %.3g G/s, parallel fraction %.2f", rates.graph, rates.threads,
+             rates.spmm_fwd[0] * 1e9, rates.spmm_fwd[1] * 1e9, rates.gemm_flops / 1e9, rates.stream / 1e9,
+             rates.mask / 1e9, rates.codec / 1e9, rates.parallel)
     return rates
+
+
+def paired_kernel_rates(graphs: list[tuple[Any, str]], dtype: torch.dtype = torch.float32, *, gat: bool = True,
+                        reps: int = 5, max_edges: int = 4_000_000) -> list[KernelRates]:
+    """:class:`KernelRates` of several graphs (``(csr, label)``; csr None: the synthetic graph), their probes timed
+    in alternating rounds (a round of the first graph's, then of the second's, ...; ``reps`` each) so that a
+    shared machine's speed, which drifts over seconds, is seen alike by all of them: predictions made from them
+    err together, and a difference of two (the planner's calibration: an epoch's overhead is its time less what
+    the rates predict for it, and that overhead is added to what they predict for a rank) is not that drift.
+    The first graph's probes also measure the Amdahl fraction (``parallel``), which the others' rates take."""
+    if not graphs:
+        return []
+    probes = [KernelProbes(csr, dtype, gat=gat, max_edges=max_edges, label=label, speedup=i == 0)
+              for i, (csr, label) in enumerate(graphs)]
+    for _ in range(reps):
+        for p in probes:
+            p.run_round()
+    rates = [p.rates() for p in probes]
+    return [rates[0]] + [dataclasses.replace(r, parallel=rates[0].parallel) for r in rates[1:]]
 
 
 def load_profile(path: str) -> tuple[Profile, str] | None:

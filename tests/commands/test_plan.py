@@ -277,7 +277,8 @@ def test_plan_bad_inputs_one_line_exit_2(tmp_path, fb_data, capsys, args, messag
 def test_plan_calibrates_by_a_real_run_and_measures_oversubscription_by_copies_of_it(tmp_path, fb_data, monkeypatch,
                                                                                      quick_rates):
     """measure_calibration: a real single run of the config's model (at each thread count) minus what the kernel
-    rates predict for it. measure_contention: the median epoch of N copies of the calibration run started at once,
+    rates of the calibration graph predict for it; those rates measured alongside the rank graph's (returned: the
+    plan's rates), with the rank graph's parallel fraction. measure_contention: the median epoch of N copies of the calibration run started at once,
     over the mean of one run alone before them and one after (real runs: every copy trains and writes its own
     metrics; the factor checked against the runs' own epochs).
 
@@ -307,24 +308,53 @@ def test_plan_calibrates_by_a_real_run_and_measures_oversubscription_by_copies_o
     monkeypatch.setattr(plan_cmd, "_calibration_epochs", spy)
     monkeypatch.setattr(plan_cmd, "CONTENTION_EPOCHS", 2)
     monkeypatch.setattr(plan_cmd, "CONTENTION_SECONDS", 0.0)
+    from hpc_graph.plan import profile
+
+    paired = []
+    real_paired = profile.paired_kernel_rates
+
+    def spy_paired(graphs, *args, **kwargs):
+        got = real_paired(graphs, *args, **{**kwargs, "reps": 1})
+        paired.append((graphs, got))
+        return got
+
+    monkeypatch.setattr(profile, "paired_kernel_rates", spy_paired)
+    rank_csr = fb.rank_csr(str(fb_data / "g.h5"), fb.single_layout(fb.graph_from_dataset(str(fb_data / "g.h5"))),
+                           10_000)[0]
     with ThreadPoolExecutor(2) as pool:
         calibrating = pool.submit(plan_cmd.measure_calibration, config, spec, nodes=1000, threads=[1, 2],
-                                  dtype=torch.float32, parallel=0.5, max_scale=10)
+                                  dtype=torch.float32, rank_graph=(rank_csr, "the rank's graph"), max_scale=10)
         crowding = pool.submit(plan_cmd.measure_contention, config, spec, nodes=1000, crowds=[(2, 1), (2, 1)],
                                cores=1, max_scale=10)
-        found, crowded = calibrating.result(), crowding.result()
+        (found, kr), crowded = calibrating.result(), crowding.result()
 
-    # calibration: one run per thread count, its epoch minus the prediction
+    # the plan's rates: the rank graph's, measured alongside the calibration graph's, whose parallel fraction
+    # the calibration graph's take (its prediction extrapolates to the ranks' threads as the plan's does)
+    assert len(paired) == 1
+    graphs, (kr_rank, kr_cal) = paired[0]
+    assert graphs[0][0] is rank_csr and kr is kr_rank and kr.graph == "the rank's graph"
+    assert kr_cal.graph == "calibration graph" and kr_cal.parallel == kr.parallel
+    # calibration: one run per thread count, its epoch minus the prediction from the calibration graph's rates
     assert sorted(found) == [1, 2]
+    cal_graph = None
     assert sorted((n, t, c) for n, t, c, _ in seen if n.startswith("run")) == [("run1", 1, 1), ("run2", 2, 1)]
     for t, (extra, how) in found.items():
         m = re.search(rf"R-MAT scale-10 graph at {t} thread\(s\): epoch ([0-9.e-]+) s, ([0-9.e-]+) s predicted", how)
         assert m, how
         measured, predicted = float(m.group(1)), float(m.group(2))
         assert math.isfinite(extra) and measured > 0 and predicted > 0
-        assert extra == pytest.approx(measured - predicted, abs=1e-3 * measured)  # the printed values are rounded
+        # the printed values are rounded to 4 significant digits
+        assert extra == pytest.approx(measured - predicted, abs=1e-3 * max(measured, predicted))
         ran = next(got for n, _, _, got in seen if n == f"run{t}")
         assert measured == pytest.approx(ran[0], rel=1e-3)  # the epoch printed is the run's own
+        # the prediction: the single engine on the calibration graph, from the calibration graph's rates, at t
+        if cal_graph is None:  # the same graph again (R-MAT, seeded)
+            (tmp_path / "cal").mkdir()
+            cal_graph = fb.graph_from_dataset(plan_cmd._calibration_graph(config, spec, 1000, str(tmp_path / "cal"),
+                                                                          10)[1])
+        pred = fb.predict("single", spec, cal_graph, fb.single_layout(cal_graph), floor=0,
+                          rates=fb.Rates.from_kernels(kr_cal), threads=t, cores_per_node=t, ranks_per_node=1)
+        assert predicted == pytest.approx(float(pred.rank_seconds[0]), rel=1e-3)
 
     # oversubscription: alone, the copies, alone again; the factor from those runs' epochs
     assert list(crowded) == [2.0]

@@ -21,3 +21,59 @@ def test_kernel_rates_with_gat_probes_on_either_index_type(index_dtype, monkeypa
     for a, b in (kr.spmm_fwd, kr.spmm_bwd, kr.gat_fwd, kr.gat_bwd):
         assert np.isfinite(a) and np.isfinite(b)
     assert kr.gemm_flops > 0 and kr.stream > 0 and kr.mask > 0 and kr.score > 0
+
+
+def test_paired_rates_measure_each_graph_and_share_the_first_ones_parallel_fraction(monkeypatch):
+    """paired_kernel_rates: each graph's rates are its own (a graph with twice the edges per row costs more per
+    call, about the same per edge), timed in alternating rounds; the first graph's Amdahl fraction is everyone's."""
+    from hpc_graph.plan import profile
+
+    monkeypatch.setattr(profile, "FRESH_CALLS", 1)
+    monkeypatch.setattr(profile, "STREAM_ELEMENTS", 1 << 18)
+    rounds = []
+    real_round = profile.KernelProbes.run_round
+
+    def run_round(self):
+        rounds.append(self.label)
+        real_round(self)
+
+    monkeypatch.setattr(profile.KernelProbes, "run_round", run_round)
+    rng = np.random.default_rng(1)
+    n = 400
+
+    def graph(m):
+        src, dst = rng.integers(0, n, m), rng.integers(0, n, m)
+        return CSR.from_edges(np.concatenate([src, dst]), np.concatenate([dst, src]), n)
+
+    a, b = graph(3000), graph(6000)
+    before = torch.get_num_threads()
+    ra, rb = profile.paired_kernel_rates([(a, "a"), (b, "b")], torch.float32, gat=False, reps=2)
+    assert torch.get_num_threads() == before
+    assert rounds == ["a", "b", "a", "b"]
+    assert (ra.graph, rb.graph) == ("a", "b") and rb.parallel == ra.parallel
+    for r in (ra, rb):
+        assert r.threads == before and all(np.isfinite(x) and x >= 0 for x in (*r.spmm_fwd, *r.spmm_bwd))
+    assert profile.paired_kernel_rates([], torch.float32) == []
+
+
+def test_probe_rates_from_some_rounds_are_the_medians_of_those_rounds(monkeypatch):
+    """KernelProbes.rates(rounds): the rates of the rounds picked (one round: that round's times), and a clear
+    error before any timed round."""
+    from hpc_graph.plan import profile
+
+    monkeypatch.setattr(profile, "FRESH_CALLS", 1)
+    monkeypatch.setattr(profile, "STREAM_ELEMENTS", 1 << 18)
+    rng = np.random.default_rng(2)
+    n = 200
+    src, dst = rng.integers(0, n, 1500), rng.integers(0, n, 1500)
+    g = CSR.from_edges(src, dst, n)
+    probes = profile.KernelProbes(g, torch.float32, widths=(8, 16), gat=False, label="g", speedup=False)
+    with pytest.raises(ValueError, match="no timed round"):
+        probes.rates()
+    probes.run_round()  # a real round gives the probes' keys; then every probe takes t seconds in round k
+    keys = {key: len(v) for key, v in probes._rounds[0].items()}
+    probes._rounds = [{key: [t] * k for key, k in keys.items()} for t in (0.5, 1.0, 3.0)]
+    one = probes.rates([2])
+    assert one.gemm_flops == pytest.approx(2.0 * 65536 * 128 * 128 * 2 / (2 * 3.0))
+    assert probes.rates().gemm_flops == pytest.approx(2.0 * 65536 * 128 * 128 * 2 / (2 * 1.0))  # the median round
+    assert probes.rates([0, 1]).gemm_flops == pytest.approx(2.0 * 65536 * 128 * 128 * 2 / (2 * 0.75))
