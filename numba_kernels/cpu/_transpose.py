@@ -12,13 +12,14 @@ from numba import njit, prange
 
 
 @njit(cache=True, nogil=True)
-def csr_transpose(indptr, indices, num_src, with_perm=True):
+def csr_transpose(indptr, indices, num_src, with_perm):
     """Transpose a CSR with ``num_src`` columns.
 
     Args:
         indptr: int64[Nd+1]; indices: int32 or int64[E] in ``[0, num_src)`` (int32 only when Nd < 2**31:
             the transpose's row ids take the same type).
-        with_perm: also return the edge permutation (else an empty int64[0]).
+        with_perm: also return the edge permutation (else an empty int64[0]). No default: numba compiles a
+            call that omits an argument apart from one that passes it (one more signature per index type).
     Returns:
         ``(indptr_t int64[num_src+1], indices_t int[E] (``indices``' type), perm int64[E] or int64[0])``:
         source ``j`` lists destination rows ``indices_t[indptr_t[j]:indptr_t[j+1]]``

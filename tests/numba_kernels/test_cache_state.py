@@ -15,7 +15,7 @@ from numba_kernels import cpu_cache_state
 from numba_kernels.cpu._transpose import csr_transpose
 probe = "_transpose.csr_transpose"
 before = [cpu_cache_state(), cpu_cache_state(probe)]
-csr_transpose(np.array([0, 1, 3], np.int64), np.array([1, 0, 1], np.int64), 2)  # compiles, saves to the cache
+csr_transpose(np.array([0, 1, 3], np.int64), np.array([1, 0, 1], np.int64), 2, True)  # compiles, saves to the cache
 print(json.dumps(before + [cpu_cache_state(probe), cpu_cache_state("spmm.no_such_kernel")]))
 """
 

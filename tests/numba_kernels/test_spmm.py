@@ -67,7 +67,7 @@ def test_spmm_sum_eids_and_col_scale(awkward_graph, dtype):
     rng = np.random.default_rng(7)
     g = rng.standard_normal((23, 2, 4)).astype(dtype)  # gradient w.r.t. the forward output
     scale = rng.uniform(0.5, 1.5, 23).astype(dtype)
-    indptr_t, indices_t, perm = csr_transpose(indptr, indices, 23)
+    indptr_t, indices_t, perm = csr_transpose(indptr, indices, 23, True)
     grad_x = np.empty((23, 2, 4), dtype)
     K.spmm_sum(indptr_t, indices_t, perm, w, scale, g, grad_x, False)
     dst = _dst_of(indptr)
@@ -102,7 +102,7 @@ def test_spmm_max_forward_backward(awkward_graph, dtype, weighted, heads, w_head
     # backward w.r.t. x through the transposed graph
     rng = np.random.default_rng(11)
     g = rng.standard_normal(out.shape).astype(dtype)
-    indptr_t, indices_t, perm = csr_transpose(indptr, indices, 29)
+    indptr_t, indices_t, perm = csr_transpose(indptr, indices, 29, True)
     grad_x = np.full((29, heads, 7), np.nan, dtype)
     K.spmm_max_backward(indptr_t, indices_t, perm, w, argmax, g, grad_x)
     ref_gx = np.zeros(grad_x.shape)
@@ -171,7 +171,7 @@ def test_row_chunks_balance_by_work():
 
 def test_transpose_matches_stable_argsort(awkward_graph):
     indptr, indices = awkward_graph(5, num_dst=30, num_src=17, num_edges=200)
-    indptr_t, indices_t, perm = csr_transpose(indptr, indices, 17)
+    indptr_t, indices_t, perm = csr_transpose(indptr, indices, 17, True)
     ref_perm = np.argsort(indices, kind="stable")
     np.testing.assert_array_equal(perm, ref_perm)
     np.testing.assert_array_equal(indices_t, _dst_of(indptr)[ref_perm])
