@@ -271,17 +271,6 @@ def _description(args: argparse.Namespace) -> Any:
                       name="described graph")
 
 
-def _child_env(threads: int, numba_threads: int | None = None) -> dict[str, str]:
-    """The environment of a process ``plan`` starts: ``threads`` threads (numba's pool sized ``numba_threads``,
-    default the same), no memory limit, none of the MPI launcher's variables (a child of a rank must start as a
-    process of its own, not join the job)."""
-    env = {k: v for k, v in os.environ.items()
-           if not k.startswith(("PMI_", "PMIX_", "OMPI_", "HYDRA_", "MPIR_", "MPI_LOCALRANKID", "MPI_LOCALNRANKS"))}
-    env.update(OMP_NUM_THREADS=str(threads), NUMBA_NUM_THREADS=str(max(threads, numba_threads or threads)))
-    env.pop("HPC_GRAPH_MEMORY_LIMIT", None)
-    return env
-
-
 def _train_subprocess(raw: dict, cfg: str, threads: int, timeout: float, failure: str, copies: int = 1) -> None:
     """Write the config ``raw`` to ``cfg`` and run ``hpc-graph train`` on it in a subprocess of its own: ``threads``
     threads, no memory limit, none of the MPI launcher's variables (a child of a rank must start as a process of
@@ -292,7 +281,10 @@ def _train_subprocess(raw: dict, cfg: str, threads: int, timeout: float, failure
 
     import yaml
 
-    env = _child_env(threads)
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith(("PMI_", "PMIX_", "OMPI_", "HYDRA_", "MPIR_", "MPI_LOCALRANKID", "MPI_LOCALNRANKS"))}
+    env.update(OMP_NUM_THREADS=str(threads), NUMBA_NUM_THREADS=str(threads))
+    env.pop("HPC_GRAPH_MEMORY_LIMIT", None)
     procs = []
     try:
         for k in range(copies):
