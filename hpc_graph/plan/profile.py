@@ -7,6 +7,11 @@ rank sends; sizes 1 KiB, 16 KiB, ... up to ``max_bytes``). Compute rates: dense 
 entries, what NFP's column slices cost) and SpMM (edge x feature products per second), each from one
 timed call of a representative size after a warm-up. Collective: every rank takes part; the result
 (the slowest rank's times) is the same on every rank.
+
+The full-batch planner's kernel rates (:class:`KernelRates`, one process, not collective): the probes of
+:class:`KernelProbes` (SpMM, fused attention, GEMM, elementwise, dropout and codec kernels on a given graph),
+timed in rounds; :func:`kernel_rates` for one graph, :func:`paired_kernel_rates` for several whose rates must
+err alike (their rounds alternate). :func:`time_layer`: one message-passing layer at a batch's real shapes.
 """
 from __future__ import annotations
 
