@@ -90,6 +90,14 @@ def quick_rates(monkeypatch):
     monkeypatch.setattr(profile, "FRESH_CALLS", 1)
     monkeypatch.setattr(profile, "STREAM_ELEMENTS", 1 << 18)
     monkeypatch.setattr(profile, "kernel_rates", kernel_rates)
+    real_paired = profile.paired_kernel_rates
+
+    def paired_kernel_rates(graphs, *args, **kwargs):  # the calibration's (its graphs: the rank's first)
+        seen.append(graphs[0][0])
+        kwargs.setdefault("reps", 1)
+        return real_paired(graphs, *args, **kwargs)
+
+    monkeypatch.setattr(profile, "paired_kernel_rates", paired_kernel_rates)
     monkeypatch.setattr(profile, "synthetic_graph", lambda scale=16, edge_factor=16: real_graph(10, 8))
     return seen
 
