@@ -1,4 +1,6 @@
 """``hpc_graph.plan.profile.kernel_rates`` on the graphs the engines hold (int32 or int64 columns)."""
+import time
+
 import numpy as np
 import pytest
 import torch
@@ -38,6 +40,14 @@ def test_paired_rates_measure_each_graph_and_share_the_first_ones_parallel_fract
         real_round(self)
 
     monkeypatch.setattr(profile.KernelProbes, "run_round", run_round)
+    real_run = profile.KernelProbes._run
+
+    def slow_b(self, record):  # graph b's every round (its warm-up too) takes 0.3 s more, outside its own timing
+        real_run(self, record)
+        if self.label == "b":
+            time.sleep(0.3)
+
+    monkeypatch.setattr(profile.KernelProbes, "_run", slow_b)
     rng = np.random.default_rng(1)
     n = 400
 
@@ -47,12 +57,17 @@ def test_paired_rates_measure_each_graph_and_share_the_first_ones_parallel_fract
 
     a, b = graph(3000), graph(6000)
     before = torch.get_num_threads()
+    t0 = time.perf_counter()
     ra, rb = profile.paired_kernel_rates([(a, "a"), (b, "b")], torch.float32, gat=False, reps=2)
+    wall = time.perf_counter() - t0
     assert torch.get_num_threads() == before
     assert rounds == ["a", "b", "a", "b"]
     assert (ra.graph, rb.graph) == ("a", "b") and rb.parallel == ra.parallel
     for r in (ra, rb):
         assert r.threads == before and all(np.isfinite(x) and x >= 0 for x in (*r.spmm_fwd, *r.spmm_bwd))
+    # each graph's time is its own, building and its rounds: b's three slow rounds (0.9 s), which came after a's
+    # building and between a's rounds, are in neither (a clock since a's building would hold them)
+    assert 0 < ra.seconds < wall - 0.85 and 0 < rb.seconds < wall - 0.85
     assert profile.paired_kernel_rates([], torch.float32) == []
 
 
