@@ -337,16 +337,15 @@ class KernelProbes:
 
     ``csr``: a :class:`~hpc_graph.ops.csr.CSR` (None: an R-MAT scale-16 graph); graphs with more than
     ``max_edges`` edges are cut to their first rows holding about that many (all source columns kept: the
-    same rows of ``x`` are gathered as in the whole graph). ``threads``: the threads the probes run at (default:
-    torch's current count); ``speedup``: also time SpMM forward, backward and the GEMMs at one thread, for the
+    same rows of ``x`` are gathered as in the whole graph). The probes run at torch's thread count when they
+    are built; ``speedup``: also time SpMM forward, backward and the GEMMs at one thread, for the
     Amdahl fraction (only with ``threads > 1``; otherwise the fraction is 1). Not collective: one process
     measures at its own threads, and its thread counts are restored after each round. ``seconds``: the time
     spent building and running these probes (other probes' rounds in between not counted)."""
 
     def __init__(self, csr: Any = None, dtype: torch.dtype = torch.float32, *,
                  widths: tuple[int, ...] = (16, 64, 128), gat_shapes: tuple[tuple[int, int], ...] = ((1, 16), (4, 32)),
-                 gat: bool = True, max_edges: int = 4_000_000, label: str = "", threads: int | None = None,
-                 speedup: bool = True):
+                 gat: bool = True, max_edges: int = 4_000_000, label: str = "", speedup: bool = True):
         from hpc_graph.ops.csr import CSR
         from hpc_graph.ops.gat_attention import gat_attention
         from hpc_graph.ops.spmm import spmm_fused
@@ -368,7 +367,7 @@ class KernelProbes:
         self.edges, self.dst_rows = int(E), int(n_dst)
         self.widths, self.gat_shapes, self.gat = tuple(int(w) for w in widths), tuple(gat_shapes), bool(gat)
         gen = torch.Generator().manual_seed(2)
-        self.threads = threads = int(threads) if threads else int(torch.get_num_threads())
+        self.threads = threads = int(torch.get_num_threads())
         # every probe: (name, threads, fn); the median per probe over the rounds
         probes: list[tuple[str, int, Any]] = []
 
@@ -470,11 +469,6 @@ class KernelProbes:
         self._rounds: list[dict[tuple[str, int], list[float]]] = []
         self.seconds = time.perf_counter() - t_start  # this object's own time: building, then its rounds
         self._run(record=False)  # warms up (transposes, caches, compiled kernels)
-
-    @property
-    def rounds(self) -> int:
-        """Timed rounds so far."""
-        return len(self._rounds)
 
     def run_round(self) -> None:
         """Run every probe once, timed."""
