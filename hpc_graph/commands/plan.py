@@ -409,8 +409,11 @@ def measure_calibration(config: Any, spec: Any, nodes: int, threads: list[int], 
     with the calibration graph's (:func:`~hpc_graph.plan.profile.paired_kernel_rates`): the overhead is a small
     difference of two large times, and rates measured seconds apart on a shared machine differ by 10-20 %; paired,
     both sets err alike, and what the plan adds (the rank's kernels plus the overhead) does not carry the drift.
-    The calibration graph's rates take the rank graph's Amdahl fraction, so that an overhead measured at fewer
-    threads than the rates also absorbs the error of that extrapolation."""
+    Both are measured at the fewest of ``threads`` (the thread count of the ranks when the plan is for one rank
+    count: their kernels measured, not extrapolated; an Amdahl fraction measured from a speed-up or two moved by
+    half from one plan to the next on this machine, 0.56 to 0.99). The calibration graph's rates take the rank
+    graph's Amdahl fraction, so that an overhead measured at more threads than the rates also absorbs the error
+    of that extrapolation."""
     import tempfile
 
     from hpc_graph.plan import fullbatch as fb
@@ -423,7 +426,8 @@ def measure_calibration(config: Any, spec: Any, nodes: int, threads: list[int], 
         for t in sorted(set(int(x) for x in threads)):
             measured[t] = _calibration_epochs(raw, d, f"run{t}", t, CALIBRATION_EPOCHS)[0]
         cal_csr, _ = fb.rank_csr(path, fb.single_layout(graph), 4_000_000)
-        kr, kr_cal = paired_kernel_rates([rank_graph, (cal_csr, "calibration graph")], dtype, gat=spec.name == "gat")
+        kr, kr_cal = paired_kernel_rates([rank_graph, (cal_csr, "calibration graph")], dtype, gat=spec.name == "gat",
+                                         threads=min(measured))
         del cal_csr
     rates = fb.Rates.from_kernels(kr_cal)
     out: dict[int, tuple[float, str]] = {}
@@ -632,14 +636,15 @@ def _run_fullbatch(args: argparse.Namespace, config: Any) -> int:
         if args.rates == "graph" and data is not None:
             csr, what = fb.rank_csr(data, parted or fb.single_layout(graph), 4_000_000)
         by_threads: dict[int, float] = {}
+        # the thread counts the planned ranks run (at most this process's): the fewest and the most; the kernels
+        # are measured at the fewest (the ranks of the most ranks per node), extrapolated to the others
+        here = int(torch.get_num_threads())
+        wanted = set()
+        for P in shown:
+            rpn = min(P, args.ranks_per_node) if args.ranks_per_node else P
+            wanted.add(min(threads_fixed or fb.threads_for(rpn, cores)[0], here))
+        wanted = {min(wanted), max(wanted)}
         if calibration is None:
-            # the thread counts the planned ranks run (at most this process's): the fewest and the most
-            here = int(torch.get_num_threads())
-            wanted = set()
-            for P in shown:
-                rpn = min(P, args.ranks_per_node) if args.ranks_per_node else P
-                wanted.add(min(threads_fixed or fb.threads_for(rpn, cores)[0], here))
-            wanted = {min(wanted), max(wanted)}
             found, kr = measure_calibration(config, spec, _fullest_nodes(parted or fb.single_layout(graph)),
                                             sorted(wanted), dtype, rank_graph=(csr, what))
             del csr
@@ -649,7 +654,7 @@ def _run_fullbatch(args: argparse.Namespace, config: Any) -> int:
             contention, cont_src = _contention(args, config, spec, parted or fb.single_layout(graph), shown, cores,
                                                threads_fixed)
         else:
-            kr = kernel_rates(csr, dtype, gat=gat, label=what)
+            kr = kernel_rates(csr, dtype, gat=gat, label=what, threads=min(wanted))
             del csr
             overhead, cal_src = calibration, f"{calibration:+.3f} s (--calibration)"
             contention, cont_src = {}, ("not measured (--calibration given): a rank running k threads per core runs "

@@ -259,7 +259,7 @@ class KernelRates:
     of each). ``threads``: the
     threads they were measured with; ``parallel``: the fraction of the kernels' time that scales with
     threads (Amdahl), from the median speed-up of SpMM forward, backward and the GEMMs measured again at
-    one thread. ``graph``: what they were measured on.
+    a second thread count (:class:`KernelProbes`). ``graph``: what they were measured on.
     """
 
     spmm_fwd: tuple[float, float]
@@ -329,6 +329,17 @@ FRESH_CALLS = 3
 STREAM_ELEMENTS = 1 << 24
 
 
+def amdahl_fraction(ratio: float, k_a: int, k_b: int) -> float:
+    """The fraction ``f`` of a kernel's one-thread time that scales with threads (Amdahl: ``t(k) = 1 - f + f / k``)
+    from ``ratio = t(k_a) / t(k_b)``, its times measured at ``k_a`` and ``k_b`` threads; clipped to [0, 1]."""
+    lo, hi = (k_a, k_b) if k_a < k_b else (k_b, k_a)
+    s = ratio if k_a < k_b else 1.0 / max(ratio, 1e-12)  # t(lo) / t(hi): the speed-up
+    den = s * (1.0 - 1.0 / hi) - (1.0 - 1.0 / lo)
+    if lo == hi or den <= 0:
+        return 1.0 if lo == hi else 0.0
+    return min(1.0, max(0.0, (s - 1.0) / den))
+
+
 class KernelProbes:
     """The probes behind :class:`KernelRates`, timed in rounds: ``run_round()`` runs every probe once (round-robin:
     a slow phase of a shared machine spreads over all probes), :meth:`rates` gives the rates from the medians
@@ -337,15 +348,18 @@ class KernelProbes:
 
     ``csr``: a :class:`~hpc_graph.ops.csr.CSR` (None: an R-MAT scale-16 graph); graphs with more than
     ``max_edges`` edges are cut to their first rows holding about that many (all source columns kept: the
-    same rows of ``x`` are gathered as in the whole graph). The probes run at torch's thread count when they
-    are built; ``speedup``: also time SpMM forward, backward and the GEMMs at one thread, for the
-    Amdahl fraction (only with ``threads > 1``; otherwise the fraction is 1). Not collective: one process
-    measures at its own threads, and its thread counts are restored after each round. ``seconds``: the time
-    spent building and running these probes (other probes' rounds in between not counted)."""
+    same rows of ``x`` are gathered as in the whole graph). The probes run at ``threads`` threads (default:
+    torch's thread count when they are built): the planner passes the count its ranks will run, so that their
+    kernels are measured, not extrapolated. ``speedup``: also time SpMM forward, backward and the GEMMs at a
+    reference count (one thread, or torch's count when ``threads`` is 1), for the Amdahl fraction that
+    extrapolates to other thread counts (the fraction is 1 when the two counts are the same). Not collective:
+    one process measures, and its thread counts are restored after each round. ``seconds``: the time spent
+    building and running these probes (other probes' rounds in between not counted)."""
 
     def __init__(self, csr: Any = None, dtype: torch.dtype = torch.float32, *,
                  widths: tuple[int, ...] = (16, 64, 128), gat_shapes: tuple[tuple[int, int], ...] = ((1, 16), (4, 32)),
-                 gat: bool = True, max_edges: int = 4_000_000, label: str = "", speedup: bool = True):
+                 gat: bool = True, max_edges: int = 4_000_000, label: str = "", speedup: bool = True,
+                 threads: int | None = None):
         from hpc_graph.ops.csr import CSR
         from hpc_graph.ops.gat_attention import gat_attention
         from hpc_graph.ops.spmm import spmm_fused
@@ -367,7 +381,10 @@ class KernelProbes:
         self.edges, self.dst_rows = int(E), int(n_dst)
         self.widths, self.gat_shapes, self.gat = tuple(int(w) for w in widths), tuple(gat_shapes), bool(gat)
         gen = torch.Generator().manual_seed(2)
-        self.threads = threads = int(torch.get_num_threads())
+        here = int(torch.get_num_threads())
+        self.threads = threads = max(1, int(threads)) if threads else here
+        # the Amdahl fraction's second thread count: one thread, or this process's count for probes at one
+        self.ref_threads = ref = 1 if threads > 1 else here
         # every probe: (name, threads, fn); the median per probe over the rounds
         probes: list[tuple[str, int, Any]] = []
 
@@ -394,10 +411,10 @@ class KernelProbes:
         g = torch.randn(rows, 128, generator=gen, dtype=dtype)
         self._flops = 2.0 * rows * 128 * 128
         probes += [("gemm_fwd", threads, lambda: a @ w.t()), ("gemm_wg", threads, lambda: g.t() @ a)]
-        self.speedup = bool(speedup) and threads > 1
-        if self.speedup:  # the speed-up from 1 to ``threads`` threads: SpMM forward, backward and the GEMMs
-            spmm_probes(self.widths[-1], 1)
-            probes += [("gemm_fwd", 1, lambda: a @ w.t()), ("gemm_wg", 1, lambda: g.t() @ a)]
+        self.speedup = bool(speedup) and ref != threads
+        if self.speedup:  # the speed-up between ``ref`` and ``threads`` threads: SpMM forward, backward, GEMMs
+            spmm_probes(self.widths[-1], ref)
+            probes += [("gemm_fwd", ref, lambda: a @ w.t()), ("gemm_wg", ref, lambda: g.t() @ a)]
         if gat:
             ar = torch.arange(n_dst + 1, dtype=torch.int64)
             deg = csr.indptr[1:] - csr.indptr[:-1]
@@ -506,12 +523,11 @@ class KernelProbes:
         gemm = 2.0 * self._flops / t_gemm
         parallel = 1.0
         if self.speedup:
-            w_last = widths[-1]
-            speedups = [med[f"spmm_fwd {w_last}", 1] / med[f"spmm_fwd {w_last}", threads],
-                        med[f"spmm_bwd {w_last}", 1] / med[f"spmm_bwd {w_last}", threads],
-                        (med["gemm_fwd", 1] + med["gemm_wg", 1]) / t_gemm]
-            speedup = float(np.median(speedups))
-            parallel = min(1.0, max(0.0, (1.0 - 1.0 / max(speedup, 1e-9)) / (1.0 - 1.0 / threads)))
+            w_last, ref = widths[-1], self.ref_threads
+            ratios = [med[f"spmm_fwd {w_last}", ref] / med[f"spmm_fwd {w_last}", threads],
+                      med[f"spmm_bwd {w_last}", ref] / med[f"spmm_bwd {w_last}", threads],
+                      (med["gemm_fwd", ref] + med["gemm_wg", ref]) / t_gemm]
+            parallel = amdahl_fraction(float(np.median(ratios)), ref, threads)
         stream = self._stream_bytes / max(med["stream", threads], 1e-9)
         mask = self._mask_elements / max(med["mask", threads], 1e-9)
         score_rate = self._score_elements / max(med["score", threads], 1e-9)
@@ -525,11 +541,13 @@ class KernelProbes:
 
 def kernel_rates(csr: Any = None, dtype: torch.dtype = torch.float32, *, widths: tuple[int, ...] = (16, 64, 128),
                  gat_shapes: tuple[tuple[int, int], ...] = ((1, 16), (4, 32)), gat: bool = True,
-                 reps: int = 5, max_edges: int = 4_000_000, label: str = "") -> KernelRates:
+                 reps: int = 5, max_edges: int = 4_000_000, label: str = "", threads: int | None = None
+                 ) -> KernelRates:
     """Measure :class:`KernelRates` on ``csr`` (see :class:`KernelProbes`): a warm-up round, then ``reps`` timed
-    rounds of every probe; the median per probe is kept. Not collective: one process measures at its own
-    threads."""
-    probes = KernelProbes(csr, dtype, widths=widths, gat_shapes=gat_shapes, gat=gat, max_edges=max_edges, label=label)
+    rounds of every probe; the median per probe is kept. Not collective: one process measures, at ``threads``
+    threads (default: its own count)."""
+    probes = KernelProbes(csr, dtype, widths=widths, gat_shapes=gat_shapes, gat=gat, max_edges=max_edges, label=label,
+                          threads=threads)
     for _ in range(reps):
         probes.run_round()
     rates = probes.rates()
@@ -541,16 +559,17 @@ def kernel_rates(csr: Any = None, dtype: torch.dtype = torch.float32, *, widths:
 
 
 def paired_kernel_rates(graphs: list[tuple[Any, str]], dtype: torch.dtype = torch.float32, *, gat: bool = True,
-                        reps: int = 5, max_edges: int = 4_000_000) -> list[KernelRates]:
+                        reps: int = 5, max_edges: int = 4_000_000, threads: int | None = None) -> list[KernelRates]:
     """:class:`KernelRates` of several graphs (``(csr, label)``; csr None: the synthetic graph), their probes timed
     in alternating rounds (a round of the first graph's, then of the second's, ...; ``reps`` each) so that a
     shared machine's speed, which drifts over seconds, is seen alike by all of them: predictions made from them
     err together, and a difference of two (the planner's calibration: an epoch's overhead is its time less what
     the rates predict for it, and that overhead is added to what they predict for a rank) is not that drift.
-    The first graph's probes also measure the Amdahl fraction (``parallel``), which the others' rates take."""
+    The first graph's probes also measure the Amdahl fraction (``parallel``), which the others' rates take. All
+    run at ``threads`` threads (default: this process's count)."""
     if not graphs:
         return []
-    probes = [KernelProbes(csr, dtype, gat=gat, max_edges=max_edges, label=label, speedup=i == 0)
+    probes = [KernelProbes(csr, dtype, gat=gat, max_edges=max_edges, label=label, speedup=i == 0, threads=threads)
               for i, (csr, label) in enumerate(graphs)]
     for _ in range(reps):
         for p in probes:

@@ -342,6 +342,7 @@ def test_plan_calibrates_by_a_real_run_and_measures_oversubscription_by_copies_o
     graphs, (kr_rank, kr_cal) = paired[0]
     assert graphs[0][0] is rank_csr and kr is kr_rank and kr.graph == "the rank's graph"
     assert kr_cal.graph == "calibration graph" and kr_cal.parallel == kr.parallel
+    assert kr.threads == kr_cal.threads == 1  # measured at the fewest threads asked for, not extrapolated there
     # calibration: one run per thread count, its epoch minus the prediction from the calibration graph's rates
     assert sorted(found) == [1, 2]
     cal_graph = None

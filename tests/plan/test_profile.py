@@ -92,3 +92,53 @@ def test_probe_rates_from_some_rounds_are_the_medians_of_those_rounds(monkeypatc
     assert one.gemm_flops == pytest.approx(2.0 * 65536 * 128 * 128 * 2 / (2 * 3.0))
     assert probes.rates().gemm_flops == pytest.approx(2.0 * 65536 * 128 * 128 * 2 / (2 * 1.0))  # the median round
     assert probes.rates([0, 1]).gemm_flops == pytest.approx(2.0 * 65536 * 128 * 128 * 2 / (2 * 0.75))
+
+
+def test_amdahl_fraction_recovers_the_fraction_from_times_at_any_two_thread_counts():
+    """amdahl_fraction against the model it inverts (t(k) = 1 - f + f / k), either order of the two counts,
+    clipped to [0, 1] where the times say more (or less) than any fraction would."""
+    from hpc_graph.plan.profile import amdahl_fraction
+
+    rng = np.random.default_rng(4)
+    for _ in range(200):
+        f = float(rng.random())
+        k_a, k_b = (int(k) for k in rng.choice([1, 2, 3, 4, 8, 16], 2, replace=False))
+
+        def t(k):
+            return 1.0 - f + f / k
+
+        assert amdahl_fraction(t(k_a) / t(k_b), k_a, k_b) == pytest.approx(f, abs=1e-9)
+    assert amdahl_fraction(3.0, 1, 2) == 1.0  # faster than linear
+    assert amdahl_fraction(0.8, 1, 2) == 0.0  # slower with more threads
+    assert amdahl_fraction(1.7, 3, 3) == 1.0  # one count: nothing to extrapolate
+
+
+def test_probes_run_at_the_thread_count_asked_and_measure_the_speed_up_at_another(monkeypatch):
+    """KernelProbes(threads=k): every probe runs at k threads (the rates say k), the speed-up probes at one thread
+    (or, for k = 1, at the process's count), and the process's thread counts are as before afterwards."""
+    import numba
+
+    from hpc_graph.plan import profile
+
+    monkeypatch.setattr(profile, "FRESH_CALLS", 1)
+    monkeypatch.setattr(profile, "STREAM_ELEMENTS", 1 << 18)
+    rng = np.random.default_rng(5)
+    n = 200
+    g = CSR.from_edges(rng.integers(0, n, 1500), rng.integers(0, n, 1500), n)
+    before = (numba.get_num_threads(), torch.get_num_threads())
+    here = before[1]
+    for k in (1, 2, 3):
+        probes = profile.KernelProbes(g, torch.float32, widths=(8, 16), gat=False, label="g", threads=k)
+        probes.run_round()
+        ref = 1 if k > 1 else here
+        counts = {name_k[1] for name_k in probes._rounds[0]}
+        assert counts == ({k, ref} if ref != k else {k})
+        assert probes.speedup == (ref != k)
+        # the speed-up probes are the widest SpMM and the GEMMs, at the reference count
+        assert {name for name, c in probes._rounds[0] if c != k} == (
+            {"spmm_fwd 16", "spmm_bwd 16", "gemm_fwd", "gemm_wg"} if ref != k else set())
+        r = probes.rates()
+        assert r.threads == k and 0.0 <= r.parallel <= 1.0
+        if ref == k:
+            assert r.parallel == 1.0
+        assert (numba.get_num_threads(), torch.get_num_threads()) == before
