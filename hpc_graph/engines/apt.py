@@ -217,9 +217,9 @@ class APTEngine(Engine):
         most :data:`SETTLE` iterations) of the fastest so far, untimed, so that the rounds see the machine at
         different seconds. A strategy's time: the faster batch of each round, averaged over the rounds. NFP,
         which cannot train on the zero column slices it is timed on, is timed on the engine's copy of the model
-        after the first round (:meth:`_time_nfp`, one batch; its warm-up the first time: lost work); if it leads
-        then, it trains for real from the gap on, timed like the others (:meth:`_lead_with_nfp`), else it is
-        timed so again after the last round (:data:`TUNE_PAIR` batches; the fastest counts). The next batch after the last finalizes the plan and
+        after the first round (:meth:`_time_nfp`; its warm-up the first time: lost work); if it leads then, it
+        trains for real from the gap on, timed like the others (:meth:`_lead_with_nfp`), else it is timed so
+        again after the last round (the faster counts). The next batch after the last finalizes the plan and
         switches to its choice (with its cache).
         The feature cache stays empty meanwhile, as the cost model times builds without it."""
         from hpc_graph.plan.dry_run import dry_run
@@ -353,21 +353,15 @@ class APTEngine(Engine):
         return None
 
     def _time_nfp(self) -> None:
-        """NFP's batches and steps timed between the rounds of training's timing iterations (collective): on zero
+        """One NFP batch and step timed between the rounds of training's timing iterations (collective): on zero
         column slices and the engine's copy of the model (lost work: a training step cannot use zero features),
-        so that NFP is timed in a process as warm, and between the same other work, as the others are. After the
-        first round one batch (it only decides whether NFP leads, and when it does, NFP's real iterations time it
-        from then on); after the last, :data:`TUNE_PAIR`, as each round times the others: one batch there was
-        all that stood for NFP in the plan besides the first, and a slow second on both made NFP's prediction
-        1.7x its epoch (benchmarks.md section 10, session 46)."""
+        so that NFP is timed in a process as warm, and between the same other work, as the others are."""
         from hpc_graph.plan.dry_run import time_builds
 
         t = self._tune
         self._tune = None  # the batches built within are the timing's own
-        batches = 1 if not t["nfp_built"] else TUNE_PAIR
         try:
-            built, steps = time_builds(self, ["nfp"], self.schedule.iterations(), int(self.first_epoch),
-                                       batches=batches)
+            built, steps = time_builds(self, ["nfp"], self.schedule.iterations(), int(self.first_epoch), batches=1)
         finally:
             self._tune = t
         t["nfp_built"].append(built["nfp"])

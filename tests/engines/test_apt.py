@@ -391,35 +391,6 @@ def test_nfp_leading_the_first_round_trains_for_real_from_the_gap_on(graph_file)
         torch.testing.assert_close(a, b, rtol=1e-9, atol=1e-12)
 
 
-def test_nfp_behind_after_the_first_round_is_timed_again_on_as_many_batches_as_a_round(graph_file, monkeypatch):
-    """NFP, timed on lost work, not leading after the first round (its timed seconds inflated here): one batch then,
-    TUNE_PAIR batches after the last round (as many as a round times of the others), and the plan takes the
-    fastest of its timings for NFP's build and step."""
-    from hpc_graph.plan import dry_run as dr
-
-    real, calls = dr.time_builds, []
-
-    def slowed(engine, strategies, iters, epoch, batches=2):
-        built, steps = real(engine, strategies, iters, epoch, batches=batches)
-        extra = 50.0 + len(calls)  # each timing slower than the last: the first one is the fastest
-        calls.append((list(strategies), batches))
-        built = {s: v + extra for s, v in built.items()}
-        return built, {s: (v[0] + extra, v[1]) for s, v in steps.items()}
-
-    eng = _apt(graph_file, "auto", fanouts=(3, 2), dry_run_batches=4, batch_size=10)
-    assert eng.tuning and eng._tune["nfp"]
-    monkeypatch.setattr(dr, "time_builds", slowed)
-    torch.manual_seed(4)
-    model = build_model("sage", 7, 5, 3, num_layers=2, dropout=0.0).double()
-    opt = torch.optim.Adam(model.parameters(), lr=0.01)
-    for epoch in (1, 2, 3):
-        _train_epoch(eng, model, opt, epoch)
-    plan = eng.plan
-    assert not eng.tuning and plan.tuned and plan.choice != "nfp"
-    assert calls == [(["nfp"], 1), (["nfp"], TUNE_PAIR)]
-    assert 49.5 < plan.costs["nfp"].seconds["build"] < 51.0  # the first (fastest) timing, not the later ones
-
-
 def test_choosing_a_strategy_stops_the_timing_and_a_cache_waits_for_the_choice(graph_file):
     """use_strategy during the timing stops it; with a cache, the timed batches run without it and the
     choice's hottest rows are cached once the plan is final (one process: no remote rows, so an empty cache
