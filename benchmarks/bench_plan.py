@@ -107,14 +107,43 @@ def busy_cores(seconds: float = 3.0) -> float:
     return round(max(0.0, (t1 - t0) - (i1 - i0)) / max(t1 - t0, 1e-9) * ncpu, 2)
 
 
+def speed_ms(reps: int = 7) -> float:
+    """This machine's speed now: milliseconds of a fixed one-thread workload (a 768^2 GEMM and an elementwise
+    pass over 8 MiB, as a training step's kernels), the median of ``reps`` after 0.3 s of warming up. A shared host
+    runs the same work up to 2x slower for seconds at a time (busy_cores does not see its other tenants): the
+    plan's and the run's values say whether the two saw the same machine."""
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        gen = torch.Generator().manual_seed(0)
+        a = torch.randn(768, 768, generator=gen)
+        x = torch.randn(1 << 21, generator=gen)
+        t_warm = time.perf_counter() + 0.3  # an idle virtual CPU runs slowly for a moment once it gets work
+        while time.perf_counter() < t_warm:
+            a @ a
+        times = []
+        for _ in range(reps):
+            t0 = time.perf_counter()
+            a @ a
+            torch.add(x, x)
+            times.append(time.perf_counter() - t0)
+    finally:
+        torch.set_num_threads(before)
+    return round(1000.0 * statistics.median(times), 2)
+
+
 def wait_for_quiet(max_busy: float, wait: float) -> dict[str, Any]:
-    """Wait (at most ``wait`` seconds) until other processes keep at most ``max_busy`` cores busy."""
+    """Wait (at most ``wait`` seconds) until other processes keep at most ``max_busy`` cores busy; then this
+    machine's speed (:func:`speed_ms`)."""
     t0 = time.time()
     busy = busy_cores()
     while busy > max_busy and time.time() - t0 < wait:
         time.sleep(10)
         busy = busy_cores()
-    return {"load_before": _load(), "busy_before": busy, "waited_s": round(time.time() - t0, 1)}
+    return {"load_before": _load(), "busy_before": busy, "waited_s": round(time.time() - t0, 1),
+            "speed_ms": speed_ms()}
 
 
 def _run(cmd: list[str], env: dict[str, str] | None = None, timeout: float = 7200) -> subprocess.CompletedProcess:
@@ -235,7 +264,7 @@ def train(cfg: Path, data: Path, ranks: int, engine: str, run_dir: Path, args: a
              "epoch_seconds": slowest, "spread": max(later) / max(min(later), 1e-9), "wall_s": round(wall, 1),
              "cpu_s": round(cpu, 1), "cpu_share": round(cpu / max(wall * usable, 1e-9), 2),
              "bytes_sent": [sent.get(r) for r in range(ranks)], **quiet, "load_after": _load(),
-             "threads": threads}, [env_text] + [str(c) for c in cmd])
+             "speed_after_ms": speed_ms(), "threads": threads}, [env_text] + [str(c) for c in cmd])
 
 
 def one(args: argparse.Namespace, work: Path, scale: int, model: str, ranks: int, data: Path, floor_mb: float
@@ -332,13 +361,24 @@ def _errors(rec: dict[str, Any]) -> None:
                              for p, b in zip(rec["predicted"]["bytes_sent"], bs)) if rec["ranks"] > 1 else None
 
 
+def speed_ratio(r: dict[str, Any]) -> float | None:
+    """How much slower the machine ran the reference workload around the run than before the plan (the mean
+    of the run's before and after over the plan's; > 1: slower during the run). None for records without it."""
+    m, p = r["measured"], r.get("plan_load", {})
+    if "speed_ms" not in p or "speed_ms" not in m:
+        return None
+    return 0.5 * (m["speed_ms"] + m.get("speed_after_ms", m["speed_ms"])) / max(p["speed_ms"], 1e-9)
+
+
 def _line(r: dict[str, Any]) -> str:
+    ratio = speed_ratio(r)
     return (f"s{r['scale']} {r['model']:4s} {r['engine']:11s} P={r['ranks']}: peak/rank predicted "
             f"{max(r['predicted']['peak_mb']):7.0f} MiB measured {max(r['measured']['peak_rss_mb']):7.0f} MiB "
             f"({r['err_mem_max']:+.1%}; worst rank {max(r['err_mem'], key=abs):+.1%}); epoch predicted "
             f"{r['predicted']['epoch_s']:.3f} s measured {r['measured']['median_epoch_s']:.3f} s ({r['err_time']:+.1%}); "
             f"bytes {'equal' if r['bytes_equal'] else r['bytes_equal']}; busy before {r['measured']['busy_before']}, "
-            f"cpu share {r['measured']['cpu_share']}")
+            f"cpu share {r['measured']['cpu_share']}"
+            + (f"; machine x{ratio:.2f} slower in the run than in the plan" if ratio is not None else ""))
 
 
 # -- ogbn-papers100M -------------------------------------------------------------------------------
@@ -415,14 +455,16 @@ def plot(records: list[dict[str, Any]], path: Path) -> None:
 
 def table(records: list[dict[str, Any]]) -> str:
     lines = ["| scale | model | engine | ranks | peak/rank predicted (MiB) | measured (MiB) | error (worst rank) "
-             "| epoch predicted (s) | measured (s) | error | busy before |", "|---|---|---|---|---|---|---|---|---|---|---|"]
+             "| epoch predicted (s) | measured (s) | error | busy before | machine run / plan |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in sorted(records, key=lambda r: (r["scale"], r["model"], r["engine"], r["ranks"])):
         worst = max(r["err_mem"], key=abs)
         lines.append(f"| {r['scale']} | {r['model']} | {r['engine']} | {r['ranks']} | "
                      f"{' / '.join(f'{p:.0f}' for p in r['predicted']['peak_mb'])} | "
                      f"{' / '.join(f'{m:.0f}' for m in r['measured']['peak_rss_mb'])} | {worst:+.1%} | "
                      f"{r['predicted']['epoch_s']:.2f} | {r['measured']['median_epoch_s']:.2f} | {r['err_time']:+.1%} | "
-                     f"{r['measured']['busy_before']} |")
+                     f"{r['measured']['busy_before']} | "
+                     + (f"{speed_ratio(r):.2f} |" if speed_ratio(r) is not None else "- |"))
     return "\n".join(lines)
 
 
