@@ -120,7 +120,7 @@ def speed_ms(reps: int = 7) -> float:
         gen = torch.Generator().manual_seed(0)
         a = torch.randn(768, 768, generator=gen)
         x = torch.randn(1 << 21, generator=gen)
-        t_warm = time.perf_counter() + 0.3  # an idle virtual CPU runs slowly for a moment once it gets work
+        t_warm = time.perf_counter() + 0.3  # warm: without this, eight calls a second apart spread 10-32 ms
         while time.perf_counter() < t_warm:
             a @ a
         times = []
