@@ -461,13 +461,13 @@ def table(records: list[dict[str, Any]]) -> str:
              "| epoch predicted (s) | measured (s) | error | busy before | machine run / plan |",
              "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in sorted(records, key=lambda r: (r["scale"], r["model"], r["engine"], r["ranks"])):
-        worst = max(r["err_mem"], key=abs)
+        worst, ratio = max(r["err_mem"], key=abs), speed_ratio(r)
         lines.append(f"| {r['scale']} | {r['model']} | {r['engine']} | {r['ranks']} | "
                      f"{' / '.join(f'{p:.0f}' for p in r['predicted']['peak_mb'])} | "
                      f"{' / '.join(f'{m:.0f}' for m in r['measured']['peak_rss_mb'])} | {worst:+.1%} | "
                      f"{r['predicted']['epoch_s']:.2f} | {r['measured']['median_epoch_s']:.2f} | {r['err_time']:+.1%} | "
                      f"{r['measured']['busy_before']} | "
-                     + (f"{speed_ratio(r):.2f} |" if speed_ratio(r) is not None else "- |"))
+                     + (f"{ratio:.2f} |" if ratio is not None else "- |"))
     return "\n".join(lines)
 
 

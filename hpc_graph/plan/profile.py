@@ -334,9 +334,11 @@ def amdahl_fraction(ratio: float, k_a: int, k_b: int) -> float:
     from ``ratio = t(k_a) / t(k_b)``, its times measured at ``k_a`` and ``k_b`` threads; clipped to [0, 1]."""
     lo, hi = (k_a, k_b) if k_a < k_b else (k_b, k_a)
     s = ratio if k_a < k_b else 1.0 / max(ratio, 1e-12)  # t(lo) / t(hi): the speed-up
+    if lo == hi:
+        return 1.0
     den = s * (1.0 - 1.0 / hi) - (1.0 - 1.0 / lo)
-    if lo == hi or den <= 0:
-        return 1.0 if lo == hi else 0.0
+    if den <= 0:
+        return 0.0
     return min(1.0, max(0.0, (s - 1.0) / den))
 
 
