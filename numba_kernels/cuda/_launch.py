@@ -13,7 +13,10 @@ memory is reused, stream-ordered and counted by torch), else from numba.
 
 The settings are per thread, so two threads driving two streams do not mix.
 Under the CUDA simulator (``NUMBA_ENABLE_CUDASIM=1``) every handle maps to 0:
-the simulator runs kernels synchronously.
+the simulator runs kernels synchronously. Importing this module under the
+simulator also makes the simulator's ``cuda``-module swap thread-safe (see
+:func:`thread_safe_swap`): our kernels call device functions from other modules
+(``_attention_common``), which the simulator's own swap races on.
 """
 from __future__ import annotations
 
@@ -27,6 +30,62 @@ from numba import config, cuda
 _local = threading.local()
 _EXTERNAL: dict = {}
 _SIMULATED = bool(getattr(config, "ENABLE_CUDASIM", False))
+
+
+def thread_safe_swap(real_cuda) -> Callable:
+    """A thread-safe stand-in for the CUDA simulator's ``swapped_cuda_module(fn, fake)``.
+
+    The simulator runs every GPU thread of a block as a Python thread, and each call
+    of a device function puts the launch's fake ``cuda`` module into the function's
+    module globals for the duration of the call, then puts ``real_cuda`` back. When
+    the device function lives in a module other than the kernel's, threads race:
+    one thread's restore leaves another thread mid-call with the real module (an
+    ``AttributeError`` on ``cuda.local``/``cuda.threadIdx``), and one thread's swap
+    can resize the globals dict while another iterates it ("dictionary changed size
+    during iteration", seen in CI). Here the swaps of one globals dict are counted
+    under a lock: the first entry swaps, the last exit restores.
+
+    Args:
+        real_cuda: the module object the globals hold between calls (``numba.cuda``).
+    """
+    lock = threading.Lock()
+    held: dict = {}  # id(globals dict) -> [entries, {name: original value}]
+
+    @contextmanager
+    def swapped(fn, fake):
+        globs = fn.__globals__
+        key = id(globs)
+        with lock:
+            entry = held.get(key)
+            if entry is None:
+                orig = {name: value for name, value in list(globs.items()) if value is real_cuda}
+                globs.update(dict.fromkeys(orig, fake))
+                entry = held[key] = [0, orig]
+            entry[0] += 1
+        try:
+            yield
+        finally:
+            with lock:
+                entry[0] -= 1
+                if entry[0] == 0:
+                    globs.update(entry[1])
+                    del held[key]
+
+    return swapped
+
+
+def _install_simulator_swap() -> None:
+    from numba.cuda.simulator import kernel, kernelapi
+
+    if getattr(kernel.swapped_cuda_module, "_hpc_graph_thread_safe", False):
+        return
+    safe = thread_safe_swap(cuda)
+    safe._hpc_graph_thread_safe = True
+    kernel.swapped_cuda_module = kernelapi.swapped_cuda_module = safe
+
+
+if _SIMULATED:
+    _install_simulator_swap()
 
 
 def stream():
