@@ -75,8 +75,12 @@ def thread_safe_swap(real_cuda) -> Callable:
 
 
 def _install_simulator_swap() -> None:
-    from numba.cuda.simulator import kernel, kernelapi
-
+    try:
+        from numba.cuda.simulator import kernel, kernelapi
+    except ImportError:  # a simulator laid out differently: leave it as it is
+        return
+    if not (hasattr(kernel, "swapped_cuda_module") and hasattr(kernelapi, "swapped_cuda_module")):
+        return
     if getattr(kernel.swapped_cuda_module, "_hpc_graph_thread_safe", False):
         return
     safe = thread_safe_swap(cuda)
