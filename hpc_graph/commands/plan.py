@@ -575,7 +575,8 @@ def _run_fullbatch(args: argparse.Namespace, config: Any) -> int:
             raise CLIError(str(exc)) from None
     default = [parted.ranks] if parted is not None else ([1] if data is not None else [2 ** k for k in range(9)])
     shown, searched = parse_ranks(args.ranks, default)
-    if "single" in engines and engines != ["single"] and 1 not in searched:
+    dropped_single = "single" in engines and engines != ["single"] and 1 not in searched
+    if dropped_single:
         engines = [e for e in engines if e != "single"]
     if engines == ["single"] and 1 not in searched:
         raise CLIError("--engines: 'single' runs on one rank, but --ranks has no 1")
@@ -680,6 +681,8 @@ def _run_fullbatch(args: argparse.Namespace, config: Any) -> int:
         except ValueError as exc:
             raise CLIError(str(exc)) from None
     unplanned: set[str] = set()
+    if dropped_single:
+        assumptions.append("single: not planned (one process; --ranks has no 1)")
     for engine in engines:
         counts = [1] if engine == "single" else searched
         if engine == "flow":  # one stage of at least one layer per rank

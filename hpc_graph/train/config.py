@@ -1,6 +1,6 @@
 """Training configuration: dataclasses, YAML loading, ``key=value`` overrides and validation.
 
-A config file has up to nine sections, each optional except ``data.path``::
+A config file has up to ten sections, each optional except ``data.path``::
 
     data:   {path: data/cora.h5, feature_norm: row, feature_layout: auto}
     engine: {name: single, prefetch: true}
@@ -11,6 +11,7 @@ A config file has up to nine sections, each optional except ``data.path``::
     sampler: {fanouts: [15, 10, 5], batch_size: 1024}   # engine minibatch
     hec:    {mode: hec, size: 1000000, lifespan: 2, push_limit: 2000, delay: 1}
     recipes: {label_aug: 0.5, correct_smooth: true}         # docs/recipes.md
+    lm:     {enabled: true, model: tiny}                     # docs/flow.md (text-attributed graphs)
 
 Every field is checked (type, range, choice) and every error is one
 :class:`ConfigError` line naming the field, e.g.
@@ -795,8 +796,8 @@ _DOC_HEADER = """\
      (tests/train/test_config_doc.py checks that they agree). -->
 # Training configuration reference
 
-`hpc-graph train --config CFG.yaml` reads a YAML file with up to nine sections,
-`data`, `engine`, `model`, `optim`, `train`, `comm`, `sampler`, `hec` and `recipes`; every key is optional except
+`hpc-graph train --config CFG.yaml` reads a YAML file with up to ten sections,
+`data`, `engine`, `model`, `optim`, `train`, `comm`, `sampler`, `hec`, `recipes` and `lm`; every key is optional except
 `data.path`. `--set SECTION.KEY=VALUE` (repeatable) overrides one field, the
 value parsed as YAML (`--set model.hidden=64 --set train.progress=false`).
 Relative paths are relative to the current directory.

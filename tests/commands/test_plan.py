@@ -137,6 +137,7 @@ def test_plan_partition_dir_uses_its_statistics(tmp_path, fb_data, capsys):
     assert rc == 0
     out = capsys.readouterr().out
     assert set(_rows(out)) == {("dp", 2), ("sar", 2)}  # engine auto: all three; no 1 in the ranks: no single
+    assert "single: not planned (one process; --ranks has no 1)" in out  # and the table says why
     plan = json.loads(out_json.read_text())
     assert {p["layout"].split(" (")[0] for p in plan["predictions"]} == {f"partition {fb_data / 'p2'}"}
     meta = json.loads((fb_data / "p2" / "partition.json").read_text())
