@@ -17,6 +17,7 @@ import torch
 from data_io.dataset import open_dataset
 from data_io.errors import FormatError
 from hpc_graph.engines.base import Batch, Engine
+from hpc_graph.engines.graph_batches import GraphBatches
 from hpc_graph.graph.whole_graph import WholeGraph
 from hpc_graph.ops.csr import CSR, column_dtype
 
@@ -77,64 +78,29 @@ class SingleEngine(Engine):
         self.num_features = int(self.feat.shape[1])
         if graph_ptr is not None:
             self.kind = "minibatch"
-            bs = self.options.get("graph_batch_size", 64)
-            if isinstance(bs, bool) or not isinstance(bs, int) or bs < 1:
-                raise ValueError(f"engine.graph_batch_size: must be a positive integer, got {bs!r}")
-            self.graph_batch_size = int(bs)
-            self.seed = int(self.options.get("seed", 0))
-            self._np_csr = (np.asarray(csr.indptr.cpu().numpy()), np.asarray(csr.indices.cpu().numpy()))
-            self._graph_ptr = np.asarray(graph_ptr, dtype=np.int64)
-            self._train_graphs = (self.masks["train"] & (self.label >= 0)).nonzero().squeeze(1).cpu()
+            self.graphs = GraphBatches(csr.indptr.cpu().numpy(), csr.indices.cpu().numpy(), graph_ptr, self.feat,
+                                       self.label, self.masks["train"], self.options.get("graph_batch_size", 64),
+                                       int(self.options.get("seed", 0)), self.graph.node_fields, edge_type)
         log.info("single engine: %s, %d nodes, %d edges, %d features, %d classes%s", self.source, n,
                  csr.num_edges, self.num_features, self.num_classes,
                  f", {self.graph.num_graphs} graphs (graph-level task)" if graph_ptr is not None else "")
 
-    # -- graph-level datasets: one step per batch of graphs ---------------------------------------
+    # -- graph-level datasets: one step per batch of graphs (hpc_graph.engines.graph_batches) ---------
     def iterations(self, epoch: int) -> int:
         """Steps of an epoch on a graph-level dataset: ceil(training graphs / graph_batch_size)."""
-        return -(-int(self._train_graphs.numel()) // self.graph_batch_size)
+        return self.graphs.iterations(epoch)
 
     def batch_sizes(self, epoch: int, iterations: int) -> tuple[list[int], list[float]]:
         """Training graphs of every step (this process's and the global count, the same here)."""
-        n, b = int(self._train_graphs.numel()), self.graph_batch_size
-        mine = [max(0, min(b, n - it * b)) for it in range(iterations)]
-        return mine, [float(m) for m in mine]
-
-    def _epoch_order(self, epoch: int) -> torch.Tensor:
-        if getattr(self, "_order_epoch", None) != epoch:
-            gen = torch.Generator().manual_seed((self.seed * 1_000_003 + int(epoch)) & (2**63 - 1))
-            self._order = self._train_graphs[torch.randperm(self._train_graphs.numel(), generator=gen)]
-            self._order_epoch = epoch
-        return self._order
+        return self.graphs.batch_sizes(epoch, iterations)
 
     def batch(self, epoch: int, iteration: int) -> Batch:
         """Step ``iteration`` of ``epoch``: its graphs (ascending ids) as one block-diagonal graph."""
-        b = self.graph_batch_size
-        graphs = torch.sort(self._epoch_order(epoch)[iteration * b:(iteration + 1) * b]).values
-        return self.graph_subset(graphs)
+        return self.graphs.batch(epoch, iteration)
 
     def graph_subset(self, graphs: torch.Tensor) -> Batch:
-        """The graphs ``graphs`` (int64[B] graph ids) as a :class:`Batch`: a ``WholeGraph`` of their nodes,
-        renumbered in order, with its own ``graph_ptr``; their features, per-node fields and labels."""
-        gp, (indptr, indices) = self._graph_ptr, self._np_csr
-        g = graphs.cpu().numpy().astype(np.int64)
-        sizes = gp[g + 1] - gp[g]
-        new_ptr = np.concatenate(([0], np.cumsum(sizes))).astype(np.int64)
-        nodes = np.concatenate([np.arange(gp[x], gp[x + 1], dtype=np.int64) for x in g]) if g.size else \
-            np.empty(0, np.int64)
-        shift = np.repeat(new_ptr[:-1] - gp[g], sizes)  # old id + shift = new id, per node
-        deg = indptr[nodes + 1] - indptr[nodes]
-        sub_ptr = np.concatenate(([0], np.cumsum(deg))).astype(np.int64)
-        take = np.repeat(indptr[nodes] - sub_ptr[:-1], deg) + np.arange(int(sub_ptr[-1]), dtype=np.int64)
-        sub_idx = indices[take] + np.repeat(shift, deg)
-        csr = CSR(torch.from_numpy(sub_ptr), torch.from_numpy(sub_idx), int(nodes.shape[0]), validate=False)
-        et = self.graph.edge_type
-        sub = WholeGraph(csr.to(self.device), None if et is None else np.asarray(et)[take], "id", new_ptr)
-        idx = torch.from_numpy(nodes).to(self.device)
-        for name, t in self.graph.node_fields.items():
-            sub.node_fields[name] = t[idx]
-        seeds = torch.from_numpy(g).to(self.device)
-        return Batch(sub, self.feat.index_select(0, idx), self.label[seeds], seeds)
+        """The graphs ``graphs`` (int64[B] graph ids) as a :class:`Batch` (see :meth:`GraphBatches.subset`)."""
+        return self.graphs.subset(graphs)
 
     # -- the cluster-sparse layout of the graph transformers' sparse attention --------------------
     def _set_clusters(self) -> None:

@@ -144,9 +144,10 @@ class GraphContext(ABC):
 
     def readout(self, h: torch.Tensor, reduce: str = "mean") -> torch.Tensor:
         """Graph-level pooling of a graph batch: float[num_nodes, ...] -> float[num_graphs, ...] (``mean`` or
-        ``sum`` of each graph's node rows). Raises ``ValueError`` on a single graph (``num_graphs`` 0)."""
+        ``sum`` of each graph's node rows; a batch of no graphs gives no rows). Raises ``ValueError`` on a single
+        graph (no ``graph_ptr``)."""
         ptr = getattr(self, "graph_ptr", None)
-        if not self.num_graphs or ptr is None:
+        if ptr is None:
             raise ValueError(f"{type(self).__name__}: readout needs a graph-level dataset (/graphs/ptr)")
         if reduce not in ("sum", "mean"):
             raise ValueError(f"readout: reduce must be 'sum' or 'mean', got {reduce!r}")

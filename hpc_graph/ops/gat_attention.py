@@ -235,7 +235,7 @@ def project_backward(x: torch.Tensor, work: list, weight: torch.Tensor, att_src:
     del z
     grad_z.addcmul_(grad_s_src.unsqueeze(-1), att_src)  # the score paths, in place
     grad_z.addcmul_(grad_s_dst.unsqueeze(-1), att_dst)
-    gz = grad_z.view(grad_z.shape[0], -1)
+    gz = grad_z.flatten(1)  # [n, H * D] (a view; n may be 0)
     del grad_z
     grad_w = None
     if needs[1]:

@@ -370,7 +370,7 @@ def _pack_kv(k: torch.Tensor, v: torch.Tensor, rows: torch.Tensor | None = None)
     """float[r, H*Dk + H*Dv]: rows of ``k`` float[n, H, Dk] and ``v`` float[n, H, Dv] in one message."""
     if rows is not None:
         k, v = k.index_select(0, rows), v.index_select(0, rows)
-    return torch.cat([k.reshape(k.shape[0], -1), v.reshape(v.shape[0], -1)], 1)
+    return torch.cat([k.flatten(1), v.flatten(1)], 1)
 
 
 def _unpack_kv(packed: torch.Tensor, heads: int, dk: int, dv: int) -> tuple[torch.Tensor, torch.Tensor]:

@@ -8,6 +8,8 @@ intermediate is ever allocated; ``max`` keeps an int64 ``argmax[num_dst, F]``.
 """
 from __future__ import annotations
 
+import math
+
 import torch
 from torch.autograd.function import once_differentiable
 
@@ -190,8 +192,9 @@ def spmm_fused(g: CSR, x: torch.Tensor, reduce: str = "sum", *, scale: torch.Ten
                                   or self_rows.device != x.device):
         raise ValueError(f"{op}: self_rows must be {x.dtype} {(g.num_dst,) + tail} on {x.device}, got "
                          f"{self_rows.dtype} {tuple(self_rows.shape)} on {self_rows.device}")
-    if bias is not None and (bias.numel() != x[0].numel() or bias.dtype != x.dtype or bias.device != x.device):
-        raise ValueError(f"{op}: bias must hold {x[0].numel()} {x.dtype} values on {x.device}, got "
+    row = math.prod(tail)  # values per row (x may have no rows)
+    if bias is not None and (bias.numel() != row or bias.dtype != x.dtype or bias.device != x.device):
+        raise ValueError(f"{op}: bias must hold {row} {x.dtype} values on {x.device}, got "
                          f"{bias.dtype} {tuple(bias.shape)} on {bias.device}")
     x3 = x.unsqueeze(1) if x.dim() == 2 else x
     s3 = None if self_rows is None else self_rows.reshape((g.num_dst,) + tuple(x3.shape[1:]))

@@ -135,9 +135,10 @@ class EngineConfig:
     tuner_window: int = _field(10, _only(_int(2), "single", "seqpar"),
                                "`cluster_beta: auto`: epochs at one threshold before the tuner compares "
                                "(TorchGT's delta).")
-    graph_batch_size: int = _field(64, _only(_int(1), "single"),
+    graph_batch_size: int = _field(64, _only(_int(1), "single", "dp"),
                                    "Graph-level datasets (many small graphs, `/graphs/ptr`): graphs per optimiser "
-                                   "step (shuffled every epoch); evaluation runs on all graphs at once.")
+                                   "step, over all ranks (shuffled every epoch; `dp` gives every rank a slice of "
+                                   "each step); evaluation runs on all graphs at once (`dp`: a block per rank).")
     strategy: str = _field("auto", _only(_choice("auto", "gdp", "nfp", "snp", "dnp"), "apt"),
                            "`apt`: how the input layer is parallelised. `gdp`: each rank loads its batch's "
                            "input features (cache, owned, fetched); `nfp`: features split by columns, every rank "
@@ -636,6 +637,13 @@ def _check_model_fields(config: Config) -> None:
                               f"but model.name is {name!r}")
 
 
+def _graph_level_data(config: Config) -> bool:
+    """Whether ``data.path`` is a graph-level dataset file (read from its header; False when unreadable)."""
+    from hpc_graph.engines import is_graph_level
+
+    return is_graph_level(config.data.path)
+
+
 def _check_engine_fields(config: Config) -> None:
     """A field that only some engines use must keep its default under any other engine."""
     name = config.engine.name
@@ -645,7 +653,13 @@ def _check_engine_fields(config: Config) -> None:
             if engines and name not in engines and getattr(getattr(config, section), f.name) != f.default:
                 raise ConfigError(f"{section}.{f.name}: only used by engine {' or '.join(map(repr, engines))}, "
                                   f"but engine.name is {name!r}")
-    if config.model.name in TRANSFORMERS and name not in ("single", "seqpar", "auto"):
+    graph_level = _graph_level_data(config)
+    if graph_level and name not in ("single", "dp", "auto"):
+        raise ConfigError(f"data.path: {config.data.path} is a graph-level dataset (/graphs/ptr): it trains on "
+                          f"engine 'single' (one process) or 'dp' (data parallel over the batches of graphs), "
+                          f"not {name!r}")
+    if config.model.name in TRANSFORMERS and name not in ("single", "seqpar", "auto") and \
+            not (name == "dp" and graph_level):
         mc = config.model
         if mc.name != "gt" or name not in ("dp", "sar", "sylvie"):
             raise ConfigError(f"model.name: {mc.name!r} runs on engine.name 'single' or 'seqpar'"

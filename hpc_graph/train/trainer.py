@@ -151,17 +151,25 @@ def to_layout(x: torch.Tensor, layout: str, max_density: float = SPARSE_MAX_DENS
 
 def choose_engine(name: str, size: int, data_path: str, model: str | None = None) -> str:
     """Resolve ``engine.name``: ``auto`` is ``single`` on one process with a dataset file, else ``dp``
-    (for the graph transformers ``gt``/``graphormer``: ``single`` on one process, else ``seqpar``).
+    (for the graph transformers ``gt``/``graphormer``: ``single`` on one process, else ``seqpar``; on a
+    graph-level dataset file, for every model: ``single`` on one process, else ``dp`` over batches of graphs).
 
     Raises ConfigError for ``single`` with more than one rank.
     """
     if name == "auto":
+        from hpc_graph.engines import is_graph_level
+
+        if is_graph_level(data_path):
+            return "single" if size == 1 else "dp"
         if model in ("gt", "graphormer"):
             return "single" if size == 1 else "seqpar"
         return "single" if size == 1 and Path(data_path).is_file() else "dp"
     if name == "single" and size > 1:
+        from hpc_graph.engines import is_graph_level
+
         raise ConfigError(f"engine.name: 'single' runs on one process, but this job has {size} ranks; "
-                          "use 'dp' or 'sar' with a partitioned dataset (hpc-graph partition)")
+                          + ("use 'dp' (data parallel over the batches of graphs)" if is_graph_level(data_path) else
+                             "use 'dp' or 'sar' with a partitioned dataset (hpc-graph partition)"))
     return name
 
 
@@ -172,7 +180,7 @@ def engine_options_from_config(config: Any, engine_name: str) -> dict[str, Any]:
     from hpc_graph.engines import engine_class
 
     options = {k: getattr(section, k) for section in (config.data, config.engine, config.sampler, config.hec)
-               for k in engine_class(engine_name).OPTIONS if hasattr(section, k)}
+               for k in engine_class(engine_name, config.data.path).OPTIONS if hasattr(section, k)}
     options["seed"] = config.train.seed
     if engine_name == "apt":
         mc = config.model
@@ -416,12 +424,11 @@ class Trainer:
 
             if dataset_task(path) == "graph":
                 rc = self.config.recipes
-                if self.engine_name != "single":
-                    raise ConfigError(f"data.path: {path} is a graph-level dataset (/graphs/ptr): it trains on "
-                                      f"engine 'single' (one process), not {self.engine_name!r}")
                 if rc.label_aug > 0 or rc.correct_smooth:
                     raise ConfigError("recipes: label_aug and correct_smooth work on node labels; "
                                       f"{path} is a graph-level dataset (one label per graph)")
+                if self.engine_name == "dp":  # over batches of graphs (the config allows single or dp only)
+                    return
         if self.engine_name in ("single", "seqpar", "flow"):
             if not path.is_file():
                 raise ConfigError(f"data.path: engine {self.engine_name!r} needs a dataset file, {path} is a directory")

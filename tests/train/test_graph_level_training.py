@@ -1,5 +1,7 @@
 """Graph-level training on engine ``single``: batches of whole graphs, the trainer's step against a manual
-one, the message-passing leak check on REG3-CC, and the errors for what does not apply to graph-level data."""
+one, the message-passing leak check on REG3-CC, and the errors for what does not apply to graph-level data.
+Also the pieces of ``dp`` over batches of graphs that need no MPI (its ranks' shares, an empty share through
+every model, the refusals); tests/mpi/test_graph_dp.py runs it on 2 and 4 ranks against ``single``."""
 from __future__ import annotations
 
 import copy
@@ -13,9 +15,11 @@ from torch.nn import functional as F
 from data_io.dataset import open_dataset, write_dataset
 from data_io.generators import generate_pathspd, generate_reg3cc
 from hpc_graph.comm import get_communicator
+from hpc_graph.engines import engine_class
+from hpc_graph.engines.graph_batches import GraphBatches
 from hpc_graph.engines.single import SingleEngine
-from hpc_graph.train.config import ConfigError, load_config
-from hpc_graph.train.trainer import Trainer
+from hpc_graph.train.config import MODEL_NAMES, ConfigError, config_from_dict, load_config
+from hpc_graph.train.trainer import Trainer, choose_engine
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -100,9 +104,69 @@ def test_gt_reads_pe_per_graph(tmp_path):
 
 @pytest.mark.parametrize("over, words", [
     (("engine.name=seqpar",), "graph-level dataset"),
+    (("engine.name=sar",), "or 'dp' \\(data parallel over the batches of graphs\\)"),
     (("recipes.label_aug=0.5",), "one label per graph"),
+    (("engine.name=dp", "recipes.correct_smooth=true"), "one label per graph"),
     (("engine.graph_batch_size=0",), "engine.graph_batch_size"),
 ])
 def test_graph_level_config_errors(reg3cc, over, words):
     with pytest.raises(ConfigError, match=words):
         Trainer(_config(reg3cc, "single_graphormer_reg3cc.yaml", *over))
+
+
+@pytest.mark.parametrize("size", [1, 2, 3, 4, 7])
+def test_dp_shares_of_every_step_are_disjoint_and_make_the_step(reg3cc, size):
+    eng = SingleEngine(str(reg3cc), get_communicator("local"), torch.device("cpu"), torch.float32,
+                       {"graph_batch_size": 5, "seed": 2})
+    g = eng.graphs
+    ranks = [GraphBatches(g.indptr, g.indices, g.graph_ptr, g.feat, g.label, eng.masks["train"], 5, 2, rank=r,
+                          size=size) for r in range(size)]
+    for epoch in (1, 2):
+        iters = eng.iterations(epoch)
+        sizes = [rb.batch_sizes(epoch, iters) for rb in ranks]
+        for it in range(iters):
+            want = eng.batch(epoch, it).seeds.tolist()
+            shares = [rb.step_graphs(epoch, it).tolist() for rb in ranks]
+            assert sum(shares, []) == want  # consecutive slices, in rank order
+            assert max(map(len, shares)) - min(map(len, shares)) <= 1
+            assert [s[0][it] for s in sizes] == list(map(len, shares))
+            assert all(s[1][it] == len(want) for s in sizes)
+
+
+def test_dp_engine_on_graph_level_data_and_its_refusals(reg3cc, tmp_path):
+    assert engine_class("dp", reg3cc).__name__ == "GraphDPEngine" and engine_class("dp", tmp_path).__name__ == "DPEngine"
+    assert choose_engine("auto", 2, str(reg3cc), "gt") == "dp" and choose_engine("auto", 1, str(reg3cc)) == "single"
+    with pytest.raises(ConfigError, match="use 'dp' \\(data parallel over the batches of graphs\\)"):
+        choose_engine("single", 2, str(reg3cc))
+    few = tmp_path / "three.h5"
+    write_dataset(few, generate_reg3cc(3, 8, 8, seed=1))
+    fake = type("Comm", (), {"rank": 0, "size": 4})()
+    with pytest.raises(ValueError, match=f"{few}: 3 graph\\(s\\) cannot be shared by 4 ranks"):
+        engine_class("dp", few)(str(few), fake, torch.device("cpu"), torch.float32, {})
+    # one rank of two: it evaluates the first half of the graphs, trains on its share of every batch
+    half = engine_class("dp", reg3cc)(str(reg3cc), type("Comm", (), {"rank": 0, "size": 2})(), torch.device("cpu"),
+                                      torch.float32, {"graph_batch_size": 4})
+    with open_dataset(reg3cc) as ds:
+        num_graphs, label = ds.graph_ptr().shape[0] - 1, ds.graph_label()
+    assert half.graph.num_graphs == -(-num_graphs // 2) and half.label.tolist() == label[:half.graph.num_graphs].tolist()
+    # the transformers run on dp over graphs with their global tokens (refused on dp over a partition)
+    cfg = {"data": {"path": str(reg3cc)}, "engine": {"name": "dp"},
+           "model": {"name": "gt", "global_token": True, "pe_dim": 4}}
+    assert config_from_dict(cfg).engine.name == "dp"
+    with pytest.raises(ConfigError, match="global_token: false"):
+        config_from_dict({**cfg, "data": {"path": str(tmp_path)}})
+
+
+@pytest.mark.parametrize("name", [m for m in MODEL_NAMES if m != "revgat"])
+def test_every_model_takes_a_batch_of_no_graphs(tmp_path, name):
+    """A ``dp`` rank whose share of a short last step is empty still runs the model (its gradient: zeros)."""
+    data = generate_pathspd(12, 6, 9, max_dist=3, seed=1)
+    write_dataset(tmp_path / "p.h5", data)
+    model = {"name": name, "hidden": 8, **({"global_token": True, "pe_dim": 0} if name == "gt" else {})}
+    trainer = Trainer(config_from_dict({"data": {"path": str(tmp_path / "p.h5")}, "engine": {"name": "single"},
+                                        "model": model, "train": {"progress": False, "run_dir": str(tmp_path / "r")}}))
+    empty = trainer.engine.graph_subset(torch.empty(0, dtype=torch.int64))
+    out = trainer.model(empty.graph, empty.feat)
+    assert tuple(out.shape) == (0, trainer.engine.num_classes)
+    F.cross_entropy(out, empty.label, reduction="sum").backward()
+    assert all(p.grad is None or not p.grad.any() for p in trainer.model.parameters())
