@@ -14,7 +14,8 @@ all N ranks, and checks:
   rounding, so Adam would turn the order of the ranks' sums into steps of lr);
 * the accuracies of ``evaluate()`` (each rank evaluates a block of graphs, the counts added up): equal;
 * ``fit()`` on ``dp`` with GT and its encodings: rank 0's summary has N peak-RSS entries and accuracies in
-  [0, 1] (the encodings' random signs differ from ``single``'s, so the run is not compared).
+  [0, 1] (the encodings' random signs differ from ``single``'s, so the run is not compared); the same run
+  preempted after epoch 2 and resumed ends with the same parameters, bitwise.
 
 Rank 0 prints ``graph_dp_checks: N ranks, C cases OK``.
 
@@ -116,13 +117,37 @@ def main() -> int:
                 raise AssertionError(f"{where}: {key} differs by {err:g} after {EPOCHS} epochs")
         cases += 1
 
-    run_dir = work / "fit-dp"
-    summary = Trainer(_config(data, "dp", {**MODELS["gt"], "pe_dim": 4}, run_dir), comm).fit()
+    run_dir, gt_pe = work / "fit-dp", {**MODELS["gt"], "pe_dim": 4}
+    full = Trainer(_config(data, "dp", gt_pe, run_dir), comm)
+    summary = full.fit()
     comm.barrier()
     on_disk = json.loads((run_dir / "summary.json").read_text())
     assert on_disk["world_size"] == comm.size and len(on_disk["peak_rss_mb"]) == comm.size, on_disk
     assert 0.0 <= summary["best_val_acc"] <= 1.0 and 0.0 <= summary["test_acc"] <= 1.0, summary
     assert summary["best_val_acc"] == on_disk["best_val_acc"], (summary, on_disk)
+    # preempted after epoch 2 (the signal reaching the last rank only) and resumed: the uninterrupted run, bitwise
+    from hpc_graph.train.signals import Preempted
+
+    part = work / "fit-dp-part"
+    stopped = Trainer(_config(data, "dp", gt_pe, part), comm)
+    step = stopped.step
+
+    def step_and_ask(step=step, t=stopped):
+        if comm.rank == comm.size - 1 and t.epoch + 1 == 2:
+            t.request_stop()
+        return step()
+
+    stopped.step = step_and_ask
+    try:
+        stopped.fit()
+        raise AssertionError("no Preempted")
+    except Preempted as exc:
+        assert exc.epoch == 2, exc
+    resumed = Trainer(_config(data, "dp", gt_pe, work / "unused"), comm, resume=part)
+    assert resumed.epoch == 2
+    resumed.fit()
+    for (key, p), q in zip(full.model.named_parameters(), resumed.model.parameters()):
+        assert torch.equal(p, q), f"rank {comm.rank}: resumed {key} differs by {(p - q).abs().max().item():g}"
     cases += 1
     comm.barrier()
     if comm.rank == 0:
