@@ -23,7 +23,7 @@ import torch
 from data_io.dataset import open_dataset
 from data_io.errors import FormatError
 from hpc_graph.engines.base import Batch, Engine
-from hpc_graph.engines.graph_batches import GraphBatches
+from hpc_graph.engines.graph_batches import GraphBatches, share
 from hpc_graph.graph.dist_graph import load_dist_graph, partition_tensors
 from hpc_graph.graph.halo_graph import HaloGraph
 
@@ -62,14 +62,14 @@ class GraphDPEngine(Engine):
     ``graph`` (a block-diagonal :class:`~hpc_graph.graph.whole_graph.WholeGraph` of them), ``feat``,
     ``label`` and ``masks`` are that block's (per graph), and the trainer adds up the ranks' counts.
 
-    Options: ``graph_batch_size`` (graphs per step over all ranks), ``seed``; ``prefetch`` is accepted and
-    ignored. Raises ``FormatError`` for a file without ``/graphs/ptr`` and ``ValueError`` when there are fewer
+    Options: ``graph_batch_size`` (graphs per step over all ranks), ``feature_norm`` (``row``: every node's
+    features divided by their sum), ``seed``; ``prefetch`` is accepted and ignored. Raises ``FormatError`` for a file without ``/graphs/ptr`` and ``ValueError`` when there are fewer
     graphs than ranks.
     """
 
     name = "dp"
     kind = "minibatch"
-    OPTIONS = Engine.OPTIONS | frozenset({"graph_batch_size"})
+    OPTIONS = Engine.OPTIONS | frozenset({"graph_batch_size", "feature_norm"})
 
     def __init__(self, source: str, comm: Any, device: torch.device, dtype: torch.dtype,
                  options: dict[str, Any] | None = None):
@@ -100,10 +100,9 @@ class GraphDPEngine(Engine):
         all_masks = {k: torch.from_numpy(np.asarray(v, dtype=bool)).to(self.device) for k, v in masks.items()}
         self.graphs = GraphBatches(indptr, indices.astype(np.int64, copy=False), graph_ptr, all_feat, all_label,
                                    all_masks["train"], self.options.get("graph_batch_size", 64),
-                                   int(self.options.get("seed", 0)), fields, edge_type, rank=rank, size=size)
-        q, r = divmod(num_graphs, size)
-        lo = rank * q + min(rank, r)
-        block = torch.arange(lo, lo + q + (1 if rank < r else 0), dtype=torch.int64)
+                                   int(self.options.get("seed", 0)), fields, edge_type, rank=rank, size=size,
+                                   feature_norm=str(self.options.get("feature_norm", "none")))
+        block = torch.arange(*share(num_graphs, rank, size), dtype=torch.int64)
         own = self.graphs.subset(block)  # this rank's graphs for evaluation
         self.graph, self.feat, self.label = own.graph, own.feat, own.label
         self.masks = {k: m[block.to(m.device)] for k, m in all_masks.items()}

@@ -19,6 +19,14 @@ from hpc_graph.graph.whole_graph import WholeGraph
 from hpc_graph.ops.csr import CSR
 
 
+def share(n: int, rank: int, size: int) -> tuple[int, int]:
+    """``[lo, hi)`` of rank ``rank``'s slice of ``n`` consecutive items split over ``size`` ranks (near-equal
+    consecutive slices in rank order, the earlier ranks one larger where ``n`` does not divide)."""
+    q, r = divmod(int(n), int(size))
+    lo = rank * q + min(rank, r)
+    return lo, lo + q + (1 if rank < r else 0)
+
+
 class GraphBatches:
     """The graphs of a graph-level dataset, held whole, and the batches of every epoch.
 
@@ -33,17 +41,24 @@ class GraphBatches:
         node_fields: per-node tensors ``{name: [N, ...]}`` carried into every batch (``lap_pe``).
         edge_type: int[E] edge types or None.
         rank, size: this rank and the number of ranks sharing every batch.
+        feature_norm: ``row`` divides every node's features by their sum (rows summing to 0 kept), as the
+            trainer does for evaluation (``data.feature_norm``): the batches get the same inputs.
     """
 
     def __init__(self, indptr: np.ndarray, indices: np.ndarray, graph_ptr: np.ndarray, feat: torch.Tensor,
                  label: torch.Tensor, train: torch.Tensor, batch_size: int, seed: int,
                  node_fields: dict[str, torch.Tensor] | None = None, edge_type: np.ndarray | None = None,
-                 rank: int = 0, size: int = 1):
+                 rank: int = 0, size: int = 1, feature_norm: str = "none"):
         if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
             raise ValueError(f"engine.graph_batch_size: must be a positive integer, got {batch_size!r}")
         self.indptr = np.asarray(indptr, dtype=np.int64)
         self.indices = np.asarray(indices)
         self.graph_ptr = np.asarray(graph_ptr, dtype=np.int64)
+        if feature_norm not in ("none", "row"):
+            raise ValueError(f"data.feature_norm: must be 'none' or 'row', got {feature_norm!r}")
+        if feature_norm == "row":
+            sums = feat.sum(1, keepdim=True)
+            feat = feat / torch.where(sums == 0, torch.ones_like(sums), sums)
         self.feat, self.label = feat, label
         self.node_fields = dict(node_fields or {})
         self.edge_type = None if edge_type is None else np.asarray(edge_type)
@@ -61,17 +76,11 @@ class GraphBatches:
         """Optimiser steps of an epoch: ceil(training graphs / batch_size) (the same on every rank)."""
         return -(-int(self.train_graphs.numel()) // self.batch_size)
 
-    def _share(self, n: int) -> tuple[int, int]:
-        """``[lo, hi)`` of this rank's slice of ``n`` consecutive graphs (near-equal, earlier ranks larger)."""
-        q, r = divmod(n, self.size)
-        lo = self.rank * q + min(self.rank, r)
-        return lo, lo + q + (1 if self.rank < r else 0)
-
     def batch_sizes(self, epoch: int, iterations: int) -> tuple[list[int], list[float]]:
         """Per step: this rank's graph count and the step's count over all ranks."""
         n, b = int(self.train_graphs.numel()), self.batch_size
         total = [max(0, min(b, n - it * b)) for it in range(iterations)]
-        mine = [(lambda lo_hi: lo_hi[1] - lo_hi[0])(self._share(t)) for t in total]
+        mine = [(lambda lo, hi: hi - lo)(*share(t, self.rank, self.size)) for t in total]
         return mine, [float(t) for t in total]
 
     def epoch_order(self, epoch: int) -> torch.Tensor:
@@ -87,7 +96,7 @@ class GraphBatches:
         than ranks and this rank's slice is empty)."""
         b = self.batch_size
         graphs = torch.sort(self.epoch_order(epoch)[iteration * b:(iteration + 1) * b]).values
-        lo, hi = self._share(int(graphs.numel()))
+        lo, hi = share(int(graphs.numel()), self.rank, self.size)
         return graphs[lo:hi]
 
     def batch(self, epoch: int, iteration: int) -> Batch:

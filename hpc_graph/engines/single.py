@@ -37,13 +37,15 @@ class SingleEngine(Engine):
     ``tuner_window`` (the cluster-sparse layout of sparse attention and its tuner,
     :class:`~hpc_graph.graph.attention_pattern.ClusterLayoutControl`); ``attention_chain`` (the pattern's
     chain through the sequence; off, the pattern is the one ``dp``/``sar`` attend over);
-    ``graph_batch_size`` (graph-level data); ``prefetch`` is accepted and ignored; any other option is an error.
+    ``graph_batch_size`` and ``feature_norm`` (graph-level data: the batches' features, normalised as the trainer
+    normalises ``feat``; on one graph the trainer does it); ``prefetch`` is accepted and ignored; any other
+    option is an error.
     Raises ``ValueError`` when ``comm`` has more than one rank.
     """
 
     name = "single"
-    OPTIONS = Engine.OPTIONS | frozenset({"sequence_order", "graph_batch_size", "cluster_beta", "cluster_size",
-                                          "tuner_window", "attention_chain"})
+    OPTIONS = Engine.OPTIONS | frozenset({"sequence_order", "graph_batch_size", "feature_norm", "cluster_beta",
+                                          "cluster_size", "tuner_window", "attention_chain"})
 
     def __init__(self, source: str, comm: Any, device: torch.device, dtype: torch.dtype,
                  options: dict[str, Any] | None = None):
@@ -80,7 +82,8 @@ class SingleEngine(Engine):
             self.kind = "minibatch"
             self.graphs = GraphBatches(csr.indptr.cpu().numpy(), csr.indices.cpu().numpy(), graph_ptr, self.feat,
                                        self.label, self.masks["train"], self.options.get("graph_batch_size", 64),
-                                       int(self.options.get("seed", 0)), self.graph.node_fields, edge_type)
+                                       int(self.options.get("seed", 0)), self.graph.node_fields, edge_type,
+                                       feature_norm=str(self.options.get("feature_norm", "none")))
         log.info("single engine: %s, %d nodes, %d edges, %d features, %d classes%s", self.source, n,
                  csr.num_edges, self.num_features, self.num_classes,
                  f", {self.graph.num_graphs} graphs (graph-level task)" if graph_ptr is not None else "")

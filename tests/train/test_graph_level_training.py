@@ -170,3 +170,24 @@ def test_every_model_takes_a_batch_of_no_graphs(tmp_path, name):
     assert tuple(out.shape) == (0, trainer.engine.num_classes)
     F.cross_entropy(out, empty.label, reduction="sum").backward()
     assert all(p.grad is None or not p.grad.any() for p in trainer.model.parameters())
+
+
+@pytest.mark.parametrize("engine", ["single", "dp"])
+def test_batches_get_the_features_evaluation_gets(tmp_path, engine):
+    """``data.feature_norm: row``: the trainer normalises ``feat`` for evaluation; the batches must be normalised too."""
+    data = generate_pathspd(10, 6, 9, max_dist=3, seed=1)
+    rng = np.random.default_rng(0)
+    data.feat = (rng.random((data.num_nodes, 5)) * rng.integers(1, 9, (data.num_nodes, 1))).astype(np.float32)
+    data.feat[3] = 0.0  # a row summing to 0 stays as it is
+    write_dataset(tmp_path / "p.h5", data)
+    cfg = config_from_dict({"data": {"path": str(tmp_path / "p.h5"), "feature_norm": "row"},
+                            "engine": {"name": engine, "graph_batch_size": 100},
+                            "model": {"name": "gcn", "hidden": 4, "dropout": 0.0},
+                            "train": {"progress": False, "run_dir": str(tmp_path / "r"), "dtype": "float64"}})
+    trainer = Trainer(cfg)
+    batch = trainer.engine.batch(1, 0)  # every training graph
+    sums = data.feat.astype(np.float64).sum(1, keepdims=True)
+    want = data.feat / np.where(sums == 0, 1.0, sums)
+    nodes = np.concatenate([np.arange(data.graph_ptr[g], data.graph_ptr[g + 1]) for g in batch.seeds.tolist()])
+    np.testing.assert_allclose(batch.feat.numpy(), want[nodes], rtol=1e-6)
+    np.testing.assert_allclose(trainer.feat.numpy(), want, rtol=1e-6)  # what evaluation reads
