@@ -549,6 +549,11 @@ def _run_fullbatch(args: argparse.Namespace, config: Any) -> int:
                 raise CLIError("--data: no graph given (--data, data.path, or a description with --nodes ...)")
             if not os.path.exists(data):
                 raise CLIError(f"--data: no such file or directory: {data}")
+            from hpc_graph.engines import is_graph_level
+
+            if is_graph_level(data):
+                raise CLIError(f"--data: {data} is a graph-level dataset (many small graphs, /graphs/ptr): hpc-graph "
+                               "plan describes full-batch training of one graph, not steps over batches of graphs")
             graph = fb.graph_from_partition(data) if os.path.isdir(data) else fb.graph_from_dataset(data)
             assumptions.append(f"graph: {data}: {graph.nodes:,} nodes, {graph.edges:,} stored edges, "
                                f"{graph.features} features, {graph.classes} classes, {graph.train_nodes:,} training "

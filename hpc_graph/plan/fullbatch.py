@@ -2114,11 +2114,16 @@ def train_estimate(config: Any, engine: str, rank: int, size: int) -> tuple[int,
     collective: reads ``partition.json`` and this rank's part offsets, or the dataset's header.
 
     Returns ``(bytes, text describing the prediction)``, or None for an engine or model the planner does
-    not describe (no check then).
+    not describe, or a graph-level dataset (no check then).
     """
     if engine not in ENGINES or str(config.model.name) not in MODELS:
         return None
     path = str(config.data.path)
+    if os.path.isfile(path):
+        from data_io.dataset import dataset_task
+
+        if dataset_task(path) == "graph":
+            return None  # steps over batches of small graphs: not the full-batch step described here
     stage = None
     if engine in ("single", "flow"):
         graph = graph_from_dataset(path)

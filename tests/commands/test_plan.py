@@ -282,6 +282,17 @@ def test_plan_bad_inputs_one_line_exit_2(tmp_path, fb_data, capsys, args, messag
     assert rc == 2 and err.startswith("hpc-graph plan: error: ") and message in err and err.count("\n") == 1, err
 
 
+def test_plan_refuses_a_graph_level_dataset(tmp_path, fb_data, capsys):
+    from data_io.dataset import write_dataset
+    from data_io.generators.graph_tasks import generate_reg3cc
+
+    write_dataset(tmp_path / "graphs.h5", generate_reg3cc(6, 8, 8, seed=1))
+    rc = main(["plan", "--config", _fb_cfg(tmp_path, fb_data / "g.h5"), "--rates", "none", "--floor", "400MiB",
+               "--data", str(tmp_path / "graphs.h5")])
+    err = capsys.readouterr().err
+    assert rc == 2 and f"--data: {tmp_path / 'graphs.h5'} is a graph-level dataset" in err and err.count("\n") == 1, err
+
+
 @pytest.mark.timeout(600)  # the two tests it was, 300 s each
 def test_plan_calibrates_by_a_real_run_and_measures_oversubscription_by_copies_of_it(tmp_path, fb_data, monkeypatch,
                                                                                      quick_rates):

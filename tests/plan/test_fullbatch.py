@@ -262,6 +262,15 @@ def test_train_estimate(tmp_path, graphs):
     cfg.model.name = "gcn2"
     assert fb.train_estimate(cfg, "sar", 1, 3) is None
     assert fb.train_estimate(cfg, "minibatch", 1, 3) is None
+    # a graph-level dataset trains on batches of small graphs: not the full-batch step the estimate describes
+    from data_io.dataset import write_dataset
+    from data_io.generators.graph_tasks import generate_reg3cc
+
+    write_dataset(tmp_path / "graphs.h5", generate_reg3cc(6, 8, 8, seed=1))
+    cfg.model.name, cfg.data.path = "sage", str(tmp_path / "graphs.h5")
+    assert fb.train_estimate(cfg, "single", 0, 1) is None
+    cfg.data.path = str(graphs / "u-3")
+    assert fb.train_estimate(cfg, "sar", 1, 3) is not None
 
 
 def test_rates_from_kernel_rates_copy_every_shared_field():
