@@ -34,7 +34,9 @@ def dataset_info(path: str | os.PathLike) -> dict[str, Any]:
     """Summary of a dataset file: counts, degree statistics, classes, splits, fields present.
 
     Degrees: ``in_degree`` counts the edges into each node (CSR row lengths),
-    ``out_degree`` the edges out of it; both as min/mean/max/median.
+    ``out_degree`` the edges out of it; both as min/mean/max/median. A graph-level
+    dataset (``/graphs/ptr``) adds ``num_graphs``, ``graph_nodes`` (nodes per graph,
+    min/mean/max/median), ``graph_splits``, ``labelled_graphs`` and ``graph_class_counts``.
     """
     p = Path(path)
     with open_dataset(p, check_values=False) as ds:
@@ -50,7 +52,7 @@ def dataset_info(path: str | os.PathLike) -> dict[str, Any]:
         info: dict[str, Any] = {
             "kind": "dataset", "path": str(p), "name": ds.name, "task": ds.task, "directed": ds.directed,
             "num_nodes": n, "num_edges": ds.num_edges, "feat_dim": ds.feat_dim, "num_classes": ds.num_classes,
-            "fields": [f for f in ("edge_weight", "edge_type", "feat", "label") + MASKS if ds.has(f)],
+            "fields": [f for f in ("edge_weight", "edge_type", "feat", "label", "lap_pe") + MASKS if ds.has(f)],
             "in_degree": _stats(indeg), "out_degree": _stats(outdeg),
             "isolated_nodes": int(np.count_nonzero((indeg == 0) & (outdeg == 0))),
             "self_loops": self_loops, "file_size_bytes": p.stat().st_size,
@@ -61,6 +63,17 @@ def dataset_info(path: str | os.PathLike) -> dict[str, Any]:
             info["labelled_nodes"] = int(np.count_nonzero(lab >= 0))
             k = max(ds.num_classes, int(lab.max()) + 1 if len(lab) else 0)
             info["class_counts"] = np.bincount(lab[lab >= 0], minlength=k).tolist()
+        if ds.has("graph_ptr"):
+            sizes = np.diff(ds.graph_ptr())
+            info["num_graphs"] = int(sizes.shape[0])
+            info["graph_nodes"] = _stats(sizes) if sizes.size else None
+            info["graph_splits"] = {m[:-5]: int(np.count_nonzero(ds.graph_mask(m))) for m in MASKS
+                                    if ds.has(f"graph_{m}")}
+            if ds.has("graph_label"):
+                lab = ds.graph_label()
+                info["labelled_graphs"] = int(np.count_nonzero(lab >= 0))
+                k = max(ds.num_classes, int(lab.max()) + 1 if len(lab) else 0)
+                info["graph_class_counts"] = np.bincount(lab[lab >= 0], minlength=k).tolist()
     return info
 
 

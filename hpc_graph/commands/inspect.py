@@ -64,6 +64,16 @@ def format_info(info: dict) -> str:
         f"out-degree: {_stats(info['out_degree'])}",
         f"isolated nodes {info['isolated_nodes']}, self loops {info['self_loops']}",
     ]
+    if "num_graphs" in info:
+        per = info.get("graph_nodes")
+        lines.append(f"graphs {info['num_graphs']}" + (f", nodes per graph: {_stats(per)}" if per else "")
+                     + " (graph-level: engine single, or dp over the batches of graphs)")
+        if info.get("graph_splits"):
+            lines.append("graph splits: " + ", ".join(f"{k} {v}" for k, v in info["graph_splits"].items()))
+        if "graph_class_counts" in info:
+            lines.append(f"labelled graphs {info['labelled_graphs']}, per class: "
+                         + ", ".join(str(x) for x in info["graph_class_counts"][:20])
+                         + (", ..." if len(info["graph_class_counts"]) > 20 else ""))
     if info.get("splits"):
         lines.append("splits: " + ", ".join(f"{k} {v}" for k, v in info["splits"].items()))
     if "class_counts" in info:

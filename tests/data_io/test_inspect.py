@@ -52,6 +52,28 @@ def test_dataset_info_matches_reference(setup):
     json.dumps(res)
 
 
+def test_graph_level_dataset_info_matches_reference(tmp_path, capsys):
+    from data_io.dataset import write_dataset
+    from data_io.generators.graph_tasks import generate_pathspd
+    from data_io.preprocess import add_node_field, laplacian_pe
+    from hpc_graph.cli import main
+
+    g = generate_pathspd(23, 6, 12, max_dist=3, seed=4)
+    write_dataset(tmp_path / "g.h5", g)
+    add_node_field(tmp_path / "g.h5", "lap_pe", laplacian_pe(g.indptr, g.indices, g.num_nodes, 2, graph_ptr=g.graph_ptr))
+    res = dataset_info(tmp_path / "g.h5")
+    sizes = np.diff(g.graph_ptr)
+    assert res["task"] == "graph" and res["num_graphs"] == 23 and res["graph_nodes"] == _stats(sizes)
+    assert res["graph_splits"] == {"train": int(g.graph_train_mask.sum()), "val": int(g.graph_val_mask.sum()),
+                                   "test": int(g.graph_test_mask.sum())}
+    assert res["graph_class_counts"] == np.bincount(g.graph_label, minlength=3).tolist()
+    assert res["labelled_graphs"] == 23 and "lap_pe" in res["fields"]
+    json.dumps(res)
+    assert main(["-q", "info", str(tmp_path / "g.h5")]) == 0
+    out = capsys.readouterr().out
+    assert f"graphs 23, nodes per graph: min {sizes.min()}," in out and "dp over the batches of graphs" in out
+
+
 def test_partition_info(setup):
     _, _, parted = setup
     res = info(parted)
