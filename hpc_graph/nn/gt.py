@@ -14,7 +14,11 @@ class GT(nn.Module):
 
     ``pe`` is the first ``pe_dim`` columns of the dataset's ``/node/lap_pe`` (``hpc-graph preprocess
     lap-pe``), each column's sign flipped at random in every training step (eigenvectors are defined
-    up to sign; the flips come from torch's default generator, the same on every rank). ``pe_dim=0``
+    up to sign). The flips of step ``s`` come from a generator seeded by ``(pe_seed, s)``, ``pe_seed``
+    drawn from torch's generator when the model is built: the same on every rank (whose own streams the
+    trainer decorrelates for dropout), so ``seqpar``'s ranks flip the rows they hold alike and ``dp``
+    over batches of graphs flips as ``single`` does; a resumed run (``step`` is a buffer) flips as
+    the uninterrupted one. ``pe_dim=0``
     runs without positional encodings. Attention is ``graph.attention`` under the ``schedule``
     (sparse pattern, dense, or interleaved), with an optional global token (a learned vector
     appended to the sequence). Sizes of the TorchGT paper: 4 layers x 128 x 8 heads.
@@ -43,6 +47,7 @@ class GT(nn.Module):
         for lin in (self.inp, self.head) + ((self.pe,) if self.pe is not None else ()):
             glorot_(lin.weight)
             nn.init.zeros_(lin.bias)
+        self.pe_seed = int(torch.randint(0, 2**31 - 1, (1,)).item()) if self.pe_dim else 0
 
     def forward(self, graph: GraphContext, x: torch.Tensor) -> torch.Tensor:
         n = x.shape[0]
@@ -53,7 +58,8 @@ class GT(nn.Module):
                 raise ValueError(f"model.pe_dim: {self.pe_dim} but /node/lap_pe has {pe.shape[1]} columns")
             pe = pe[:, :self.pe_dim].to(h.dtype)
             if self.training:
-                sign = torch.randint(0, 2, (self.pe_dim,)).to(h.dtype) * 2 - 1
+                gen = torch.Generator().manual_seed(self.pe_seed * 1_000_003 + int(self.step))
+                sign = torch.randint(0, 2, (self.pe_dim,), generator=gen).to(h.dtype) * 2 - 1
                 pe = pe * sign.to(h.device)
             h = h + self.pe(pe)
         glob = self.token is not None

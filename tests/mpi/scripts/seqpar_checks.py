@@ -15,7 +15,10 @@ token), sparse, dense and interleaved attention:
 * the same with the sequence in RCM and METIS-cluster order (each rank then holds scattered nodes);
 * the cluster-sparse layout (``cluster_beta`` 0 and 0.05, METIS clusters of 8): the same results;
 * the beta tuner fed each rank's own epoch time: every rank takes the same decisions;
-* heads not divisible by P fails with a message naming ``model.heads``.
+* heads not divisible by P fails with a message naming ``model.heads``;
+* the Trainer on ``seqpar`` (each rank with its own random stream, as in a job) against the Trainer on
+  ``single``: GT with encodings, 3 steps, losses and parameters (the encodings' random sign flips must be
+  drawn alike on every rank).
 
 The orders and the cluster layout: both orders and both betas on 2 ranks, METIS order and beta 0.05 on
 4, neither on 1 (where the sequence is not split).
@@ -91,6 +94,8 @@ def _check(comm, path, name, extra, tag, order="id", options=None) -> int:
             p.add_(0.1 * torch.randn_like(p))
     model = build_model(name, 5, 8, 3, num_layers=2, heads=4, dropout=0.0, **extra).double()
     model.load_state_dict(ref.state_dict())
+    if hasattr(ref, "pe_seed"):  # built after ref, so its own draw differs (the trainer builds one per rank alike)
+        model.pe_seed = ref.pe_seed
     # eps 1e-4, not 1e-8: the key bias's true gradient is 0 (softmax ignores a constant per row), so its
     # computed gradient is rounding noise (~1e-17) that Adam would scale by lr/eps = 1e6 into the weights
     opt_r = Adam(ref.parameters(), lr=0.01, eps=1e-4)
@@ -151,6 +156,33 @@ def _tuner_agrees(comm, path) -> int:
     return 1
 
 
+def _trainer_matches_single(comm, path: Path, work: Path) -> int:
+    """The Trainer on ``seqpar`` (whose ranks draw their own random streams, as in any job) against the Trainer on
+    ``single``: GT with encodings, whose random sign flips every rank must draw alike, 3 steps, float64."""
+    from hpc_graph.train.config import config_from_dict
+    from hpc_graph.train.trainer import Trainer
+
+    def cfg(engine):
+        return config_from_dict({
+            "data": {"path": str(path)}, "engine": {"name": engine},
+            "model": {"name": "gt", "hidden": 8, "heads": 4, "num_layers": 2, "dropout": 0.0, "pe_dim": 4,
+                      "global_token": True},
+            "optim": {"name": "sgd", "lr": 0.05, "momentum": 0.9},
+            "train": {"seed": 3, "dtype": "float64", "progress": False, "run_dir": str(work / f"tr-{engine}")}})
+
+    ref = Trainer(cfg("single"), _communicator.get_communicator("local"))
+    run = Trainer(cfg("seqpar"), comm)
+    for step in range(3):
+        got, want = run.step(), ref.step()
+        if abs(got - want) > RTOL * max(1.0, abs(want)):
+            raise AssertionError(f"rank {comm.rank}: trainer seqpar loss of step {step + 1} {got!r} != single {want!r}")
+    for (key, w), g in zip(ref.model.state_dict().items(), run.model.state_dict().values()):
+        err = float((g.double() - w.double()).abs().max()) if w.numel() else 0.0
+        if err > RTOL * max(1.0, float(w.double().abs().max())):
+            raise AssertionError(f"rank {comm.rank}: trainer seqpar {key} differs by {err:g} after 3 steps")
+    return 1
+
+
 def main() -> int:
     comm = _communicator.get_communicator("mpi")
     from hpc_graph.comm.threads import configure_threads
@@ -180,6 +212,7 @@ def main() -> int:
                                 f"rank {comm.rank}/{comm.size} {name} cluster beta {beta}", order="metis",
                                 options={"cluster_beta": beta, "cluster_size": 8})
         cases += _tuner_agrees(comm, path)
+        cases += _trainer_matches_single(comm, path, work)
         if comm.size > 1:
             eng = create_engine("seqpar", str(path), comm, "cpu", torch.float64, {})
             bad = build_model("gt", 5, 6 * comm.size + 1, 3, heads=6 * comm.size + 1, pe_dim=0).double()
