@@ -15,6 +15,7 @@ import numpy as np
 import torch
 
 from hpc_graph.engines.base import Batch
+from hpc_graph.graph.dist_graph import row_normalize
 from hpc_graph.graph.whole_graph import WholeGraph
 from hpc_graph.ops.csr import CSR
 
@@ -56,10 +57,7 @@ class GraphBatches:
         self.graph_ptr = np.asarray(graph_ptr, dtype=np.int64)
         if feature_norm not in ("none", "row"):
             raise ValueError(f"data.feature_norm: must be 'none' or 'row', got {feature_norm!r}")
-        if feature_norm == "row":
-            sums = feat.sum(1, keepdim=True)
-            feat = feat / torch.where(sums == 0, torch.ones_like(sums), sums)
-        self.feat, self.label = feat, label
+        self.feat, self.label = (row_normalize(feat) if feature_norm == "row" else feat), label
         self.node_fields = dict(node_fields or {})
         self.edge_type = None if edge_type is None else np.asarray(edge_type)
         self.batch_size, self.seed = int(batch_size), int(seed)
@@ -67,10 +65,6 @@ class GraphBatches:
         self.train_graphs = (train.cpu() & (label.cpu() >= 0)).nonzero().squeeze(1)
         self._order_epoch: int | None = None
         self._order = self.train_graphs
-
-    @property
-    def num_graphs(self) -> int:
-        return int(self.graph_ptr.shape[0]) - 1
 
     def iterations(self, epoch: int) -> int:
         """Optimiser steps of an epoch: ceil(training graphs / batch_size) (the same on every rank)."""

@@ -418,6 +418,13 @@ def dataset_as_partition(path: str, device: torch.device, dtype: torch.dtype) ->
     return dg, data
 
 
+def row_normalize(x: torch.Tensor) -> torch.Tensor:
+    """Divide every row by its sum (rows summing to 0 are left unchanged): float[N, F] -> float[N, F]
+    (``data.feature_norm: row``; the trainer's evaluation input and the sampled and graph-level engines' batches)."""
+    s = x.sum(1, keepdim=True)
+    return x / torch.where(s == 0, torch.ones_like(s), s)
+
+
 def load_sampled_data(source: str, comm: Any, device: torch.device, dtype: torch.dtype, engine: str,
                       feature_norm: str = "none") -> tuple[DistGraph, dict]:
     """``(DistGraph, data)`` for a sampled engine: a partition directory, or a dataset file on one process.
@@ -435,8 +442,7 @@ def load_sampled_data(source: str, comm: Any, device: torch.device, dtype: torch
         data = partition_tensors(part, device, dtype, source)
         del part
     if feature_norm == "row":
-        sums = data["feat"].sum(1, keepdim=True)
-        data["feat"] = data["feat"] / torch.where(sums == 0, torch.ones_like(sums), sums)
+        data["feat"] = row_normalize(data["feat"])
     return dg, data
 
 

@@ -637,13 +637,6 @@ def _check_model_fields(config: Config) -> None:
                               f"but model.name is {name!r}")
 
 
-def _graph_level_data(config: Config) -> bool:
-    """Whether ``data.path`` is a graph-level dataset file (read from its header; False when unreadable)."""
-    from hpc_graph.engines import is_graph_level
-
-    return is_graph_level(config.data.path)
-
-
 def _check_engine_fields(config: Config) -> None:
     """A field that only some engines use must keep its default under any other engine."""
     name = config.engine.name
@@ -653,7 +646,9 @@ def _check_engine_fields(config: Config) -> None:
             if engines and name not in engines and getattr(getattr(config, section), f.name) != f.default:
                 raise ConfigError(f"{section}.{f.name}: only used by engine {' or '.join(map(repr, engines))}, "
                                   f"but engine.name is {name!r}")
-    graph_level = _graph_level_data(config)
+    from hpc_graph.engines import is_graph_level
+
+    graph_level = is_graph_level(config.data.path)  # the file's header (False when unreadable)
     if graph_level and name not in ("single", "dp", "auto"):
         raise ConfigError(f"data.path: {config.data.path} is a graph-level dataset (/graphs/ptr): it trains on "
                           f"engine 'single' (one process) or 'dp' (data parallel over the batches of graphs), "

@@ -77,6 +77,7 @@ from torch.nn import functional as F
 from data_io.errors import DataError, atomic_output
 from hpc_graph.engines import create_engine
 from hpc_graph.engines.base import Engine
+from hpc_graph.graph.dist_graph import row_normalize
 from hpc_graph.nn import build_model, optim
 from hpc_graph.train import checkpoint as ckpt
 from hpc_graph.train.config import Config, ConfigError, check_paths, config_to_dict, validate_config
@@ -131,12 +132,6 @@ def _agreed(exc: BaseException) -> BaseException:
     return exc
 
 
-def row_normalize(x: torch.Tensor) -> torch.Tensor:
-    """Divide every row by its sum (rows summing to 0 are left unchanged): float[N, F] -> float[N, F]."""
-    s = x.sum(1, keepdim=True)
-    return x / torch.where(s == 0, torch.ones_like(s), s)
-
-
 def to_layout(x: torch.Tensor, layout: str, max_density: float = SPARSE_MAX_DENSITY) -> torch.Tensor:
     """Features as given (``dense``), as sparse CSR (``sparse``), or CSR when ``auto`` finds at most
     ``max_density`` of the entries non-zero: float[N, F] -> float[N, F]."""
@@ -156,17 +151,15 @@ def choose_engine(name: str, size: int, data_path: str, model: str | None = None
 
     Raises ConfigError for ``single`` with more than one rank.
     """
-    if name == "auto":
-        from hpc_graph.engines import is_graph_level
+    from hpc_graph.engines import is_graph_level
 
+    if name == "auto":
         if is_graph_level(data_path):
             return "single" if size == 1 else "dp"
         if model in ("gt", "graphormer"):
             return "single" if size == 1 else "seqpar"
         return "single" if size == 1 and Path(data_path).is_file() else "dp"
     if name == "single" and size > 1:
-        from hpc_graph.engines import is_graph_level
-
         raise ConfigError(f"engine.name: 'single' runs on one process, but this job has {size} ranks; "
                           + ("use 'dp' (data parallel over the batches of graphs)" if is_graph_level(data_path) else
                              "use 'dp' or 'sar' with a partitioned dataset (hpc-graph partition)"))
