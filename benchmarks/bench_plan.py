@@ -36,6 +36,13 @@ whose epochs spread least (not the fastest: on a machine whose speed moves by 2x
 pick its fast phases); the plan of a run is re-made right before each repetition, so rates and run see the
 same machine.
 
+``--rounds N`` measures every configuration N times, in rounds over all configurations of a scale (a
+round plans and runs each configuration once, the next round starts over): on a machine whose speed moves
+by 2x over seconds one plan and one run of a configuration each see a phase of their own, N rounds spread
+over the benchmark's whole duration. The record of a configuration then compares the median of its N
+predicted epochs with the median of its N measured ones; every round's own plan, run and error stay in it
+(``rounds``), and the summary gives the errors of single rounds too.
+
 ``--papers100m`` also plans ogbn-papers100M (111,059,956 nodes; 1,615,685,872 edges as the issue gives
 them, and 3,231,371,744 as SAR trains it, symmetrised; 128 features, 172 classes, 1.1 % training
 nodes; 3-layer SAGE hidden 256, SAR's setup) at 192 GB per rank, with every assumption printed.
@@ -269,8 +276,8 @@ def train(cfg: Path, data: Path, ranks: int, engine: str, run_dir: Path, args: a
              "speed_after_ms": speed_ms(), "threads": threads}, [env_text] + [str(c) for c in cmd])
 
 
-def one(args: argparse.Namespace, work: Path, scale: int, model: str, ranks: int, data: Path, floor_mb: float
-        ) -> list[dict[str, Any]]:
+def one(args: argparse.Namespace, work: Path, scale: int, model: str, ranks: int, data: Path, floor_mb: float,
+        rnd: int = 0) -> list[dict[str, Any]]:
     cfg = write_config(work, model, args.epochs)
     out = []
     for engine in args.engines:
@@ -283,11 +290,11 @@ def one(args: argparse.Namespace, work: Path, scale: int, model: str, ranks: int
             pj = work / f"plan-s{scale}-{model}-{engine}-{ranks}.json"
             planned, plan_cmd, plan_quiet = plan(cfg, data, ranks, [engine], floor_mb, work, pj, args)
             pred = planned["predictions"][0]
-            run_dir = work / "runs" / f"s{scale}-{model}-{engine}-{ranks}-{attempt}"
+            run_dir = work / "runs" / f"s{scale}-{model}-{engine}-{ranks}-{attempt}" / f"round{rnd}"
             measured, train_cmd = train(cfg, data, ranks, engine, run_dir, args)
             rec = {"scale": scale, "model": model, "engine": engine, "ranks": ranks, "predicted": _predicted(pred),
                    "measured": measured, "plan_command": plan_cmd, "train_command": train_cmd,
-                   "plan_load": plan_quiet, "floor_mb": floor_mb, "attempt": attempt,
+                   "plan_load": plan_quiet, "floor_mb": floor_mb, "attempt": attempt, "round": rnd,
                    "assumptions": planned["assumptions"]}
             _errors(rec)
             tries.append({"attempt": attempt, "median_epoch_s": measured["median_epoch_s"],
@@ -303,6 +310,28 @@ def one(args: argparse.Namespace, work: Path, scale: int, model: str, ranks: int
         print(_line(best), flush=True)
         out.append(best)
     return out
+
+
+def combine(rounds: list[dict[str, Any]]) -> dict[str, Any]:
+    """One record from the rounds of one configuration: the first round's record with the median of the
+    rounds' predicted epochs against the median of their measured ones (memory and bytes: every round's
+    worst), each round's own numbers kept under ``rounds``."""
+    rounds = sorted(rounds, key=lambda r: r.get("round", 0))
+    if len(rounds) == 1:
+        return rounds[0]
+    rec = dict(rounds[0])
+    rec["predicted"] = {**rec["predicted"], "epoch_s": statistics.median(r["predicted"]["epoch_s"] for r in rounds)}
+    rec["measured"] = {**rec["measured"],
+                       "median_epoch_s": statistics.median(r["measured"]["median_epoch_s"] for r in rounds)}
+    rec["rounds"] = [{"round": r.get("round", 0), "predicted_epoch_s": r["predicted"]["epoch_s"],
+                      "measured_epoch_s": r["measured"]["median_epoch_s"], "err_time": r["err_time"],
+                      "err_mem": r["err_mem"], "bytes_equal": r["bytes_equal"], "speed_ratio": speed_ratio(r),
+                      "plan_seconds": r["plan_load"].get("plan_seconds")} for r in rounds]
+    _errors(rec)
+    rec["err_mem"] = [max(es, key=abs) for es in zip(*(r["err_mem"] for r in rounds))]
+    if rec["bytes_equal"] is not None:
+        rec["bytes_equal"] = all(r["bytes_equal"] for r in rounds)
+    return rec
 
 
 def _predicted(pred: dict[str, Any]) -> dict[str, Any]:
@@ -457,9 +486,11 @@ def plot(records: list[dict[str, Any]], path: Path) -> None:
 
 
 def table(records: list[dict[str, Any]]) -> str:
+    rounds = any("rounds" in r for r in records)
     lines = ["| scale | model | engine | ranks | peak/rank predicted (MiB) | measured (MiB) | error (worst rank) "
-             "| epoch predicted (s) | measured (s) | error | busy before | machine run / plan |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             "| epoch predicted (s) | measured (s) | error | busy before | machine run / plan |"
+             + (" rounds: predicted / measured (error) |" if rounds else ""),
+             "|---|---|---|---|---|---|---|---|---|---|---|---|" + ("---|" if rounds else "")]
     for r in sorted(records, key=lambda r: (r["scale"], r["model"], r["engine"], r["ranks"])):
         worst, ratio = max(r["err_mem"], key=abs), speed_ratio(r)
         lines.append(f"| {r['scale']} | {r['model']} | {r['engine']} | {r['ranks']} | "
@@ -467,7 +498,9 @@ def table(records: list[dict[str, Any]]) -> str:
                      f"{' / '.join(f'{m:.0f}' for m in r['measured']['peak_rss_mb'])} | {worst:+.1%} | "
                      f"{r['predicted']['epoch_s']:.2f} | {r['measured']['median_epoch_s']:.2f} | {r['err_time']:+.1%} | "
                      f"{r['measured']['busy_before']} | "
-                     + (f"{ratio:.2f} |" if ratio is not None else "- |"))
+                     + (f"{ratio:.2f} |" if ratio is not None else "- |")
+                     + (" " + ", ".join(f"{x['predicted_epoch_s']:.2f} / {x['measured_epoch_s']:.2f} ({x['err_time']:+.0%})"
+                                        for x in r.get("rounds", [])) + " |" if rounds else ""))
     return "\n".join(lines)
 
 
@@ -486,6 +519,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--wait", type=float, default=900.0, help="longest wait for a quiet machine (s)")
     ap.add_argument("--noise-limit", type=float, default=1.5, help="epochs 2..E max/min above this: repeat")
     ap.add_argument("--repeat-noisy", type=int, default=1)
+    ap.add_argument("--rounds", type=int, default=1,
+                    help="measure every configuration this many times, in rounds; compare the medians")
     ap.add_argument("--workdir", default=str(ROOT / "results" / "bench_plan_work"))
     ap.add_argument("--out", default=str(ROOT / "results" / "bench_plan.json"))
     ap.add_argument("--plot", default=None, metavar="PNG")
@@ -510,29 +545,42 @@ def main(argv: list[str] | None = None) -> int:
         replan(args, work, records, save)
     elif not args.report_only:
         floors: dict[str, float] = {}
+        raw = doc.setdefault("round_records", [])
+
+        def key(r: dict[str, Any]) -> tuple:
+            return r["scale"], r["model"], r["engine"], r["ranks"]
+
         for scale in args.scales:
             parts = prepare(work, scale, args.ranks)
-            for model in args.models:
-                if model not in floors:
-                    wait_for_quiet(args.max_busy, args.wait)
-                    floors[model] = _floor(work, model, args)
-                    print(f"floor {model}: {floors[model]:.0f} MiB", flush=True)
-                for P in args.ranks:
-                    if P > 1 and not (work / f"links-{P}.json").exists():
-                        cfg = write_config(work, model, args.epochs)
+            for rnd in range(args.rounds):
+                for model in args.models:
+                    if model not in floors:
                         wait_for_quiet(args.max_busy, args.wait)
-                        _run(["mpiexec", "-n", P] + _cli() + ["-q", "plan", "--config", cfg, "--data", parts[P],
-                                                              "--engines", "dp", "--ranks", P, "--rates", "synthetic",
-                                                              "--calibration", "none", "--floor", "1GiB", "--profile", work / f"links-{P}.json"],
-                             _env(None))
-                    key = {(scale, model, e, P) for e in args.engines}
-                    if args.skip_done and key <= {(r["scale"], r["model"], r["engine"], r["ranks"]) for r in records}:
-                        continue
-                    new = one(args, work, scale, model, P, parts[P], floors[model])
-                    done = {(r["scale"], r["model"], r["engine"], r["ranks"]) for r in new}
-                    records = [r for r in records if (r["scale"], r["model"], r["engine"], r["ranks"]) not in done] + new
-                    doc["records"] = records
-                    out_path.write_text(json.dumps(doc, indent=1))
+                        floors[model] = _floor(work, model, args)
+                        print(f"floor {model}: {floors[model]:.0f} MiB", flush=True)
+                    for P in args.ranks:
+                        if P > 1 and not (work / f"links-{P}.json").exists():
+                            cfg = write_config(work, model, args.epochs)
+                            wait_for_quiet(args.max_busy, args.wait)
+                            _run(["mpiexec", "-n", P] + _cli() + ["-q", "plan", "--config", cfg, "--data", parts[P],
+                                                                  "--engines", "dp", "--ranks", P, "--rates", "synthetic",
+                                                                  "--calibration", "none", "--floor", "1GiB",
+                                                                  "--profile", work / f"links-{P}.json"],
+                                 _env(None))
+                        keys = {(scale, model, e, P) for e in args.engines}
+                        if args.skip_done and rnd == 0 and keys <= {key(r) for r in records}:
+                            continue
+                        if args.rounds > 1:
+                            print(f"round {rnd + 1}/{args.rounds}", flush=True)
+                        new = one(args, work, scale, model, P, parts[P], floors[model], rnd)
+                        done = {key(r) for r in new}
+                        if rnd == 0:  # a configuration measured again replaces its earlier rounds
+                            raw[:] = [r for r in raw if key(r) not in done]
+                        raw.extend(new)
+                        merged = [combine([r for r in raw if key(r) == k]) for k in sorted(done)]
+                        records = [r for r in records if key(r) not in done] + merged
+                        doc["records"] = records
+                        out_path.write_text(json.dumps(doc, indent=1))
         if args.papers100m:
             doc["papers100m"] = papers100m(args, work)
             out_path.write_text(json.dumps(doc, indent=1))
@@ -544,6 +592,11 @@ def main(argv: list[str] | None = None) -> int:
               f"time: {sum(e <= 0.25 for e in tim)}/{len(tim)} epochs within 25 % (worst {max(tim):.1%}); "
               f"bytes sent equal: {sum(1 for r in records if r['bytes_equal'])}/"
               f"{sum(1 for r in records if r['bytes_equal'] is not None)}")
+        single = [abs(x["err_time"]) for r in records for x in r.get("rounds", [])]
+        if single:
+            print(f"rounds: medians of {len(single) / len(records):.3g} rounds per configuration above; single "
+                  f"rounds: {sum(e <= 0.25 for e in single)}/{len(single)} epochs within 25 % "
+                  f"(median {statistics.median(single):.1%}, worst {max(single):.1%})")
     if args.plot and records:
         plot(records, Path(args.plot))
     return 0
