@@ -24,6 +24,11 @@ are scaled to an epoch the same way (the 4-rank run checks bytes; its timings sh
 ``matrix`` (not under ``mpiexec``): ``run`` once per configuration, each in a fresh ``mpiexec -n RANKS`` job,
 as a training job would run it (one process running every configuration gets slower as it goes).
 
+``report --median FILE...``: the same configurations measured in several matrices (rounds: the whole matrix
+run again, so each configuration's runs fall minutes apart, in different phases of a machine whose speed
+moves by 2x over seconds) as one row each: every strategy's median measured and median predicted epoch;
+each matrix's plan, its choice and its cost, judged against those medians (regret: the median plan's).
+
 ``report``: the table of measured and predicted epochs, prediction errors, the winner, ``auto``'s choice
 and regret, and its speed-up over always-GDP. The plan's cost is shown twice: ``plan_seconds`` (the
 first plan of the process: profile, loading the kernels, dry run) and ``warm_plan_seconds`` (a second
@@ -270,30 +275,56 @@ def matrix(args) -> None:
         subprocess.run(cmd, check=True)
 
 
+def _groups(rows: list[dict], median: bool) -> list[dict]:
+    """The report's configurations: each record alone, or with ``median`` the records of one configuration
+    (graph, partition, d, d', cache) from several matrices merged: every strategy's median measured and median
+    predicted epoch, and each matrix's own plan (its choice and its warm plan's cost) kept to be judged against
+    those medians."""
+    rows = [r for r in rows if r["measured"]]
+    keyed: dict = {}
+    for i, r in enumerate(rows):
+        keyed.setdefault((r["path"], r["hidden"], r["cache"]) if median else i, []).append(r)
+    out = []
+    for g in keyed.values():
+        strats = [s for s in STRATS if all(s in r["measured"] for r in g)]
+        rec = dict(g[0])
+        rec["measured"] = {s: statistics.median(r["measured"][s] for r in g) for s in strats}
+        rec["predicted"] = {**g[0]["predicted"], **{s: statistics.median(r["predicted"][s] for r in g) for s in strats}}
+        rec["plans"] = []
+        for r in g:
+            ch = r.get("warm_choice", r["choice"])  # the warm plan's choice: the epoch its cost is measured against
+            rec["plans"].append({"choice": r["choice"], "warm_choice": ch, "warm_seconds": _warm_plan_seconds(r, ch),
+                                 "reused": r.get("reused_seconds", {}).get(ch, 0.0)})
+        out.append(rec)
+    return out
+
+
 def report(args) -> None:
     rows = [json.loads(line) for f in args.files for line in open(f) if line.strip()]
-    errs, regrets, speedups, overheads, nets = [], [], [], [], []
+    groups = _groups(rows, args.median)
+    errs, regrets, speedups, overheads, nets, run_regrets = [], [], [], [], [], []
     print("| d | d' | cache | parts | GDP s | NFP s | SNP s | DNP s | predicted GDP/NFP/SNP/DNP s | best | auto "
           "| regret | auto vs GDP | plan / epoch | net |")
     print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
-    for r in rows:
+    nan = float("nan")
+    for r in groups:
         m, p = r["measured"], r["predicted"]
-        if not m:
-            continue
         best = min(m, key=m.get)
         for s in m:
             errs.append(abs(p[s] - m[s]) / m[s])
-        regret = m.get(r["choice"], float("nan")) / m[best]
-        regrets.append(regret)
-        speedups.append(m["gdp"] / m.get(r["choice"], float("nan")))
-        ch = r.get("warm_choice", r["choice"])  # the warm plan's choice: the epoch its cost is measured against
-        warm = _warm_plan_seconds(r, ch)
-        overheads.append(warm / m.get(ch, float("nan")))
+        # each plan's choice judged by the (median) measured epochs; a configuration's regret: the median plan's
+        reg = [m.get(x["choice"], nan) / m[best] for x in r["plans"]]
+        run_regrets += reg
+        regrets.append(statistics.median(reg))
+        speedups.append(statistics.median(m["gdp"] / m.get(x["choice"], nan) for x in r["plans"]))
+        overheads.append(statistics.median(x["warm_seconds"] / m.get(x["warm_choice"], nan) for x in r["plans"]))
         # net of the sampling training takes from the dry run instead of doing it again
-        nets.append((warm - r.get("reused_seconds", {}).get(ch, 0.0)) / m.get(ch, float("nan")))
+        nets.append(statistics.median((x["warm_seconds"] - x["reused"]) / m.get(x["warm_choice"], nan)
+                                      for x in r["plans"]))
         cells = [f"{m[s]:.1f}" if s in m else "-" for s in STRATS]
         print(f"| {r['d']} | {r['hidden']} | {r['cache']:.0%} | {r['method']} | " + " | ".join(cells)
-              + " | " + "/".join(f"{p[s]:.1f}" for s in STRATS) + f" | {best} | {r['choice']} | {regret:.2f} | "
+              + " | " + "/".join(f"{p[s]:.1f}" for s in STRATS) + f" | {best} | "
+              + ",".join(x["choice"] for x in r["plans"]) + f" | {regrets[-1]:.2f} | "
               f"{speedups[-1]:.2f}x | {overheads[-1]:.1%} | {nets[-1]:.1%} |")
     byte_errs = []
     for r in rows:
@@ -307,14 +338,18 @@ def report(args) -> None:
         print(f"\nbytes per epoch (all operations but the all-reduce), prediction vs measured over the timed "
               f"iterations: median error {statistics.median(byte_errs):.1%}, max {max(byte_errs):.1%} "
               f"({len(byte_errs)} strategy runs)")
-    if args.plot and rows:
-        _plot([r for r in rows if r["measured"]], args.plot)
+    if args.plot and groups:
+        _plot([{**r, "choice": r["plans"][0]["choice"]} for r in groups], args.plot)
     if errs:
+        what = "configurations' medians over their matrices" if args.median else "strategy runs"
         print(f"\nprediction error: median {statistics.median(errs):.1%}, max {max(errs):.1%} over {len(errs)} "
-              f"strategy runs; regret of auto: median {statistics.median(regrets):.2f}, max {max(regrets):.2f}; "
+              f"{what}; regret of auto: median {statistics.median(regrets):.2f}, max {max(regrets):.2f}; "
               f"auto vs always-GDP: median {statistics.median(speedups):.2f}x; warm plan (dry run) / epoch: "
               f"median {statistics.median(overheads):.1%}, max {max(overheads):.1%}; net of the reused sampling: median "
               f"{statistics.median(nets):.1%}, max {max(nets):.1%}")
+        if args.median:
+            print(f"every plan's choice against the median epochs: regret median {statistics.median(run_regrets):.2f}, "
+                  f"max {max(run_regrets):.2f} over {len(run_regrets)} plans")
 
 
 def _warm_plan_seconds(r: dict, ch: str) -> float:
@@ -430,6 +465,9 @@ def main() -> int:
     rr = sub.add_parser("report")
     rr.add_argument("files", nargs="+")
     rr.add_argument("--plot", help="write the figure of measured and predicted epochs here (PNG)")
+    rr.add_argument("--median", action="store_true",
+                    help="merge the records of one configuration from several files (matrices run again): "
+                         "medians of the measured and the predicted epochs, every matrix's plan judged by them")
     args = ap.parse_args()
     {"prepare": prepare, "run": run, "matrix": matrix, "report": report, "accuracy": accuracy}[args.cmd](args)
     return 0
