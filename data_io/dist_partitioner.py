@@ -43,7 +43,7 @@ import numpy as np
 
 from data_io.dataset import MASKS, open_dataset
 from data_io.errors import DataError, _remove, check_output
-from data_io.memory import require_memory
+from data_io.memory import peak_rss_mb, require_memory
 from data_io.partition import META_NAME, Partition, _write_part_h5, part_file_name
 
 log = logging.getLogger(__name__)
@@ -513,18 +513,9 @@ def partition_distributed(src_h5: str | os.PathLike, out_dir: str | os.PathLike,
     return meta
 
 
-def _peak_rss_mb() -> float:
-    try:
-        import resource
-
-        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
-    except (ImportError, OSError):
-        return 0.0
-
-
 def _mark(peaks: dict, phase: str) -> None:
     """Record this rank's peak RSS so far after ``phase`` (where the memory goes, in the log)."""
-    peaks[phase] = round(_peak_rss_mb(), 1)
+    peaks[phase] = round(peak_rss_mb(), 1)
     log.debug("peak RSS after %s: %.0f MB", phase, peaks[phase])
 
 
@@ -712,7 +703,7 @@ def _run(comm, ds, src, tmp, lo, hi, P, method, seed, lib, imbalance, feat_block
 
     # 8. statistics to rank 0 -> partition.json
     every = comm.gather(stats, root=0)
-    peak = comm.gather(_peak_rss_mb(), root=0)
+    peak = comm.gather(peak_rss_mb(), root=0)
     phase_peaks = comm.gather(peaks, root=0)
     if rank != 0:
         return None

@@ -98,6 +98,38 @@ def format_bytes(n: float, digits: int = 1) -> str:
     return f"{n:.{digits}f} PiB"  # pragma: no cover
 
 
+# -- what this process used ------------------------------------------------------------------
+
+def peak_rss_bytes(status_path: str = "/proc/self/status") -> int:
+    """High-water resident memory of this process in bytes.
+
+    On Linux the kernel's ``VmHWM`` (``/proc/self/status``): the high-water mark of this process's own
+    address space, which starts afresh when the process starts. Not ``getrusage``'s ``ru_maxrss``: Linux
+    carries that over fork and exec, so a process started from a large parent (``subprocess`` from a
+    benchmark or a planner holding a few hundred MiB) reports at least its parent's resident size at the
+    start. Elsewhere (no ``/proc``) ``ru_maxrss`` (KiB on Linux and BSD, bytes on macOS)."""
+    try:
+        with open(status_path, encoding="ascii", errors="replace") as fh:
+            for line in fh:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) * 1024  # "VmHWM:   13720 kB"
+    except (OSError, ValueError, IndexError):
+        pass
+    try:
+        import resource
+        import sys
+
+        ru = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    except (ImportError, OSError):  # pragma: no cover - no resource module
+        return 0
+    return int(ru) if sys.platform == "darwin" else int(ru) * 1024
+
+
+def peak_rss_mb() -> float:
+    """:func:`peak_rss_bytes` in MiB."""
+    return peak_rss_bytes() / 2.0 ** 20
+
+
 # -- what is available ----------------------------------------------------------------------
 
 _NO_LIMIT = 1 << 60  # cgroup v1 writes ~2**63 (rounded to a page) for "no limit"

@@ -60,9 +60,9 @@ MAX_LEVELS = 24
 def _peak(tag: str) -> None:
     """Log this process's peak RSS so far (debug level: where the memory goes)."""
     if log.isEnabledFor(logging.DEBUG):
-        import resource
+        from data_io.memory import peak_rss_mb
 
-        log.debug("peak RSS after %s: %.0f MB", tag, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)
+        log.debug("peak RSS after %s: %.0f MiB", tag, peak_rss_mb())
 
 
 def even_ranges(n: int, R: int) -> np.ndarray:

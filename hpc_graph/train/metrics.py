@@ -13,13 +13,13 @@ from __future__ import annotations
 
 import json
 import os
-import resource
 import sys
 import time
 from pathlib import Path
 from typing import Any
 
 from data_io.errors import atomic_output
+from data_io.memory import peak_rss_mb  # noqa: F401 (re-exported: hpc_graph.train.peak_rss_mb)
 
 MERGED_METRICS = "metrics.jsonl"
 
@@ -158,10 +158,6 @@ class SavedBytes:
         self._hooks.__exit__(*exc)
 
 
-def peak_rss_mb() -> float:
-    """High-water resident memory of this process in MiB (``getrusage``; KiB on Linux, bytes on macOS)."""
-    ru = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    return ru / (1024.0 * 1024.0) if sys.platform == "darwin" else ru / 1024.0
 
 
 class ProgressBar:

@@ -112,6 +112,45 @@ def test_available_takes_the_cgroup_minimum(monkeypatch):
 
 # -- the refusal ------------------------------------------------------------------------------
 
+_CHILD = """
+import sys
+from data_io.memory import peak_rss_bytes
+before = peak_rss_bytes()
+buf = bytearray(int(sys.argv[1]))
+buf[::4096] = b"\\x01" * len(buf[::4096])  # touch every page
+print(before, peak_rss_bytes())
+"""
+
+
+def test_peak_rss_is_this_process_not_its_parent():
+    """A child started from a parent holding 384 MiB reports its own high-water mark: small before it allocates,
+    its buffer more after (getrusage's ru_maxrss starts at the parent's resident size)."""
+    import subprocess
+    import sys
+
+    parent = bytearray(384 * MIB)
+    parent[::4096] = b"\x01" * len(parent[::4096])
+    own = 48 * MIB
+    out = subprocess.run([sys.executable, "-c", _CHILD, str(own)], capture_output=True, text=True, check=True,
+                         cwd=str(Path(__file__).resolve().parents[2]))
+    before, after = (int(v) for v in out.stdout.split())
+    assert before < 256 * MIB  # the interpreter, numpy, data_io: far below the parent's 384 MiB
+    assert after - before >= own * 0.9
+    assert memory.peak_rss_bytes() >= 384 * MIB  # and the parent's own mark counts its buffer
+    del parent
+
+
+def test_peak_rss_reads_the_status_file_else_getrusage(tmp_path):
+    status = tmp_path / "status"
+    status.write_text("Name:\tpython\nVmPeak:\t  999999 kB\nVmHWM:\t   13720 kB\nVmRSS:\t   13000 kB\n")
+    assert memory.peak_rss_bytes(str(status)) == 13720 * 1024
+    import resource
+
+    ru = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    got = memory.peak_rss_bytes(str(tmp_path / "missing"))
+    assert 0.5 * ru <= got <= 2 * ru + 64 * MIB
+
+
 def test_require_memory_refuses_in_one_line(monkeypatch):
     monkeypatch.setenv(ENV_VAR, "1GiB")
     require_memory(2**29, "small job")  # fits: no error
