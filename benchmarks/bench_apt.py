@@ -290,6 +290,10 @@ def _groups(rows: list[dict], median: bool) -> list[dict]:
         rec = dict(g[0])
         rec["measured"] = {s: statistics.median(r["measured"][s] for r in g) for s in strats}
         rec["predicted"] = {**g[0]["predicted"], **{s: statistics.median(r["predicted"][s] for r in g) for s in strats}}
+        # each matrix's own error, the median over the matrices: a second statistic (the error of the medians
+        # takes the measured and the predicted median from different matrices where the machine's phase moved)
+        rec["median_run_error"] = {s: statistics.median(abs(r["predicted"][s] - r["measured"][s]) / r["measured"][s]
+                                                        for r in g) for s in strats}
         rec["plans"] = []
         for r in g:
             ch = r.get("warm_choice", r["choice"])  # the warm plan's choice: the epoch its cost is measured against
@@ -350,6 +354,9 @@ def report(args) -> None:
         if args.median:
             print(f"every plan's choice against the median epochs: regret median {statistics.median(run_regrets):.2f}, "
                   f"max {max(run_regrets):.2f} over {len(run_regrets)} plans")
+            med = [v for r in groups for v in r["median_run_error"].values()]
+            print(f"each configuration's median over its matrices of the prediction error: median "
+                  f"{statistics.median(med):.1%}, max {max(med):.1%}")
 
 
 def _warm_plan_seconds(r: dict, ch: str) -> float:
