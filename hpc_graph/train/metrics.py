@@ -158,8 +158,6 @@ class SavedBytes:
         self._hooks.__exit__(*exc)
 
 
-
-
 class ProgressBar:
     """Epoch progress on stderr (tqdm when importable, else a plain line), shown only when ``enabled``."""
 
