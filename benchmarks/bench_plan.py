@@ -550,6 +550,7 @@ def main(argv: list[str] | None = None) -> int:
         def key(r: dict[str, Any]) -> tuple:
             return r["scale"], r["model"], r["engine"], r["ranks"]
 
+        finished = {key(r) for r in records}  # --skip-done: configurations of --out before this run, every round
         for scale in args.scales:
             parts = prepare(work, scale, args.ranks)
             for rnd in range(args.rounds):
@@ -568,7 +569,7 @@ def main(argv: list[str] | None = None) -> int:
                                                                   "--profile", work / f"links-{P}.json"],
                                  _env(None))
                         keys = {(scale, model, e, P) for e in args.engines}
-                        if args.skip_done and rnd == 0 and keys <= {key(r) for r in records}:
+                        if args.skip_done and keys <= finished:
                             continue
                         if args.rounds > 1:
                             print(f"round {rnd + 1}/{args.rounds}", flush=True)

@@ -30,6 +30,12 @@ def _stats(x: np.ndarray) -> dict[str, float]:
             "median": float(np.median(x))}
 
 
+def _class_counts(lab: np.ndarray, num_classes: int) -> tuple[int, list[int]]:
+    """Labelled entries (label >= 0) and their count per class (at least ``num_classes`` classes)."""
+    k = max(num_classes, int(lab.max()) + 1 if len(lab) else 0)
+    return int(np.count_nonzero(lab >= 0)), np.bincount(lab[lab >= 0], minlength=k).tolist()
+
+
 def dataset_info(path: str | os.PathLike) -> dict[str, Any]:
     """Summary of a dataset file: counts, degree statistics, classes, splits, fields present.
 
@@ -59,10 +65,7 @@ def dataset_info(path: str | os.PathLike) -> dict[str, Any]:
         }
         info["splits"] = {m[:-5]: int(np.count_nonzero(ds.mask(m))) for m in MASKS if ds.has(m)}
         if ds.has("label"):
-            lab = ds.label()
-            info["labelled_nodes"] = int(np.count_nonzero(lab >= 0))
-            k = max(ds.num_classes, int(lab.max()) + 1 if len(lab) else 0)
-            info["class_counts"] = np.bincount(lab[lab >= 0], minlength=k).tolist()
+            info["labelled_nodes"], info["class_counts"] = _class_counts(ds.label(), ds.num_classes)
         if ds.has("graph_ptr"):
             sizes = np.diff(ds.graph_ptr())
             info["num_graphs"] = int(sizes.shape[0])
@@ -70,10 +73,7 @@ def dataset_info(path: str | os.PathLike) -> dict[str, Any]:
             info["graph_splits"] = {m[:-5]: int(np.count_nonzero(ds.graph_mask(m))) for m in MASKS
                                     if ds.has(f"graph_{m}")}
             if ds.has("graph_label"):
-                lab = ds.graph_label()
-                info["labelled_graphs"] = int(np.count_nonzero(lab >= 0))
-                k = max(ds.num_classes, int(lab.max()) + 1 if len(lab) else 0)
-                info["graph_class_counts"] = np.bincount(lab[lab >= 0], minlength=k).tolist()
+                info["labelled_graphs"], info["graph_class_counts"] = _class_counts(ds.graph_label(), ds.num_classes)
     return info
 
 

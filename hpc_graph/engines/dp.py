@@ -63,8 +63,8 @@ class GraphDPEngine(Engine):
     ``label`` and ``masks`` are that block's (per graph), and the trainer adds up the ranks' counts.
 
     Options: ``graph_batch_size`` (graphs per step over all ranks), ``feature_norm`` (``row``: every node's
-    features divided by their sum), ``seed``; ``prefetch`` is accepted and ignored. Raises ``FormatError`` for a file without ``/graphs/ptr`` and ``ValueError`` when there are fewer
-    graphs than ranks.
+    features divided by their sum), ``seed``; ``prefetch`` is accepted and ignored. Raises ``FormatError``
+    for a file without ``/graphs/ptr`` and ``ValueError`` when there are fewer graphs than ranks.
     """
 
     name = "dp"

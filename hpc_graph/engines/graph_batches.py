@@ -74,7 +74,7 @@ class GraphBatches:
         """Per step: this rank's graph count and the step's count over all ranks."""
         n, b = int(self.train_graphs.numel()), self.batch_size
         total = [max(0, min(b, n - it * b)) for it in range(iterations)]
-        mine = [(lambda lo, hi: hi - lo)(*share(t, self.rank, self.size)) for t in total]
+        mine = [hi - lo for lo, hi in (share(t, self.rank, self.size) for t in total)]
         return mine, [float(t) for t in total]
 
     def epoch_order(self, epoch: int) -> torch.Tensor:
