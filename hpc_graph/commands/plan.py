@@ -334,7 +334,8 @@ def measure_floor(config: Any) -> tuple[int, str]:
 
 #: the calibration graph: R-MAT (edge factor 16) of at most this scale, and no larger than the fullest rank
 CALIBRATION_MAX_SCALE = 17
-CALIBRATION_EPOCHS = 6  # the median of epochs 2.. is timed
+CALIBRATION_EPOCHS = 6  # at least this many epochs (the median of epochs 2.. is timed), and as many as run for at
+CALIBRATION_SECONDS = 8.0  # least this many seconds as the kernels predict them (at most 4x CALIBRATION_EPOCHS)
 CONTENTION_EPOCHS = 4  # the oversubscription measurement's first lone run: the median of epochs 2.. (at most 4x as
 CONTENTION_SECONDS = 8.0  # many for the copies and the second lone run, which run at least this many seconds of epochs)
 CONTENTION_MAX_COPIES = 64  # ranks per node beyond which no contention is measured (the plain model stands)
@@ -394,6 +395,16 @@ def _calibration_epochs(raw: dict, d: str, name: str, threads: int, epochs: int,
     return out
 
 
+def calibration_epochs(predicted: float) -> int:
+    """Epochs of a calibration run whose epoch the kernels predict at ``predicted`` seconds: CALIBRATION_EPOCHS,
+    or more, up to 4x as many, until epochs 2.. span CALIBRATION_SECONDS. The median epoch of a run is what the
+    plan adds to; on a machine whose speed moves by 1.5-2x for seconds at a time, a run of a few short epochs
+    sees one of those phases (plans of the same configuration then spread 1.2-2.2x, section 12 of
+    docs/benchmarks.md, session 49)."""
+    want = math.ceil(CALIBRATION_SECONDS / max(float(predicted), 1e-3)) + 1
+    return int(min(max(CALIBRATION_EPOCHS, want), 4 * CALIBRATION_EPOCHS))
+
+
 def measure_calibration(config: Any, spec: Any, nodes: int, threads: list[int], dtype: Any, *,
                         rank_graph: tuple[Any, str] = (None, ""), max_scale: int = CALIBRATION_MAX_SCALE
                         ) -> tuple[dict[int, tuple[float, str]], Any]:
@@ -402,7 +413,8 @@ def measure_calibration(config: Any, spec: Any, nodes: int, threads: list[int], 
     compute (:attr:`hpc_graph.plan.fullbatch.Rates.step_overhead`): the median epoch (epochs 2..) of a real
     ``single`` run of the config's model on an R-MAT graph of ``min(nodes, 2^max_scale)`` nodes (the input width
     and classes of ``spec``), in a subprocess at ``t`` threads, less the step the planner predicts for it from
-    kernel rates measured on that graph here.
+    kernel rates measured on that graph here (first: the prediction sets the run's length,
+    :func:`calibration_epochs`).
 
     ``rates``: the :class:`~hpc_graph.plan.profile.KernelRates` of ``rank_graph`` (``(csr, label)``, the graph the
     plan's rates come from; csr None: the synthetic graph), measured here too, its probes in rounds alternating
@@ -419,29 +431,29 @@ def measure_calibration(config: Any, spec: Any, nodes: int, threads: list[int], 
     from hpc_graph.plan import fullbatch as fb
     from hpc_graph.plan.profile import paired_kernel_rates
 
-    measured: dict[int, float] = {}
+    counts = sorted(set(int(x) for x in threads))
+    out: dict[int, tuple[float, str]] = {}
     with tempfile.TemporaryDirectory(prefix="hpc-graph-calibrate-") as d:
         raw, path, scale = _calibration_graph(config, spec, nodes, d, max_scale)
         graph = fb.graph_from_dataset(path)
-        for t in sorted(set(int(x) for x in threads)):
-            measured[t] = _calibration_epochs(raw, d, f"run{t}", t, CALIBRATION_EPOCHS)[0]
         cal_csr, _ = fb.rank_csr(path, fb.single_layout(graph), 4_000_000)
         kr, kr_cal = paired_kernel_rates([rank_graph, (cal_csr, "calibration graph")], dtype, gat=spec.name == "gat",
-                                         threads=min(measured))
+                                         threads=counts[0])
         del cal_csr
-    rates = fb.Rates.from_kernels(kr_cal)
-    out: dict[int, tuple[float, str]] = {}
-    for t, seconds in measured.items():
-        pred = fb.predict("single", spec, graph, fb.single_layout(graph), floor=0, rates=rates, threads=t,
-                          cores_per_node=t, ranks_per_node=1)
-        predicted = float(pred.rank_seconds[0])
-        extra = seconds - predicted
-        if not -0.5 * predicted <= extra <= 2.0 * predicted:
-            log.warning("plan: the calibration run's epoch (%.3g s at %d thread(s)) is far from the %.3g s its kernels "
-                        "predict (a busy machine?); using it anyway", seconds, t, predicted)
-        out[t] = (extra, f"{CALIBRATION_EPOCHS}-epoch single run of this model on an R-MAT scale-{scale} graph at "
-                         f"{t} thread(s): epoch {seconds:.4g} s, {predicted:.4g} s predicted (kernel rates measured "
-                         "in rounds alternating with the plan's)")
+        rates = fb.Rates.from_kernels(kr_cal)
+        for t in counts:
+            pred = fb.predict("single", spec, graph, fb.single_layout(graph), floor=0, rates=rates, threads=t,
+                              cores_per_node=t, ranks_per_node=1)
+            predicted = float(pred.rank_seconds[0])
+            n = calibration_epochs(predicted)
+            seconds = _calibration_epochs(raw, d, f"run{t}", t, n)[0]
+            extra = seconds - predicted
+            if not -0.5 * predicted <= extra <= 2.0 * predicted:
+                log.warning("plan: the calibration run's epoch (%.3g s at %d thread(s)) is far from the %.3g s its "
+                            "kernels predict (a busy machine?); using it anyway", seconds, t, predicted)
+            out[t] = (extra, f"{n}-epoch single run of this model on an R-MAT scale-{scale} graph at {t} thread(s): "
+                             f"epoch {seconds:.4g} s, {predicted:.4g} s predicted (kernel rates measured in rounds "
+                             "alternating with the plan's)")
     return out, kr
 
 

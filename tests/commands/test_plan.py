@@ -2,6 +2,7 @@
 import json
 import math
 
+import numpy as np
 import pytest
 import yaml
 
@@ -320,12 +321,17 @@ def test_plan_calibrates_by_a_real_run_and_measures_oversubscription_by_copies_o
     seen = []
     real = plan_cmd._calibration_epochs
 
+    lengths = {}
+
     def spy(raw, d, name, threads, epochs, copies=1):
         got = real(raw, d, name, threads, epochs, copies)
         seen.append((name, threads, copies, got))
+        lengths[name] = epochs
         return got
 
     monkeypatch.setattr(plan_cmd, "_calibration_epochs", spy)
+    monkeypatch.setattr(plan_cmd, "CALIBRATION_EPOCHS", 3)
+    monkeypatch.setattr(plan_cmd, "CALIBRATION_SECONDS", 0.0)
     monkeypatch.setattr(plan_cmd, "CONTENTION_EPOCHS", 2)
     monkeypatch.setattr(plan_cmd, "CONTENTION_SECONDS", 0.0)
     from hpc_graph.plan import profile
@@ -376,6 +382,9 @@ def test_plan_calibrates_by_a_real_run_and_measures_oversubscription_by_copies_o
         pred = fb.predict("single", spec, cal_graph, fb.single_layout(cal_graph), floor=0,
                           rates=fb.Rates.from_kernels(kr_cal), threads=t, cores_per_node=t, ranks_per_node=1)
         assert predicted == pytest.approx(float(pred.rank_seconds[0]), rel=1e-3)
+        # as long as calibration_epochs says for that prediction (here: the fewest epochs), and the line says so
+        assert lengths[f"run{t}"] == plan_cmd.calibration_epochs(float(pred.rank_seconds[0])) == 3
+        assert how.startswith("3-epoch single run"), how
 
     # oversubscription: alone, the copies, alone again; the factor from those runs' epochs
     assert list(crowded) == [2.0]
@@ -387,6 +396,23 @@ def test_plan_calibrates_by_a_real_run_and_measures_oversubscription_by_copies_o
     assert factor == pytest.approx(statistics.median(crowd) / (0.5 * (before[0] + after[0])), rel=1e-12)
     assert "2 copies of a 2-epoch single run of this model on an R-MAT scale-10 graph at 1 thread(s) each on 1 " \
         "cores" in how
+
+
+def test_calibration_runs_at_least_its_epochs_and_its_seconds_and_at_most_four_times_its_epochs(monkeypatch):
+    """calibration_epochs: CALIBRATION_EPOCHS for long epochs; for short ones enough that epochs 2.. span
+    CALIBRATION_SECONDS of predicted epochs; never more than 4x CALIBRATION_EPOCHS."""
+    from hpc_graph.commands import plan as plan_cmd
+
+    rng = np.random.default_rng(7)
+    monkeypatch.setattr(plan_cmd, "CALIBRATION_EPOCHS", 5)
+    monkeypatch.setattr(plan_cmd, "CALIBRATION_SECONDS", 6.0)
+    for predicted in np.concatenate([rng.uniform(1e-4, 10.0, 200), [0.0, 6.0 / 4, 6.0 / 19, 6.0 / 20, 50.0]]):
+        n = plan_cmd.calibration_epochs(float(predicted))
+        assert 5 <= n <= 20 and isinstance(n, int)
+        timed = (n - 1) * predicted  # epochs 2..n
+        # long enough, unless at the cap; no longer than needed, unless at the floor
+        assert timed >= 6.0 - 1e-9 or n == 20, (predicted, n)
+        assert (n - 2) * predicted < 6.0 or n == 5, (predicted, n)
 
 
 def test_a_failing_calibration_run_names_itself_and_leaves_no_copy_running(tmp_path):
