@@ -27,7 +27,9 @@ as a training job would run it (one process running every configuration gets slo
 ``report --median FILE...``: the same configurations measured in several matrices (rounds: the whole matrix
 run again, so each configuration's runs fall minutes apart, in different phases of a machine whose speed
 moves by 2x over seconds) as one row each: every strategy's median measured and median predicted epoch;
-each matrix's plan, its choice and its cost, judged against those medians (regret: the median plan's).
+each matrix's plan, its choice and its cost, judged against those medians (regret: the median plan's);
+and the measurement's own reproducibility: every matrix's measured epoch of a strategy taken as the
+prediction of another matrix's (the error a perfect cost model would show against single measurements).
 
 ``report``: the table of measured and predicted epochs, prediction errors, the winner, ``auto``'s choice
 and regret, and its speed-up over always-GDP. The plan's cost is shown twice: ``plan_seconds`` (the
@@ -294,6 +296,9 @@ def _groups(rows: list[dict], median: bool) -> list[dict]:
         # takes the measured and the predicted median from different matrices where the machine's phase moved)
         rec["median_run_error"] = {s: statistics.median(abs(r["predicted"][s] - r["measured"][s]) / r["measured"][s]
                                                         for r in g) for s in strats}
+        # the machine's own reproducibility: one matrix's measured epoch taken as the prediction of another's
+        rec["rerun_errors"] = [abs(a["measured"][s] - b["measured"][s]) / b["measured"][s] for s in strats
+                              for a in g for b in g if a is not b]
         rec["plans"] = []
         for r in g:
             ch = r.get("warm_choice", r["choice"])  # the warm plan's choice: the epoch its cost is measured against
@@ -357,6 +362,11 @@ def report(args) -> None:
             med = [v for r in groups for v in r["median_run_error"].values()]
             print(f"each configuration's median over its matrices of the prediction error: median "
                   f"{statistics.median(med):.1%}, max {max(med):.1%}")
+            rerun = [v for r in groups for v in r["rerun_errors"]]
+            if rerun:
+                print(f"the measurement's own reproducibility (a matrix's measured epoch as the prediction of another "
+                      f"matrix's, same configuration and strategy): median {statistics.median(rerun):.1%}, max "
+                      f"{max(rerun):.1%}, over 30 %: {sum(v > 0.3 for v in rerun)} of {len(rerun)} pairs")
 
 
 def _warm_plan_seconds(r: dict, ch: str) -> float:
