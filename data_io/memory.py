@@ -23,6 +23,7 @@ from __future__ import annotations
 import logging
 import os
 import re
+import sys
 from pathlib import Path
 
 from data_io.errors import DataError, SettingError
@@ -117,7 +118,6 @@ def peak_rss_bytes(status_path: str = "/proc/self/status") -> int:
         pass
     try:
         import resource
-        import sys
 
         ru = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     except (ImportError, OSError):  # pragma: no cover - no resource module

@@ -110,7 +110,7 @@ def test_available_takes_the_cgroup_minimum(monkeypatch):
     assert available_bytes() == 12345
 
 
-# -- the refusal ------------------------------------------------------------------------------
+# -- what this process used -------------------------------------------------------------------
 
 _CHILD = """
 import sys
@@ -150,6 +150,8 @@ def test_peak_rss_reads_the_status_file_else_getrusage(tmp_path):
     got = memory.peak_rss_bytes(str(tmp_path / "missing"))
     assert 0.5 * ru <= got <= 2 * ru + 64 * MIB
 
+
+# -- the refusal ------------------------------------------------------------------------------
 
 def test_require_memory_refuses_in_one_line(monkeypatch):
     monkeypatch.setenv(ENV_VAR, "1GiB")
