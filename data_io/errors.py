@@ -53,7 +53,7 @@ def check_output(path: str | os.PathLike, force: bool) -> Path:
         raise OutputExistsError(path)
     parent = path.parent if str(path.parent) else Path(".")
     if not parent.is_dir():
-        raise DataError(f"{path}: folder {parent} does not exist")
+        raise DataError(f"{path}: folder {parent} does not exist (create it first: mkdir -p {parent})")
     return path
 
 

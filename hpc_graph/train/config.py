@@ -665,6 +665,16 @@ def _check_engine_fields(config: Config) -> None:
                               "halo exchange): it needs model.attention: sparse, global_token: false, pe_dim: 0 "
                               "(dense attention, the global token and the encodings need the whole sequence: "
                               "engine single or seqpar)")
+    mc = config.model
+    if mc.name == "gt" and mc.pe_dim and os.path.isfile(str(config.data.path)):  # a partition: checked on load
+        from data_io.dataset import dataset_field_shape
+
+        shape = dataset_field_shape(config.data.path, "/node/lap_pe")
+        if shape is None or len(shape) != 2 or shape[1] < mc.pe_dim:
+            have = "is missing" if shape is None else f"has {shape[1] if len(shape) == 2 else shape} column(s)"
+            raise ConfigError(f"model.pe_dim: {mc.pe_dim} positional-encoding columns, but /node/lap_pe of "
+                              f"{config.data.path} {have} (hpc-graph preprocess lap-pe {config.data.path} "
+                              f"--k {mc.pe_dim} adds them; or set model.pe_dim: 0)")
     if name == "seqpar" and config.model.name not in TRANSFORMERS:
         raise ConfigError(f"engine.name: 'seqpar' runs the graph transformers (model.name: "
                           f"{' or '.join(TRANSFORMERS)}), not {config.model.name!r}")

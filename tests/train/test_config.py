@@ -218,3 +218,32 @@ def test_lm_section_errors_name_the_field(raw, match):
     raw = {"data": {"path": "x"}, **raw}
     with pytest.raises(ConfigError, match=match):
         config_from_dict(raw)
+
+
+def test_gt_positional_encodings_are_checked_against_the_file(tmp_path):
+    """model.pe_dim > 0 on a dataset file without enough /node/lap_pe columns: refused before training,
+    naming the field, the file and the command that adds them."""
+    import numpy as np
+
+    from data_io.dataset import GraphData, write_dataset
+    from data_io.preprocess import add_node_field
+
+    rng = np.random.default_rng(0)
+    n = 20
+    indices = rng.integers(0, n, 3 * n)
+    path = tmp_path / "g.h5"
+    write_dataset(path, GraphData(indptr=np.arange(0, 3 * n + 1, 3, dtype=np.int64), indices=indices,
+                                  feat=rng.random((n, 4), dtype=np.float32), label=rng.integers(0, 2, n)))
+
+    def cfg(pe_dim):
+        return load_config(_write(tmp_path, {"data": {"path": str(path)}, "engine": {"name": "single"},
+                                             "model": {"name": "gt", "pe_dim": pe_dim}}))
+
+    for pe_dim in (1, 8):
+        with pytest.raises(ConfigError, match=r"model\.pe_dim: .*/node/lap_pe of .*g\.h5 is missing.*preprocess lap-pe"):
+            cfg(pe_dim)
+    cfg(0)  # no encodings: nothing to check
+    add_node_field(path, "lap_pe", rng.random((n, 3), dtype=np.float32))
+    cfg(3)
+    with pytest.raises(ConfigError, match=r"model\.pe_dim: 4 .* has 3 column"):
+        cfg(4)

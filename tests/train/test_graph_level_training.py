@@ -151,7 +151,7 @@ def test_dp_engine_on_graph_level_data_and_its_refusals(reg3cc, tmp_path):
     assert half.graph.num_graphs == -(-num_graphs // 2) and half.label.tolist() == label[:half.graph.num_graphs].tolist()
     # the transformers run on dp over graphs with their global tokens (refused on dp over a partition)
     cfg = {"data": {"path": str(reg3cc)}, "engine": {"name": "dp"},
-           "model": {"name": "gt", "global_token": True, "pe_dim": 4}}
+           "model": {"name": "gt", "global_token": True, "pe_dim": 0}}
     assert config_from_dict(cfg).engine.name == "dp"
     with pytest.raises(ConfigError, match="global_token: false"):
         config_from_dict({**cfg, "data": {"path": str(tmp_path)}})
