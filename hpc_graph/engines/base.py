@@ -72,6 +72,11 @@ class Engine(ABC):
     wait so the same wait can be predicted next epoch. The hook may run other work meanwhile (the LM
     co-training's bubble interleaver) and returns when the message is there or it has nothing to run. The
     ``flow`` engine's pipeline receives use it.
+
+    ``shared_rng``: True where every rank's model makes the calls one process would make on the whole graph
+    and keys its randomness on node ids (``GraphContext.row_ids``: ``dp``, ``sar``, ``sylvie``): the ranks
+    then keep the one torch random stream the model was built from, and draw the dropout masks ``single``
+    draws. False (the default): after the model is built each rank reseeds its own stream.
     """
 
     name: ClassVar[str] = ""
@@ -85,6 +90,7 @@ class Engine(ABC):
     # options every engine accepts, so that one config serves them all
     OPTIONS: ClassVar[frozenset[str]] = frozenset({"prefetch", "seed"})
     idle_hook: Any = None
+    shared_rng: ClassVar[bool] = False
 
     def __init__(self, source: str, comm: Any, device: torch.device, dtype: torch.dtype,
                  options: dict[str, Any] | None = None):

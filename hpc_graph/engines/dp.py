@@ -37,6 +37,7 @@ class DPEngine(Engine):
     """
 
     name = "dp"
+    shared_rng = True
 
     def __init__(self, source: str, comm: Any, device: torch.device, dtype: torch.dtype,
                  options: dict[str, Any] | None = None):

@@ -66,7 +66,7 @@ class _SARGraph(GraphContext):
         from hpc_graph.ops.sar_aggregate import sar_gat_projected
         return sar_gat_projected(x, weight, att_src, att_dst, self.dg, self.comm, act=act, p=p,
                                  negative_slope=negative_slope, attn_dropout=attn_dropout, seed=seed,
-                                 add_self_loops=add_self_loops, prefetch=self.prefetch)
+                                 add_self_loops=add_self_loops, prefetch=self.prefetch, ids=self.row_ids())
 
     def attention(self, q, k, v, *, bias=None, mode="sparse", global_token=False, far_prior=True):
         """Sparse graph-transformer attention over self loops + in-edges, remote k/v blocks fetched one at a
@@ -84,6 +84,9 @@ class _SARGraph(GraphContext):
         return self.dg.gid
 
     def dataset_ids(self) -> torch.Tensor:
+        return self.dg.orig_id
+
+    def row_ids(self, output: bool = False) -> torch.Tensor:
         return self.dg.orig_id
 
     def all_reduce_sum(self, t: torch.Tensor) -> torch.Tensor:
@@ -106,6 +109,7 @@ class SAREngine(Engine):
     """
 
     name = "sar"
+    shared_rng = True
 
     def __init__(self, source: str, comm: Any, device: torch.device, dtype: torch.dtype,
                  options: dict[str, Any] | None = None):

@@ -180,6 +180,7 @@ class SylvieEngine(Engine):
     """
 
     name = "sylvie"
+    shared_rng = True
     OPTIONS = Engine.OPTIONS | frozenset({"bits", "pipeline", "scale_dtype", "ldr_smoothing", "ldr_window",
                                           "ldr_time"})
 

@@ -223,7 +223,7 @@ class GraphContext(ABC):
         if act is not None or p > 0:
             from hpc_graph.ops.dropout import act_dropout
 
-            x = act_dropout(x, act, p)
+            x = act_dropout(x, act, p, self.row_ids())
         heads, dim = int(att_src.shape[1]), int(att_src.shape[2])
         z = F.linear(x, weight).view(-1, heads, dim)
         return self.gat(z, (z * att_src).sum(-1), (self.dst(z) * att_dst).sum(-1), negative_slope=negative_slope,
@@ -254,6 +254,17 @@ class GraphContext(ABC):
         from it use these). A partition relabels nodes, so graphs over one override this; elsewhere the
         global ids are the dataset's."""
         return self.global_ids()
+
+    def row_ids(self, output: bool = False) -> torch.Tensor | None:
+        """The source-dataset id of each input row of this layer (the rows :meth:`layer_input` returns), or
+        with ``output`` of each output row (the rows :meth:`dst` keeps): int64[rows], or None.
+
+        Feature dropout keys its mask on these (:func:`hpc_graph.ops.dropout.dropout`), so every engine
+        holding a node drops the same features of it as ``single`` does, and ``dp``/``sar``/``sylvie`` stay
+        exact against one process with dropout on. None: the mask is keyed on the rows' positions (a whole
+        graph in dataset order, where that is the same thing, or a context whose rows have no such ids).
+        """
+        return None
 
     @abstractmethod
     def all_reduce_sum(self, t: torch.Tensor) -> torch.Tensor:

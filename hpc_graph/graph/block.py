@@ -126,6 +126,9 @@ class Block(GraphContext):
     def global_ids(self) -> torch.Tensor:
         return self.src_gid[:self.num_nodes]
 
+    def row_ids(self, output: bool = False) -> torch.Tensor:
+        return self.src_orig_id[:self.num_nodes] if output else self.src_orig_id
+
     def all_reduce_sum(self, t: torch.Tensor) -> torch.Tensor:
         return all_reduce_sum(t, self.comm)
 
@@ -168,6 +171,10 @@ class BlockStack(GraphContext):
 
     def global_ids(self) -> torch.Tensor:
         return self.blocks[-1].global_ids()
+
+    def row_ids(self, output: bool = False) -> torch.Tensor:
+        """Input rows: the first block's sources; output rows: the last block's destinations (the seeds)."""
+        return self.blocks[-1].row_ids(True) if output else self.blocks[0].row_ids()
 
     def all_reduce_sum(self, t: torch.Tensor) -> torch.Tensor:
         return self.blocks[-1].all_reduce_sum(t)

@@ -116,6 +116,9 @@ class HaloGraph(GraphContext):
     def dataset_ids(self) -> torch.Tensor:
         return self.dg.orig_id
 
+    def row_ids(self, output: bool = False) -> torch.Tensor:
+        return self.dg.orig_id
+
     def all_reduce_sum(self, t: torch.Tensor) -> torch.Tensor:
         return all_reduce_sum(t, self.comm)
 

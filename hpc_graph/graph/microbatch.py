@@ -245,5 +245,9 @@ class MicroBatchGraph(GraphContext):
     def global_ids(self) -> torch.Tensor:
         return self._gid[:self.num_nodes]
 
+    def row_ids(self, output: bool = False) -> torch.Tensor:
+        """The micro-batch's own rows (a model reads more only through ``layer(l)``, a :class:`Block`)."""
+        return self._orig[:self.num_nodes]
+
     def all_reduce_sum(self, t: torch.Tensor) -> torch.Tensor:
         return t

@@ -41,6 +41,7 @@ class WholeGraph(GraphContext):
         self.num_nodes = self.global_num_nodes = csr.num_dst
         self._gid = torch.arange(csr.num_dst, dtype=torch.int64, device=csr.device) if global_ids is None \
             else torch.as_tensor(global_ids, dtype=torch.int64).to(csr.device)
+        self._permuted = global_ids is not None
         self.edge_type = edge_type
         if edge_type is not None and len(edge_type):
             self.num_relations = int(edge_type.max()) + 1
@@ -146,7 +147,11 @@ class WholeGraph(GraphContext):
         g = self.with_self_loops() if add_self_loops else self.csr
         return gat_projected(g, x, weight, att_src, att_dst, act=act, p=p, negative_slope=negative_slope,
                              attn_dropout=attn_dropout, seed=seed, src_gid=self._gid, dst_gid=self._gid,
-                             training=attn_dropout > 0)
+                             training=attn_dropout > 0, ids=self.row_ids())
+
+    def row_ids(self, output: bool = False) -> torch.Tensor | None:
+        """The rows' dataset ids where they are a permutation of the dataset's (``global_ids``), else None."""
+        return self._gid if self._permuted else None
 
     def in_degree(self) -> torch.Tensor:
         return self.csr.in_degree()

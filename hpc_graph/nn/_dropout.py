@@ -15,6 +15,12 @@ A sparse CSR input (bag-of-words features, see ``data.feature_layout``) has
 only its stored values dropped: the same distribution as dense dropout, since
 zeros stay zero, at the cost of nnz instead of N*F draws. Sparse inputs are
 treated as constants (input features): no gradient flows to them.
+
+``ids`` (the rows' dataset ids, ``GraphContext.row_ids``) key each row's mask
+on its node, not its position: a rank holding some of the rows drops what one
+process holding all of them drops. A stored value of a sparse row is keyed on
+its (row id, column) (ids or not), so it is dropped exactly when the same
+element of the dense matrix would be.
 """
 from __future__ import annotations
 
@@ -28,14 +34,18 @@ from hpc_graph.nn._linear import share_transpose_plan
 _LEVELS = 1 << 16
 
 
-def dropout(x: torch.Tensor, p: float, training: bool) -> torch.Tensor:
-    """Zero each element of ``x`` with probability ~``p`` and rescale the rest (identity unless training)."""
+def dropout(x: torch.Tensor, p: float, training: bool, ids: torch.Tensor | None = None) -> torch.Tensor:
+    """Zero each element of ``x`` float[N, ...] with probability ~``p`` and rescale the rest (identity unless
+    training); ``ids`` int64[N]: the rows' dataset ids keying the mask, or None (the rows' positions)."""
     if not training or p <= 0.0:
         return x
     if p >= 1.0:
         return x * 0.0
-    if x.layout == torch.sparse_csr:
-        values = dropout(x.values().detach(), p, True)
+    if x.layout == torch.sparse_csr:  # each stored value keyed on its dense position id * F + column
+        crow = x.crow_indices()
+        ids = torch.arange(x.shape[0], device=crow.device) if ids is None else ids.to(crow.device, torch.int64)
+        vids = torch.repeat_interleave(ids, crow[1:] - crow[:-1]) * int(x.shape[1]) + x.col_indices().to(torch.int64)
+        values = dropout(x.values().detach(), p, True, vids)
         with warnings.catch_warnings():  # torch's one-time "sparse CSR support is in beta" notice
             warnings.simplefilter("ignore", UserWarning)
             out = torch.sparse_csr_tensor(x.crow_indices(), x.col_indices(), values, x.shape,
@@ -45,4 +55,4 @@ def dropout(x: torch.Tensor, p: float, training: bool) -> torch.Tensor:
         return F.dropout(x, p, True)
     from hpc_graph.ops.dropout import dropout as fused
 
-    return fused(x, p)
+    return fused(x, p, ids)

@@ -79,9 +79,10 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
 
 
 def input_linear(x: torch.Tensor, weights, biases, act: str | None = None, p: float = 0.0,
-                 row_scale: torch.Tensor | None = None) -> tuple[torch.Tensor, ...]:
+                 row_scale: torch.Tensor | None = None, ids: torch.Tensor | None = None) -> tuple[torch.Tensor, ...]:
     """``a = dropout(act(x), p)``; ``(linear(a, weights[k], biases[k]) * row_scale for k)``: a layer's input
-    transform (``row_scale`` an optional constant float[N, 1]).
+    transform (``row_scale`` an optional constant float[N, 1]; ``ids`` the rows' dataset ids keying the
+    dropout mask, ``GraphContext.row_ids``).
 
     ``x`` float[N, F_in] (dense, or sparse CSR with ``act=None``); ``act`` ``None`` or ``"relu"``;
     ``p`` the dropout probability (0 outside training). With a dense float input and
@@ -98,8 +99,8 @@ def input_linear(x: torch.Tensor, weights, biases, act: str | None = None, p: fl
     if fused:
         from hpc_graph.ops.dropout_linear import dropout_linear_multi
 
-        return dropout_linear_multi(x, weights, biases, p, act, row_scale)
-    a = act_dropout(x, act, p)
+        return dropout_linear_multi(x, weights, biases, p, act, row_scale, ids)
+    a = act_dropout(x, act, p, ids)
     outs = tuple(linear(a, w, b) for w, b in zip(weights, biases))
     del a  # the activation's output dies before the caller's next tensor exists
     if row_scale is None:
@@ -108,10 +109,10 @@ def input_linear(x: torch.Tensor, weights, biases, act: str | None = None, p: fl
     return tuple(o.mul_(row_scale) if not o.requires_grad else o * row_scale for o in outs)
 
 
-def act_dropout(x: torch.Tensor, act: str | None, p: float) -> torch.Tensor:
+def act_dropout(x: torch.Tensor, act: str | None, p: float, ids: torch.Tensor | None = None) -> torch.Tensor:
     """``dropout(act(x), p)`` step by step (the masks :func:`input_linear` draws); ``act`` None, ``"relu"`` or
-    ``"elu"``; ``x`` dense or (``act`` None) sparse CSR."""
+    ``"elu"``; ``x`` dense or (``act`` None) sparse CSR; ``ids`` as for :func:`input_linear`."""
     from hpc_graph.nn._dropout import dropout
     from hpc_graph.ops.dropout import activation
 
-    return dropout(activation(x, act), p, p > 0.0)
+    return dropout(activation(x, act), p, p > 0.0, ids)

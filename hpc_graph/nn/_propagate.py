@@ -81,13 +81,14 @@ def gcn_propagate_mix(g: GraphContext, z: torch.Tensor, h0: torch.Tensor, alpha:
 
 
 def dropout_linear(x: torch.Tensor, p: float, training: bool, weight: torch.Tensor,
-                   bias: torch.Tensor | None = None) -> torch.Tensor:
+                   bias: torch.Tensor | None = None, ids: torch.Tensor | None = None) -> torch.Tensor:
     """``linear(dropout(x, p, training), weight, bias)``; x float[N, F_in] (dense or sparse CSR) -> float[N, F_out].
 
     :func:`~hpc_graph.nn._linear.input_linear` with one weight: in training with a dense float
-    input the two run as one autograd node that keeps only ``x``, not the dropped copy.
+    input the two run as one autograd node that keeps only ``x``, not the dropped copy. ``ids``: the rows'
+    dataset ids keying the dropout mask (``GraphContext.row_ids``), or None.
     """
-    return input_linear(x, (weight,), (bias,), None, p if training else 0.0)[0]
+    return input_linear(x, (weight,), (bias,), None, p if training else 0.0, ids=ids)[0]
 
 
 def as_dense(x: torch.Tensor) -> torch.Tensor:
@@ -99,8 +100,9 @@ class MLP(nn.Module):
     """``num_layers`` linear layers, ReLU between them, dropout before each (input features included).
 
     Widths ``in_dim -> hidden -> ... -> hidden -> out_dim`` (one layer: ``in_dim -> out_dim``);
-    ``lins[i]`` are ``torch.nn.Linear`` (default init). ``forward(x)``: float[N, in_dim]
-    (dense or sparse CSR) -> float[N, out_dim]. Row-wise: it never touches the graph.
+    ``lins[i]`` are ``torch.nn.Linear`` (default init). ``forward(x, ids=None)``: float[N, in_dim]
+    (dense or sparse CSR) -> float[N, out_dim]; ``ids`` the rows' dataset ids keying the dropout masks
+    (``GraphContext.row_ids``). Row-wise: it never touches the graph.
     """
 
     def __init__(self, in_dim: int, hidden: int, out_dim: int, num_layers: int, p: float):
@@ -109,11 +111,11 @@ class MLP(nn.Module):
         self.lins = nn.ModuleList(nn.Linear(a, b) for a, b in zip(widths[:-1], widths[1:]))
         self.p = float(p)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, ids: torch.Tensor | None = None) -> torch.Tensor:
         h = x
         last = len(self.lins) - 1
         for i, lin in enumerate(self.lins):
-            h = dropout_linear(h, self.p, self.training, lin.weight, lin.bias)
+            h = dropout_linear(h, self.p, self.training, lin.weight, lin.bias, ids)
             if i != last:
                 h = F.relu(h)
         return h

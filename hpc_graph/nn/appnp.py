@@ -55,7 +55,7 @@ class APPNP(nn.Module):
         self.mlp = MLP(in_dim, hidden, out_dim, num_layers, number_in("dropout", dropout, 0.0, 1.0, hi_open=True))
 
     def forward(self, graph: GraphContext, x: torch.Tensor) -> torch.Tensor:
-        h = self.mlp(x)
+        h = self.mlp(x, graph.row_ids())
         z = h
         for k in range(self.hops):
             g = graph.layer(k)

@@ -50,7 +50,7 @@ class DAGNN(nn.Module):
         self.gate = nn.Linear(out_dim, 1)
 
     def forward(self, graph: GraphContext, x: torch.Tensor) -> torch.Tensor:
-        z = self.mlp(x)
+        z = self.mlp(x, graph.row_ids())
         reps = [z]
         for k in range(self.hops):
             g = graph.layer(k)

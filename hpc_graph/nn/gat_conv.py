@@ -83,7 +83,7 @@ class GATConv(nn.Module):
         if x.layout == torch.strided:  # the graph may fuse it all (less kept for backward)
             out = graph.gat_projected(x, self.lin.weight, self.att_src, self.att_dst, act=act, p=p, **kw)
         else:  # sparse CSR input features
-            x = act_dropout(x, act, p)
+            x = act_dropout(x, act, p, graph.row_ids() if p > 0 else None)
             z = linear(x, self.lin.weight).view(-1, h, d)
             out = graph.gat(z, (z * self.att_src).sum(-1), (graph.dst(z) * self.att_dst).sum(-1), **kw)
         out = out.reshape(-1, h * d) if self.concat else out.mean(dim=1)

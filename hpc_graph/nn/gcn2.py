@@ -106,15 +106,17 @@ class GCNII(nn.Module):
         return [math.log(self.theta / (layer + 1) + 1.0) for layer in range(len(self.weights))]
 
     def forward(self, graph: GraphContext, x: torch.Tensor) -> torch.Tensor:
-        h = F.relu(dropout_linear(x, self.dropout, self.training, self.lin_in.weight, self.lin_in.bias))
+        h = F.relu(dropout_linear(x, self.dropout, self.training, self.lin_in.weight, self.lin_in.bias,
+                                  graph.row_ids()))
         h0 = h
         for layer, (w, beta) in enumerate(zip(self.weights, self.betas())):
             g = graph.layer(layer)
-            h_in = dropout(g.layer_input(h), self.dropout, self.training)
+            h_in = dropout(g.layer_input(h), self.dropout, self.training, g.row_ids())
             h0 = g.dst(h0)
             s = gcn_propagate_mix(g, h_in, h0, self.alpha)  # (1 - alpha) P h + alpha h_0
             h = _IdentityMapReLU.apply(s, w, beta)
-        return dropout_linear(h, self.dropout, self.training, self.lin_out.weight, self.lin_out.bias)
+        return dropout_linear(h, self.dropout, self.training, self.lin_out.weight, self.lin_out.bias,
+                              graph.row_ids(output=True))
 
     def extra_repr(self) -> str:
         return f"layers={len(self.weights)}, alpha={self.alpha:g}, theta={self.theta:g}, dropout={self.dropout:g}"

@@ -44,7 +44,8 @@ class GCNConv(nn.Module):
 
     def forward(self, graph: GraphContext, x: torch.Tensor, act: str | None = None, p: float = 0.0) -> torch.Tensor:
         dinv = (graph.in_degree().to(device=x.device, dtype=x.dtype) + 1.0).rsqrt()
-        h = input_linear(x, (self.lin.weight,), (None,), act, p, row_scale=dinv.unsqueeze(1))[0]
+        h = input_linear(x, (self.lin.weight,), (None,), act, p, row_scale=dinv.unsqueeze(1),
+                         ids=graph.row_ids() if p > 0 else None)[0]
         d = graph.dst(dinv)
         # (aggregate(h) + h) * dinv + b in the aggregation's own pass (no aggregate temporary)
         return graph.aggregate_combine(h, "sum", scale=d, self_loop=True, self_scale=d, bias=self.bias)

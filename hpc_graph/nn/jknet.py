@@ -84,10 +84,10 @@ class JKNet(nn.Module):
         hs: list[torch.Tensor] = []
         for layer, conv in enumerate(self.convs):
             g = graph.layer(layer)
-            h = F.relu(conv(g, dropout(g.layer_input(h), self.dropout, self.training)))
+            h = F.relu(conv(g, dropout(g.layer_input(h), self.dropout, self.training, g.row_ids())))
             hs = [g.dst(t) for t in hs]
             hs.append(h)
-        z = dropout(self.combine(hs), self.dropout, self.training)
+        z = dropout(self.combine(hs), self.dropout, self.training, graph.row_ids(output=True))
         return linear(z, self.lin.weight, self.lin.bias)
 
     def extra_repr(self) -> str:

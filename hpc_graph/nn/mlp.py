@@ -36,4 +36,4 @@ class MLPNet(nn.Module):
         self.mlp = MLP(in_dim, hidden, out_dim, num_layers, number_in("dropout", dropout, 0.0, 1.0, hi_open=True))
 
     def forward(self, graph: GraphContext, x: torch.Tensor) -> torch.Tensor:
-        return self.mlp(x)
+        return self.mlp(x, graph.row_ids())

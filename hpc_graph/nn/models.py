@@ -171,7 +171,7 @@ class GNN(nn.Module):
             if fuse:
                 y = conv(g, g.layer_input(h), act=act if layer else None, p=p)
             else:
-                h_in = dropout(g.layer_input(h), self.dropout, self.training)
+                h_in = dropout(g.layer_input(h), self.dropout, self.training, g.row_ids())
                 y = conv(g, h_in)
                 if self.residuals is not None:
                     skip, own = self.residuals[layer], g.dst(h_in)

@@ -111,7 +111,7 @@ class GroupRevBlock(nn.Module):
         h = F.relu(self.norms[i](z))
         if key.seed is not None:
             with _seeded(key.seed + i, h.device):
-                h = dropout(h, self.p, self.training)
+                h = dropout(h, self.p, self.training, g.row_ids())
         return conv(g, h)
 
     def forward(self, g: GraphContext, x: torch.Tensor, key: _Key) -> torch.Tensor:
@@ -238,7 +238,8 @@ class _RevGNN(nn.Module):
         what unit ``start - 1`` returned); ``forward`` is all of them."""
         num_blocks = len(self.blocks)
         if start == 0:
-            h = linear(dropout(h, self.dropout, self.training), self.lin_in.weight, self.lin_in.bias)
+            h = linear(dropout(h, self.dropout, self.training, graph.row_ids()), self.lin_in.weight,
+                       self.lin_in.bias)
         lo, hi = max(start, 1) - 1, min(stop, num_blocks + 1) - 1
         if lo < hi:
             blocks = list(self.blocks)[lo:hi]
@@ -252,7 +253,7 @@ class _RevGNN(nn.Module):
                 for block, g, key in zip(blocks, graphs, keys):
                     h = block(g, h, key)
         if stop == num_blocks + 2:
-            h = dropout(F.relu(self.norm(h)), self.dropout, self.training)
+            h = dropout(F.relu(self.norm(h)), self.dropout, self.training, graph.row_ids(output=True))
             h = linear(h, self.lin_out.weight, self.lin_out.bias)
         return h
 

@@ -131,7 +131,7 @@ class RGCN(nn.Module):
             if g is not graph:
                 raise ValueError("model.name: 'rgcn' needs a full-graph engine (single, dp, sar, sylvie); "
                                  "relation-wise aggregation over sampled blocks is not supported")
-            h = conv(g, dropout(h, self.dropout, self.training))
+            h = conv(g, dropout(h, self.dropout, self.training, g.row_ids()))
             if layer != last:
                 h = F.relu(h)
         return h

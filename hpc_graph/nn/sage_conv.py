@@ -48,11 +48,11 @@ class SAGEConv(nn.Module):
         project_first = self.out_channels <= self.in_channels or x.layout != torch.strided
         if project_first and graph.dst(x) is x:
             weights = (self.lin_l.weight,) + ((self.lin_r.weight,) if self.lin_r is not None else ())
-            t, *root = input_linear(x, weights, (None,) * len(weights), act, p)
+            t, *root = input_linear(x, weights, (None,) * len(weights), act, p, ids=graph.row_ids() if p > 0 else None)
             # mean + root + bias in the aggregation's own pass (no aggregate temporary)
             return graph.aggregate_combine(t, "mean", self_rows=root[0] if root else None, bias=self.lin_l.bias)
         if act is not None or p > 0.0:  # mini-batch blocks: the root term reads only the destination rows
-            x = act_dropout(x, act, p)
+            x = act_dropout(x, act, p, graph.row_ids() if p > 0 else None)
         if project_first:
             out = graph.aggregate(linear(x, self.lin_l.weight), "mean")
             if self.lin_l.bias is not None:

@@ -88,7 +88,7 @@ class SGC(nn.Module):
         return state
 
     def forward(self, graph: GraphContext, x: torch.Tensor) -> torch.Tensor:
-        z = dropout(self.features(graph, x), self.dropout, self.training)
+        z = dropout(self.features(graph, x), self.dropout, self.training, graph.row_ids(output=True))
         return linear(z, self.lin.weight, self.lin.bias)
 
     def extra_repr(self) -> str:

@@ -6,6 +6,11 @@ in one pass, and the backward pass redraws the same mask from the key to
 compute ``grad * scale`` or 0. Nothing of size N x F is kept (``torch``'s
 dropout keeps its mask; a bool mask is N x F bytes). The key is drawn from
 torch's default generator, so ``torch.manual_seed`` makes runs reproducible.
+
+``ids`` (int64[N], optional): the dataset id of each row. The mask of a row
+then depends on its id, not its position (:mod:`numba_kernels.cpu.dropout`),
+so a rank holding some rows of the graph drops exactly what one process
+holding all of them drops with the same key.
 """
 from __future__ import annotations
 
@@ -17,31 +22,50 @@ from hpc_graph.ops._kernel_args import empty, kernel
 _LEVELS = 1 << 16
 
 
+def row_ids(ids: torch.Tensor | None, x: torch.Tensor, op: str) -> torch.Tensor | None:
+    """``ids`` as int64 on ``x``'s device, checked to give one id per row of ``x`` (None passes through)."""
+    if ids is None:
+        return None
+    if ids.dim() != 1 or x.dim() == 0 or ids.shape[0] != x.shape[0]:
+        raise ValueError(f"{op}: ids must be int64[{x.shape[0] if x.dim() else 0}] (one per row of x), got "
+                         f"{tuple(ids.shape)}")
+    return ids.to(device=x.device, dtype=torch.int64)
+
+
+def apply_mask(t: torch.Tensor, key: int, cut: int, scale: float, out: torch.Tensor,
+               ids: torch.Tensor | None = None) -> torch.Tensor:
+    """``out = t * scale`` where the mask of ``key`` (and ``ids``) keeps an element, else 0; returns ``out``
+    (which may be ``t``; both contiguous, same shape)."""
+    kernel("dropout.dropout_apply", t)(as_array(t.view(-1)), key, cut, scale, as_array(out.view(-1)),
+                                       ids=as_array(ids))
+    return out
+
+
 class _Dropout(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, x, key, cut, scale):
+    def forward(ctx, x, key, cut, scale, ids):
         x = x.contiguous()
-        out = empty(tuple(x.shape), x.dtype, x.device)
-        kernel("dropout.dropout_apply", x)(as_array(x.view(-1)), key, cut, scale, as_array(out.view(-1)))
-        ctx.key, ctx.cut, ctx.scale = key, cut, scale
+        out = apply_mask(x, key, cut, scale, empty(tuple(x.shape), x.dtype, x.device), ids)
+        ctx.key, ctx.cut, ctx.scale, ctx.ids = key, cut, scale, ids
         return out
 
     @staticmethod
     def backward(ctx, grad):
         grad = grad.contiguous()
-        out = empty(tuple(grad.shape), grad.dtype, grad.device)
-        kernel("dropout.dropout_apply", grad)(as_array(grad.view(-1)), ctx.key, ctx.cut, ctx.scale,
-                                              as_array(out.view(-1)))
-        return out, None, None, None
+        out = apply_mask(grad, ctx.key, ctx.cut, ctx.scale, empty(tuple(grad.shape), grad.dtype, grad.device),
+                         ctx.ids)
+        return out, None, None, None, None
 
 
-def dropout(x: torch.Tensor, p: float) -> torch.Tensor:
-    """Zero each element of ``x`` float[...] with probability ``round(p * 65536) / 65536`` and scale the
-    rest by the inverse keep probability (so the expectation is exact); differentiable in ``x``."""
+def dropout(x: torch.Tensor, p: float, ids: torch.Tensor | None = None) -> torch.Tensor:
+    """Zero each element of ``x`` float[N, ...] with probability ``round(p * 65536) / 65536`` and scale the
+    rest by the inverse keep probability (so the expectation is exact); differentiable in ``x``. ``ids``:
+    int64[N] row ids keying the mask (module docstring), or None (the elements' positions)."""
+    ids = row_ids(ids, x, "dropout")
     cut = int(round(p * _LEVELS))
     keep = 1.0 - cut / _LEVELS
     key = int(torch.randint(0, 2**62, (1,)).item())
-    return _Dropout.apply(x, key, cut, 1.0 / keep)
+    return _Dropout.apply(x, key, cut, 1.0 / keep, ids)
 
 
 def activation(x: torch.Tensor, act: str | None) -> torch.Tensor:
@@ -57,8 +81,9 @@ def activation(x: torch.Tensor, act: str | None) -> torch.Tensor:
     return x
 
 
-def act_dropout(x: torch.Tensor, act: str | None, p: float) -> torch.Tensor:
+def act_dropout(x: torch.Tensor, act: str | None, p: float, ids: torch.Tensor | None = None) -> torch.Tensor:
     """``dropout(act(x), p)`` step by step for a dense float ``x`` (``act`` None, ``"relu"`` or ``"elu"``): the
-    masks and values the fused ops (:func:`hpc_graph.ops.dropout_linear.mask_params`) draw, with autograd."""
+    masks and values the fused ops (:func:`hpc_graph.ops.dropout_linear.mask_params`) draw, with autograd
+    (``ids``: as for :func:`dropout`)."""
     x = activation(x, act)
-    return dropout(x, p) if p > 0 else x
+    return dropout(x, p, ids) if p > 0 else x

@@ -19,6 +19,8 @@ from ``x`` in the backward pass, so nothing N x F_in is kept but ``x`` itself
 the mask kernel in place; its derivative from ``x`` by torch's ``elu_backward``). Several weights share one input (e.g.
 SAGE's neighbour and root projections): ``a`` is built once per pass. The
 cost is one extra activation-dropout pass over ``x`` in the backward pass.
+``ids`` (int64[N], optional) keys the mask on the rows' dataset ids, as for
+:func:`hpc_graph.ops.dropout.dropout`.
 """
 from __future__ import annotations
 
@@ -26,16 +28,19 @@ import torch
 
 from hpc_graph.ops._bridge import as_array
 from hpc_graph.ops._kernel_args import empty, kernel
+from hpc_graph.ops.dropout import apply_mask, row_ids
 
 _LEVELS = 1 << 16
 ACTS = {None: 0, "relu": 1, "elu": 2}
 _ELU = 2
 
 
-def mask_params(p: float, act: str | None) -> tuple[int, int, float, int] | None:
-    """``(key, cut, scale, act code)`` of ``dropout(act(x), p)`` (the key drawn from torch's default generator,
-    as :func:`hpc_graph.ops.dropout.dropout` draws it, only when something is dropped), or None for the
-    identity (no activation, ``p`` 0)."""
+def mask_params(p: float, act: str | None, ids: torch.Tensor | None = None
+                ) -> tuple[int, int, float, int, torch.Tensor | None] | None:
+    """``(key, cut, scale, act code, ids)`` of ``dropout(act(x), p)`` (the key drawn from torch's default
+    generator, as :func:`hpc_graph.ops.dropout.dropout` draws it, only when something is dropped; ``ids`` the
+    rows' ids keying the mask, or None), or None for the identity (no activation, ``p`` 0): the arguments of
+    :func:`act_mask` and :func:`act_mask_grad` after the tensors."""
     if act not in ACTS:
         raise ValueError(f"act: must be one of {', '.join(map(repr, ACTS))}, got {act!r}")
     if not 0.0 <= p < 1.0:
@@ -44,54 +49,53 @@ def mask_params(p: float, act: str | None) -> tuple[int, int, float, int] | None
     if cut == 0 and act is None:
         return None
     key = int(torch.randint(0, 2**62, (1,)).item()) if cut else 0
-    return key, cut, 1.0 / (1.0 - cut / _LEVELS), ACTS[act]
+    return key, cut, 1.0 / (1.0 - cut / _LEVELS), ACTS[act], ids
 
 
-def act_mask(t: torch.Tensor, key: int, cut: int, scale: float, act: int) -> torch.Tensor:
-    """``dropout(act(t))`` with the mask of ``key`` (``act(t) * scale`` where kept, else 0), as a new tensor."""
+def act_mask(t: torch.Tensor, key: int, cut: int, scale: float, act: int,
+             ids: torch.Tensor | None = None) -> torch.Tensor:
+    """``dropout(act(t))`` with the mask of ``key`` and ``ids`` (``act(t) * scale`` where kept, else 0), as a
+    new tensor."""
     t = t.contiguous()
     if act == _ELU:
         out = torch.nn.functional.elu(t)
-        if cut:
-            kernel("dropout.dropout_apply", t)(as_array(out.view(-1)), key, cut, scale, as_array(out.view(-1)))
-        return out
+        return apply_mask(out, key, cut, scale, out, ids) if cut else out
     out = empty(tuple(t.shape), t.dtype, t.device)
     if act == 0:
-        kernel("dropout.dropout_apply", t)(as_array(t.view(-1)), key, cut, scale, as_array(out.view(-1)))
-    else:
-        kernel("dropout.act_dropout_apply", t)(as_array(t.view(-1)), key, cut, scale, act,
-                                               as_array(out.view(-1)))
+        return apply_mask(t, key, cut, scale, out, ids)
+    kernel("dropout.act_dropout_apply", t)(as_array(t.view(-1)), key, cut, scale, act, as_array(out.view(-1)),
+                                           ids=as_array(ids))
     return out
 
 
-def act_mask_grad(x: torch.Tensor, g: torch.Tensor, key: int, cut: int, scale: float, act: int) -> torch.Tensor:
+def act_mask_grad(x: torch.Tensor, g: torch.Tensor, key: int, cut: int, scale: float, act: int,
+                  ids: torch.Tensor | None = None) -> torch.Tensor:
     """Gradient through ``dropout(act(x))`` of the gradient ``g`` of its output (written over ``g``; ELU: a
     new tensor)."""
     g = g.contiguous()
     if act == _ELU:
         if cut:
-            kernel("dropout.dropout_apply", g)(as_array(g.view(-1)), key, cut, scale, as_array(g.view(-1)))
+            apply_mask(g, key, cut, scale, g, ids)
         return torch.ops.aten.elu_backward(g, 1.0, 1, 1, False, x.contiguous())
     if act == 0:
-        kernel("dropout.dropout_apply", g)(as_array(g.view(-1)), key, cut, scale, as_array(g.view(-1)))
-    else:
-        kernel("dropout.act_dropout_grad", g)(as_array(x.contiguous().view(-1)), as_array(g.view(-1)), key, cut,
-                                              scale, act, as_array(g.view(-1)))
+        return apply_mask(g, key, cut, scale, g, ids)
+    kernel("dropout.act_dropout_grad", g)(as_array(x.contiguous().view(-1)), as_array(g.view(-1)), key, cut,
+                                          scale, act, as_array(g.view(-1)), ids=as_array(ids))
     return g
 
 
 class _DropoutLinear(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, x, key, cut, scale, act, n, row_scale, *params):
+    def forward(ctx, x, key, cut, scale, act, n, row_scale, ids, *params):
         weights, biases = params[:n], params[n:]
-        a = act_mask(x, key, cut, scale, act)
+        a = act_mask(x, key, cut, scale, act, ids)
         outs = tuple(torch.addmm(b, a, w.t()) if b is not None else a @ w.t() for w, b in zip(weights, biases))
         del a
         if row_scale is not None:
             for o in outs:
                 o.mul_(row_scale)
         ctx.row_scale = row_scale
-        ctx.key, ctx.cut, ctx.scale, ctx.act, ctx.n = key, cut, scale, act, n
+        ctx.key, ctx.cut, ctx.scale, ctx.act, ctx.n, ctx.ids = key, cut, scale, act, n, ids
         ctx.has_bias = tuple(b is not None for b in biases)
         ctx.save_for_backward(x, *weights)
         return outs
@@ -104,11 +108,11 @@ class _DropoutLinear(torch.autograd.Function):
         x, *weights = ctx.saved_tensors
         n = ctx.n
         rs = ctx.row_scale
-        need_w = [ctx.needs_input_grad[7 + k] and grads[k] is not None for k in range(n)]
-        need_b = [ctx.has_bias[k] and ctx.needs_input_grad[7 + n + k] and grads[k] is not None for k in range(n)]
+        need_w = [ctx.needs_input_grad[8 + k] and grads[k] is not None for k in range(n)]
+        need_b = [ctx.has_bias[k] and ctx.needs_input_grad[8 + n + k] and grads[k] is not None for k in range(n)]
         grad_ws, grad_bs = [None] * n, [None] * n
         if any(need_w):
-            a = act_mask(x, ctx.key, ctx.cut, ctx.scale, ctx.act)
+            a = act_mask(x, ctx.key, ctx.cut, ctx.scale, ctx.act, ctx.ids)
             if rs is not None:
                 a.mul_(rs)
             for k in range(n):
@@ -127,8 +131,8 @@ class _DropoutLinear(torch.autograd.Function):
             if grad_x is not None:
                 if rs is not None:
                     grad_x.mul_(rs)
-                grad_x = act_mask_grad(x, grad_x, ctx.key, ctx.cut, ctx.scale, ctx.act)
-        return (grad_x, None, None, None, None, None, None, *grad_ws, *grad_bs)
+                grad_x = act_mask_grad(x, grad_x, ctx.key, ctx.cut, ctx.scale, ctx.act, ctx.ids)
+        return (grad_x, None, None, None, None, None, None, None, *grad_ws, *grad_bs)
 
 
 def _check(x: torch.Tensor, p: float, act: str | None) -> None:
@@ -144,7 +148,8 @@ def _check(x: torch.Tensor, p: float, act: str | None) -> None:
 
 
 def dropout_linear_multi(x: torch.Tensor, weights, biases, p: float, act: str | None = None,
-                         row_scale: torch.Tensor | None = None) -> tuple[torch.Tensor, ...]:
+                         row_scale: torch.Tensor | None = None,
+                         ids: torch.Tensor | None = None) -> tuple[torch.Tensor, ...]:
     """``a = dropout(act(x), p)``; ``((a @ weights[k].T + biases[k]) * row_scale for k)``, saving only ``x``.
 
     Args:
@@ -158,6 +163,7 @@ def dropout_linear_multi(x: torch.Tensor, weights, biases, p: float, act: str | 
         act: ``None``, ``"relu"`` or ``"elu"``, applied before the dropout.
         row_scale: optional float[N, 1] constant (no gradient) multiplying every output row
             (GCN's ``deg^-1/2``), applied in place inside the node.
+        ids: int64[N] row ids keying the mask (:func:`hpc_graph.ops.dropout.dropout`), or None.
     Returns:
         tuple of float[N, F_out_k], differentiable in ``x``, the weights and the biases.
     """
@@ -165,17 +171,18 @@ def dropout_linear_multi(x: torch.Tensor, weights, biases, p: float, act: str | 
     weights, biases = tuple(weights), tuple(biases)
     if len(weights) != len(biases) or not weights:
         raise ValueError(f"dropout_linear: {len(weights)} weights and {len(biases)} biases")
-    key, cut, scale, code = mask_params(p, act) or (0, 0, 1.0, 0)  # p = 0 draws nothing, as dropout does
+    ids = row_ids(ids, x, "dropout_linear")
+    key, cut, scale, code, _ = mask_params(p, act) or (0, 0, 1.0, 0, None)  # p = 0 draws nothing, as dropout does
     if row_scale is not None and (row_scale.requires_grad or row_scale.shape != (x.shape[0], 1)):
         raise ValueError(f"dropout_linear: row_scale must be a constant [N, 1] = [{x.shape[0]}, 1], got "
                          f"{tuple(row_scale.shape)}{' requiring grad' if row_scale.requires_grad else ''}")
-    return _DropoutLinear.apply(x, key, cut, scale, code, len(weights), row_scale, *weights, *biases)
+    return _DropoutLinear.apply(x, key, cut, scale, code, len(weights), row_scale, ids, *weights, *biases)
 
 
 def dropout_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, p: float,
-                   act: str | None = None) -> torch.Tensor:
+                   act: str | None = None, ids: torch.Tensor | None = None) -> torch.Tensor:
     """``dropout(act(x), p) @ weight.T + bias`` in training mode, saving only ``x`` (see :func:`dropout_linear_multi`).
 
     Returns float[N, F_out].
     """
-    return dropout_linear_multi(x, (weight,), (bias,), p, act)[0]
+    return dropout_linear_multi(x, (weight,), (bias,), p, act, ids=ids)[0]

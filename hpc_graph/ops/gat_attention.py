@@ -202,7 +202,7 @@ def project(x: torch.Tensor, weight: torch.Tensor, att_src: torch.Tensor, att_ds
             mask: tuple | None = None):
     """``(z float[n, H, D], s_src float[n, H], s_dst float[n, H])`` of a GAT layer, no autograd.
 
-    ``a = dropout(act(x))`` with ``mask = (key, cut, scale, act code)`` of
+    ``a = dropout(act(x))`` with ``mask = (key, cut, scale, act code, ids)`` of
     :func:`hpc_graph.ops.dropout_linear.mask_params` (``a`` is ``x`` itself when ``mask`` is None);
     ``z = (a W^T).view(n, H, D)``, ``s_src = (z * att_src).sum(-1)``, ``s_dst = (z * att_dst).sum(-1)``.
     ``a`` is dropped as soon as ``z`` exists.
@@ -314,7 +314,7 @@ class WholeAttend:
 def gat_projected(g: CSR, x: torch.Tensor, weight: torch.Tensor, att_src: torch.Tensor, att_dst: torch.Tensor,
                   act: str | None = None, p: float = 0.0, negative_slope: float = 0.2, attn_dropout: float = 0.0,
                   seed: int = 0, src_gid: torch.Tensor | None = None, dst_gid: torch.Tensor | None = None,
-                  training: bool = True) -> torch.Tensor:
+                  training: bool = True, ids: torch.Tensor | None = None) -> torch.Tensor:
     """float[N, H, D]: a GAT layer (without bias) on a whole graph, keeping only ``x`` (:class:`GATProjected`).
 
     Args:
@@ -323,7 +323,9 @@ def gat_projected(g: CSR, x: torch.Tensor, weight: torch.Tensor, att_src: torch.
             to it first, with the masks :func:`hpc_graph.ops.dropout.act_dropout` would draw.
         weight: float[H*D, F_in]; att_src, att_dst: float[1, H, D].
         negative_slope, attn_dropout, seed, src_gid, dst_gid, training: as for :func:`gat_attention`.
+        ids: int64[N] row ids keying the feature dropout mask (:func:`hpc_graph.ops.dropout.dropout`), or None.
     """
+    from hpc_graph.ops.dropout import row_ids
     from hpc_graph.ops.dropout_linear import mask_params
 
     if x.layout != torch.strided or x.dim() != 2 or x.dtype not in (torch.float32, torch.float64):
@@ -335,7 +337,7 @@ def gat_projected(g: CSR, x: torch.Tensor, weight: torch.Tensor, att_src: torch.
     if att_src.dim() != 3 or weight.shape != (att_src.shape[1] * att_src.shape[2], x.shape[1]):
         raise ValueError(f"gat_projected: weight {tuple(weight.shape)} must be [H*D, F_in] for att_src "
                          f"{tuple(att_src.shape)} and x {tuple(x.shape)}")
-    mask = mask_params(float(p), act)
+    mask = mask_params(float(p), act, row_ids(ids, x, "gat_projected"))
     q, seed = _check_dropout(float(attn_dropout) if training else 0.0, seed)
     return GATProjected.apply(x, weight, att_src, att_dst,
                               WholeAttend(g, float(negative_slope), q, seed, src_gid, dst_gid), mask)

@@ -348,13 +348,16 @@ class SARAttend:
 def sar_gat_projected(x: torch.Tensor, weight: torch.Tensor, att_src: torch.Tensor, att_dst: torch.Tensor,
                       dg: Any, comm: Any, *, act: str | None = None, p: float = 0.0, negative_slope: float = 0.2,
                       attn_dropout: float = 0.0, seed: int = 0, add_self_loops: bool = True,
-                      prefetch: bool = False) -> torch.Tensor:
+                      prefetch: bool = False, ids: torch.Tensor | None = None) -> torch.Tensor:
     """float[n, H, D]: ``dropout(act(x), p)`` and a GAT layer (without bias) whose backward recomputes the
-    dropped input and ``z`` (:class:`~hpc_graph.ops.gat_attention.GATProjected` with :class:`SARAttend`)."""
+    dropped input and ``z`` (:class:`~hpc_graph.ops.gat_attention.GATProjected` with :class:`SARAttend`);
+    ``ids``: the rows' dataset ids keying the dropout mask (:func:`hpc_graph.ops.dropout.dropout`)."""
+    from hpc_graph.ops.dropout import row_ids
     from hpc_graph.ops.dropout_linear import mask_params
 
     attend = SARAttend(dg, comm, negative_slope, attn_dropout, seed, add_self_loops, prefetch)
-    return GATProjected.apply(x, weight, att_src, att_dst, attend, mask_params(float(p), act))
+    return GATProjected.apply(x, weight, att_src, att_dst, attend,
+                              mask_params(float(p), act, row_ids(ids, x, "sar_gat_projected")))
 
 
 def sar_gat(z: torch.Tensor, s_src: torch.Tensor, s_dst: torch.Tensor, dg: Any, comm: Any, *,

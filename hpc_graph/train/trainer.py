@@ -278,8 +278,8 @@ class Trainer:
         if self.size > 1:
             for t in self.model.state_dict().values():
                 comm.bcast(t, 0)
-            # replicas are equal now; decorrelate the ranks' dropout streams
-            torch.manual_seed(tc.seed + 1_000_003 * self.rank)
+            if not self.engine.shared_rng:  # replicas are equal now; decorrelate the ranks' dropout streams
+                torch.manual_seed(tc.seed + 1_000_003 * self.rank)
         if state is not None:  # before the model is handed over: a pipeline keeps its checkpoint's stage split
             engine_state = state.get("engine_state") or {}
             self.engine.load_state_dict(engine_state[self.rank] if isinstance(engine_state, list) else engine_state)

@@ -16,6 +16,14 @@ front of the same mask (``out[i] = act(x[i]) * scale`` where kept, else 0) and
 pre-activation ``x``: activation codes 0 (none) and 1 (ReLU). (An ELU here would
 call a scalar ``exp`` per element, 10x slower than torch's vectorised one: GAT
 keeps torch's ELU and the plain dropout.)
+
+**Row ids.** Each function takes ``ids`` (int64[R], or None): the flat arrays
+are then ``R`` rows of ``W = len(x) / R`` elements, and element ``c`` of row
+``r`` takes the uniform of position ``ids[r] * W + c`` (word ``pos // 4``, lane
+``pos % 4``) instead of its own index. A row's mask then depends on its id, not
+on where the row sits: the rows of a partition (ids: their dataset node ids)
+get exactly the masks the same rows get in the whole tensor, and
+``ids = arange(R)`` gives the mask of ``ids=None``.
 """
 from __future__ import annotations
 
@@ -25,7 +33,7 @@ from numba import njit, prange
 
 from numba_kernels.cpu._attention_common import SMALL_WORK, _splitmix64
 
-__all__ = ["dropout_apply", "act_dropout_apply", "act_dropout_grad", "key_hash", "ACTIVATIONS"]
+__all__ = ["dropout_apply", "act_dropout_apply", "act_dropout_grad", "key_hash", "ACTIVATIONS", "check_ids"]
 
 #: activation codes of :func:`act_dropout_apply` / :func:`act_dropout_grad`
 ACTIVATIONS = {None: 0, "relu": 1}
@@ -85,7 +93,69 @@ def _apply_ser(x, kh, cut, scale, out):
     _words(x, kh, cut, scale, out, 0, (n + 3) // 4, n, hs)
 
 
-def dropout_apply(x, key, cut, scale, out) -> None:
+@njit(cache=True, nogil=True, inline="always")
+def _row_elems(x, g, r, ids, width, kh, cut, scale, act, grad, out):
+    # row r of the [R, width] view, its uniforms taken at positions ids[r] * width + c
+    zero = x.dtype.type(0)
+    base = np.uint64(ids[r]) * np.uint64(width)
+    off = r * width
+    c = 0
+    while c < width:
+        pos = base + np.uint64(c)
+        h = _splitmix64(kh ^ (pos >> np.uint64(2)))
+        lane = np.int64(pos & np.uint64(3))
+        m = min(4 - lane, width - c)
+        for k in range(m):
+            u = np.int64((h >> np.uint64(16 * (lane + k))) & np.uint64(0xFFFF))
+            s = scale if u >= cut else zero
+            i = off + c + k
+            v = x[i]
+            if act == 1:
+                if grad:
+                    out[i] = g[i] * (s if v > zero else zero)
+                else:
+                    out[i] = (v if v > zero else zero) * s
+            elif grad:
+                out[i] = g[i] * s
+            else:
+                out[i] = v * s
+        c += m
+    return 0
+
+
+@njit(cache=True, nogil=True, parallel=True)
+def _rows_par(x, g, ids, width, kh, cut, scale, act, grad, out):
+    for r in prange(ids.shape[0]):
+        _row_elems(x, g, r, ids, width, kh, cut, scale, act, grad, out)
+
+
+@njit(cache=True, nogil=True)
+def _rows_ser(x, g, ids, width, kh, cut, scale, act, grad, out):
+    for r in range(ids.shape[0]):
+        _row_elems(x, g, r, ids, width, kh, cut, scale, act, grad, out)
+
+
+def check_ids(ids, n: int, op: str) -> int:
+    """The row width of ``n`` flat elements cut into ``len(ids)`` rows (``ValueError`` naming ``op`` when they
+    do not divide, or ``ids`` is not a 1-D integer array)."""
+    if ids.ndim != 1 or ids.dtype.kind not in "iu":
+        raise ValueError(f"{op}: ids must be a 1-D integer array, got {ids.dtype}[{ids.shape}]")
+    r = int(ids.shape[0])
+    if (r == 0 and n) or (r and n % r):
+        raise ValueError(f"{op}: {n} elements do not make {r} rows (ids)")
+    return n // r if r else 0
+
+
+def _rows_call(x, g, ids, key, cut, scale, act, grad, out, op) -> None:
+    width = check_ids(ids, x.shape[0], op)
+    if width == 0:
+        return
+    ids = np.ascontiguousarray(ids, dtype=np.int64)
+    run = _rows_ser if x.shape[0] < SMALL_WORK else _rows_par
+    run(x, g, ids, np.int64(width), key_hash(key), int(cut), x.dtype.type(scale), int(act), bool(grad), out)
+
+
+def dropout_apply(x, key, cut, scale, out, ids=None) -> None:
     """``out = x * scale`` where the counter mask keeps an element, else 0 (flat float32/float64 arrays).
 
     Args:
@@ -93,9 +163,13 @@ def dropout_apply(x, key, cut, scale, out) -> None:
         key: the call's 64-bit key (an int; the caller draws it from its RNG).
         cut: 0..65536: an element is dropped when its 16-bit uniform is below ``cut``.
         scale: factor of the kept elements (``1 / keep``).
+        ids: int64[R] row ids (module docstring), or None: every element's own index.
     """
     if x.shape != out.shape:
         raise ValueError(f"dropout_apply: x {x.shape} and out {out.shape} differ")
+    if ids is not None:
+        _rows_call(x, x, ids, key, cut, scale, 0, False, out, "dropout_apply")
+        return
     kh = key_hash(key)
     s = x.dtype.type(scale)
     if x.shape[0] < SMALL_WORK:
@@ -155,30 +229,33 @@ def _act_par(x, g, kh, cut, scale, act, grad, out, chunk):
             _act_words(x, g, kh, cut, scale, 0, False, out, w0, w1, n, hs)
 
 
-def _act_call(x, g, key, cut, scale, act, grad, out) -> None:
+def _act_call(x, g, key, cut, scale, act, grad, out, ids=None) -> None:
     if x.shape != out.shape or g.shape != out.shape:
         raise ValueError(f"act_dropout: x {x.shape}, g {g.shape} and out {out.shape} differ")
     if int(act) not in (0, 1):
         raise ValueError(f"act_dropout: activation code must be 0 (none) or 1 (ReLU), got {act}")
+    if ids is not None:
+        _rows_call(x, g, ids, key, cut, scale, act, grad, out, "act_dropout")
+        return
     if x.shape[0] == 0:
         return
     chunk = max(1024, -(-((x.shape[0] + 3) // 4) // (8 * numba.get_num_threads())))
     _act_par(x, g, key_hash(key), int(cut), x.dtype.type(scale), int(act), bool(grad), out, chunk)
 
 
-def act_dropout_apply(x, key, cut, scale, act, out) -> None:
+def act_dropout_apply(x, key, cut, scale, act, out, ids=None) -> None:
     """``out = act(x) * scale`` where the mask of ``key`` keeps an element, else 0 (flat float arrays).
 
-    ``act``: 0 none, 1 ReLU; the mask is :func:`dropout_apply`'s for the same key
-    and ``cut`` (``cut=0``, ``scale=1``: the activation alone). ``out`` may be ``x``.
+    ``act``: 0 none, 1 ReLU; the mask is :func:`dropout_apply`'s for the same key, ``cut``
+    and ``ids`` (``cut=0``, ``scale=1``: the activation alone). ``out`` may be ``x``.
     """
-    _act_call(x, x, key, cut, scale, act, False, out)
+    _act_call(x, x, key, cut, scale, act, False, out, ids)
 
 
-def act_dropout_grad(x, g, key, cut, scale, act, out) -> None:
+def act_dropout_grad(x, g, key, cut, scale, act, out, ids=None) -> None:
     """Gradient of :func:`act_dropout_apply` w.r.t. ``x``: ``out = g * scale * act'(x)`` where kept, else 0.
 
     ``x`` is the pre-activation input of the forward call, ``g`` the gradient of its output;
     ``out`` may be ``g``.
     """
-    _act_call(x, g, key, cut, scale, act, True, out)
+    _act_call(x, g, key, cut, scale, act, True, out, ids)

@@ -98,6 +98,47 @@ def test_relu_dropout_forward_and_gradient_match_numpy(n):
         act_dropout_apply(x, 31, cut, scale, 2, out)
 
 
+@pytest.mark.parametrize("rows, width", [(1, 1), (5, 3), (257, 7), (3000, 128), (9000, 1)])
+def test_row_ids_key_each_row_on_its_id(rows, width):
+    """With row ids, a row's mask is the reference mask at positions id * width + c: the rows of any subset,
+    in any order, get the masks they have in the whole tensor (and ids 0..R-1 the plain mask)."""
+    from numba_kernels.cpu.dropout import act_dropout_apply, act_dropout_grad
+
+    rng = np.random.default_rng(rows * width)
+    total = rows + 11  # the "whole tensor" has more rows than the subset
+    x_all = rng.standard_normal((total, width))
+    g_all = rng.standard_normal((total, width))
+    ids = rng.choice(total, rows, replace=False)  # a subset, shuffled
+    cut, scale = 25000, 1 / (1 - 25000 / 65536)
+    keep = _ref_mask(total * width, 77, cut).reshape(total, width)[ids].ravel() if total * width <= 40000 else None
+    x, g = x_all[ids].ravel(), g_all[ids].ravel()
+    whole, out = np.empty(total * width), np.empty(rows * width)
+    dropout_apply(x_all.ravel(), 77, cut, scale, whole)
+    dropout_apply(x, 77, cut, scale, out, ids=ids)
+    np.testing.assert_array_equal(out, whole.reshape(total, width)[ids].ravel())
+    if keep is not None:
+        np.testing.assert_array_equal(out != 0, keep)
+    plain = np.empty(rows * width)
+    dropout_apply(x, 77, cut, scale, plain)
+    dropout_apply(x, 77, cut, scale, out, ids=np.arange(rows))
+    np.testing.assert_array_equal(out, plain)
+    for act in (0, 1):
+        act_dropout_apply(x_all.ravel(), 77, cut, scale, act, whole)
+        act_dropout_apply(x, 77, cut, scale, act, out, ids=ids)
+        np.testing.assert_array_equal(out, whole.reshape(total, width)[ids].ravel())
+        act_dropout_grad(x_all.ravel(), g_all.ravel(), 77, cut, scale, act, whole)
+        act_dropout_grad(x, g, 77, cut, scale, act, out, ids=ids)
+        np.testing.assert_array_equal(out, whole.reshape(total, width)[ids].ravel())
+
+
+def test_row_ids_that_do_not_cut_the_array_are_refused():
+    x = np.ones(10)
+    with pytest.raises(ValueError, match="10 elements do not make 3 rows"):
+        dropout_apply(x, 1, 100, 1.0, np.empty(10), ids=np.arange(3))
+    with pytest.raises(ValueError, match="ids must be a 1-D integer array"):
+        dropout_apply(x, 1, 100, 1.0, np.empty(10), ids=np.ones(5))
+
+
 def test_cuda_twin_under_the_simulator_drops_the_same_elements():
     code = """
 import numpy as np
@@ -119,6 +160,20 @@ for act in (0, 1):
     a = np.empty_like(xs); c.act_dropout_grad(xs, gr, 5, 20000, 1.25, act, a)
     do = cuda.device_array_like(xs); g.act_dropout_grad(cuda.to_device(xs), cuda.to_device(gr), 5, 20000, 1.25, act, do)
     assert np.array_equal(a, do.copy_to_host()), act
+ids = np.random.default_rng(4).permutation(1200)[:61].astype(np.int64)  # 61 rows of 82 (5002 elements)
+xr, grr = xs[:61 * 82], gr[:61 * 82]
+a = np.empty_like(xr); c.dropout_apply(xr, 9, 30000, 1.5, a, ids=ids)
+do = cuda.device_array_like(xr); g.dropout_apply(cuda.to_device(xr), 9, 30000, 1.5, do, ids=cuda.to_device(ids))
+assert np.array_equal(a, do.copy_to_host())
+for act in (0, 1):
+    a = np.empty_like(xr); c.act_dropout_apply(xr, 5, 20000, 1.25, act, a, ids=ids)
+    do = cuda.device_array_like(xr)
+    g.act_dropout_apply(cuda.to_device(xr), 5, 20000, 1.25, act, do, ids=cuda.to_device(ids))
+    assert np.array_equal(a, do.copy_to_host()), ("ids", act)
+    a = np.empty_like(xr); c.act_dropout_grad(xr, grr, 5, 20000, 1.25, act, a, ids=ids)
+    do = cuda.device_array_like(xr)
+    g.act_dropout_grad(cuda.to_device(xr), cuda.to_device(grr), 5, 20000, 1.25, act, do, ids=cuda.to_device(ids))
+    assert np.array_equal(a, do.copy_to_host()), ("ids grad", act)
 print("ok")
 """
     env = dict(os.environ, NUMBA_ENABLE_CUDASIM="1", PYTHONPATH=str(Path(__file__).resolve().parents[2]))
