@@ -2,7 +2,7 @@
 
 See ``scripts/trainer_equivalence.py``: per-step losses, accuracies and all
 parameters/buffers after 6 Adam steps (GCN; SAGE with residuals and
-DistBatchNorm; GAT with attention dropout) in float64, sparse input features;
+DistBatchNorm; GAT with attention dropout) in float64 with feature dropout, sparse input features;
 ``fit()`` writes per-rank metrics and rank 0's summary; ``single`` on several
 ranks is refused. On 3 ranks GCN only.
 """

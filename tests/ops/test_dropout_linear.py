@@ -144,3 +144,46 @@ def test_row_scale_equals_scaling_the_outputs():
         torch.testing.assert_close(ours.grad, ref.grad)
     with pytest.raises(ValueError, match="row_scale must be a constant"):
         dropout_linear_multi(o[0], (o[1],), (o[2],), 0.3, "relu", row_scale=s[:5])
+
+
+@pytest.mark.parametrize("act", [None, "relu", "elu"])
+def test_row_ids_give_a_subset_the_masks_of_the_whole(act):
+    """With ``ids``, the rows of a subset (shuffled: a partition's rows) get the values and gradients the same
+    rows get in the whole tensor with the same key: dropout, the fused dropout_linear (one and two weights,
+    row scale) and the nn helpers (dense and sparse CSR input)."""
+    from hpc_graph.nn._dropout import dropout as nn_dropout
+    from hpc_graph.ops.dropout import act_dropout
+    from hpc_graph.ops.dropout_linear import dropout_linear_multi
+
+    torch.manual_seed(0)
+    n, f = 53, 9
+    x = torch.randn(n, f, dtype=torch.float64)
+    ids = torch.randperm(n)[:31]
+    w1, w2 = torch.randn(4, f, dtype=torch.float64), torch.randn(3, f, dtype=torch.float64)
+    scale = torch.rand(n, 1, dtype=torch.float64) + 0.5
+    g1, g2 = torch.randn(n, 4, dtype=torch.float64), torch.randn(n, 3, dtype=torch.float64)
+
+    def run(rows, keyed):
+        xs = x[rows].clone().requires_grad_()
+        torch.manual_seed(5)
+        a = act_dropout(xs, act, 0.45, rows if keyed else None)
+        torch.manual_seed(5)
+        y1, y2 = dropout_linear_multi(xs, (w1, w2), (None, None), 0.45, act, scale[rows], rows if keyed else None)
+        ((y1 * g1[rows]).sum() + (y2 * g2[rows]).sum()).backward()
+        return a.detach(), y1.detach(), y2.detach(), xs.grad
+
+    whole = run(torch.arange(n), False)
+    part = run(ids, True)
+    for got, want in zip(part, whole):
+        torch.testing.assert_close(got, want[ids], rtol=1e-12, atol=1e-12)
+    unkeyed = run(ids, False)  # without ids the subset's masks are those of its positions: other ones
+    assert not torch.equal(unkeyed[0], whole[0][ids])
+    # nn helper: a sparse CSR input drops its stored values as the dense matrix drops those elements
+    xz = x * (torch.rand(n, f, dtype=torch.float64) < 0.3)
+    torch.manual_seed(9)
+    dense = nn_dropout(xz, 0.5, True, None)
+    torch.manual_seed(9)
+    sparse = nn_dropout(xz[ids].to_sparse_csr(), 0.5, True, ids)
+    torch.testing.assert_close(sparse.to_dense(), dense[ids])
+    with pytest.raises(ValueError, match=r"ids must be int64\[31\]"):
+        act_dropout(x[ids], act, 0.5, ids[:5])

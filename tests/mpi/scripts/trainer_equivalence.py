@@ -2,11 +2,12 @@
 
 Rank 0 writes a random dataset with sparse features (5% non-zeros: the
 Trainer's sparse CSR input path) and METIS-partitions it into N parts. Every
-rank then trains, in float64 without feature dropout, GCN, SAGE (3 layers,
-residual, DistBatchNorm: the all-reduced batch statistics) and GAT (attention
-dropout 0.3: the hashed dropout must drop the same coefficients on every
-engine), once with the ``single`` engine on a one-process communicator and
-once with ``dp`` and ``sar`` on all N ranks, and checks:
+rank then trains, in float64 with feature dropout 0.4 (masks keyed on the
+nodes' dataset ids, sparse input features included: every engine must drop
+the same elements as ``single``), GCN, SAGE (3 layers, residual,
+DistBatchNorm: the all-reduced batch statistics) and GAT (attention dropout
+0.3 too), once with the ``single`` engine on a one-process communicator and
+once with ``dp``, ``sar`` and ``sylvie`` on all N ranks, and checks:
 
 * the loss of every step (global mean CE, one bucketed gradient all-reduce),
 * the accuracies of ``evaluate()`` (global counts),
@@ -63,7 +64,7 @@ def _config(path: Path, engine: str, model: dict, run_dir: Path, epochs: int = S
     return config_from_dict({
         "data": {"path": str(path), "feature_layout": "auto"},
         "engine": {"name": engine, **({"bits": 32} if engine == "sylvie" else {"prefetch": True})},
-        "model": {"dropout": 0.0, **model},
+        "model": {"dropout": 0.4, **model},
         "optim": {"name": "adam", "lr": 0.02, "weight_decay": 5e-4, "schedule": "step", "step_size": 2,
                   "gamma": 0.5},
         "train": {"epochs": epochs, "seed": 3, "eval_every": 2, "dtype": "float64", "progress": False,
