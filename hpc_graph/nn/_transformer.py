@@ -10,6 +10,7 @@ from torch import nn
 from torch.nn import functional as F
 
 from hpc_graph.graph.base import GraphContext
+from hpc_graph.nn._dropout import dropout
 from hpc_graph.nn._init import glorot_
 
 #: attention schedules: ``sparse`` every layer, ``dense`` every layer, ``every_k_steps`` (dense on every
@@ -79,13 +80,17 @@ class TransformerLayer(nn.Module):
         q, k, v = self.qkv(a).view(T, 3, self.heads, self.dim // self.heads).unbind(1)
         att = graph.attention(q, k, v, bias=bias, mode=mode, global_token=global_token,
                               far_prior=far_prior).reshape(T, self.dim)
-        h = h + self._drop(self.out(att))
+        h = h + self._drop(graph, self.out(att))
         if not self.pre_norm:
             h = self.norm1(h)
         a = self.norm2(h) if self.pre_norm else h
-        h = h + self._drop(self.ffn2(self._drop(self.act(self.ffn1(a)))))
+        h = h + self._drop(graph, self.ffn2(self._drop(graph, self.act(self.ffn1(a)))))
         return h if self.pre_norm else self.norm2(h)
 
-    def _drop(self, t: torch.Tensor) -> torch.Tensor:
-        # no call at p = 0: the RNG stream (and the engines' agreement on it) is left alone
-        return F.dropout(t, self.dropout, True) if (self.training and self.dropout > 0) else t
+    def _drop(self, graph: GraphContext, t: torch.Tensor) -> torch.Tensor:
+        # no call at p = 0: the RNG stream (and the engines' agreement on it) is left alone. The masks are keyed
+        # on the tokens' node ids where the graph has them for every row (not with global tokens appended)
+        if not (self.training and self.dropout > 0):
+            return t
+        ids = graph.row_ids()
+        return dropout(t, self.dropout, True, ids if ids is not None and ids.shape[0] == t.shape[0] else None)
