@@ -68,6 +68,8 @@ FULL_GRAPH_MODELS = ("rgcn", "revgcn", "revgat", "gt", "graphormer")
 FLOW_MODELS = ("gcn", "sage", "gat", "revgcn", "revgat")
 # graph transformers: attention over the whole sequence, on the single engine for now
 TRANSFORMERS = ("gt", "graphormer")
+#: the engines ``engine.name: auto`` may resolve to (:func:`hpc_graph.train.trainer.choose_engine`)
+AUTO_PICKS = frozenset({"single", "dp", "seqpar"})
 
 
 _BOOL = {"kind": "bool"}
@@ -122,7 +124,7 @@ class EngineConfig:
                                "metis`), every cluster pair denser than this threshold computed as one dense tile "
                                "(exact: the tile's pairs that are not pattern entries are masked), the rest through "
                                "the CSR kernels. `null`: off; a number in [0, 1]: fixed; `auto`: TorchGT's tuner "
-                               "walks {0, b, 1.5b, 5b, 7b, 10b, 1} (b = the pattern's density) from b by the "
+                               "walks {0, b, 5b, 10b, 0.05, 0.2, 1} (b = the pattern's density) from 1 by the "
                                "smoothed loss-descent rate per second, with hysteresis, the same on every rank. "
                                "Changes time only, never results.")
     attention_chain: bool = _field(True, _only(_BOOL, "single", "seqpar"),
@@ -224,7 +226,8 @@ class ModelConfig:
                        "the edge types of a typed graph (/graph/edge_type); `revgcn`, `revgat`: grouped reversible deep "
                        "GCN/GAT (saved activations do not grow with depth); `gt`: graph transformer with Laplacian "
                        "positional encodings; `graphormer`: degree embeddings, structural attention bias, global "
-                       "token (both engine `single`; see docs/transformers.md).")
+                       "token (both on engines `single` and `seqpar`, `gt` with sparse attention also on `dp`, "
+                       "`sar`, `sylvie`, and both on `dp` over a graph-level dataset; see docs/transformers.md).")
     hidden: int = _field(16, _int(1), "Hidden width (per attention head for `gat`; unused by `sgc`).")
     num_layers: int = _field(2, _int(1), "Graph layers of `gcn`, `sage`, `gat` (the last one outputs the classes) "
                                          "and `jknet` and `rgcn`; GCNII layers of `gcn2`; reversible blocks "
@@ -637,15 +640,20 @@ def _check_model_fields(config: Config) -> None:
                               f"but model.name is {name!r}")
 
 
-def _check_engine_fields(config: Config) -> None:
-    """A field that only some engines use must keep its default under any other engine."""
-    name = config.engine.name
+def _check_engine_fields(config: Config, name: str | None = None) -> None:
+    """A field that only some engines use must keep its default under any other engine. ``name``: the engine
+    the job runs (``engine.name`` resolved, :func:`check_resolved_engine`); ``engine.name: auto`` unresolved
+    admits the fields of every engine it may pick (checked again once resolved)."""
+    name = name or config.engine.name
     for section, cls in SECTIONS.items():
         for f in dataclasses.fields(cls):
             engines = f.metadata.get("engines")
-            if engines and name not in engines and getattr(getattr(config, section), f.name) != f.default:
+            if engines and name not in engines and getattr(getattr(config, section), f.name) != f.default and \
+                    not (name == "auto" and set(engines) & AUTO_PICKS):
                 raise ConfigError(f"{section}.{f.name}: only used by engine {' or '.join(map(repr, engines))}, "
-                                  f"but engine.name is {name!r}")
+                                  f"but engine.name is {name!r}"
+                                  + ("" if name == config.engine.name else f" ({config.engine.name!r} resolved)"))
+    _check_attention_fields(config)
     from hpc_graph.engines import is_graph_level
 
     graph_level = is_graph_level(config.data.path)  # the file's header (False when unreadable)
@@ -716,6 +724,26 @@ def _check_engine_fields(config: Config) -> None:
         if len(config.sampler.fanouts) != layers:  # one block per message-passing layer
             raise ConfigError(f"sampler.fanouts: one fan-out per model layer is needed ({layers} for {field}), "
                               f"got {list(config.sampler.fanouts)}")
+
+
+def check_resolved_engine(config: Config, name: str) -> None:
+    """The engine-specific checks again for the engine ``engine.name: auto`` resolved to (``ConfigError``)."""
+    if config.engine.name == "auto" and name != "auto":
+        _check_engine_fields(config, name)
+
+
+def _check_attention_fields(config: Config) -> None:
+    mc = config.model
+    if mc.name not in TRANSFORMERS:
+        return
+    if mc.attention == "dense_layers":
+        bad = [i for i in mc.dense_layers if not 0 <= int(i) < mc.num_layers]
+        if not mc.dense_layers or bad:
+            raise ConfigError(f"model.dense_layers: attention 'dense_layers' needs the indices of the dense layers "
+                              f"among 0..{mc.num_layers - 1} (model.num_layers is {mc.num_layers}), got "
+                              f"{list(mc.dense_layers)}")
+    elif mc.dense_layers:
+        raise ConfigError(f"model.dense_layers: only used with model.attention: dense_layers, not {mc.attention!r}")
 
 
 def _check_lm_fields(config: Config) -> None:
@@ -903,6 +931,8 @@ def _allowed(spec: dict) -> str:
         if lo is not None:
             return f"{'>' if spec['lo_open'] else '>='} {_fmt(lo)}"
         return "any finite number"
+    if kind == "layer_list":
+        return "layer indices < `model.num_layers`"
     return "a non-empty path" + (" or null" if spec.get("optional") else "")
 
 

@@ -80,7 +80,8 @@ from hpc_graph.engines.base import Engine
 from hpc_graph.graph.dist_graph import row_normalize
 from hpc_graph.nn import build_model, optim
 from hpc_graph.train import checkpoint as ckpt
-from hpc_graph.train.config import Config, ConfigError, check_paths, config_to_dict, validate_config
+from hpc_graph.train.config import (Config, ConfigError, check_paths, check_resolved_engine, config_to_dict,
+                                    validate_config)
 from hpc_graph.train.metrics import MERGED_METRICS, MetricsWriter, ProgressBar, merge_metrics, peak_rss_mb
 from hpc_graph.train.recipes import CorrectAndSmooth, LabelAugmentation, check_recipes, dataset_node_ids
 from hpc_graph.train.signals import Preempted, StopSignal
@@ -345,6 +346,7 @@ class Trainer:
             check_paths(config)
             self.device = self._device(config.train.device)
             self.engine_name = choose_engine(config.engine.name, self.size, config.data.path, config.model.name)
+            check_resolved_engine(config, self.engine_name)
             check_recipes(config, self.engine_name)
             if resume is not None:
                 path, state = ckpt.latest_checkpoint(resume)

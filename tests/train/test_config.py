@@ -247,3 +247,33 @@ def test_gt_positional_encodings_are_checked_against_the_file(tmp_path):
     cfg(3)
     with pytest.raises(ConfigError, match=r"model\.pe_dim: 4 .* has 3 column"):
         cfg(4)
+
+
+@pytest.mark.parametrize("model, message", [
+    ({"attention": "dense_layers"}, r"model\.dense_layers: attention 'dense_layers' needs .* among 0\.\.2 .* got \[\]"),
+    ({"attention": "dense_layers", "dense_layers": [0, 3]}, r"model\.dense_layers: .* got \[0, 3\]"),
+    ({"attention": "sparse", "dense_layers": [1]}, r"model\.dense_layers: only used with model\.attention: dense_layers"),
+])
+def test_dense_layers_are_checked_against_the_model(tmp_path, model, message):
+    raw = {"data": {"path": "g.h5"}, "engine": {"name": "single"}, "model": {"name": "gt", "num_layers": 3, **model}}
+    with pytest.raises(ConfigError, match=message):
+        load_config(_write(tmp_path, raw))
+    raw["model"].update(attention="dense_layers", dense_layers=[0, 2])
+    assert list(load_config(_write(tmp_path, raw)).model.dense_layers) == [0, 2]  # accepted
+
+
+def test_auto_admits_the_fields_of_the_engines_it_may_pick_and_checks_them_once_resolved(tmp_path):
+    """engine.name: auto (the default) with a field only single/seqpar use: accepted until auto resolves; then
+    refused where it resolved to an engine that does not use it (dp for a GCN on several ranks)."""
+    from hpc_graph.train.config import check_resolved_engine
+
+    cfg = load_config(_write(tmp_path, {"data": {"path": "g.h5"}, "engine": {"sequence_order": "rcm"},
+                                        "model": {"name": "gt"}}))
+    assert cfg.engine.name == "auto"
+    for name in ("single", "seqpar"):
+        check_resolved_engine(cfg, name)
+    with pytest.raises(ConfigError, match=r"engine\.sequence_order: only used by engine .* but engine\.name is "
+                                          r"'dp' \('auto' resolved\)"):
+        check_resolved_engine(cfg, "dp")
+    with pytest.raises(ConfigError, match=r"sampler\.fanouts: only used by engine"):  # no pick of auto uses it
+        load_config(_write(tmp_path, {"data": {"path": "g.h5"}, "sampler": {"fanouts": [3, 3]}}))

@@ -129,7 +129,7 @@ def _write(path, n=80, e=400, feat_dim=9, seed=0, poison=False, sparse=False):
 
 
 def _config(path, run_dir, recipes=None, model=None, train=None, engine="single", data=None):
-    extra = {"sampler": {"fanouts": [5, 5]}} if engine == "minibatch" else {}
+    extra = {"sampler": {"fanouts": [5, 5]}} if engine in ("minibatch", "apt") else {}
     return config_from_dict({
         **extra,
         "data": {"path": str(path), **(data or {})},
@@ -349,6 +349,7 @@ def test_bad_values_name_the_field(recipes, field):
     ({"cs_smooth_layers": 10}, "single", "recipes.cs_smooth_layers"),  # C&S is off
     ({"correct_smooth": True, "cs_scale": 2.0}, "single", "recipes.cs_scale"),  # autoscale computes it
     ({"label_aug": 0.5}, "minibatch", "recipes.label_aug"),
+    ({"label_aug": 0.5}, "apt", "recipes.label_aug"),
 ])
 def test_cross_field_errors(tmp_path, recipes, engine, field):
     path = tmp_path / "g.h5"
