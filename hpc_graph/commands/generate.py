@@ -115,9 +115,10 @@ def add_parser(subparsers) -> None:
                          help="overwrite OUT.h5 if it exists, and skip the memory check "
                               "(start even when the estimated peak memory exceeds the available memory)")
         sub.add_argument("--seed", type=int, default=0, help="random seed (default: %(default)s)")
-        sub.add_argument("--train-frac", type=float, default=0.6, help="training graphs (default: %(default)s)")
-        sub.add_argument("--val-frac", type=float, default=0.2, help="validation graphs (default: %(default)s)")
-        sub.add_argument("--test-frac", type=float, default=0.2, help="test graphs (default: %(default)s)")
+        what = "nodes" if sub is tg else "graphs"
+        sub.add_argument("--train-frac", type=float, default=0.6, help=f"training {what} (default: %(default)s)")
+        sub.add_argument("--val-frac", type=float, default=0.2, help=f"validation {what} (default: %(default)s)")
+        sub.add_argument("--test-frac", type=float, default=0.2, help=f"test {what} (default: %(default)s)")
         add_threads_option(sub)
         sub.set_defaults(func=run)
     parser.set_defaults(func=run)

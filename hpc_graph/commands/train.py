@@ -90,7 +90,9 @@ def run(args: argparse.Namespace) -> int:
         from hpc_graph.train.trainer import Trainer
         trainer = Trainer(config, resume=args.resume, force_memory=args.force)
     except ConfigError as exc:
-        raise CLIError(str(exc)) from None
+        err = CLIError(str(exc))
+        err.collective = getattr(exc, "collective", False)  # every rank refused alike: printed once
+        raise err from None
     if warm is False and trainer.rank == 0:  # a first job would otherwise look stuck for minutes
         print(f"hpc-graph train: note: numba compiles the CPU kernels at their first use after an install "
               f"(a few minutes on every rank of this first job, before its first epochs); later runs load them "

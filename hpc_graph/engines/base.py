@@ -140,6 +140,12 @@ class Engine(ABC):
         """Forward passes inside this block only evaluate (no backward pass follows)."""
         yield
 
+    @classmethod
+    def check_options(cls, options: dict[str, Any], size: int) -> None:
+        """Raise ``ValueError`` naming the option if ``options`` cannot work on a job of ``size`` ranks; the
+        trainer calls it on every rank before anything is loaded, so the refusal is one line, not an abort.
+        Default: nothing (an engine checks the rest as it loads)."""
+
     def check_model(self, model: torch.nn.Module) -> None:
         """Raise ``ValueError`` if this engine cannot run ``model`` (every rank decides the same). Default: nothing."""
 

@@ -97,22 +97,10 @@ class FlowEngine(Engine):
         o = self.options
         self.num_stages = int(getattr(comm, "size", 1))
         self.stage = int(getattr(comm, "rank", 0))
-        stages = o.get("stages", 0)
-        if isinstance(stages, bool) or not isinstance(stages, int) or stages < 0:
-            raise ValueError(f"engine.stages: must be a non-negative integer (0: one stage per rank), got {stages!r}")
-        if stages not in (0, self.num_stages):
-            raise ValueError(f"engine.stages: the flow engine runs one stage per rank; this job has "
-                             f"{self.num_stages} rank(s) but engine.stages is {stages} (launch {stages} ranks, "
-                             f"or set 0)")
+        self.check_options(o, self.num_stages)
         m = o.get("microbatches", 1)
-        if isinstance(m, bool) or not isinstance(m, int) or m < 1:
-            raise ValueError(f"engine.microbatches: must be a positive integer, got {m!r}")
         self.cross_edges = str(o.get("cross_edges", "exact"))
-        if self.cross_edges not in CROSS_EDGES:
-            raise ValueError(f"engine.cross_edges: must be one of {list(CROSS_EDGES)}, got {self.cross_edges!r}")
         self.stage_split = str(o.get("stage_split", "cost"))
-        if self.stage_split not in ("cost", "count"):
-            raise ValueError(f"engine.stage_split: must be 'cost' or 'count', got {self.stage_split!r}")
         self.seed = int(o.get("seed", 0))
 
         with open_dataset(self.source) as ds:
@@ -194,6 +182,24 @@ class FlowEngine(Engine):
                              f"empty on this graph; use fewer")
         order = np.argsort(parts, kind="stable").astype(np.int64)
         return order, np.concatenate(([0], np.cumsum(counts))).astype(np.int64)
+
+    @classmethod
+    def check_options(cls, options: dict[str, Any], size: int) -> None:
+        """``stages`` (0 or the number of ranks), ``microbatches``, ``cross_edges``, ``stage_split``."""
+        stages = options.get("stages", 0)
+        if isinstance(stages, bool) or not isinstance(stages, int) or stages < 0:
+            raise ValueError(f"engine.stages: must be a non-negative integer (0: one stage per rank), got {stages!r}")
+        if stages not in (0, size):
+            raise ValueError(f"engine.stages: the flow engine runs one stage per rank; this job has "
+                             f"{size} rank(s) but engine.stages is {stages} (launch {stages} ranks, or set 0)")
+        m = options.get("microbatches", 1)
+        if isinstance(m, bool) or not isinstance(m, int) or m < 1:
+            raise ValueError(f"engine.microbatches: must be a positive integer, got {m!r}")
+        cross = str(options.get("cross_edges", "exact"))
+        if cross not in CROSS_EDGES:
+            raise ValueError(f"engine.cross_edges: must be one of {list(CROSS_EDGES)}, got {cross!r}")
+        if str(options.get("stage_split", "cost")) not in ("cost", "count"):
+            raise ValueError(f"engine.stage_split: must be 'cost' or 'count', got {options.get('stage_split')!r}")
 
     def check_model(self, model: torch.nn.Module) -> None:
         """``ValueError`` (the same on every rank) for a model that is no chain of units, has fewer units than

@@ -75,7 +75,7 @@ import torch
 from torch.nn import functional as F
 
 from data_io.errors import DataError, atomic_output
-from hpc_graph.engines import create_engine
+from hpc_graph.engines import create_engine, engine_class
 from hpc_graph.engines.base import Engine
 from hpc_graph.graph.dist_graph import row_normalize
 from hpc_graph.nn import build_model, optim
@@ -348,6 +348,11 @@ class Trainer:
             self.engine_name = choose_engine(config.engine.name, self.size, config.data.path, config.model.name)
             check_resolved_engine(config, self.engine_name)
             check_recipes(config, self.engine_name)
+            try:
+                engine_class(self.engine_name, config.data.path).check_options(
+                    engine_options_from_config(config, self.engine_name), self.size)
+            except ValueError as exc:
+                raise ConfigError(str(exc)) from None
             if resume is not None:
                 path, state = ckpt.latest_checkpoint(resume)
                 found = (str(path), int(state.get("epoch", -1)))
@@ -367,6 +372,8 @@ class Trainer:
             if problem is None and len({f for _, f in reports}) > 1:
                 raise ConfigError(f"--resume {resume}: ranks found different checkpoints "
                                   f"({sorted({f for _, f in reports})}); is the run directory shared?")
+            if problem is not None and len(failed) == self.size and len({m for _, m in failed}) == 1:
+                problem.collective = True  # every rank refused alike: the CLI prints it once (rank 0)
         if problem is not None:
             raise problem
         return state
