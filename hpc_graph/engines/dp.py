@@ -50,6 +50,9 @@ class DPEngine(Engine):
         self.num_classes, self.num_features = data["num_classes"], data["num_features"]
         self.reset_stats()  # loading exchanged halo ids: count training traffic only
 
+    def check_model(self, model: torch.nn.Module) -> None:
+        self._refuse_attention_over_self_loops(model)
+
 
 class GraphDPEngine(Engine):
     """``dp`` on a graph-level dataset file: data parallel over batches of whole graphs.

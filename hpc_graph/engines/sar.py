@@ -123,3 +123,6 @@ class SAREngine(Engine):
         self.feat, self.label, self.masks = data["feat"], data["label"], data["masks"]
         self.num_classes, self.num_features = data["num_classes"], data["num_features"]
         self.reset_stats()  # loading exchanged halo ids: count training traffic only
+
+    def check_model(self, model: torch.nn.Module) -> None:
+        self._refuse_attention_over_self_loops(model)

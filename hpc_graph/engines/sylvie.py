@@ -233,6 +233,9 @@ class SylvieEngine(Engine):
         self.history: list[dict[str, Any]] = []  # per epoch: base bits, mode, decision (same on every rank)
         self.reset_stats()  # loading exchanged halo ids and importances: count training traffic only
 
+    def check_model(self, model: torch.nn.Module) -> None:
+        self._refuse_attention_over_self_loops(model)
+
     # -- set-up ------------------------------------------------------------------------------------
     def _importance(self, dg: Any) -> tuple[dict[int, np.ndarray], dict[int, np.ndarray]]:
         """Importance of every row this rank sends (per peer) and receives (fetched from the owners)."""

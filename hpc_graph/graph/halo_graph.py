@@ -133,21 +133,30 @@ def self_loop_codes(g) -> torch.Tensor:
     return g._cache["attention_codes"]
 
 
+SELF_LOOP_ADVICE = ("the attention pattern adds every node's self loop itself: drop them from the dataset (hpc-graph "
+                    "convert edgelist --remove-self-loops) or run on engine single or seqpar")
+
+
+def self_loop_edges(graph) -> int:
+    """Self-loop edges among this rank's owned rows (``dp``/``sylvie``: the local CSR; ``sar``: its owned
+    block), counted once per graph."""
+    dg = graph.dg
+    local = dg.local if dg.local is not None else dg.blocks[dg.part_id]  # sar keeps the owned block only
+    if "self_edges" not in local._cache:
+        rows = torch.repeat_interleave(torch.arange(local.num_dst, device=local.device), local.in_degree())
+        local._cache["self_edges"] = int((local.indices == rows).sum())  # owned columns come first
+    return local._cache["self_edges"]
+
+
 def check_partial_attention(graph, mode: str, bias, global_token: bool, q: torch.Tensor) -> None:
     """The checks of an engine that holds part of the graph (``dp``, ``sar``, ``sylvie``): sparse mode, no
     global token, ``q`` of the owned rows, a valid bias table, no self-loop edge in the graph (the pattern
     adds every self loop once; ``ValueError`` naming what to change)."""
     from hpc_graph.graph.attention_pattern import check_attention_args
 
-    dg = graph.dg
-    local = dg.local if dg.local is not None else dg.blocks[dg.part_id]  # sar keeps the owned block only
-    if "self_edges" not in local._cache:
-        rows = torch.repeat_interleave(torch.arange(local.num_dst, device=local.device), local.in_degree())
-        local._cache["self_edges"] = int((local.indices == rows).sum())  # owned columns come first
-    if local._cache["self_edges"]:
-        raise ValueError(f"attention: this rank's part has {local._cache['self_edges']} self-loop edge(s); the "
-                         "attention pattern adds every self loop itself (convert with --remove-self-loops, or "
-                         "run on engine single or seqpar)")
+    edges = self_loop_edges(graph)
+    if edges:
+        raise ValueError(f"attention: this rank's part has {edges} self-loop edge(s); {SELF_LOOP_ADVICE}")
 
     check_attention_args(mode, bias, q.shape[1])
     if mode != "sparse" or global_token:

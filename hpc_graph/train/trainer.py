@@ -128,8 +128,9 @@ def _parse_debug_failure(text: str | None) -> _DebugFailure | None:
 
 
 def _agreed(exc: BaseException) -> BaseException:
-    """Mark an exception that every rank raises at the same point (no abort needed)."""
+    """Mark an exception that every rank raises at the same point (no abort needed; the CLI prints it once)."""
     exc._hpc_graph_agreed = True  # type: ignore[attr-defined]
+    exc.collective = True  # type: ignore[attr-defined]
     return exc
 
 

@@ -83,3 +83,31 @@ def test_fused_gat_keeps_no_projection_and_matches_dp(tmp_path):
     for model in models:
         for (name, p), q in zip(ref.named_parameters(), model.parameters()):
             torch.testing.assert_close(q.grad, p.grad, rtol=1e-9, atol=1e-12, msg=name)
+
+
+def test_graph_transformers_refuse_self_loop_edges_on_partial_engines(tmp_path):
+    """dp, sar and sylvie hold part of the graph; a graph transformer's sparse attention adds every self loop
+    itself, so a dataset with self-loop edges is refused by check_model (before training), naming the count;
+    message-passing models and a graph without them pass."""
+    import pytest
+
+    g = _graph(seed=4)
+    rows = np.repeat(np.arange(60), np.diff(g.indptr))
+    loops = int((g.indices == rows).sum())
+    assert loops > 0
+    write_dataset(tmp_path / "g.h5", g)
+    partition_dataset(tmp_path / "g.h5", tmp_path / "p1", 1, "random")
+    keep = g.indices != rows
+    g.indptr = np.concatenate(([0], np.cumsum(np.bincount(rows[keep], minlength=60)))).astype(np.int64)
+    g.indices = g.indices[keep]
+    write_dataset(tmp_path / "clean.h5", g)
+    partition_dataset(tmp_path / "clean.h5", tmp_path / "c1", 1, "random")
+    comm = LocalCommunicator()
+    gt = build_model("gt", 8, 8, 3, num_layers=1, heads=2, pe_dim=0, dropout=0.0).double()
+    gcn = build_model("gcn", 8, 8, 3).double()
+    for name in ("dp", "sar", "sylvie"):
+        eng = create_engine(name, str(tmp_path / "p1"), comm, torch.device("cpu"), torch.float64)
+        with pytest.raises(ValueError, match=f"on engine '{name}': the graph has {loops} self-loop edge"):
+            eng.check_model(gt)
+        eng.check_model(gcn)
+        create_engine(name, str(tmp_path / "c1"), comm, torch.device("cpu"), torch.float64).check_model(gt)
