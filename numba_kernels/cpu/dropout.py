@@ -94,11 +94,38 @@ def _apply_ser(x, kh, cut, scale, out):
 
 
 @njit(cache=True, nogil=True, inline="always")
-def _row_elems(x, g, r, ids, width, kh, cut, scale, act, grad, out):
+def _elem(x, g, i, s, act, grad, out):
+    # one element: act and grad are literals at every call site below, so each loop is specialised
+    zero = x.dtype.type(0)
+    v = x[i]
+    if act == 1:
+        if grad:
+            out[i] = g[i] * (s if v > zero else zero)
+        else:
+            out[i] = (v if v > zero else zero) * s
+    elif grad:
+        out[i] = g[i] * s
+    else:
+        out[i] = v * s
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _row_elems(x, g, r, ids, width, kh, cut, scale, act, grad, out, hs):
     # row r of the [R, width] view, its uniforms taken at positions ids[r] * width + c
     zero = x.dtype.type(0)
     base = np.uint64(ids[r]) * np.uint64(width)
     off = r * width
+    if width % 4 == 0:  # the row starts on a word: its words' hashes first (a loop LLVM vectorises), then the row
+        w0 = base >> np.uint64(2)
+        nw = width // 4
+        for j in range(nw):
+            hs[j] = _splitmix64(kh ^ (w0 + np.uint64(j)))
+        for j in range(nw):
+            h = hs[j]
+            for lane in range(4):
+                u = np.int64((h >> np.uint64(16 * lane)) & np.uint64(0xFFFF))
+                _elem(x, g, off + 4 * j + lane, scale if u >= cut else zero, act, grad, out)
+        return 0
     c = 0
     while c < width:
         pos = base + np.uint64(c)
@@ -107,32 +134,37 @@ def _row_elems(x, g, r, ids, width, kh, cut, scale, act, grad, out):
         m = min(4 - lane, width - c)
         for k in range(m):
             u = np.int64((h >> np.uint64(16 * (lane + k))) & np.uint64(0xFFFF))
-            s = scale if u >= cut else zero
-            i = off + c + k
-            v = x[i]
-            if act == 1:
-                if grad:
-                    out[i] = g[i] * (s if v > zero else zero)
-                else:
-                    out[i] = (v if v > zero else zero) * s
-            elif grad:
-                out[i] = g[i] * s
-            else:
-                out[i] = v * s
+            _elem(x, g, off + c + k, scale if u >= cut else zero, act, grad, out)
         c += m
     return 0
 
 
+@njit(cache=True, nogil=True, inline="always")
+def _rows_range(x, g, ids, width, kh, cut, scale, act, grad, out, r0, r1):
+    hs = np.empty(width // 4 + 1, np.uint64)
+    for r in range(r0, r1):  # literal act and direction per call site: one specialised loop each
+        if act == 1:
+            if grad:
+                _row_elems(x, g, r, ids, width, kh, cut, scale, 1, True, out, hs)
+            else:
+                _row_elems(x, g, r, ids, width, kh, cut, scale, 1, False, out, hs)
+        elif grad:
+            _row_elems(x, g, r, ids, width, kh, cut, scale, 0, True, out, hs)
+        else:
+            _row_elems(x, g, r, ids, width, kh, cut, scale, 0, False, out, hs)
+    return 0
+
+
 @njit(cache=True, nogil=True, parallel=True)
-def _rows_par(x, g, ids, width, kh, cut, scale, act, grad, out):
-    for r in prange(ids.shape[0]):
-        _row_elems(x, g, r, ids, width, kh, cut, scale, act, grad, out)
+def _rows_par(x, g, ids, width, kh, cut, scale, act, grad, out, chunk):
+    n = ids.shape[0]
+    for c in prange((n + chunk - 1) // chunk):
+        _rows_range(x, g, ids, width, kh, cut, scale, act, grad, out, c * chunk, min(n, (c + 1) * chunk))
 
 
 @njit(cache=True, nogil=True)
 def _rows_ser(x, g, ids, width, kh, cut, scale, act, grad, out):
-    for r in range(ids.shape[0]):
-        _row_elems(x, g, r, ids, width, kh, cut, scale, act, grad, out)
+    _rows_range(x, g, ids, width, kh, cut, scale, act, grad, out, 0, ids.shape[0])
 
 
 def check_ids(ids, n: int, op: str) -> int:
@@ -151,8 +183,12 @@ def _rows_call(x, g, ids, key, cut, scale, act, grad, out, op) -> None:
     if width == 0:
         return
     ids = np.ascontiguousarray(ids, dtype=np.int64)
-    run = _rows_ser if x.shape[0] < SMALL_WORK else _rows_par
-    run(x, g, ids, np.int64(width), key_hash(key), int(cut), x.dtype.type(scale), int(act), bool(grad), out)
+    args = (x, g, ids, np.int64(width), key_hash(key), int(cut), x.dtype.type(scale), int(act), bool(grad), out)
+    if x.shape[0] < SMALL_WORK:
+        _rows_ser(*args)
+    else:  # chunks of rows: 8 per thread, each at least ~4096 elements
+        chunk = max(-(-4096 // width), -(-ids.shape[0] // (8 * numba.get_num_threads())))
+        _rows_par(*args, np.int64(chunk))
 
 
 def dropout_apply(x, key, cut, scale, out, ids=None) -> None:
