@@ -724,13 +724,10 @@ def dataset_task(path: str | os.PathLike) -> str:
 
 def dataset_field_shape(path: str | os.PathLike, field: str) -> tuple[int, ...] | None:
     """The shape of dataset ``field`` (an HDF5 path such as ``"/node/lap_pe"``) read from the file's header
-    without validating it; None when the file cannot be read or has no such field."""
-    try:
-        with h5py.File(path, "r") as h5:
-            obj = h5.get(field)
-            return tuple(int(s) for s in obj.shape) if isinstance(obj, h5py.Dataset) else None
-    except OSError:
-        return None
+    without validating it; None when the file has no such field. ``OSError`` when the file cannot be read."""
+    with h5py.File(path, "r") as h5:
+        obj = h5.get(field)
+        return tuple(int(s) for s in obj.shape) if isinstance(obj, h5py.Dataset) else None
 
 
 def open_dataset(path: str | os.PathLike, check_values: bool = True) -> Dataset:

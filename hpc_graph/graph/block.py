@@ -23,14 +23,13 @@ the sum is rescaled by ``deg_i`` over their number.
 """
 from __future__ import annotations
 
-import warnings
 from typing import Any, Callable
 
 import torch
 
 from hpc_graph.graph.base import GraphContext
 from hpc_graph.ops.all_reduce import all_reduce_sum
-from hpc_graph.ops.csr import CSR, column_slice_csr, dense_columns
+from hpc_graph.ops.csr import CSR, first_rows
 
 
 class Block(GraphContext):
@@ -83,20 +82,7 @@ class Block(GraphContext):
         return h if self._complete is None else self._complete(h)
 
     def dst(self, t: torch.Tensor) -> torch.Tensor:
-        n = self.num_nodes
-        if t.layout == torch.strided:
-            return t.narrow(0, 0, n)
-        if t.layout == torch.sparse_csr and dense_columns(t) is not None:  # a column slice stays one
-            lo, values = dense_columns(t)
-            return column_slice_csr(values[:n], lo, t.shape[1])
-        if t.layout == torch.sparse_csr:  # the first n rows of a CSR matrix: a prefix of its arrays
-            crow = t.crow_indices()[:n + 1]
-            nnz = int(crow[-1])
-            with warnings.catch_warnings():  # torch's one-time "sparse CSR support is in beta" notice
-                warnings.simplefilter("ignore", UserWarning)
-                return torch.sparse_csr_tensor(crow, t.col_indices()[:nnz], t.values()[:nnz], (n, t.shape[1]),
-                                               check_invariants=False)
-        return t[:n]
+        return first_rows(t, self.num_nodes)
 
     def aggregate(self, x: torch.Tensor, reduce: str = "sum") -> torch.Tensor:
         if reduce not in ("sum", "mean"):

@@ -315,11 +315,13 @@ class DistGraph:
         return 0 if t is None else int(t.shape[0])
 
     def orig_ids_of(self, gids: torch.Tensor) -> torch.Tensor:
-        """Source-dataset ids (attention dropout hash); relabelled ids stand in beyond the partition."""
+        """Source-dataset ids of the nodes ``gids`` (they key the dropout hashes). A node neither owned nor in
+        the halo has no known dataset id here: ``global_num_nodes + gid`` stands in, an id no dataset node has
+        and the same on every rank, so two nodes of a batch never share a key."""
         dg = self
         if dg.orig_id is dg.gid:
             return gids
-        out = gids.clone()
+        out = gids + dg.global_num_nodes
         own = (gids >= dg.first_gid) & (gids < dg.first_gid + dg.num_owned)
         out[own] = dg.orig_id[gids[own] - dg.first_gid]
         halo = ~own

@@ -5,6 +5,7 @@ import torch
 from torch import nn
 
 from hpc_graph.graph.base import GraphContext
+from hpc_graph.ops.csr import first_rows
 from hpc_graph.nn._options import number_in, positive_int
 from hpc_graph.nn._propagate import MLP
 
@@ -24,7 +25,8 @@ class MLPNet(nn.Module):
         dropout: dropout probability before every linear layer.
 
     Parameters: ``mlp.lins`` (``torch.nn.Linear`` layers).
-    ``forward(graph, x)``: x float[rows, in_dim] (dense or sparse CSR) -> float[rows, out_dim].
+    ``forward(graph, x)``: x float[rows, in_dim] (dense or sparse CSR) -> float[graph.num_nodes, out_dim]: the
+    rows of the graph's output nodes (all rows on a full graph; a sampled batch's seeds, its first rows).
     """
 
     def __init__(self, in_dim: int, hidden: int, out_dim: int, num_layers: int = 2, dropout: float = 0.5):
@@ -36,4 +38,8 @@ class MLPNet(nn.Module):
         self.mlp = MLP(in_dim, hidden, out_dim, num_layers, number_in("dropout", dropout, 0.0, 1.0, hi_open=True))
 
     def forward(self, graph: GraphContext, x: torch.Tensor) -> torch.Tensor:
+        n = int(graph.num_nodes)
+        if x.shape[0] != n:  # a sampled batch: its seeds are the first rows of every block's sources
+            ids = graph.row_ids(output=True)
+            return self.mlp(first_rows(x, n), ids)
         return self.mlp(x, graph.row_ids())

@@ -11,6 +11,8 @@ and cached: backward passes walk it instead of using atomics.
 """
 from __future__ import annotations
 
+import warnings
+
 import numpy as np
 import torch
 
@@ -271,8 +273,6 @@ def column_slice_csr(values: torch.Tensor, lo: int, num_cols: int) -> torch.Tens
     :func:`dense_columns` can hand the dense block to a projection instead: ``x @ W^T`` is then
     ``values @ W[:, lo:lo+w]^T``, a dense GEMM.
     """
-    import warnings
-
     rows, w = int(values.shape[0]), int(values.shape[1])
     crow, col = _slice_structure(rows, w, int(lo), values.device)
     with warnings.catch_warnings():  # torch's one-time "sparse CSR support is in beta" notice
@@ -285,3 +285,21 @@ def column_slice_csr(values: torch.Tensor, lo: int, num_cols: int) -> torch.Tens
 def dense_columns(x: torch.Tensor) -> tuple[int, torch.Tensor] | None:
     """``(lo, values)`` of a tensor made by :func:`column_slice_csr`, else None."""
     return getattr(x, _DENSE_COLUMNS, None) if x.layout == torch.sparse_csr else None
+
+
+def first_rows(t: torch.Tensor, n: int) -> torch.Tensor:
+    """The first ``n`` rows of ``t`` (dense: a view; sparse CSR: a prefix of its arrays; a column-slice CSR
+    stays one)."""
+    if t.layout == torch.strided:
+        return t.narrow(0, 0, n)
+    if t.layout == torch.sparse_csr and dense_columns(t) is not None:  # a column slice stays one
+        lo, values = dense_columns(t)
+        return column_slice_csr(values[:n], lo, t.shape[1])
+    if t.layout == torch.sparse_csr:  # the first n rows of a CSR matrix: a prefix of its arrays
+        crow = t.crow_indices()[:n + 1]
+        nnz = int(crow[-1])
+        with warnings.catch_warnings():  # torch's one-time "sparse CSR support is in beta" notice
+            warnings.simplefilter("ignore", UserWarning)
+            return torch.sparse_csr_tensor(crow, t.col_indices()[:nnz], t.values()[:nnz], (n, t.shape[1]),
+                                           check_invariants=False)
+    return t[:n]

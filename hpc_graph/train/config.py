@@ -678,8 +678,11 @@ def _check_engine_fields(config: Config, name: str | None = None) -> None:
     if mc.name == "gt" and mc.pe_dim and os.path.isfile(str(config.data.path)):  # a partition: checked on load
         from data_io.dataset import dataset_field_shape
 
-        shape = dataset_field_shape(config.data.path, "/node/lap_pe")
-        if shape is None or len(shape) != 2 or shape[1] < mc.pe_dim:
+        try:
+            shape, readable = dataset_field_shape(config.data.path, "/node/lap_pe"), True
+        except OSError:  # not an HDF5 file: the loader names the problem
+            shape, readable = None, False
+        if readable and (shape is None or len(shape) != 2 or shape[1] < mc.pe_dim):
             have = "is missing" if shape is None else f"has {shape[1] if len(shape) == 2 else shape} column(s)"
             raise ConfigError(f"model.pe_dim: {mc.pe_dim} positional-encoding columns, but /node/lap_pe of "
                               f"{config.data.path} {have} (hpc-graph preprocess lap-pe {config.data.path} "

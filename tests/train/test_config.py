@@ -277,3 +277,11 @@ def test_auto_admits_the_fields_of_the_engines_it_may_pick_and_checks_them_once_
         check_resolved_engine(cfg, "dp")
     with pytest.raises(ConfigError, match=r"sampler\.fanouts: only used by engine"):  # no pick of auto uses it
         load_config(_write(tmp_path, {"data": {"path": "g.h5"}, "sampler": {"fanouts": [3, 3]}}))
+
+
+def test_gt_encodings_check_leaves_an_unreadable_file_to_the_loader(tmp_path):
+    path = tmp_path / "g.h5"
+    path.write_bytes(b"not hdf5")
+    cfg = load_config(_write(tmp_path, {"data": {"path": str(path)}, "engine": {"name": "single"},
+                                        "model": {"name": "gt", "pe_dim": 8}}))
+    assert cfg.model.pe_dim == 8  # no claim about /node/lap_pe of a file that is not HDF5

@@ -116,6 +116,14 @@ def check_placement(data: Path, pdir: Path, comm) -> int:
         for layer, block in enumerate(batch.graph.blocks):
             key = sample_key(0, 3, layer)
             gid = block.src_gid.numpy()
+            # the rows' dropout keys: the dataset id where this rank knows it (owned, halo), else gid + N;
+            # never one key for two nodes
+            ids, total = block.row_ids().numpy(), int(book[-1])
+            if len(set(ids.tolist())) != ids.size or not np.all((ids == to_orig[gid]) | (ids == gid + total)):
+                raise AssertionError(f"rank {comm.rank}: block {layer} row ids {ids[:8]} for gids {gid[:8]}")
+            owned = (gid >= book[comm.rank]) & (gid < book[comm.rank + 1])
+            if not np.array_equal(ids[owned], to_orig[gid[owned]]):
+                raise AssertionError(f"rank {comm.rank}: block {layer}: owned rows not keyed on their dataset ids")
             bi, bc = block.csr.indptr.numpy(), block.csr.indices.numpy()
             dst_orig = to_orig[gid[:block.num_nodes]]
             fan = (3, 2)[len(batch.graph.blocks) - 1 - layer]
