@@ -149,21 +149,26 @@ class Engine(ABC):
     def check_model(self, model: torch.nn.Module) -> None:
         """Raise ``ValueError`` if this engine cannot run ``model`` (every rank decides the same). Default: nothing."""
 
-    def _refuse_attention_over_self_loops(self, model: torch.nn.Module) -> None:
+    def _check_attention_pattern(self, model: torch.nn.Module) -> None:
         """For the engines holding part of the graph (``graph.dg``): a graph transformer's sparse attention
-        adds each node's self loop itself, so self-loop edges in the data are refused before training, on every
-        rank alike (collective: the ranks add up their counts)."""
-        from hpc_graph.graph.halo_graph import SELF_LOOP_ADVICE, self_loop_edges
+        adds each node's self loop itself and holds each edge once (as ``single``'s pattern does), so self-loop
+        and repeated edges in the data are refused before training, on every rank alike (collective: the ranks
+        add up their counts)."""
+        from hpc_graph.graph.halo_graph import REPEAT_ADVICE, SELF_LOOP_ADVICE, repeated_edges, self_loop_edges
         from hpc_graph.nn._transformer import TransformerLayer
 
         if not any(isinstance(m, TransformerLayer) for m in model.modules()):
             return
-        count = torch.tensor([float(self_loop_edges(self.graph))], dtype=torch.float64)
+        counts = torch.tensor([float(self_loop_edges(self.graph)), float(repeated_edges(self.graph))],
+                              dtype=torch.float64)
         if self.comm.size > 1:
-            self.comm.allreduce_(count)
-        if count.item():
-            raise ValueError(f"model.name: {getattr(model, 'name', type(model).__name__)} on engine "
-                             f"{self.name!r}: the graph has {int(count.item())} self-loop edge(s); {SELF_LOOP_ADVICE}")
+            self.comm.allreduce_(counts)
+        loops, repeats = (int(c) for c in counts.tolist())
+        where = f"model.name: {getattr(model, 'name', type(model).__name__)} on engine {self.name!r}: the graph has"
+        if loops:
+            raise ValueError(f"{where} {loops} self-loop edge(s); {SELF_LOOP_ADVICE}")
+        if repeats:
+            raise ValueError(f"{where} {repeats} repeated edge(s); {REPEAT_ADVICE}")
 
     def attach_model(self, model: torch.nn.Module, feat: torch.Tensor | None = None) -> None:
         """The trainer built ``model`` (the same parameters on every rank) and hands it over before training: an

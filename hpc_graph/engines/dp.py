@@ -51,7 +51,7 @@ class DPEngine(Engine):
         self.reset_stats()  # loading exchanged halo ids: count training traffic only
 
     def check_model(self, model: torch.nn.Module) -> None:
-        self._refuse_attention_over_self_loops(model)
+        self._check_attention_pattern(model)
 
 
 class GraphDPEngine(Engine):

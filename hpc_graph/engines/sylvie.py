@@ -234,7 +234,7 @@ class SylvieEngine(Engine):
         self.reset_stats()  # loading exchanged halo ids and importances: count training traffic only
 
     def check_model(self, model: torch.nn.Module) -> None:
-        self._refuse_attention_over_self_loops(model)
+        self._check_attention_pattern(model)
 
     # -- set-up ------------------------------------------------------------------------------------
     def _importance(self, dg: Any) -> tuple[dict[int, np.ndarray], dict[int, np.ndarray]]:

@@ -135,6 +135,8 @@ def self_loop_codes(g) -> torch.Tensor:
 
 SELF_LOOP_ADVICE = ("the attention pattern adds every node's self loop itself: drop them from the dataset (hpc-graph "
                     "convert edgelist --remove-self-loops) or run on engine single or seqpar")
+REPEAT_ADVICE = ("the attention pattern holds each edge once: drop the copies from the dataset (hpc-graph convert "
+                 "edgelist --dedup) or run on engine single or seqpar")
 
 
 def self_loop_edges(graph) -> int:
@@ -146,6 +148,21 @@ def self_loop_edges(graph) -> int:
         rows = torch.repeat_interleave(torch.arange(local.num_dst, device=local.device), local.in_degree())
         local._cache["self_edges"] = int((local.indices == rows).sum())  # owned columns come first
     return local._cache["self_edges"]
+
+
+def repeated_edges(graph) -> int:
+    """In-edges of this rank's owned rows that repeat an earlier (destination, source) pair, over the local CSR
+    (``dp``/``sylvie``) or every block (``sar``), counted once per graph."""
+    dg = graph.dg
+    csrs = [dg.local] if dg.local is not None else list(dg.blocks.values())
+    total = 0
+    for c in csrs:
+        if "repeated_edges" not in c._cache:
+            rows = torch.repeat_interleave(torch.arange(c.num_dst, device=c.device), c.in_degree())
+            key = rows * max(1, c.num_src) + c.indices.to(torch.int64)
+            c._cache["repeated_edges"] = int(key.numel() - torch.unique(key).numel())
+        total += c._cache["repeated_edges"]
+    return total
 
 
 def check_partial_attention(graph, mode: str, bias, global_token: bool, q: torch.Tensor) -> None:

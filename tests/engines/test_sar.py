@@ -85,29 +85,40 @@ def test_fused_gat_keeps_no_projection_and_matches_dp(tmp_path):
             torch.testing.assert_close(q.grad, p.grad, rtol=1e-9, atol=1e-12, msg=name)
 
 
-def test_graph_transformers_refuse_self_loop_edges_on_partial_engines(tmp_path):
+def test_graph_transformers_refuse_self_loop_and_repeated_edges_on_partial_engines(tmp_path):
     """dp, sar and sylvie hold part of the graph; a graph transformer's sparse attention adds every self loop
-    itself, so a dataset with self-loop edges is refused by check_model (before training), naming the count;
-    message-passing models and a graph without them pass."""
+    itself and holds each edge once (as single's pattern does), so a dataset with self-loop or repeated edges
+    is refused by check_model (before training), naming the count; message-passing models and a graph
+    without them pass."""
     import pytest
+
+    def write(name, rows, cols):
+        g = _graph(seed=4)
+        order = np.argsort(rows, kind="stable")
+        g.indptr = np.concatenate(([0], np.cumsum(np.bincount(rows, minlength=60)))).astype(np.int64)
+        g.indices = cols[order].astype(np.int64)
+        write_dataset(tmp_path / f"{name}.h5", g)
+        partition_dataset(tmp_path / f"{name}.h5", tmp_path / name, 1, "random")
+        return tmp_path / name
 
     g = _graph(seed=4)
     rows = np.repeat(np.arange(60), np.diff(g.indptr))
-    loops = int((g.indices == rows).sum())
-    assert loops > 0
-    write_dataset(tmp_path / "g.h5", g)
-    partition_dataset(tmp_path / "g.h5", tmp_path / "p1", 1, "random")
-    keep = g.indices != rows
-    g.indptr = np.concatenate(([0], np.cumsum(np.bincount(rows[keep], minlength=60)))).astype(np.int64)
-    g.indices = g.indices[keep]
-    write_dataset(tmp_path / "clean.h5", g)
-    partition_dataset(tmp_path / "clean.h5", tmp_path / "c1", 1, "random")
+    pairs = np.unique(np.stack([rows, g.indices]), axis=1)
+    pairs = pairs[:, pairs[0] != pairs[1]]  # distinct, no self loops
+    loops, repeats = 7, 5
+    clean = write("clean", pairs[0], pairs[1])
+    looped = write("looped", np.concatenate([pairs[0], np.arange(loops)]), np.concatenate([pairs[1], np.arange(loops)]))
+    repeated = write("repeated", np.concatenate([pairs[0], pairs[0, :repeats]]),
+                     np.concatenate([pairs[1], pairs[1, :repeats]]))
     comm = LocalCommunicator()
     gt = build_model("gt", 8, 8, 3, num_layers=1, heads=2, pe_dim=0, dropout=0.0).double()
     gcn = build_model("gcn", 8, 8, 3).double()
     for name in ("dp", "sar", "sylvie"):
-        eng = create_engine(name, str(tmp_path / "p1"), comm, torch.device("cpu"), torch.float64)
+        def engine(path):
+            return create_engine(name, str(path), comm, torch.device("cpu"), torch.float64)
         with pytest.raises(ValueError, match=f"on engine '{name}': the graph has {loops} self-loop edge"):
-            eng.check_model(gt)
-        eng.check_model(gcn)
-        create_engine(name, str(tmp_path / "c1"), comm, torch.device("cpu"), torch.float64).check_model(gt)
+            engine(looped).check_model(gt)
+        with pytest.raises(ValueError, match=f"on engine '{name}': the graph has {repeats} repeated edge.*--dedup"):
+            engine(repeated).check_model(gt)
+        engine(repeated).check_model(gcn)
+        engine(clean).check_model(gt)
