@@ -169,6 +169,9 @@ class _SeqParGraph(GraphContext):
     def global_ids(self) -> torch.Tensor:
         return self._gid
 
+    def row_ids(self, output: bool = False) -> torch.Tensor:
+        return self._gid
+
     def all_reduce_sum(self, t: torch.Tensor) -> torch.Tensor:
         if self.size > 1:
             self.comm.allreduce_(t)
@@ -179,6 +182,7 @@ class SeqParEngine(Engine):
     """Sequence-parallel engine for graph transformers (see module docstring). ``source``: a dataset file."""
 
     name = "seqpar"
+    shared_rng = True
     OPTIONS = Engine.OPTIONS | frozenset({"sequence_order", "cluster_beta", "cluster_size", "tuner_window",
                                           "attention_chain"})
 

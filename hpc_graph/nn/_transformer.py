@@ -80,17 +80,25 @@ class TransformerLayer(nn.Module):
         q, k, v = self.qkv(a).view(T, 3, self.heads, self.dim // self.heads).unbind(1)
         att = graph.attention(q, k, v, bias=bias, mode=mode, global_token=global_token,
                               far_prior=far_prior).reshape(T, self.dim)
-        h = h + self._drop(graph, self.out(att))
+        ids = self._token_ids(graph, T, global_token)
+        h = h + self._drop(self.out(att), ids)
         if not self.pre_norm:
             h = self.norm1(h)
         a = self.norm2(h) if self.pre_norm else h
-        h = h + self._drop(graph, self.ffn2(self._drop(graph, self.act(self.ffn1(a)))))
+        h = h + self._drop(self.ffn2(self._drop(self.act(self.ffn1(a)), ids)), ids)
         return h if self.pre_norm else self.norm2(h)
 
-    def _drop(self, graph: GraphContext, t: torch.Tensor) -> torch.Tensor:
-        # no call at p = 0: the RNG stream (and the engines' agreement on it) is left alone. The masks are keyed
-        # on the tokens' node ids where the graph has them for every row (not with global tokens appended)
+    def _token_ids(self, graph: GraphContext, rows: int, global_token: bool) -> torch.Tensor | None:
+        """The ids keying the dropout masks of the ``rows`` token rows: the nodes' dataset ids, and for the one
+        global token appended after them the id ``global_num_nodes`` (the row it has on one process, where the
+        ids are the positions); None (keyed on the positions) where the graph gives no ids or other rows."""
         if not (self.training and self.dropout > 0):
-            return t
+            return None
         ids = graph.row_ids()
-        return dropout(t, self.dropout, True, ids if ids is not None and ids.shape[0] == t.shape[0] else None)
+        if ids is not None and global_token and rows == ids.shape[0] + 1:
+            ids = torch.cat([ids, ids.new_full((1,), int(graph.global_num_nodes))])
+        return ids if ids is not None and ids.shape[0] == rows else None
+
+    def _drop(self, t: torch.Tensor, ids: torch.Tensor | None) -> torch.Tensor:
+        # no call at p = 0: the RNG stream (and the engines' agreement on it) is left alone
+        return dropout(t, self.dropout, True, ids) if (self.training and self.dropout > 0) else t

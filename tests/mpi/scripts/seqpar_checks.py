@@ -1,7 +1,8 @@
 """Run under ``mpiexec -n N``: the ``seqpar`` engine must reproduce ``single`` for the graph transformers.
 
 Rank 0 writes a random dataset (S = 61 nodes, not divisible by 2 or 4, isolated nodes, Laplacian
-encodings); every rank then builds the same model twice, float64, no dropout: once on a
+encodings); every rank then builds the same model twice, float64, dropout 0.2 (masks keyed on the
+tokens' node ids, the global token's on the node count): once on a
 ``single``-engine context over the whole graph (the reference, computed on every rank) and once
 on ``seqpar``, and checks for GT (global token, encodings) and Graphormer (structural bias, global
 token), sparse, dense and interleaved attention:
@@ -45,6 +46,7 @@ from hpc_graph.nn.optim import Adam  # torch.optim would import torch._dynamo: s
 from hpc_graph.ops.csr import CSR
 
 RTOL = 1e-10
+DROPOUT = 0.2
 
 
 def _dataset(path: Path, n: int = 61, e: int = 150, seed: int = 0) -> None:
@@ -88,11 +90,11 @@ def _check(comm, path, name, extra, tag, order="id", options=None) -> int:
         train = torch.from_numpy(ds.mask("train_mask"))
     count = float(train.sum())
     torch.manual_seed(7)
-    ref = build_model(name, 5, 8, 3, num_layers=2, heads=4, dropout=0.0, **extra).double()
+    ref = build_model(name, 5, 8, 3, num_layers=2, heads=4, dropout=DROPOUT, **extra).double()
     with torch.no_grad():
         for p in ref.parameters():
             p.add_(0.1 * torch.randn_like(p))
-    model = build_model(name, 5, 8, 3, num_layers=2, heads=4, dropout=0.0, **extra).double()
+    model = build_model(name, 5, 8, 3, num_layers=2, heads=4, dropout=DROPOUT, **extra).double()
     model.load_state_dict(ref.state_dict())
     if hasattr(ref, "pe_seed"):  # built after ref, so its own draw differs (the trainer builds one per rank alike)
         model.pe_seed = ref.pe_seed
@@ -157,25 +159,37 @@ def _tuner_agrees(comm, path) -> int:
 
 
 def _trainer_matches_single(comm, path: Path, work: Path) -> int:
-    """The Trainer on ``seqpar`` (whose ranks draw their own random streams, as in any job) against the Trainer on
-    ``single``: GT with encodings, whose random sign flips every rank must draw alike, 3 steps, float64."""
+    """The Trainer on ``seqpar`` (whose ranks keep the stream the model was built from) against the Trainer on
+    ``single``: GT with encodings, whose random sign flips every rank must draw alike, and dropout, 3 steps,
+    float64."""
     from hpc_graph.train.config import config_from_dict
     from hpc_graph.train.trainer import Trainer
 
     def cfg(engine):
         return config_from_dict({
             "data": {"path": str(path)}, "engine": {"name": engine},
-            "model": {"name": "gt", "hidden": 8, "heads": 4, "num_layers": 2, "dropout": 0.0, "pe_dim": 4,
+            "model": {"name": "gt", "hidden": 8, "heads": 4, "num_layers": 2, "dropout": DROPOUT, "pe_dim": 4,
                       "global_token": True},
             "optim": {"name": "sgd", "lr": 0.05, "momentum": 0.9},
             "train": {"seed": 3, "dtype": "float64", "progress": False, "run_dir": str(work / f"tr-{engine}")}})
 
     ref = Trainer(cfg("single"), _communicator.get_communicator("local"))
     run = Trainer(cfg("seqpar"), comm)
-    for step in range(3):
-        got, want = run.step(), ref.step()
+    # both trainers seeded torch's stream alike and built the same model; in one process they take turns on
+    # it, so each keeps its own copy of the stream between its steps (as two jobs would)
+    streams = {id(ref): torch.random.get_rng_state(), id(run): torch.random.get_rng_state()}
+
+    def step(trainer) -> float:
+        torch.random.set_rng_state(streams[id(trainer)])
+        loss = trainer.step()
+        streams[id(trainer)] = torch.random.get_rng_state()
+        return loss
+
+    for step_no in range(3):
+        got, want = step(run), step(ref)
         if abs(got - want) > RTOL * max(1.0, abs(want)):
-            raise AssertionError(f"rank {comm.rank}: trainer seqpar loss of step {step + 1} {got!r} != single {want!r}")
+            raise AssertionError(f"rank {comm.rank}: trainer seqpar loss of step {step_no + 1} {got!r} != single "
+                                 f"{want!r}")
     for (key, w), g in zip(ref.model.state_dict().items(), run.model.state_dict().values()):
         err = float((g.double() - w.double()).abs().max()) if w.numel() else 0.0
         if err > RTOL * max(1.0, float(w.double().abs().max())):
