@@ -90,6 +90,7 @@ class APTEngine(Engine):
     """
 
     name = "apt"
+    shared_rng = True
     kind = "minibatch"
     OPTIONS = Engine.OPTIONS | frozenset({"fanouts", "batch_size", "strategy", "cache_mb", "dry_run_batches",
                                           "model", "model_flags", "hidden", "heads", "dropout", "memory_mb",
@@ -564,7 +565,7 @@ class APTEngine(Engine):
         for i, (layer, dst, deg, counts, col, src) in enumerate(reversed(hops)):
             csr = block_csr(counts, col, src.size)
             src_t = torch.from_numpy(src)
-            blocks.append(Block(csr, src_t, self.dg.orig_ids_of(src_t), torch.from_numpy(np.asarray(src_deg)),
+            blocks.append(Block(csr, src_t, src_t, torch.from_numpy(np.asarray(src_deg)),  # keys: see _build_gdp
                                 self.comm, hook if i == 0 else None))
             src_deg = deg
         return blocks
@@ -582,8 +583,9 @@ class APTEngine(Engine):
         src, col = relabel(dst, nbrs)
         feat, src_deg = self._load(src)
         src_t = torch.from_numpy(src)
-        block = Block(block_csr(counts, col, src.size), src_t,
-                      self.dg.orig_ids_of(src_t), src_deg, self.comm)
+        # the dropout hashes key a node on its global id, which every rank knows (a dataset id only where the
+        # node is owned or in the halo): every strategy, whichever rank computes a row, draws it alike
+        block = Block(block_csr(counts, col, src.size), src_t, src_t, src_deg, self.comm)
         return block, feat, None, deg
 
     def _broadcast(self, payload: np.ndarray) -> list[np.ndarray]:
@@ -699,8 +701,7 @@ class APTEngine(Engine):
         src, col = relabel(uniq, nb)
         feat, src_deg = self._load(src)
         src_t = torch.from_numpy(src)
-        block = Block(block_csr(c, col, src.size), src_t,
-                      self.dg.orig_ids_of(src_t), src_deg, self.comm)
+        block = Block(block_csr(c, col, src.size), src_t, src_t, src_deg, self.comm)  # keys: see _build_gdp
         hook = DNPReturn(own_pos, inverse[:own_pos.size], inverse[own_pos.size:], asked_counts, rpos, dst.size,
                          self.comm, self.counter)
         return block, feat, hook, deg

@@ -74,7 +74,8 @@ class Engine(ABC):
     ``flow`` engine's pipeline receives use it.
 
     ``shared_rng``: True where every rank's model makes the calls one process would make on the whole graph
-    and keys its randomness on node ids (``GraphContext.row_ids``: ``dp``, ``sar``, ``sylvie``, ``seqpar``): the ranks
+    and keys its randomness on node ids (``GraphContext.row_ids``: ``dp``, ``sar``, ``sylvie``, ``seqpar``, and
+    ``apt``, whose strategies then agree with dropout): the ranks
     then keep the one torch random stream the model was built from, and draw the dropout masks ``single``
     draws. False (the default): after the model is built each rank reseeds its own stream.
     """

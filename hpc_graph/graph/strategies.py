@@ -209,6 +209,11 @@ class SNPContext(GraphContext):
     def global_ids(self) -> torch.Tensor:
         return self.gids[:self.num_nodes]
 
+    def row_ids(self, output: bool = False) -> torch.Tensor:
+        """Global ids (the keys every strategy's blocks use): the destinations', with ``output``, else every
+        input row's."""
+        return self.gids[:self.num_nodes] if output else self.gids
+
     def all_reduce_sum(self, t: torch.Tensor) -> torch.Tensor:
         return all_reduce_sum(t, self.comm)
 

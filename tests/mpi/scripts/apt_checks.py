@@ -3,10 +3,11 @@
 Rank 0 writes a random graph with skewed degrees and partitions it into N parts
 (METIS). Every rank then checks, in float64:
 
-1. **equal gradients**: on the same global batches, the gradients of every
-   strategy (summed over ranks, as the trainer's all-reduce does) equal GDP's to
-   1e-6 relative, for SAGE and GCN (all four) and GAT (GDP, SNP, DNP); the
-   weights after 5 Adam steps agree to 1e-5.
+1. **equal gradients**: on the same global batches, with feature dropout 0.3
+   (masks keyed on global node ids, one key stream on every rank), the gradients
+   of every strategy (summed over ranks, as the trainer's all-reduce does) equal
+   GDP's to 1e-6 relative, for SAGE and GCN (all four) and GAT (GDP, SNP, DNP);
+   the weights after 5 Adam steps agree to 1e-5.
 2. **bytes per operation** equal the counts derived here from GDP's blocks and
    what every rank sampled (all-gathered): NFP ``d' * 8`` per destination of
    every other rank (forward) and ``(P-1) d' * 8`` per own destination
@@ -76,10 +77,10 @@ def _engine(pdir, comm, strategy, model="sage", **extra):
     return create_engine("apt", str(pdir), comm, CPU, torch.float64, opts)
 
 
-def _model(name, eng):
-    torch.manual_seed(11)
+def _model(name, eng, dropout=0.0):
+    torch.manual_seed(11)  # the weights, and the stream the dropout keys come from after them
     return build_model(name, eng.num_features, 4 if name != "gat" else 2, eng.num_classes, num_layers=2,
-                       dropout=0.0, heads=2).double()
+                       dropout=dropout, heads=2).double()
 
 
 def _grads(model, eng, comm, epoch, it, sizes):
@@ -103,7 +104,7 @@ def check_equal_gradients(pdir, comm) -> int:
             eng = _engine(pdir, comm, s, model_name)
             iters = eng.iterations(1)
             _, sizes = eng.batch_sizes(1, iters)
-            model = _model(model_name, eng)
+            model = _model(model_name, eng, dropout=0.3)
             g, _ = _grads(model, eng, comm, 1, 0, sizes)
             # 5 Adam steps on the next batches
             opt = Adam(model.parameters(), lr=0.01)
