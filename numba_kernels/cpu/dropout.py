@@ -232,17 +232,7 @@ def _act_words(x, g, kh, cut, scale, act, grad, out, w0, w1, n, hs):
                 i = 4 * w + lane
                 if full or i < n:
                     u = np.int64((h >> np.uint64(16 * lane)) & np.uint64(0xFFFF))
-                    s = scale if u >= cut else zero
-                    v = x[i]
-                    if act == 1:
-                        if grad:
-                            out[i] = g[i] * (s if v > zero else zero)
-                        else:
-                            out[i] = (v if v > zero else zero) * s
-                    elif grad:
-                        out[i] = g[i] * s
-                    else:
-                        out[i] = v * s
+                    _elem(x, g, i, scale if u >= cut else zero, act, grad, out)
     return 0
 
 
