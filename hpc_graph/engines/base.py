@@ -155,7 +155,7 @@ class Engine(ABC):
         adds each node's self loop itself and holds each edge once (as ``single``'s pattern does), so self-loop
         and repeated edges in the data are refused before training, on every rank alike (collective: the ranks
         add up their counts)."""
-        from hpc_graph.graph.halo_graph import REPEAT_ADVICE, SELF_LOOP_ADVICE, repeated_edges, self_loop_edges
+        from hpc_graph.graph.halo_graph import pattern_problem, repeated_edges, self_loop_edges
         from hpc_graph.nn._transformer import TransformerLayer
 
         if not any(isinstance(m, TransformerLayer) for m in model.modules()):
@@ -164,12 +164,10 @@ class Engine(ABC):
                               dtype=torch.float64)
         if self.comm.size > 1:
             self.comm.allreduce_(counts)
-        loops, repeats = (int(c) for c in counts.tolist())
-        where = f"model.name: {getattr(model, 'name', type(model).__name__)} on engine {self.name!r}: the graph has"
-        if loops:
-            raise ValueError(f"{where} {loops} self-loop edge(s); {SELF_LOOP_ADVICE}")
-        if repeats:
-            raise ValueError(f"{where} {repeats} repeated edge(s); {REPEAT_ADVICE}")
+        problem = pattern_problem(*(int(c) for c in counts.tolist()))
+        if problem:
+            raise ValueError(f"model.name: {getattr(model, 'name', type(model).__name__)} on engine {self.name!r}: "
+                             f"{problem}")
 
     def attach_model(self, model: torch.nn.Module, feat: torch.Tensor | None = None) -> None:
         """The trainer built ``model`` (the same parameters on every rank) and hands it over before training: an

@@ -165,15 +165,25 @@ def repeated_edges(graph) -> int:
     return total
 
 
+def pattern_problem(loops: int, repeats: int) -> str | None:
+    """Why a graph with ``loops`` self-loop and ``repeats`` repeated edges cannot take the partial engines'
+    sparse attention (which adds every self loop itself and holds each edge once), or None."""
+    if loops:
+        return f"the graph has {loops} self-loop edge(s); {SELF_LOOP_ADVICE}"
+    if repeats:
+        return f"the graph has {repeats} repeated edge(s); {REPEAT_ADVICE}"
+    return None
+
+
 def check_partial_attention(graph, mode: str, bias, global_token: bool, q: torch.Tensor) -> None:
     """The checks of an engine that holds part of the graph (``dp``, ``sar``, ``sylvie``): sparse mode, no
-    global token, ``q`` of the owned rows, a valid bias table, no self-loop edge in the graph (the pattern
-    adds every self loop once; ``ValueError`` naming what to change)."""
+    global token, ``q`` of the owned rows, a valid bias table, no self-loop or repeated edge in this rank's part
+    (:func:`pattern_problem`; ``ValueError`` naming what to change)."""
     from hpc_graph.graph.attention_pattern import check_attention_args
 
-    edges = self_loop_edges(graph)
-    if edges:
-        raise ValueError(f"attention: this rank's part has {edges} self-loop edge(s); {SELF_LOOP_ADVICE}")
+    problem = pattern_problem(self_loop_edges(graph), repeated_edges(graph))
+    if problem:
+        raise ValueError(f"attention: in this rank's part {problem}")
 
     check_attention_args(mode, bias, q.shape[1])
     if mode != "sparse" or global_token:
