@@ -12,12 +12,16 @@ class SAGEConv(nn.Module):
     """``out_i = lin_l(mean_{j->i} x_j) + lin_r(x_i)`` (PyG ``SAGEConv`` semantics, ``aggr="mean"``).
 
     A node without in-edges aggregates to zero (its output is ``lin_l.bias + lin_r(x_i)``).
-    When ``out_channels <= in_channels`` the projection ``lin_l`` is applied before
+    When ``out_channels < in_channels`` the projection ``lin_l`` is applied before
     the aggregation (exact, since the mean is linear and ``lin_l(0) = bias``):
-    no more features travel between ranks, and when every input row is an output
-    row (full-graph engines) both projections are one autograd node that keeps
-    only its input for the backward pass (the aggregated rows are never kept).
-    A sparse (CSR) input is always projected first: aggregation takes dense rows.
+    fewer features are gathered and travel between ranks. With equal widths the
+    aggregation moves the same bytes either way, so the GEMM's row count decides:
+    where every input row is an output row (full-graph engines) it is the same, and
+    both projections become one autograd node that keeps only its input for the
+    backward pass (the aggregated rows are never kept); on a sampled block, whose
+    sources outnumber its destinations several times, aggregating first multiplies
+    only the destination rows. A sparse (CSR) input is always projected first:
+    aggregation takes dense rows.
 
     Args:
         in_channels: input features F_in.
@@ -45,8 +49,10 @@ class SAGEConv(nn.Module):
             self.lin_r.reset_parameters()
 
     def forward(self, graph: GraphContext, x: torch.Tensor, act: str | None = None, p: float = 0.0) -> torch.Tensor:
-        project_first = self.out_channels <= self.in_channels or x.layout != torch.strided
-        if project_first and graph.dst(x) is x:
+        whole = graph.dst(x) is x  # every input row is an output row
+        project_first = (self.out_channels < self.in_channels or x.layout != torch.strided
+                         or (whole and self.out_channels == self.in_channels))
+        if project_first and whole:
             weights = (self.lin_l.weight,) + ((self.lin_r.weight,) if self.lin_r is not None else ())
             t, *root = input_linear(x, weights, (None,) * len(weights), act, p, ids=graph.row_ids() if p > 0 else None)
             # mean + root + bias in the aggregation's own pass (no aggregate temporary)
