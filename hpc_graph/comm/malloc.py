@@ -1,16 +1,26 @@
-"""The C allocator's large-block policy, set once per process at start-up (glibc only).
+"""The C allocator's large-block policy, set once per process before the data is loaded (glibc only).
 
 glibc serves a block of at least ``M_MMAP_THRESHOLD`` bytes from fresh pages (``mmap``) and gives them back
 when it is freed; smaller blocks come from its heaps, whose freed space is reused but seldom returned. By
-default the threshold adapts: every freed mmapped block raises it to that block's size, up to 32 MiB. A
-training step allocates and frees many tensors of 1-32 MiB in changing orders, so after the first step they
-all land on the heap, and the heap fragments: a ``seqpar`` rank grew from 1.7 to 2.9 GB over four steps
-(measured, benchmarks.md). A fixed threshold (``train.malloc_mmap_threshold``, default 1 MiB) keeps large
-tensors out of the heap; the epoch time did not change in the measurements.
+default the threshold adapts: every freed mmapped block raises it to that block's size, up to 32 MiB.
 
-The setting must come before the heap holds large blocks (the CLI applies it before torch is imported; the
-:class:`~hpc_graph.train.trainer.Trainer` applies it again, which helps a Python program that has not
-allocated much yet). ``MALLOC_MMAP_THRESHOLD_`` in the environment, glibc's own knob, wins.
+Which policy is right depends on how a rank allocates, so each engine declares the one it needs
+(:attr:`hpc_graph.engines.base.Engine.malloc_mmap_threshold`) and ``train.malloc_mmap_threshold`` overrides it:
+
+* **fixed at 1 MiB** (the full-graph, pipeline and sequence engines): a step allocates the same large tensors
+  every time, in changing orders. With the adaptive threshold those of 1-32 MiB land on the heap after the
+  first step and fragment it: a ``seqpar`` rank grew from 1.7 to 2.9 GB over four steps (benchmarks.md,
+  §9.2). Fixed, the rank's memory is its live tensors; the page faults of a fresh block are paid once per
+  tensor per step, small beside a full-graph step.
+* **glibc's adaptive default** (the sampled engines, ``minibatch`` and ``apt``): an epoch is hundreds of
+  short iterations, each allocating tensors of 1-100 MiB whose sizes change with the sampled batch. Served
+  from fresh pages, every one of them is page-faulted in and unmapped again each iteration: 1.3-1.5x slower
+  epochs (benchmarks.md, §6). From the heap their pages are reused.
+
+A fixed threshold cannot be undone in a running process (glibc then stops adapting), so it is applied once
+the engine is known: by the :class:`~hpc_graph.train.trainer.Trainer` before it loads anything, or by the CLI
+before torch is imported when the config gives a value. ``MALLOC_MMAP_THRESHOLD_`` in the environment,
+glibc's own knob, wins over both.
 """
 from __future__ import annotations
 
@@ -41,7 +51,8 @@ def configure_malloc(threshold: int) -> bool:
     """Fix glibc's mmap threshold at ``threshold`` bytes (0: leave glibc's adaptive default).
 
     Returns whether the setting was applied. Not applied (with a debug message): 0, a C library other than
-    glibc, or ``MALLOC_MMAP_THRESHOLD_`` set in the environment (the user's explicit choice).
+    glibc, or ``MALLOC_MMAP_THRESHOLD_`` set in the environment (the user's explicit choice). 0 after a fixed
+    threshold was applied in this process cannot restore the adaptive default (glibc keeps the fixed one).
 
     Raises:
         ValueError: ``threshold`` outside ``[0, 32 MiB]`` (``train.malloc_mmap_threshold``).
@@ -51,6 +62,8 @@ def configure_malloc(threshold: int) -> bool:
     if not 0 <= threshold <= MAX_THRESHOLD:
         raise ValueError(f"train.malloc_mmap_threshold: must be in [0, {MAX_THRESHOLD}] bytes, got {threshold}")
     if threshold == 0:
+        if _applied is not None:
+            log.debug("malloc: mmap threshold stays fixed at %d bytes (glibc cannot adapt again)", _applied)
         return False
     if os.environ.get(ENV):
         log.debug("malloc: %s=%s is set; train.malloc_mmap_threshold not applied", ENV, os.environ[ENV])
@@ -67,3 +80,13 @@ def configure_malloc(threshold: int) -> bool:
     _applied = threshold
     log.debug("malloc: mmap threshold fixed at %d bytes", threshold)
     return True
+
+
+def malloc_policy() -> str:
+    """The large-block policy in effect in this process, in words (for run summaries): ``"mmap threshold
+    1048576 (fixed)"``, ``"... (MALLOC_MMAP_THRESHOLD_)"`` or ``"glibc adaptive"``."""
+    if os.environ.get(ENV):
+        return f"mmap threshold {os.environ[ENV]} ({ENV})"
+    if _applied is not None:
+        return f"mmap threshold {_applied} (fixed)"
+    return "glibc adaptive"

@@ -75,8 +75,9 @@ def run(args: argparse.Namespace) -> int:
                 if not args.run_dir.strip():
                     raise ConfigError("--run-dir: must be a non-empty path")
                 config.train.run_dir = args.run_dir
-        from hpc_graph.comm.malloc import configure_malloc
-        configure_malloc(config.train.malloc_mmap_threshold)  # before torch's first large tensor
+        if config.train.malloc_mmap_threshold is not None:  # else the trainer applies the engine's policy
+            from hpc_graph.comm.malloc import configure_malloc
+            configure_malloc(config.train.malloc_mmap_threshold)  # before torch's first large tensor
         from hpc_graph.comm.threads import configure_threads
         if args.threads is not None:
             from hpc_graph.comm.threads import parse_threads

@@ -92,6 +92,7 @@ class APTEngine(Engine):
     name = "apt"
     shared_rng = True
     kind = "minibatch"
+    malloc_mmap_threshold = 0  # per-batch tensors of changing sizes: reuse the heap's pages
     OPTIONS = Engine.OPTIONS | frozenset({"fanouts", "batch_size", "strategy", "cache_mb", "dry_run_batches",
                                           "model", "model_flags", "hidden", "heads", "dropout", "memory_mb",
                                           "profile_mb", "profile_file", "plan_timing", "feature_norm"})

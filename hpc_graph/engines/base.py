@@ -73,6 +73,13 @@ class Engine(ABC):
     co-training's bubble interleaver) and returns when the message is there or it has nothing to run. The
     ``flow`` engine's pipeline receives use it.
 
+    ``malloc_mmap_threshold``: the C allocator's large-block policy this engine's allocations need (bytes; 0:
+    glibc's adaptive default), applied by the trainer before anything is loaded unless
+    ``train.malloc_mmap_threshold`` says otherwise (:mod:`hpc_graph.comm.malloc`). Default 1 MiB: a step that
+    allocates the same large tensors every time keeps them off the heap, where they would fragment it. An
+    engine whose iterations allocate tensors of changing sizes many times a second (sampled batches) declares
+    0, so that their pages are reused instead of faulted in every iteration.
+
     ``shared_rng``: True where every rank's model makes the calls one process would make on the whole graph
     and keys its randomness on node ids (``GraphContext.row_ids``: ``dp``, ``sar``, ``sylvie``, ``seqpar``, and
     ``apt``, whose strategies then agree with dropout): the ranks
@@ -92,6 +99,7 @@ class Engine(ABC):
     OPTIONS: ClassVar[frozenset[str]] = frozenset({"prefetch", "seed"})
     idle_hook: Any = None
     shared_rng: ClassVar[bool] = False
+    malloc_mmap_threshold: ClassVar[int] = 1 << 20
 
     def __init__(self, source: str, comm: Any, device: torch.device, dtype: torch.dtype,
                  options: dict[str, Any] | None = None):

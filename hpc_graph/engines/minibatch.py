@@ -78,6 +78,7 @@ class MinibatchEngine(Engine):
 
     name = "minibatch"
     kind = "minibatch"
+    malloc_mmap_threshold = 0  # per-batch tensors of changing sizes: reuse the heap's pages
     OPTIONS = Engine.OPTIONS | frozenset({"fanouts", "batch_size", "feature_cache", "mode", "size", "lifespan",
                                           "push_limit", "delay", "feature_norm"})
 

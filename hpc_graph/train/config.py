@@ -336,13 +336,13 @@ class TrainConfig:
                                  "CPU threads per rank for numba, torch and BLAS (`--threads` overrides it). "
                                  "`null`: `NUMBA_NUM_THREADS`, else `OMP_NUM_THREADS`, else this rank's share "
                                  "of the CPUs in its affinity mask (CPUs / ranks sharing them on the node).")
-    malloc_mmap_threshold: int = _field(1 << 20, _int(0, hi=32 << 20),
-                                        "Bytes from which the C library (glibc) serves an allocation from fresh "
-                                        "pages (mmap) and returns them when freed; glibc's own default adapts and "
-                                        "lets blocks of up to 32 MiB fragment its heap, which grew a `seqpar` "
-                                        "rank's memory 40 % per step (benchmarks.md). 0: glibc's default. "
-                                        "Ignored where `MALLOC_MMAP_THRESHOLD_` is set or the C library is "
-                                        "not glibc.")
+    malloc_mmap_threshold: int | None = _field(
+        None, _int(0, optional=True, hi=32 << 20),
+        "Bytes from which the C library (glibc) serves an allocation from fresh pages (mmap) and returns them "
+        "when freed. `null`: the engine's own policy (1 MiB on the full-graph, pipeline and sequence engines, "
+        "whose adaptive default let a `seqpar` rank's heap grow 40 % per step; glibc's adaptive default on "
+        "`minibatch` and `apt`, whose per-batch tensors would be page-faulted in every iteration). 0: glibc's "
+        "adaptive default. Ignored where `MALLOC_MMAP_THRESHOLD_` is set or the C library is not glibc.")
 
 
 @dataclasses.dataclass

@@ -75,6 +75,7 @@ import torch
 from torch.nn import functional as F
 
 from data_io.errors import DataError, atomic_output
+from hpc_graph.comm.malloc import configure_malloc, malloc_policy
 from hpc_graph.engines import create_engine, engine_class
 from hpc_graph.engines.base import Engine
 from hpc_graph.graph.dist_graph import row_normalize
@@ -168,6 +169,16 @@ def choose_engine(name: str, size: int, data_path: str, model: str | None = None
     return name
 
 
+def malloc_threshold(config: Any, engine_name: str) -> int:
+    """The C allocator's mmap threshold a run gets (bytes; 0: glibc's adaptive default):
+    ``train.malloc_mmap_threshold`` when set, else what the engine declares
+    (:attr:`~hpc_graph.engines.base.Engine.malloc_mmap_threshold`)."""
+    given = config.train.malloc_mmap_threshold
+    if given is not None:
+        return int(given)
+    return int(engine_class(engine_name, config.data.path).malloc_mmap_threshold)
+
+
 def engine_options_from_config(config: Any, engine_name: str) -> dict[str, Any]:
     """The options engine ``engine_name`` takes from a config: its ``OPTIONS`` found in the sections
     ``data``, ``engine``, ``sampler``, ``hec``, the training seed, and for ``apt`` what its cost model (and
@@ -203,8 +214,6 @@ class Trainer:
     def __init__(self, config: Config, comm: Any = None, *, resume: str | os.PathLike | None = None,
                  force_memory: bool = False):
         self.config = config = validate_config(config)
-        from hpc_graph.comm.malloc import configure_malloc
-        configure_malloc(config.train.malloc_mmap_threshold)  # the CLI did it already, before torch came in
         if comm is None:
             from hpc_graph.comm import get_communicator
             comm = get_communicator(config.train.comm_backend)
@@ -354,6 +363,7 @@ class Trainer:
                     engine_options_from_config(config, self.engine_name), self.size)
             except ValueError as exc:
                 raise ConfigError(str(exc)) from None
+            configure_malloc(malloc_threshold(config, self.engine_name))  # before a checkpoint or the data comes in
             if resume is not None:
                 path, state = ckpt.latest_checkpoint(resume)
                 found = (str(path), int(state.get("epoch", -1)))
@@ -922,7 +932,7 @@ class Trainer:
         mine = {"rank": self.rank, "peak_rss_mb": peak_rss_mb(), **self._gpu_peak(), "epoch_seconds": epoch_seconds,
                 "num_parameters": sum(p.numel() for p in self.params),
                 "bytes_per_epoch": float(np.mean(step_bytes)) if step_bytes else 0.0,
-                "threads": _threads_in_use(self.threads)}
+                "threads": _threads_in_use(self.threads), "malloc": malloc_policy()}
         ranks = self.comm.allgather_object(mine) if self.size > 1 else [mine]
         # an epoch lasts as long as its slowest rank
         slowest = [max(r["epoch_seconds"][e] for r in ranks) for e in range(len(epoch_seconds))]
@@ -940,6 +950,7 @@ class Trainer:
             "bytes_per_epoch_per_rank": [r["bytes_per_epoch"] for r in ranks],
             "world_size": self.size,
             "threads_per_rank": [r["threads"] for r in ranks],
+            "malloc_per_rank": [r["malloc"] for r in ranks],
             "engine": self.engine_name,
             "num_parameters": (sum(r["num_parameters"] for r in ranks) if self.pipeline
                                else sum(p.numel() for p in self.params)),

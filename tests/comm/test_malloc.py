@@ -81,3 +81,104 @@ def test_config_refuses_bad_thresholds(tmp_path, value):
     cfg.write_text("data: {path: x.h5}\nmodel: {name: gcn}\n")
     with pytest.raises(ConfigError, match="train.malloc_mmap_threshold"):
         load_config(cfg, [f"train.malloc_mmap_threshold={value}"])
+
+
+# -- the policy each engine gets -------------------------------------------------------------------------
+
+def _documented_policies() -> dict[str, int]:
+    """docs/cluster.md's allocator table: engine -> documented threshold (bytes; 0 = glibc's adaptive default)."""
+    import re
+
+    text = (ROOT / "docs" / "cluster.md").read_text(encoding="utf-8")
+    table = text[text.index("**Memory allocator.**"):text.index("**GPUs.**")]
+    out: dict[str, int] = {}
+    for line in table.splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if len(cells) < 3 or not cells[0].startswith("`"):
+            continue
+        if "fixed at 1 MiB" in cells[1]:
+            value = 1 << 20
+        elif "adaptive" in cells[1]:
+            value = 0
+        else:
+            raise AssertionError(f"docs/cluster.md: allocator policy not understood: {cells[1]!r}")
+        for name in re.findall(r"`([a-z]+)`", cells[0]):
+            assert name not in out, f"docs/cluster.md lists engine {name} twice"
+            out[name] = value
+    return out
+
+
+def _config(engine: str, threshold=None, path="x.h5"):
+    from hpc_graph.train.config import config_from_dict
+
+    return config_from_dict({"data": {"path": path}, "model": {"name": "gcn"},
+                             "train": {"malloc_mmap_threshold": threshold}})
+
+
+def test_every_engine_gets_the_documented_policy():
+    from hpc_graph.engines import ENGINES
+    from hpc_graph.train.trainer import malloc_threshold
+
+    documented = _documented_policies()
+    assert set(documented) == set(ENGINES)
+    for name in ENGINES:
+        assert malloc_threshold(_config(name), name) == documented[name], name
+
+
+@pytest.mark.parametrize("given", [0, 2 << 20])
+def test_the_config_overrides_the_engines_policy(given):
+    from hpc_graph.engines import ENGINES
+    from hpc_graph.train.trainer import malloc_threshold
+
+    for name in ENGINES:
+        assert malloc_threshold(_config(name, given), name) == given
+
+
+# A fresh process builds a Trainer on Cora, then probes glibc as PROBE does: after a 30 MiB block is freed, is a
+# 24 MiB block served from fresh pages (a fixed threshold) or from the heap (glibc's adaptive default)? Larger
+# blocks than PROBE's: the trainer's heap may hold a free chunk of a few MiB, which glibc would reuse first.
+TRAINER_PROBE = textwrap.dedent("""
+    import ctypes, json, sys
+    sys.path.insert(0, {root!r})
+    from hpc_graph.train.config import config_from_dict
+    from hpc_graph.train.trainer import Trainer
+    cfg = config_from_dict({{"data": {{"path": {data!r}}}, "engine": {{"name": {engine!r}}},
+                            "model": {{"name": "sage", "hidden": 8}}, **{extra!r},
+                            "train": {{"epochs": 1, "progress": False, "run_dir": {run_dir!r}}}}})
+    trainer = Trainer(cfg)
+    libc = ctypes.CDLL("libc.so.6")
+    class Info(ctypes.Structure):
+        _fields_ = [(n, ctypes.c_size_t) for n in
+                    "arena ordblks smblks hblks hblkhd usmblks fsmblks uordblks fordblks keepcost".split()]
+    libc.mallinfo2.restype = Info
+    libc.malloc.restype, libc.malloc.argtypes = ctypes.c_void_p, [ctypes.c_size_t]
+    libc.free.argtypes = [ctypes.c_void_p]
+    libc.free(libc.malloc(30 << 20))
+    before = libc.mallinfo2().hblks
+    block = libc.malloc(24 << 20)
+    mmapped = libc.mallinfo2().hblks - before
+    libc.free(block)
+    print(json.dumps({{"mmapped": mmapped, "summary": trainer.fit()["malloc_per_rank"]}}))
+""")
+
+
+@pytest.fixture(scope="module")
+def cora_file(tmp_path_factory):
+    from data_io.converters.npz import convert_npz
+
+    path = tmp_path_factory.mktemp("cora") / "cora.h5"
+    convert_npz(ROOT / "tests" / "data" / "cora.npz", path)
+    return path
+
+
+@pytest.mark.parametrize("engine, mmapped, policy", [("single", 1, "mmap threshold 1048576 (fixed)"),
+                                                     ("minibatch", 0, "glibc adaptive")])
+def test_the_trainer_applies_the_engines_policy_before_loading(cora_file, tmp_path, engine, mmapped, policy):
+    import os
+
+    env = {k: v for k, v in os.environ.items() if k != "MALLOC_MMAP_THRESHOLD_"}
+    code = TRAINER_PROBE.format(root=str(ROOT), data=str(cora_file), engine=engine, run_dir=str(tmp_path / "run"),
+                                extra={"sampler": {"fanouts": [3, 3]}} if engine == "minibatch" else {})
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert json.loads(out.stdout.strip().splitlines()[-1]) == {"mmapped": mmapped, "summary": [policy]}

@@ -20,7 +20,7 @@ METRIC_FIELDS = {"rank", "epoch", "loss", "train_acc", "val_acc", "test_acc", "l
                  "peak_rss_mb", "engine_stats"}
 SUMMARY_FIELDS = {"best_val_acc", "test_acc", "best_epoch", "final", "epochs", "median_epoch_seconds",
                   "peak_rss_mb", "bytes_per_epoch", "bytes_per_epoch_per_rank", "world_size", "threads_per_rank",
-                  "engine",
+                  "malloc_per_rank", "engine",
                   "num_parameters", "parameters_per_rank", "run_dir", "config"}
 
 
