@@ -92,6 +92,9 @@ def prepare_speed(work: Path, train_nodes: int, names: list[str]) -> dict[str, P
         full = work / f"{name}.h5"
         if not full.exists():
             _hpc(*specs[name], "-o", str(full))
+        if train_nodes == 0:  # full epochs: every training node
+            out[name] = full
+            continue
         sub = work / f"{name}-t{train_nodes // 1000}k.h5"
         if not sub.exists():
             _subset_train(full, sub, train_nodes)
@@ -100,10 +103,10 @@ def prepare_speed(work: Path, train_nodes: int, names: list[str]) -> dict[str, P
 
 
 def _ours(data: Path, model: str, epochs: int, threads: int, work: Path, extra: dict | None = None,
-          ranks: int = 1) -> dict:
+          ranks: int = 1, dropout: float = 0.5) -> dict:
     run_dir = Path(tempfile.mkdtemp(prefix="run-", dir=work))
     sets = {**MODELS[model], "engine.name": "minibatch", "data.path": str(data), "sampler.fanouts": "[15,10,5]",
-            "sampler.batch_size": 1024, "model.dropout": 0.5, "optim.lr": 0.003, "train.epochs": epochs,
+            "sampler.batch_size": 1024, "model.dropout": dropout, "optim.lr": 0.003, "train.epochs": epochs,
             "train.eval_every": 1000, "train.progress": False, **(extra or {})}
     cmd = [sys.executable, "-m", "hpc_graph.cli", "-q", "train", "--config", os.devnull, "--run-dir", str(run_dir)]
     if ranks == 1:
@@ -147,14 +150,24 @@ def _ours(data: Path, model: str, epochs: int, threads: int, work: Path, extra: 
     return rec
 
 
-def _baseline(framework: str, data: Path, model: str, epochs: int, threads: int) -> dict:
-    py = REPO / f".venv-{framework}" / "bin" / "python"
+def _baseline(framework: str, data: Path, model: str, epochs: int, threads: int, dropout: float = 0.5) -> dict:
+    """``framework``: ``pyg`` or ``dgl`` through ``minibatch_baseline.py``, or ``dgl-example`` (SAGE only): DGL
+    through ``dgl_sage_example.py``, a script in DGL's own example layout, dropout at the same places."""
+    venv = "dgl" if framework == "dgl-example" else framework
+    py = REPO / f".venv-{venv}" / "bin" / "python"
     if not py.exists():
         return {"framework": framework, "error": f"{py} missing: run benchmarks/setup_baselines.sh"}
-    cmd = [str(py), str(REPO / "benchmarks" / "minibatch_baseline.py"), "--framework", framework, str(data),
-           "--model", model, "--epochs", str(epochs), "--threads", str(threads), "--fanouts", "15", "10", "5",
-           "--batch-size", "1024"]
-    cmd += ["--hidden", "256"] if model == "sage" else ["--hidden", "64", "--heads", "4"]
+    if framework == "dgl-example":
+        if model != "sage":
+            return {"framework": framework, "error": "dgl-example runs SAGE only"}
+        cmd = [str(py), str(REPO / "benchmarks" / "dgl_sage_example.py"), str(data), "--epochs", str(epochs),
+               "--threads", str(threads), "--fanouts", "15", "10", "5", "--batch-size", "1024", "--hidden", "256",
+               "--dropout", str(dropout), "--dropout-at", "input"]
+    else:
+        cmd = [str(py), str(REPO / "benchmarks" / "minibatch_baseline.py"), "--framework", framework, str(data),
+               "--model", model, "--epochs", str(epochs), "--threads", str(threads), "--fanouts", "15", "10", "5",
+               "--batch-size", "1024", "--dropout", str(dropout)]
+        cmd += ["--hidden", "256"] if model == "sage" else ["--hidden", "64", "--heads", "4"]
     env = {k: v for k, v in os.environ.items() if k not in THREAD_VARS}
     env["OMP_NUM_THREADS"] = str(threads)
     t0 = time.perf_counter()
@@ -174,26 +187,45 @@ def _save(path: Path, data: dict) -> None:
     tmp.replace(path)
 
 
+def _median_run(runs: list[dict]) -> dict:
+    """The record of the run with the median epoch time, with every run's epoch time and their spread."""
+    ok = sorted((r for r in runs if "error" not in r), key=lambda r: r["median_epoch_seconds"])
+    if not ok:
+        return runs[-1]
+    med = [r["median_epoch_seconds"] for r in ok]
+    rec = dict(ok[(len(ok) - 1) // 2])
+    rec.update({"median_epoch_seconds": statistics.median(med), "run_epoch_seconds": med,
+                "spread": (med[-1] - med[0]) / statistics.median(med), "runs": len(ok)})
+    return rec
+
+
 def cmd_speed(args) -> int:
     work = Path(args.workdir).resolve()
     data = prepare_speed(work, args.train_nodes, args.datasets)
     out = Path(args.out)
     res = json.loads(out.read_text()) if out.exists() and args.skip_done else {"records": {}}
-    res["load_before"] = os.getloadavg()
-    for ds in args.datasets:
-        for model in args.models:
-            for fw in args.frameworks:
-                key = f"{ds}/{model}/{fw}"
-                if key in res["records"] and "error" not in res["records"][key]:
-                    continue
-                rec = (_ours(data[ds], model, args.epochs, args.threads, work) if fw == "hpc_graph"
-                       else _baseline(fw, data[ds], model, args.epochs, args.threads))
-                rec.update({"dataset": ds, "model": model, "load": os.getloadavg()})
-                res["records"][key] = rec
-                _save(out, res)
-                print(f"{key:28} epoch {rec.get('median_epoch_seconds') or float('nan'):8.2f} s, sampling "
-                      f"{rec.get('sample_seconds', rec.get('median_sampling_seconds', float('nan'))) or float('nan'):7.2f}"
-                      f" s" + (f" FAILED {rec['error'][-300:]}" if "error" in rec else ""), flush=True)
+    res.update({"load_before": os.getloadavg(), "rounds": args.rounds, "dropout": args.dropout,
+                "train_nodes": args.train_nodes or "all"})
+    runs: dict[str, list[dict]] = {}
+    for rnd in range(args.rounds):  # every cell once per round: the frameworks interleaved
+        for ds in args.datasets:
+            for model in args.models:
+                for fw in (args.frameworks if rnd % 2 == 0 else list(reversed(args.frameworks))):
+                    key = f"{ds}/{model}/{fw}"
+                    if key in res["records"] and "error" not in res["records"][key] and key not in runs:
+                        continue
+                    rec = (_ours(data[ds], model, args.epochs, args.threads, work, dropout=args.dropout)
+                           if fw == "hpc_graph"
+                           else _baseline(fw, data[ds], model, args.epochs, args.threads, args.dropout))
+                    rec.update({"dataset": ds, "model": model, "load": os.getloadavg()})
+                    runs.setdefault(key, []).append(rec)
+                    res["records"][key] = _median_run(runs[key])
+                    _save(out, res)
+                    samp = rec.get("sample_seconds", rec.get("median_sampling_seconds", float("nan")))
+                    print(f"round {rnd + 1}/{args.rounds} {key:30} epoch "
+                          f"{rec.get('median_epoch_seconds') or float('nan'):8.2f} s, sampling "
+                          f"{samp if samp is not None else float('nan'):7.2f} s"
+                          + (f" FAILED {rec['error'][-300:]}" if "error" in rec else ""), flush=True)
     res["load_after"] = os.getloadavg()
     _save(out, res)
     return 0
@@ -300,8 +332,8 @@ def cmd_report(args) -> int:
         sample = next(iter(data.values()), {})
         if "framework" in sample and "ranks" not in sample:
             print(f"\n### {path}: one process\n")
-            print("| dataset | model | framework | epoch (s) | sampling (s) | sampling share | sampled edges/s | "
-                  "peak RSS (MB) | vs faster baseline (epoch / sampling rate) |")
+            print("| dataset | model | framework | epoch (s), spread over runs | sampling (s) | sampling share | "
+                  "sampled edges/s | peak RSS (MB) | vs faster baseline (epoch / sampling rate) |")
             print("|---|---|---|---|---|---|---|---|---|")
             for key, r in data.items():
                 ds, model, fw = key.split("/")
@@ -310,16 +342,19 @@ def cmd_report(args) -> int:
                     continue
                 samp = r.get("sample_seconds", r.get("median_sampling_seconds"))
                 rate = r.get("sampled_edges_per_second")
-                line = (f"| {ds} | {model} | {fw} | {r['median_epoch_seconds']:.2f} | {samp:.2f} | "
-                        f"{samp / r['median_epoch_seconds']:.0%} | {rate / 1e6:.1f} M | {r.get('peak_rss_mb', 0):.0f} |")
+                epoch = r["median_epoch_seconds"]
+                spread = f" ({100 * r['spread']:.0f} %, {r['runs']} runs)" if "spread" in r else ""
+                line = (f"| {ds} | {model} | {fw} | {epoch:.2f}{spread} | "
+                        + (f"{samp:.2f} | {samp / epoch:.0%} | " if samp else "| | ")
+                        + (f"{rate / 1e6:.1f} M | " if rate else "| ") + f"{r.get('peak_rss_mb', 0):.0f} |")
                 if fw == "hpc_graph":
-                    base = [data.get(f"{ds}/{model}/{b}") for b in ("pyg", "dgl")]
+                    base = [data.get(f"{ds}/{model}/{b}") for b in ("pyg", "dgl", "dgl-example")]
                     base = [b for b in base if b and "error" not in b]
                     if base:
                         fastest = min(base, key=lambda b: b["median_epoch_seconds"])
-                        best_rate = max(b["sampled_edges_per_second"] for b in base)
-                        line += (f" {fastest['median_epoch_seconds'] / r['median_epoch_seconds']:.2f}x / "
-                                 f"{rate / best_rate:.2f}x |")
+                        rates = [b["sampled_edges_per_second"] for b in base if b.get("sampled_edges_per_second")]
+                        line += (f" {fastest['median_epoch_seconds'] / epoch:.2f}x ({fastest['framework']}) / "
+                                 + (f"{rate / max(rates):.2f}x |" if rates and rate else " |"))
                     else:
                         line += " |"
                 else:
@@ -376,13 +411,15 @@ def main(argv: list[str] | None = None) -> int:
         s.add_argument("--out", default=f"results/bench_minibatch_{name}.json")
         s.add_argument("--workdir", default="results/bench_minibatch_work")
         s.add_argument("--skip-done", action="store_true")
-        s.add_argument("--train-nodes", type=int, default=20480)
+        s.add_argument("--train-nodes", type=int, default=20480, help="0: every training node (full epochs)")
         s.add_argument("--epochs", type=int, default=3)
     sp = sub.choices["speed"]
     sp.add_argument("--datasets", nargs="+", default=["rmat18", "rmat20", "csbm"])
     sp.add_argument("--models", nargs="+", default=["sage", "gat"])
     sp.add_argument("--frameworks", nargs="+", default=["hpc_graph", "dgl", "pyg"])
     sp.add_argument("--threads", type=int, default=2)
+    sp.add_argument("--dropout", type=float, default=0.5, help="before every layer, on every side")
+    sp.add_argument("--rounds", type=int, default=3, help="runs of every cell, interleaved (median, spread)")
     acc = sub.choices["accuracy"]
     acc.add_argument("--seeds", type=int, default=5)
     acc.add_argument("--csbm-epochs", type=int, default=30)
