@@ -111,11 +111,16 @@ def add_parser(subparsers) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from hpc_graph.comm.threads import configure_threads, parse_threads
-    from hpc_graph.train.config import ConfigError, load_config
+    from hpc_graph.train.config import ConfigError, config_from_dict, read_config, train_section
 
     try:
+        raw = read_config(args.config, args.overrides)
+        tc = train_section(raw)  # the threads are decided before torch and the engines are imported
+        threads = parse_threads(args.threads, "--threads") if args.threads is not None else tc.threads
+        configure_threads(threads, explicit_name="--threads" if args.threads is not None else "train.threads",
+                          world=True)
         try:
-            config = load_config(args.config, args.overrides)
+            config = config_from_dict(raw)
         except ConfigError as exc:
             # a plan needs no data.path when the graph comes from --data or a description (--nodes ...)
             given = args.data if args.data is not None else ("described graph" if args.nodes is not None else None)
@@ -124,10 +129,8 @@ def run(args: argparse.Namespace) -> int:
             if given is None:
                 raise CLIError("--data: no graph given (--data, data.path, or a description with --nodes ...)") \
                     from None
-            config = load_config(args.config, list(args.overrides) + [f"data.path={json.dumps(str(given))}"])
-        threads = parse_threads(args.threads, "--threads") if args.threads is not None else config.train.threads
-        configure_threads(threads, explicit_name="--threads" if args.threads is not None else "train.threads",
-                          world=True)
+            config = config_from_dict(read_config(args.config, list(args.overrides)
+                                                  + [f"data.path={json.dumps(str(given))}"]))
         fullbatch = args.engines is not None or config.engine.name in FULLBATCH + ("auto",)
         if not fullbatch and config.engine.name != "apt":
             raise ConfigError(f"engine.name: hpc-graph plan covers engines apt, single, dp, sar, sylvie and flow, not "

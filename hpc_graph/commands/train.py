@@ -52,7 +52,7 @@ def add_parser(subparsers) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from hpc_graph.train.config import ConfigError, load_config
+    from hpc_graph.train.config import ConfigError, config_from_dict, read_config, train_section
 
     try:
         if args.resume is not None:
@@ -62,30 +62,35 @@ def run(args: argparse.Namespace) -> int:
                 raise ConfigError(f"--run-dir {args.run_dir} and --resume {args.resume} name different "
                                   "directories (a resumed run continues in its own directory)")
             if args.config is not None:
-                config = load_config(args.config, args.overrides)
+                raw = read_config(args.config, args.overrides)
             else:
                 from hpc_graph.train.checkpoint import checkpoint_config
-                config = checkpoint_config(args.resume, args.overrides)
-            config.train.run_dir = args.resume
+                raw = checkpoint_config(args.resume, args.overrides, validate=False)
         else:
             if args.config is None:
                 raise ConfigError("--config: required (or --resume RUN_DIR to continue a run)")
-            config = load_config(args.config, args.overrides)
-            if args.run_dir is not None:
-                if not args.run_dir.strip():
-                    raise ConfigError("--run-dir: must be a non-empty path")
-                config.train.run_dir = args.run_dir
-        if config.train.malloc_mmap_threshold is not None:  # else the trainer applies the engine's policy
+            raw = read_config(args.config, args.overrides)
+            if args.run_dir is not None and not args.run_dir.strip():
+                raise ConfigError("--run-dir: must be a non-empty path")
+        tc = train_section(raw)  # the process-wide settings, before torch and the engines are imported
+        if tc.malloc_mmap_threshold is not None:  # else the trainer applies the engine's policy
             from hpc_graph.comm.malloc import configure_malloc
-            configure_malloc(config.train.malloc_mmap_threshold)  # before torch's first large tensor
+            configure_malloc(tc.malloc_mmap_threshold)  # before torch's first large tensor
         from hpc_graph.comm.threads import configure_threads
+        threads = tc.threads
         if args.threads is not None:
             from hpc_graph.comm.threads import parse_threads
-            config.train.threads = parse_threads(args.threads, "--threads")
-            configure_threads(config.train.threads, explicit_name="--threads", world=True)
+            threads = parse_threads(args.threads, "--threads")
+            configure_threads(threads, explicit_name="--threads", world=True)
         else:
-            configure_threads(config.train.threads, explicit_name="train.threads", world=True)
+            configure_threads(threads, explicit_name="train.threads", world=True)
         # decided before torch and numba are imported: their pools start with the right size
+        config = config_from_dict(raw)
+        config.train.threads = threads
+        if args.resume is not None:
+            config.train.run_dir = args.resume
+        elif args.run_dir is not None:
+            config.train.run_dir = args.run_dir
         from numba_kernels import cpu_cache_state
         warm, cache_dir = cpu_cache_state()  # before anything compiles
         from hpc_graph.train.trainer import Trainer

@@ -37,6 +37,7 @@ samples came from the dry run (``batches_reused``).
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import time
 from typing import Any, Iterator
@@ -48,10 +49,11 @@ from hpc_graph.engines.base import Batch, Engine
 from hpc_graph.graph.block import Block, BlockStack
 from hpc_graph.graph.dist_graph import load_sampled_engine_data
 from hpc_graph.graph.halo_graph import HaloGraph
-from hpc_graph.graph.sampler import (NeighborSampler, SeedSchedule, block_csr, check_fanouts, relabel,
+from hpc_graph.graph.sampler import (NeighborSampler, SamplerOptions, SeedSchedule, check_fanouts_for_model, block_csr, check_fanouts, relabel,
                                      sample_key)
 from hpc_graph.graph.strategies import DNPReturn, NFPBlock, NFPReduce, SNPContext
 from hpc_graph.ops.csr import column_slice_csr
+from hpc_graph.options import OPT_PATH, choice_spec, float_spec, int_spec, option
 from hpc_graph.plan.dry_run import TIMED_IN_TRAINING
 from hpc_graph.store.feature_store import FeatureStore
 
@@ -64,6 +66,53 @@ TUNE_PAIR = 2  # batches of each strategy in a row within a round: the faster co
 SETTLE = 16  # at most this many untimed iterations before the timing starts (and between its rounds)
 LEADER = "*"  # in the timing order: the fastest strategy timed so far (training's gap between the rounds)
 AFFINE_MODELS = ("gcn", "sage")  # layer 1 affine in its input: NFP's partial sums are exact
+
+
+@dataclasses.dataclass
+class APTOptions(SamplerOptions):
+    """``apt``'s options: sampling (section ``sampler``), the strategy and the hot-row cache, the dry run and
+    the machine profile of its cost model. ``model``, ``hidden``, ``heads``, ``dropout`` and ``model_flags``
+    describe the model to the cost model and to NFP's check; the trainer takes them from ``model``
+    (:meth:`APTEngine.options_from_config`)."""
+    strategy: str = option("auto", choice_spec("auto", *STRATEGIES),
+                           "How the input layer is parallelised. `gdp`: each rank loads its batch's "
+                           "input features (cache, owned, fetched); `nfp`: features split by columns, every rank "
+                           "projects its slice for every batch (gcn/sage only); `snp`: the owner of a source "
+                           "computes its partial aggregation; `dnp`: the owner of a destination computes its "
+                           "row. `auto`: a dry run and the cost model pick the fastest that fits (the table of "
+                           "predictions is logged).", section="engine")
+    cache_mb: float = option(0.0, float_spec(0.0),
+                             "MiB per rank of remote input-feature rows cached, the hottest in the dry "
+                             "run for the chosen strategy. 0: no cache.", section="engine")
+    dry_run_batches: int = option(20, int_spec(1),
+                                  "Batches the dry run samples (with `strategy: auto` or a cache): the first "
+                                  "iterations of the first 8 epochs, whose samples training then takes from the dry "
+                                  "run instead of sampling them again.", section="engine")
+    plan_timing: str = option("training", choice_spec(*PLAN_TIMINGS),
+                              "With `strategy: auto`: what times each strategy's batch building and "
+                              "training step. `training`: training's first iterations (a warm-up, then two rounds "
+                              "of two timed batches of GDP, SNP and DNP each, an eighth of an epoch of the "
+                              "fastest between the rounds, each a real training step; NFP on zero column slices "
+                              "after the first round, then trained and timed for real if it leads, else timed so "
+                              "again after the second), then the cheapest is chosen and logged; "
+                              "`dry_run`: all four are timed on the engine's copy of the model before training "
+                              "starts (about eight iterations' work more; what `hpc-graph plan` does).",
+                              section="engine")
+    profile_mb: float = option(64.0, float_spec(0.0, lo_open=True),
+                               "Largest message (MiB) of the machine profile the cost model fits "
+                               "(alltoallv, exchange, all-reduce from 1 KiB up).", section="engine")
+    profile_file: object = option(None, OPT_PATH,
+                                  "A JSON file that keeps the machine profile between jobs: read when it was "
+                                  "measured for the same launch (ranks, dtype, sizes), else measured and written "
+                                  "there. `null`: measured in every job.", section="engine")
+    memory_mb: float = option(0.0, float_spec(0.0),
+                              "Memory per rank the cost model checks each strategy against (MiB); 0: this "
+                              "host's memory divided among its ranks.", section="engine")
+    model: str = dataclasses.field(default="sage", metadata={"help": "the model's name (model.name)"})
+    hidden: int = dataclasses.field(default=64, metadata={"help": "layer 1's output width d'"})
+    heads: int = dataclasses.field(default=1, metadata={"help": "layer 1's attention heads (gat)"})
+    dropout: float = dataclasses.field(default=0.0, metadata={"help": "the model's dropout"})
+    model_flags: tuple = dataclasses.field(default=(), metadata={"help": "residual, batchnorm where set"})
 
 
 def _rounds_mean(seconds: list[float]) -> float:
@@ -90,57 +139,72 @@ class APTEngine(Engine):
     """
 
     name = "apt"
+    summary = "sampled mini-batches with APT's four parallel strategies for the input layer (`engine.strategy`, docs/apt.md)."
     shared_rng = True
-    kind = "minibatch"
+    kind = "sampled"
+    data_source = "partition_or_file"
+    Options = APTOptions
     malloc_mmap_threshold = 0  # per-batch tensors of changing sizes: reuse the heap's pages
-    OPTIONS = Engine.OPTIONS | frozenset({"fanouts", "batch_size", "strategy", "cache_mb", "dry_run_batches",
-                                          "model", "model_flags", "hidden", "heads", "dropout", "memory_mb",
-                                          "profile_mb", "profile_file", "plan_timing", "feature_norm"})
+
+    @classmethod
+    def model_problem(cls, model: Any, mc: Any) -> str | None:
+        if not model.layer_stack:
+            from hpc_graph.nn.models import models_with
+
+            return f"engine 'apt' runs the layer stacks ({', '.join(models_with('layer_stack'))}), not {mc.name!r}"
+        return None
+
+    @classmethod
+    def check_config(cls, config: Any, model: Any) -> None:
+        from hpc_graph.options import ConfigError
+
+        mc, strategy = config.model, config.engine.strategy
+        if mc.num_layers < 2:
+            raise ConfigError("model.num_layers: engine 'apt' parallelises the input layer and returns its rows to "
+                              "the next one: it needs at least 2 layers")
+        if mc.batchnorm and strategy in ("nfp", "dnp"):
+            raise ConfigError(f"model.batchnorm: engine 'apt' with strategy {strategy!r} computes "
+                              "layer 1's rows away from the seed's rank; batch statistics need strategy gdp or snp")
+        if strategy == "nfp" and (not model.affine_input or mc.residual):
+            raise ConfigError(f"engine.strategy: nfp splits the input features by columns, so layer 1 must be affine "
+                              f"in its input: model gcn or sage without residual (got {mc.name!r}"
+                              f"{', residual' if mc.residual else ''}); use gdp, snp or dnp")
+        check_fanouts_for_model(config.sampler.fanouts, model, mc)
+
+    @classmethod
+    def options_from_config(cls, config: Any) -> dict[str, Any]:
+        """The config's options, and what the cost model (and NFP's check) must know of the model."""
+        mc = config.model
+        gat = mc.name == "gat"
+        return {**super().options_from_config(config), "model": mc.name, "heads": mc.heads if gat else 1,
+                "hidden": mc.hidden * (mc.heads if gat else 1), "dropout": mc.dropout,
+                "model_flags": tuple(f for f in ("residual", "batchnorm") if getattr(mc, f))}
 
     def __init__(self, source: str, comm: Any, device: torch.device, dtype: torch.dtype,
                  options: dict[str, Any] | None = None):
         super().__init__(source, comm, device, dtype, options)
-        o = self.options
-        self.fanouts = check_fanouts(o.get("fanouts", (10, 5)), "apt", min_layers=2)
-        bs = o.get("batch_size", 1024)
-        if isinstance(bs, bool) or not isinstance(bs, int) or bs < 1:
-            raise ValueError(f"sampler.batch_size: must be an integer >= 1, got {bs!r}")
-        self.batch_size = int(bs)
-        strategy = o.get("strategy", "gdp")
-        if strategy not in STRATEGIES + ("auto",):
-            raise ValueError(f"engine.strategy: must be one of auto, {', '.join(STRATEGIES)}; got {strategy!r}")
-        cache_mb = o.get("cache_mb", 0)
-        if isinstance(cache_mb, bool) or not isinstance(cache_mb, (int, float)) or not cache_mb >= 0:
-            raise ValueError(f"engine.cache_mb: must be a number >= 0 (MiB of remote feature rows per rank), "
-                             f"got {cache_mb!r}")
-        self.cache_mb = float(cache_mb)
-        dry = o.get("dry_run_batches", 20)
-        if isinstance(dry, bool) or not isinstance(dry, int) or dry < 1:
-            raise ValueError(f"engine.dry_run_batches: must be an integer >= 1, got {dry!r}")
-        self.dry_run_batches = int(dry)
-        self.model_name = str(o.get("model", "sage"))
-        self.hidden = int(o.get("hidden", 64))
-        self.memory_mb = float(o.get("memory_mb", 0) or 0)
-        profile_mb = o.get("profile_mb", 64)
-        if isinstance(profile_mb, bool) or not isinstance(profile_mb, (int, float)) or not profile_mb > 0:
-            raise ValueError(f"engine.profile_mb: must be a number > 0 (largest message of the profile, MiB), "
-                             f"got {profile_mb!r}")
-        self.profile_bytes = max(int(float(profile_mb) * (1 << 20)), 1 << 10)
-        self.model_flags = tuple(o.get("model_flags", ()))
-        timing = o.get("plan_timing", "training")
-        if timing not in PLAN_TIMINGS:
-            raise ValueError(f"engine.plan_timing: must be one of {', '.join(PLAN_TIMINGS)}, got {timing!r}")
-        self.plan_timing = str(timing)
+        o = self.opts
+        self.fanouts = check_fanouts(o.fanouts, "apt", min_layers=2)
+        self.batch_size = int(o.batch_size)
+        strategy = o.strategy
+        self.cache_mb = float(o.cache_mb)
+        self.dry_run_batches = int(o.dry_run_batches)
+        self.model_name = str(o.model)
+        self.hidden = int(o.hidden)
+        self.memory_mb = float(o.memory_mb or 0)
+        self.profile_bytes = max(int(float(o.profile_mb) * (1 << 20)), 1 << 10)
+        self.model_flags = tuple(o.model_flags)
+        self.plan_timing = str(o.plan_timing)
         self.ruled_out = self._rule_out()
         if strategy in self.ruled_out:
             raise ValueError(f"engine.strategy: {strategy} {self.ruled_out[strategy]}")
-        self.seed = int(o.get("seed", 0))
+        self.seed = int(self.options["seed"])
         if device.type != "cpu" and strategy not in ("gdp", "auto"):
             raise ValueError(f"engine.strategy: {strategy} shuffles layer 1's rows between ranks on the host; "
                              f"with train.device {device.type} use gdp (or auto, which then picks gdp)")
         # sampling, the feature store and the batches on the host; evaluation on the model's device
         dg, data, edg, edata = load_sampled_engine_data(self.source, comm, self.device, dtype, self.name,
-                                                        o.get("feature_norm", "none"))
+                                                        self.options["feature_norm"])
         self.dg = dg
         self.graph = HaloGraph(edg, comm)  # evaluation: exact, full neighbourhoods
         self.feat, self.label, self.masks = edata["feat"], edata["label"], edata["masks"]

@@ -15,6 +15,23 @@ from typing import Any, ClassVar, Iterator
 import torch
 
 from hpc_graph.graph.base import GraphContext
+from hpc_graph.options import ConfigError, check_value
+
+#: what an engine's ``kind`` may be, and the training loop each selects (:mod:`hpc_graph.train.loops`):
+#: ``full``: one step over ``graph`` and ``feat`` per epoch; ``sequence``: the same over a sequence of tokens
+#: (graph transformers); ``sampled``: ``iterations``/``batch_sizes``/``batch`` per epoch; ``pipeline``:
+#: stages and micro-batches (:mod:`hpc_graph.train.pipeline`).
+KINDS = ("full", "sequence", "sampled", "pipeline")
+#: what an engine's ``data_source`` may be: a dataset file, a partition directory (one part per rank), or a
+#: partition directory with a dataset file allowed on one process.
+DATA_SOURCES = ("file", "partition", "partition_or_file")
+#: what every engine is handed beside its own options: the training seed, the ``data.feature_norm`` setting
+CONTEXT = {"seed": 0, "feature_norm": "none"}
+
+
+@dataclasses.dataclass
+class NoOptions:
+    """An engine without options of its own."""
 
 
 @dataclasses.dataclass
@@ -87,7 +104,21 @@ class Engine(ABC):
     draws. False (the default): after the model is built each rank reseeds its own stream.
     """
 
+    # -- the declarations (class attributes every engine sets; the registry, config, trainer, planner and CLI
+    #    read these instead of knowing engines by name) -------------------------------------------------
     name: ClassVar[str] = ""
+    summary: ClassVar[str] = ""
+    kind: ClassVar[str] = "full"
+    data_source: ClassVar[str] = "partition"
+    replicated: ClassVar[bool] = False
+    max_ranks: ClassVar[int | None] = None
+    graph_level: ClassVar[bool] = False
+    cotraining: ClassVar[bool] = False
+    Options: ClassVar[type] = NoOptions
+    idle_hook: Any = None
+    shared_rng: ClassVar[bool] = False
+    malloc_mmap_threshold: ClassVar[int] = 1 << 20
+
     graph: GraphContext
     feat: torch.Tensor
     label: torch.Tensor
@@ -95,11 +126,14 @@ class Engine(ABC):
     num_classes: int
     num_features: int
 
-    # options every engine accepts, so that one config serves them all
-    OPTIONS: ClassVar[frozenset[str]] = frozenset({"prefetch", "seed"})
-    idle_hook: Any = None
-    shared_rng: ClassVar[bool] = False
-    malloc_mmap_threshold: ClassVar[int] = 1 << 20
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        if cls.kind not in KINDS:
+            raise TypeError(f"{cls.__name__}.kind: must be one of {KINDS}, got {cls.kind!r}")
+        if cls.data_source not in DATA_SOURCES:
+            raise TypeError(f"{cls.__name__}.data_source: must be one of {DATA_SOURCES}, got {cls.data_source!r}")
+        if not dataclasses.is_dataclass(cls.Options):
+            raise TypeError(f"{cls.__name__}.Options: must be a dataclass, got {cls.Options!r}")
 
     def __init__(self, source: str, comm: Any, device: torch.device, dtype: torch.dtype,
                  options: dict[str, Any] | None = None):
@@ -107,12 +141,69 @@ class Engine(ABC):
         self.comm = comm
         self.device = torch.device(device)
         self.dtype = dtype
-        self.options = dict(options or {})
-        unknown = sorted(set(self.options) - self.OPTIONS)
-        if unknown:
-            raise ValueError(f"engine options: unknown option(s) {unknown} for engine {self.name!r}")
+        #: the engine's validated options (an ``Options`` instance, defaults filled in)
+        self.opts = self.parse_options(options)
+        #: the same as a dict, with the context (``seed``, ``feature_norm``) every engine is handed
+        self.options = {**dataclasses.asdict(self.opts), **{k: (options or {}).get(k, v) for k, v in CONTEXT.items()}}
         self._base = (0, 0.0, 0.0, 0.0)
         self.reset_stats()
+
+    # -- options --------------------------------------------------------------------------------------
+    @classmethod
+    def option_fields(cls) -> tuple[dataclasses.Field, ...]:
+        """The fields of this engine's ``Options``, each with its config ``section`` in its metadata."""
+        return dataclasses.fields(cls.Options)
+
+    @classmethod
+    def parse_options(cls, options: dict[str, Any] | None) -> Any:
+        """``options`` (a dict of option values, as a Python caller or the trainer gives them) checked against
+        ``Options`` and completed with its defaults: an ``Options`` instance. Keys of :data:`CONTEXT` are
+        accepted and left out. Raises :class:`~hpc_graph.options.ConfigError` (a ``ValueError``) naming the
+        field (``section.name``), or the engine for an option it does not have."""
+        if isinstance(options, cls.Options):
+            return options
+        options = dict(options or {})
+        fields = {f.name: f for f in cls.option_fields()}
+        unknown = sorted(k for k in options if k not in fields and k not in CONTEXT)
+        if unknown:
+            known = ", ".join(sorted(fields)) or "none"
+            raise ConfigError(f"engine options: {', '.join(map(repr, unknown))} not an option of engine "
+                              f"{cls.name!r} (its options: {known})")
+        values = {}
+        for name, f in fields.items():
+            if name in options:  # a field without a spec (derived from the rest of the config) passes as given
+                values[name] = (check_value(f"{f.metadata.get('section', 'engine')}.{name}", options[name],
+                                            f.metadata) if "kind" in f.metadata else options[name])
+        return cls.Options(**values)
+
+    @classmethod
+    def options_from_config(cls, config: Any) -> dict[str, Any]:
+        """The options this engine takes from a training config: each ``Options`` field read from its section
+        (``config.<section>.<name>``), plus the context (``train.seed``, ``data.feature_norm``). An engine whose
+        options depend on the rest of the config (the model's shape, say) extends this."""
+        out = {f.name: getattr(getattr(config, f.metadata.get("section", "engine")), f.name)
+               for f in cls.option_fields() if f.metadata.get("section")}
+        out.update(seed=config.train.seed, feature_norm=config.data.feature_norm)
+        return out
+
+    @classmethod
+    def model_problem(cls, model: Any, mc: Any) -> str | None:
+        """Why this engine cannot run the model, or None: ``model`` is the model's registry entry
+        (:class:`hpc_graph.nn.models.ModelSpec`: what the model can do), ``mc`` the config's ``model`` section.
+        The config names the engines that can instead. Default: any model."""
+        return None
+
+    @classmethod
+    def check_config(cls, config: Any, model: Any) -> None:
+        """Raise :class:`~hpc_graph.options.ConfigError` naming the field if ``config`` cannot run on this
+        engine for reasons beyond :meth:`model_problem` (the model's depth, the recipes, ...); ``model`` as
+        there. Called before anything is loaded. Default: nothing."""
+
+    @classmethod
+    def for_source(cls, source: str | None) -> type["Engine"]:
+        """The class that runs on ``source`` (a dataset file or partition directory): this one, or a variant
+        (``dp`` on a graph-level dataset file trains data parallel over batches of graphs)."""
+        return cls
 
     def _counters(self) -> tuple[float, ...]:
         c = self.comm

@@ -23,9 +23,9 @@ import torch
 from data_io.dataset import open_dataset
 from data_io.errors import FormatError
 from hpc_graph.engines.base import Batch, Engine
-from hpc_graph.engines.graph_batches import GraphBatches, share
+from hpc_graph.engines.graph_batches import GraphBatches, GraphBatchOptions, is_graph_level, share
 from hpc_graph.graph.dist_graph import load_dist_graph, partition_tensors
-from hpc_graph.graph.halo_graph import HaloGraph
+from hpc_graph.graph.halo_graph import HaloGraph, partition_model_problem
 
 log = logging.getLogger(__name__)
 
@@ -33,11 +33,23 @@ log = logging.getLogger(__name__)
 class DPEngine(Engine):
     """Domain-parallel engine (see module docstring). ``source``: a partition directory.
 
-    Options: none. ``graph.dg`` is the rank's :class:`DistGraph`.
+    Options: ``graph_batch_size``, used on a graph-level dataset file only (:class:`GraphDPEngine`).
+    ``graph.dg`` is the rank's :class:`DistGraph`.
     """
 
     name = "dp"
     shared_rng = True
+    summary = "full-batch domain parallel: halo rows exchanged forward, their gradients returned backward."
+    graph_level = True
+    Options = GraphBatchOptions
+
+    @classmethod
+    def for_source(cls, source: str | None) -> type[Engine]:
+        return GraphDPEngine if is_graph_level(source) else cls
+
+    @classmethod
+    def model_problem(cls, model: Any, mc: Any) -> str | None:
+        return partition_model_problem(model, mc)
 
     def __init__(self, source: str, comm: Any, device: torch.device, dtype: torch.dtype,
                  options: dict[str, Any] | None = None):
@@ -67,13 +79,15 @@ class GraphDPEngine(Engine):
     ``label`` and ``masks`` are that block's (per graph), and the trainer adds up the ranks' counts.
 
     Options: ``graph_batch_size`` (graphs per step over all ranks), ``feature_norm`` (``row``: every node's
-    features divided by their sum), ``seed``; ``prefetch`` is accepted and ignored. Raises ``FormatError``
+    features divided by their sum), ``seed``. Raises ``FormatError``
     for a file without ``/graphs/ptr`` and ``ValueError`` when there are fewer graphs than ranks.
     """
 
     name = "dp"
-    kind = "minibatch"
-    OPTIONS = Engine.OPTIONS | frozenset({"graph_batch_size", "feature_norm"})
+    kind = "sampled"
+    data_source = "file"
+    graph_level = True
+    Options = GraphBatchOptions
 
     def __init__(self, source: str, comm: Any, device: torch.device, dtype: torch.dtype,
                  options: dict[str, Any] | None = None):

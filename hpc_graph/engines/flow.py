@@ -38,6 +38,7 @@ dropout ``exact`` equals ``single``.
 """
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 from typing import Any
@@ -51,6 +52,7 @@ from hpc_graph.engines.base import Engine
 from hpc_graph.graph.microbatch import CROSS_EDGES, History, MicroBatchPlan, split_stages
 from hpc_graph.graph.whole_graph import WholeGraph
 from hpc_graph.ops.csr import CSR, column_dtype
+from hpc_graph.options import choice_spec, int_spec, option
 
 log = logging.getLogger(__name__)
 
@@ -83,25 +85,65 @@ def _cut_edges(csr: CSR, offsets: np.ndarray) -> int:
     return int(np.count_nonzero(part[csr.indices.numpy()] != np.repeat(part, deg)))
 
 
+@dataclasses.dataclass
+class FlowOptions:
+    """``flow``'s options: the pipeline's stages and micro-batches, and the edges between micro-batches."""
+    stages: int = option(0, int_spec(0),
+                         "Pipeline stages, one per rank (0: the number of ranks; another value must equal it).",
+                         section="engine")
+    microbatches: int = option(1, int_spec(1),
+                               "METIS micro-batches the graph is split into (GPipe's M); the stages' idle "
+                               "fraction is about (P-1)/(M+P-1) with `cross_edges` stale or drop.", section="engine")
+    cross_edges: str = option("exact", choice_spec(*CROSS_EDGES),
+                              "Edges between micro-batches. `exact`: every layer sees its true neighbours "
+                              "(the same as `single`; a stage waits for all micro-batches of a layer); `stale`: "
+                              "neighbours in other micro-batches give their latest stored rows (GNNAutoScale "
+                              "history, no gradient; evaluation exact); `drop`: those edges are removed (UniTG).",
+                              section="engine")
+    stage_split: str = option("cost", choice_spec("cost", "count"),
+                              "How the layers are cut into stages: by their forward+backward time "
+                              "measured on one micro-batch (`cost`) or by count.", section="engine")
+
+
 class FlowEngine(Engine):
     """See the module docstring. ``source``: a dataset file (every rank reads all of it)."""
 
     name = "flow"
+    summary = "layer-pipelined deep GNNs, one stage of layers per rank, the graph in micro-batches (docs/flow.md)."
     kind = "pipeline"
+    data_source = "file"
     replicated = True  # every rank holds every node: accuracies and counts need no all-reduce
-    OPTIONS = Engine.OPTIONS | frozenset({"stages", "microbatches", "cross_edges", "stage_split"})
+    cotraining = True
+    Options = FlowOptions
+
+    @classmethod
+    def model_problem(cls, model: Any, mc: Any) -> str | None:
+        if not model.pipeline:
+            from hpc_graph.nn.models import models_with
+
+            return f"engine 'flow' pipelines the layer chains ({', '.join(models_with('pipeline'))}), not {mc.name!r}"
+        return None
+
+    @classmethod
+    def check_config(cls, config: Any, model: Any) -> None:
+        from hpc_graph.options import ConfigError
+
+        rc = config.recipes
+        if rc.label_aug > 0 or rc.correct_smooth:
+            raise ConfigError("recipes: label_aug and correct_smooth are not available on engine 'flow' (they need "
+                              "the whole model on one rank)")
 
     def __init__(self, source: str, comm: Any, device: torch.device, dtype: torch.dtype,
                  options: dict[str, Any] | None = None):
         super().__init__(source, comm, device, dtype, options)
-        o = self.options
+        o = self.opts
         self.num_stages = int(getattr(comm, "size", 1))
         self.stage = int(getattr(comm, "rank", 0))
-        self.check_options(o, self.num_stages)
-        m = o.get("microbatches", 1)
-        self.cross_edges = str(o.get("cross_edges", "exact"))
-        self.stage_split = str(o.get("stage_split", "cost"))
-        self.seed = int(o.get("seed", 0))
+        self.check_options(self.options, self.num_stages)
+        m = o.microbatches
+        self.cross_edges = o.cross_edges
+        self.stage_split = o.stage_split
+        self.seed = int(self.options["seed"])
 
         with open_dataset(self.source) as ds:
             if not ds.has("feat"):
@@ -185,21 +227,11 @@ class FlowEngine(Engine):
 
     @classmethod
     def check_options(cls, options: dict[str, Any], size: int) -> None:
-        """``stages`` (0 or the number of ranks), ``microbatches``, ``cross_edges``, ``stage_split``."""
-        stages = options.get("stages", 0)
-        if isinstance(stages, bool) or not isinstance(stages, int) or stages < 0:
-            raise ValueError(f"engine.stages: must be a non-negative integer (0: one stage per rank), got {stages!r}")
+        """``stages``: 0 or the number of ranks."""
+        stages = cls.parse_options(options).stages
         if stages not in (0, size):
             raise ValueError(f"engine.stages: the flow engine runs one stage per rank; this job has "
                              f"{size} rank(s) but engine.stages is {stages} (launch {stages} ranks, or set 0)")
-        m = options.get("microbatches", 1)
-        if isinstance(m, bool) or not isinstance(m, int) or m < 1:
-            raise ValueError(f"engine.microbatches: must be a positive integer, got {m!r}")
-        cross = str(options.get("cross_edges", "exact"))
-        if cross not in CROSS_EDGES:
-            raise ValueError(f"engine.cross_edges: must be one of {list(CROSS_EDGES)}, got {cross!r}")
-        if str(options.get("stage_split", "cost")) not in ("cost", "count"):
-            raise ValueError(f"engine.stage_split: must be 'cost' or 'count', got {options.get('stage_split')!r}")
 
     def check_model(self, model: torch.nn.Module) -> None:
         """``ValueError`` (the same on every rank) for a model that is no chain of units, has fewer units than

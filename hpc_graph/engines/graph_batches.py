@@ -11,6 +11,8 @@ one process on the whole batch.
 """
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import torch
 
@@ -18,6 +20,18 @@ from hpc_graph.engines.base import Batch
 from hpc_graph.graph.dist_graph import row_normalize
 from hpc_graph.graph.whole_graph import WholeGraph
 from hpc_graph.ops.csr import CSR
+from hpc_graph.options import int_spec, option
+
+
+def is_graph_level(source) -> bool:
+    """Whether ``source`` is a graph-level dataset file (``task = "graph"``: many graphs, one label each)."""
+    import os
+
+    if source is None or not os.path.isfile(source):
+        return False
+    from data_io.dataset import dataset_task
+
+    return dataset_task(source) == "graph"
 
 
 def share(n: int, rank: int, size: int) -> tuple[int, int]:
@@ -120,3 +134,13 @@ class GraphBatches:
             sub.node_fields[name] = t[idx]
         seeds = torch.from_numpy(g).to(self.label.device)
         return Batch(sub, self.feat.index_select(0, idx), self.label[seeds], seeds)
+
+
+@dataclasses.dataclass
+class GraphBatchOptions:
+    """The options of the engines that train on a graph-level dataset (many small graphs): ``single``, ``dp``."""
+    graph_batch_size: int = option(64, int_spec(1),
+                                   "Graph-level datasets (many small graphs, `/graphs/ptr`): graphs per optimiser "
+                                   "step, over all ranks (shuffled every epoch; `dp` gives every rank a slice of "
+                                   "each step); evaluation runs on all graphs at once (`dp`: a block per rank).",
+                                   section="engine")

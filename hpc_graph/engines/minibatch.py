@@ -39,6 +39,7 @@ remote sampling, pushes) and the seconds spent sampling, fetching and pushing.
 """
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 from typing import Any
@@ -50,7 +51,9 @@ from hpc_graph.engines.base import Batch, Engine
 from hpc_graph.graph.block import Block, BlockStack
 from hpc_graph.graph.dist_graph import load_sampled_engine_data
 from hpc_graph.graph.halo_graph import HaloGraph
-from hpc_graph.graph.sampler import NeighborSampler, SeedSchedule, block_csr, check_fanouts, sample_key
+from hpc_graph.graph.sampler import (NeighborSampler, SamplerOptions, SeedSchedule, block_csr, check_fanouts,
+                                    check_fanouts_for_model, sample_key, sampled_model_problem)
+from hpc_graph.options import choice_spec, int_spec, option
 from hpc_graph.store.feature_store import FeatureStore
 from hpc_graph.store.hec import HistoricalEmbeddingCache
 
@@ -58,6 +61,30 @@ log = logging.getLogger(__name__)
 
 MODES = ("exact", "drop", "hec")
 # pushes of inner layer l travel on exchange channels 2l - 1 (row counts) and 2l (ids and rows)
+
+
+@dataclasses.dataclass
+class MinibatchOptions(SamplerOptions):
+    """``minibatch``'s options: sampling (section ``sampler``), remote neighbours and DistGNN-MB's historical
+    embedding cache (section ``hec``)."""
+    feature_cache: int = option(0, int_spec(0),
+                                "Remote nodes whose input features each rank caches at start-up (the "
+                                "highest-degree halo nodes); the rest are fetched when a batch needs them.",
+                                section="sampler")
+    mode: str = option("hec", choice_spec(*MODES),
+                       "`exact`: remote neighbours are sampled by their owners and their features fetched, "
+                       "every layer exact (DistDGL-like); `drop`: remote neighbours are left out; `hec`: "
+                       "their embeddings come from the historical embedding cache filled by asynchronous "
+                       "pushes (a miss leaves the neighbour out; input features are always fetched exactly).",
+                       section="hec")
+    size: int = option(1_000_000, int_spec(1), "`hec`: cache lines per layer.", section="hec")
+    lifespan: int = option(2, int_spec(0), "`hec`: iterations an embedding may be served after it arrived.",
+                           section="hec")
+    push_limit: int = option(2000, int_spec(0),
+                             "`hec`: most embeddings pushed to each peer per layer and iteration (chosen at "
+                             "random, weighted by degree).", section="hec")
+    delay: int = option(1, int_spec(1), "`hec`: iterations a push travels: pushed at iteration k, stored at "
+                                        "k + delay.", section="hec")
 
 
 class _Push:
@@ -77,31 +104,32 @@ class MinibatchEngine(Engine):
     """
 
     name = "minibatch"
-    kind = "minibatch"
+    summary = "sampled mini-batches; remote neighbours exact, dropped or from DistGNN-MB's historical embedding cache (sections `sampler`, `hec`; docs/minibatch.md)."
+    kind = "sampled"
+    data_source = "partition_or_file"
+    Options = MinibatchOptions
     malloc_mmap_threshold = 0  # per-batch tensors of changing sizes: reuse the heap's pages
-    OPTIONS = Engine.OPTIONS | frozenset({"fanouts", "batch_size", "feature_cache", "mode", "size", "lifespan",
-                                          "push_limit", "delay", "feature_norm"})
+
+    @classmethod
+    def model_problem(cls, model: Any, mc: Any) -> str | None:
+        return sampled_model_problem(model, mc)
+
+    @classmethod
+    def check_config(cls, config: Any, model: Any) -> None:
+        check_fanouts_for_model(config.sampler.fanouts, model, config.model)
 
     def __init__(self, source: str, comm: Any, device: torch.device, dtype: torch.dtype,
                  options: dict[str, Any] | None = None):
         super().__init__(source, comm, device, dtype, options)
-        o = self.options
-        self.fanouts = check_fanouts(o.get("fanouts", (15, 10, 5)), "minibatch")
-        for name, lo in (("batch_size", 1), ("feature_cache", 0), ("size", 1), ("lifespan", 0), ("push_limit", 0),
-                         ("delay", 1)):
-            v = o.get(name, {"batch_size": 1024, "feature_cache": 0, "size": 1_000_000, "lifespan": 2,
-                             "push_limit": 2000, "delay": 1}[name])
-            if isinstance(v, bool) or not isinstance(v, int) or v < lo:
-                section = "sampler" if name in ("batch_size", "feature_cache") else "hec"
-                raise ValueError(f"{section}.{name}: must be an integer >= {lo}, got {v!r}")
-            setattr(self, name, int(v))
-        self.mode = o.get("mode", "hec")
-        if self.mode not in MODES:
-            raise ValueError(f"hec.mode: must be one of {', '.join(MODES)}, got {self.mode!r}")
-        self.seed = int(o.get("seed", 0))
+        o = self.opts
+        self.fanouts = check_fanouts(o.fanouts, "minibatch")
+        for name in ("batch_size", "feature_cache", "size", "lifespan", "push_limit", "delay"):
+            setattr(self, name, int(getattr(o, name)))
+        self.mode = o.mode
+        self.seed = int(self.options["seed"])
         # sampling, the feature store and the batches on the host; evaluation on the model's device
         dg, data, edg, edata = load_sampled_engine_data(self.source, comm, self.device, dtype, self.name,
-                                                        o.get("feature_norm", "none"))
+                                                        self.options["feature_norm"])
         self.dg = dg
         self.graph = HaloGraph(edg, comm)  # evaluation: exact, full neighbourhoods
         self.feat, self.label, self.masks = edata["feat"], edata["label"], edata["masks"]

@@ -8,11 +8,12 @@ gradients straight back in the backward pass; GAT re-fetches each block and
 recomputes its attention (see :mod:`hpc_graph.ops.sar_aggregate`); a GAT layer's
 projection ``z = x W`` is recomputed too instead of kept (``gat_projected``).
 
-Options: ``prefetch`` (bool, default False): overlap the next block's exchange
+Options: ``prefetch`` (bool, default True): overlap the next block's exchange
 with the current block's compute.
 """
 from __future__ import annotations
 
+import dataclasses
 import logging
 from typing import Any
 
@@ -21,7 +22,9 @@ import torch
 from hpc_graph.engines.base import Engine
 from hpc_graph.graph.base import GraphContext
 from hpc_graph.graph.dist_graph import DistGraph, load_dist_graph, partition_tensors
+from hpc_graph.graph.halo_graph import partition_model_problem
 from hpc_graph.ops.all_reduce import all_reduce_sum
+from hpc_graph.options import BOOL, option
 
 log = logging.getLogger(__name__)
 
@@ -93,13 +96,11 @@ class _SARGraph(GraphContext):
         return all_reduce_sum(t, self.comm)
 
 
-def _flag(options: dict[str, Any], name: str, default: bool) -> bool:
-    value = options.get(name, default)
-    if isinstance(value, str) and value.lower() in ("true", "false", "1", "0", "yes", "no"):
-        return value.lower() in ("true", "1", "yes")
-    if not isinstance(value, (bool, int)):
-        raise ValueError(f"engine options: {name} must be true or false, got {value!r}")
-    return bool(value)
+@dataclasses.dataclass
+class SAROptions:
+    """``sar``'s options."""
+    prefetch: bool = option(True, BOOL, "Fetch the next remote block while aggregating the current one (more "
+                                        "memory, less waiting).", section="engine")
 
 
 class SAREngine(Engine):
@@ -109,12 +110,18 @@ class SAREngine(Engine):
     """
 
     name = "sar"
+    summary = "sequential aggregation and rematerialisation: one remote partition in memory at a time."
     shared_rng = True
+    Options = SAROptions
+
+    @classmethod
+    def model_problem(cls, model: Any, mc: Any) -> str | None:
+        return partition_model_problem(model, mc)
 
     def __init__(self, source: str, comm: Any, device: torch.device, dtype: torch.dtype,
                  options: dict[str, Any] | None = None):
         super().__init__(source, comm, device, dtype, options)
-        self.prefetch = _flag(self.options, "prefetch", False)
+        self.prefetch = bool(self.opts.prefetch)
         dg, part = load_dist_graph(self.source, comm, self.device, dtype)
         dg.release_local()  # SAR works on the per-partition blocks only (typed: their edge types kept)
         data = partition_tensors(part, self.device, dtype, self.source)

@@ -30,7 +30,8 @@ import torch
 from data_io.dataset import open_dataset
 from data_io.errors import FormatError
 from hpc_graph.engines.base import Engine
-from hpc_graph.graph.attention_pattern import ClusterLayoutControl, engine_attention_options, sequence_clusters
+from hpc_graph.graph.attention_pattern import (ClusterLayoutControl, SequenceOptions, engine_attention_options,
+                                             sequence_clusters)
 from hpc_graph.graph.base import GraphContext
 from hpc_graph.ops.csr import CSR
 
@@ -182,9 +183,17 @@ class SeqParEngine(Engine):
     """Sequence-parallel engine for graph transformers (see module docstring). ``source``: a dataset file."""
 
     name = "seqpar"
+    summary = "sequence-parallel graph transformers (`gt`, `graphormer`; docs/transformers.md)."
+    kind = "sequence"
+    data_source = "file"
     shared_rng = True
-    OPTIONS = Engine.OPTIONS | frozenset({"sequence_order", "cluster_beta", "cluster_size", "tuner_window",
-                                          "attention_chain"})
+    Options = SequenceOptions
+
+    @classmethod
+    def model_problem(cls, model: Any, mc: Any) -> str | None:
+        if not model.sequence:
+            return f"engine.name: 'seqpar' runs the graph transformers (a token sequence), not {mc.name!r}"
+        return None
 
     def __init__(self, source: str, comm: Any, device: torch.device, dtype: torch.dtype,
                  options: dict[str, Any] | None = None):

@@ -8,6 +8,7 @@ a self loop appended to every row. There is no communication.
 """
 from __future__ import annotations
 
+import dataclasses
 import logging
 from typing import Any
 
@@ -17,11 +18,17 @@ import torch
 from data_io.dataset import open_dataset
 from data_io.errors import FormatError
 from hpc_graph.engines.base import Batch, Engine
-from hpc_graph.engines.graph_batches import GraphBatches
+from hpc_graph.engines.graph_batches import GraphBatches, GraphBatchOptions, is_graph_level
+from hpc_graph.graph.attention_pattern import SequenceOptions
 from hpc_graph.graph.whole_graph import WholeGraph
 from hpc_graph.ops.csr import CSR, column_dtype
 
 log = logging.getLogger(__name__)
+
+
+@dataclasses.dataclass
+class SingleOptions(SequenceOptions, GraphBatchOptions):
+    """``single``: the graph transformers' sequence options and the graph-level batch size."""
 
 
 class SingleEngine(Engine):
@@ -29,7 +36,7 @@ class SingleEngine(Engine):
 
     ``label`` holds -1 for unlabelled nodes; a missing mask is all False. A graph-level dataset
     (``/graphs/ptr``): ``label`` and ``masks`` are per graph and ``graph.num_graphs`` > 0; the engine
-    is then of ``kind = "minibatch"``: every epoch shuffles the training graphs (seeded by ``seed`` and
+    is then a :class:`GraphLevelSingleEngine`, of ``kind = "sampled"``: every epoch shuffles the training graphs (seeded by ``seed`` and
     the epoch) and each step trains on ``graph_batch_size`` of them (:meth:`batch`, a block-diagonal
     graph of its own); evaluation runs on ``graph``, all graphs at once.
     Options: ``sequence_order`` (graph transformers: ``id``, ``rcm`` or ``metis``, see
@@ -38,14 +45,22 @@ class SingleEngine(Engine):
     :class:`~hpc_graph.graph.attention_pattern.ClusterLayoutControl`); ``attention_chain`` (the pattern's
     chain through the sequence; off, the pattern is the one ``dp``/``sar`` attend over);
     ``graph_batch_size`` and ``feature_norm`` (graph-level data: the batches' features, normalised as the trainer
-    normalises ``feat``; on one graph the trainer does it); ``prefetch`` is accepted and ignored; any other
-    option is an error.
+    normalises ``feat``; on one graph the trainer does it); any other option is an error.
     Raises ``ValueError`` when ``comm`` has more than one rank.
     """
 
     name = "single"
-    OPTIONS = Engine.OPTIONS | frozenset({"sequence_order", "graph_batch_size", "feature_norm", "cluster_beta",
-                                          "cluster_size", "tuner_window", "attention_chain"})
+    summary = "one process, whole graph; the reference every other engine matches."
+    kind = "full"
+    data_source = "file"
+    max_ranks = 1
+    graph_level = True
+    cotraining = True
+    Options = SingleOptions
+
+    @classmethod
+    def for_source(cls, source: str | None) -> type[Engine]:
+        return GraphLevelSingleEngine if cls is SingleEngine and is_graph_level(source) else cls
 
     def __init__(self, source: str, comm: Any, device: torch.device, dtype: torch.dtype,
                  options: dict[str, Any] | None = None):
@@ -79,7 +94,7 @@ class SingleEngine(Engine):
         self.masks = {k: torch.from_numpy(np.asarray(v, dtype=bool)).to(self.device) for k, v in masks.items()}
         self.num_features = int(self.feat.shape[1])
         if graph_ptr is not None:
-            self.kind = "minibatch"
+            self.kind = "sampled"  # constructed directly as SingleEngine (the registry gives GraphLevelSingleEngine)
             self.graphs = GraphBatches(csr.indptr.cpu().numpy(), csr.indices.cpu().numpy(), graph_ptr, self.feat,
                                        self.label, self.masks["train"], self.options.get("graph_batch_size", 64),
                                        int(self.options.get("seed", 0)), self.graph.node_fields, edge_type,
@@ -126,3 +141,11 @@ class SingleEngine(Engine):
 
     def load_state_dict(self, state: dict) -> None:
         self.graph.clusters.load_state_dict(state.get("clusters") or {})
+
+
+class GraphLevelSingleEngine(SingleEngine):
+    """``single`` on a graph-level dataset (``/graphs/ptr``): every epoch is a sequence of steps, one per batch of
+    ``graph_batch_size`` training graphs (the sampled loop's protocol: :meth:`iterations`, :meth:`batch_sizes`,
+    :meth:`batch`)."""
+
+    kind = "sampled"

@@ -52,8 +52,10 @@ import torch
 
 from hpc_graph.engines.base import Engine
 from hpc_graph.graph.dist_graph import load_dist_graph, partition_tensors
-from hpc_graph.graph.halo_graph import HaloGraph
+from hpc_graph.graph.halo_graph import HaloGraph, partition_model_problem
 from hpc_graph.ops.quant import PARAM_DTYPES, QUANT_BITS
+from hpc_graph.options import BITS as BITS_SPEC
+from hpc_graph.options import choice_spec, float_spec, int_spec, option
 from hpc_graph.ops.quant_exchange import (BitTable, ExchangeCall, ExchangeStats, HaloPlan, HaloSlot,
                                           noise_key, quant_halo)
 
@@ -170,6 +172,34 @@ class _SylvieGraph(HaloGraph):
         return quant_halo(x, extra, eng.next_call(), stale=eng.stale)
 
 
+@dataclasses.dataclass
+class SylvieOptions:
+    """``sylvie``'s options: the bit width of the halo messages, the pipeline, and the bit policy's settings."""
+    bits: object = option("auto", BITS_SPEC,
+                          "Bit width of the halo rows and halo gradients sent between ranks: 1, 2, 4 or 8 "
+                          "(stochastic rounding, per-row scale and zero point), 32 (plain float32, as `dp`), or "
+                          "`auto`: per node and per epoch, from the node's in-degree rank and the loss descent "
+                          "rate (docs/sylvie.md).", section="engine")
+    pipeline: str = option("off", choice_spec(*PIPELINES),
+                           "`on`: every layer aggregates the halo rows (and returns the halo gradients) "
+                           "of the previous epoch while this epoch's exchange runs in the background (staleness "
+                           "1 epoch); `adaptive`: like `on`, but an epoch runs synchronously whenever the loss "
+                           "descent rate asks for more bits; `off`: synchronous.", section="engine")
+    scale_dtype: str = option("float32", choice_spec("float32", "float16"),
+                              "Type of the per-row scale and zero point sent with quantised rows.", section="engine")
+    ldr_smoothing: float = option(0.9, float_spec(0.0, 1.0, hi_open=True),
+                                  "`bits: auto`: lambda of the smoothed loss F_t = lambda F_(t-1) + "
+                                  "(1 - lambda) L_t.", section="engine")
+    ldr_time: str = option("wall", choice_spec("wall", "epochs"),
+                           "`bits: auto`: the loss descent rate is per second of the (all-ranks "
+                           "maximum) epoch time (`wall`, as the thesis: faster low-bit epochs count) or per "
+                           "epoch (`epochs`: decisions do not depend on timings, so a run and its resumption "
+                           "are reproducible bit for bit).", section="engine")
+    ldr_window: int = option(5, int_spec(1),
+                             "`bits: auto`: delta, the epochs between the loss descent rates compared, "
+                             "and the epochs the bit width is held after each change.", section="engine")
+
+
 class SylvieEngine(Engine):
     """Quantised, optionally pipelined domain-parallel engine (module docstring). ``source``: a
     partition directory.
@@ -180,35 +210,23 @@ class SylvieEngine(Engine):
     """
 
     name = "sylvie"
+    summary = "halo exchange with low-bit quantised messages and an optional stale pipeline (docs/sylvie.md)."
     shared_rng = True
-    OPTIONS = Engine.OPTIONS | frozenset({"bits", "pipeline", "scale_dtype", "ldr_smoothing", "ldr_window",
-                                          "ldr_time"})
+    Options = SylvieOptions
+
+    @classmethod
+    def model_problem(cls, model: Any, mc: Any) -> str | None:
+        return partition_model_problem(model, mc)
 
     def __init__(self, source: str, comm: Any, device: torch.device, dtype: torch.dtype,
                  options: dict[str, Any] | None = None):
         super().__init__(source, comm, device, dtype, options)
-        opts = self.options
-        bits = opts.get("bits", "auto")
-        bits = int(bits) if isinstance(bits, str) and bits.isdigit() else bits
-        if bits not in BITS or isinstance(bits, bool):
-            raise ValueError(f"engine.bits: must be one of {', '.join(map(str, BITS))}, got {bits!r}")
-        pipeline = opts.get("pipeline", "off")
-        if pipeline not in PIPELINES:
-            raise ValueError(f"engine.pipeline: must be one of {', '.join(PIPELINES)}, got {pipeline!r}")
-        scale = opts.get("scale_dtype", "float32")
-        if scale not in PARAM_DTYPES:
-            raise ValueError(f"engine.scale_dtype: must be one of {', '.join(PARAM_DTYPES)}, got {scale!r}")
-        smoothing, window = opts.get("ldr_smoothing", 0.9), opts.get("ldr_window", 5)
-        if not 0.0 <= float(smoothing) < 1.0:
-            raise ValueError(f"engine.ldr_smoothing: must be in [0, 1), got {smoothing!r}")
-        if isinstance(window, bool) or not isinstance(window, int) or window < 1:
-            raise ValueError(f"engine.ldr_window: must be a positive integer, got {window!r}")
-        self.ldr_time = opts.get("ldr_time", "wall")
-        if self.ldr_time not in ("wall", "epochs"):
-            raise ValueError(f"engine.ldr_time: must be 'wall' or 'epochs', got {self.ldr_time!r}")
-        self.bits, self.pipeline = bits, pipeline
-        self.param_dtype = PARAM_DTYPES[scale]
-        self.seed = int(opts.get("seed", 0))
+        o = self.opts
+        smoothing, window = o.ldr_smoothing, o.ldr_window
+        self.ldr_time = o.ldr_time
+        self.bits, self.pipeline = o.bits, o.pipeline
+        self.param_dtype = PARAM_DTYPES[o.scale_dtype]
+        self.seed = int(self.options["seed"])
 
         dg, part = load_dist_graph(self.source, comm, self.device, dtype)
         data = partition_tensors(part, self.device, dtype, self.source)
@@ -229,7 +247,7 @@ class SylvieEngine(Engine):
         self._tables: dict[int, BitTable] = {}
         self._xstats = ExchangeStats()
         self._last: Decision | None = None
-        self._epoch_bits = self.policy.bits if bits == "auto" else int(bits)
+        self._epoch_bits = self.policy.bits if self.bits == "auto" else int(self.bits)
         self.history: list[dict[str, Any]] = []  # per epoch: base bits, mode, decision (same on every rank)
         self.reset_stats()  # loading exchanged halo ids and importances: count training traffic only
 

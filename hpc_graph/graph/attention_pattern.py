@@ -39,6 +39,7 @@ import numpy as np
 import torch
 
 from hpc_graph.ops.csr import CSR
+from hpc_graph.options import BOOL, CLUSTER_BETA, choice_spec, int_spec, option
 
 log = logging.getLogger(__name__)
 
@@ -644,3 +645,34 @@ def engine_attention_options(options: dict) -> tuple[ClusterLayoutControl, bool]
         raise ValueError(f"engine.attention_chain: must be true or false, got {chain!r}")
     return clusters, chain
 
+
+
+@dataclasses.dataclass
+class SequenceOptions:
+    """The options of the engines that hold the whole token sequence of a graph transformer (``single``,
+    ``seqpar``): its order, its pattern's chain and the cluster-sparse layout of its sparse attention."""
+    sequence_order: str = option("id", choice_spec("id", "rcm", "metis"),
+                                 "Graph transformers (`gt`, `graphormer`): the order of the nodes in the sequence, "
+                                 "which the attention pattern's chain follows and `seqpar` cuts into one piece per "
+                                 "rank. `id`: node ids; `rcm`: reverse Cuthill-McKee (neighbours close together); "
+                                 "`metis`: METIS clusters of ~256 nodes one after the other.", section="engine")
+    cluster_beta: object = option(None, CLUSTER_BETA,
+                                  "Graph transformers' sparse attention in TorchGT's cluster-sparse layout: the "
+                                  "sequence cut into clusters of `cluster_size` (METIS clusters with `sequence_order: "
+                                  "metis`), every cluster pair denser than this threshold computed as one dense tile "
+                                  "(exact: the tile's pairs that are not pattern entries are masked), the rest through "
+                                  "the CSR kernels. `null`: off; a number in [0, 1]: fixed; `auto`: TorchGT's tuner "
+                                  "walks {0, b, 5b, 10b, 0.05, 0.2, 1} (b = the pattern's density) from 1 by the "
+                                  "smoothed loss-descent rate per second, with hysteresis, the same on every rank. "
+                                  "Changes time only, never results.", section="engine")
+    attention_chain: bool = option(True, BOOL,
+                                   "Graph transformers: the sparse pattern's chain through the sequence order (a "
+                                   "Hamiltonian path, TorchGT's expressiveness condition). `false`: self loops, "
+                                   "edges (and the global token) only: the pattern `dp`, `sar` and `sylvie` attend "
+                                   "over, so the engines agree.", section="engine")
+    cluster_size: int = option(256, int_spec(1),
+                               "Nodes per cluster of the cluster-sparse layout (and of `sequence_order: metis`).",
+                               section="engine")
+    tuner_window: int = option(10, int_spec(2),
+                               "`cluster_beta: auto`: epochs at one threshold before the tuner compares "
+                               "(TorchGT's delta).", section="engine")

@@ -191,3 +191,12 @@ def check_partial_attention(graph, mode: str, bias, global_token: bool, q: torch
                          "single or seqpar); on this engine use model.attention: sparse, global_token: false")
     if q.shape[0] != graph.num_nodes:
         raise ValueError(f"attention: q has {q.shape[0]} rows, this rank owns {graph.num_nodes} nodes")
+
+
+def partition_model_problem(model, mc) -> str | None:
+    """For the engines holding a partition of the graph (``dp``, ``sar``, ``sylvie``): a graph transformer runs
+    there only as its registry entry allows (``partition_problem``)."""
+    if not getattr(model, "sequence", False):
+        return None
+    check = getattr(model, "partition_problem", None)
+    return check(mc) if check is not None else f"{mc.name!r} needs the whole token sequence"

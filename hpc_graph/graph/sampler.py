@@ -13,10 +13,13 @@ Counters: ``bytes_sent`` (payload bytes of remote sampling) and ``messages``
 """
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import numpy as np
 import torch
+
+from hpc_graph.options import FANOUTS, int_spec, option
 
 _MASK64 = (1 << 64) - 1
 
@@ -241,3 +244,37 @@ class SeedSchedule:
         if self.comm.size > 1 and iterations:
             self.comm.allreduce_(total)
         return mine, total.tolist()
+
+
+@dataclasses.dataclass
+class SamplerOptions:
+    """The sampling options of the engines that train on sampled mini-batches (``minibatch``, ``apt``)."""
+    fanouts: tuple = option((15, 10, 5), FANOUTS,
+                            "Neighbours sampled per node at each hop, seed hop first (PyG's order: `[15, 10, 5]` "
+                            "gives each seed 15 neighbours, and the input layer's nodes 5); -1 takes all. One "
+                            "entry per message-passing layer of the model: `model.num_layers` (`gcn`, `sage`, `gat`, "
+                            "`gcn2`, `jknet`) or K = `model.hops` (`appnp`, `sgc`, `dagnn`).", section="sampler")
+    batch_size: int = option(1024, int_spec(1), "Seed (training) nodes per rank per iteration.", section="sampler")
+
+
+def sampled_model_problem(model: Any, mc: Any) -> str | None:
+    """For the engines that train on sampled blocks: the model must run on them (its registry entry's
+    ``sampled``)."""
+    if getattr(model, "sampled", True):
+        return None
+    return f"{mc.name!r} needs the whole graph at every layer (a full-graph engine)"
+
+
+def check_fanouts_for_model(fanouts: Any, model: Any, mc: Any) -> None:
+    """One fan-out per message-passing layer of the model (``ConfigError`` naming ``sampler.fanouts``)."""
+    from hpc_graph.options import ConfigError
+
+    layers = model.message_passing_layers(mc)
+    hops_models = ("appnp", "sgc", "dagnn")
+    if mc.name not in hops_models:
+        field = "model.num_layers"
+    else:
+        field = "model.hops" if mc.hops is not None else f"model.hops, the default of {mc.name!r}"
+    if len(fanouts) != layers:
+        raise ConfigError(f"sampler.fanouts: one fan-out per model layer is needed ({layers} for {field}), "
+                          f"got {list(fanouts)}")

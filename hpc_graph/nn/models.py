@@ -13,6 +13,10 @@ deep GNNs whose saved activations do not grow with depth. Every model has a
 """
 from __future__ import annotations
 
+import dataclasses
+import logging
+from typing import Any, Callable
+
 import torch
 from torch import nn
 from torch.nn import functional as F
@@ -37,9 +41,9 @@ from hpc_graph.nn.rgcn import RGCN
 from hpc_graph.nn.sage_conv import SAGEConv
 from hpc_graph.nn.sgc import SGC
 
+log = logging.getLogger(__name__)
+
 STACK_MODELS = ("gcn", "sage", "gat")
-MODELS = STACK_MODELS + ("gcn2", "jknet", "appnp", "sgc", "dagnn", "mlp", "rgcn", "revgcn", "revgat", "gt",
-                         "graphormer")
 # keyword options of build_model beyond the stack's, the models that use them, and their defaults
 MODEL_OPTIONS = {"alpha": (("gcn2", "appnp"), 0.1), "theta": (("gcn2",), 0.5),
                  "hops": (("appnp", "sgc", "dagnn"), None), "jk": (("jknet",), "concat"),
@@ -55,6 +59,80 @@ STACK_OPTIONS = {"heads": 8, "out_heads": 1, "attn_dropout": 0.0, "residual": Fa
 # stack options that another model uses too
 SHARED_STACK_OPTIONS = {"heads": ("revgat", "gt", "graphormer"), "attn_dropout": ("revgat",)}
 DEFAULT_HOPS = {"appnp": 10, "sgc": 2, "dagnn": 10}
+
+
+def _gt_partition_problem(mc: Any) -> str | None:
+    if mc.attention != "sparse" or mc.global_token or mc.pe_dim:
+        return ("gt on a partitioned graph runs sparse attention over self loops and edges (a K/V halo exchange): "
+                "it needs model.attention: sparse, global_token: false, pe_dim: 0 (dense attention, the global "
+                "token and the encodings need the whole sequence)")
+    return None
+
+
+def _needs_sequence(mc: Any) -> str | None:
+    return f"{mc.name!r} attends over the whole sequence (its degree bias and global token)"
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelSpec:
+    """What the suite needs to know of a model before building it: the engines ask these, never the name.
+
+    Attributes:
+        name: ``model.name``.
+        sampled: runs on sampled mini-batches (one block per message-passing layer: ``minibatch``, ``apt``).
+        pipeline: can be cut into a chain of pipeline stages (``pipeline_units``/``forward_units``: ``flow``).
+        sequence: a graph transformer over a sequence of tokens (``seqpar``, and what ``auto`` picks for it).
+        layer_stack: a stack of one convolution type whose input layer ``apt`` parallelises.
+        affine_input: the input layer is affine in its input features (``apt``'s NFP splits them by columns).
+        partition_problem: for a ``sequence`` model, why it cannot run on a partition of the graph (the halo
+            engines ``dp``, ``sar``, ``sylvie``) with the given ``model`` config section, or None when it can;
+            None (the attribute) for a model that never can.
+        node_classifier: classifies nodes from features (LM co-training feeds such models).
+    """
+
+    name: str
+    sampled: bool = True
+    pipeline: bool = False
+    sequence: bool = False
+    layer_stack: bool = False
+    affine_input: bool = False
+    partition_problem: Callable[[Any], str | None] | None = None
+    node_classifier: bool = True
+
+    def message_passing_layers(self, mc: Any) -> int:
+        """Message-passing layers (blocks of a sampled mini-batch) of this model under the ``model`` section
+        ``mc``."""
+        return message_passing_layers(self.name, mc.num_layers, getattr(mc, "hops", None))
+
+
+_SPECS = [
+    ModelSpec("gcn", pipeline=True, layer_stack=True, affine_input=True),
+    ModelSpec("sage", pipeline=True, layer_stack=True, affine_input=True),
+    ModelSpec("gat", pipeline=True, layer_stack=True),
+    ModelSpec("gcn2"), ModelSpec("jknet"), ModelSpec("appnp"), ModelSpec("sgc"), ModelSpec("dagnn"),
+    ModelSpec("mlp"),
+    ModelSpec("rgcn", sampled=False),  # relation-wise aggregation over sampled blocks is not built
+    ModelSpec("revgcn", sampled=False, pipeline=True),  # a reversible chain needs every layer to keep its rows
+    ModelSpec("revgat", sampled=False, pipeline=True),
+    ModelSpec("gt", sampled=False, sequence=True, partition_problem=_gt_partition_problem, node_classifier=False),
+    ModelSpec("graphormer", sampled=False, sequence=True, partition_problem=_needs_sequence, node_classifier=False),
+]
+#: every model :func:`build_model` builds, by name (``model.name``)
+MODEL_SPECS: dict[str, ModelSpec] = {s.name: s for s in _SPECS}
+MODELS = tuple(MODEL_SPECS)
+
+
+def models_with(trait: str) -> tuple[str, ...]:
+    """The names of the registered models whose :class:`ModelSpec` has ``trait`` (e.g. ``"pipeline"``)."""
+    return tuple(name for name, spec in MODEL_SPECS.items() if getattr(spec, trait))
+
+
+def model_spec(name: str) -> ModelSpec:
+    """The :class:`ModelSpec` of ``model.name`` ``name`` (``ValueError`` naming the choices otherwise)."""
+    try:
+        return MODEL_SPECS[name]
+    except (KeyError, TypeError):
+        raise ValueError(f"model.name: must be one of {', '.join(map(repr, MODELS))}, got {name!r}") from None
 
 
 def message_passing_layers(name: str, num_layers: int = 2, hops: int | None = None) -> int:

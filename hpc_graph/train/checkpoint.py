@@ -241,13 +241,150 @@ def _short(digest: Any) -> str:
     return str(digest)[:12] if digest else "unknown"
 
 
-def checkpoint_config(run_dir: str | os.PathLike, overrides: Iterable[str] = ()):
+def checkpoint_config(run_dir: str | os.PathLike, overrides: Iterable[str] = (), *, validate: bool = True):
     """The validated :class:`~hpc_graph.train.config.Config` stored in ``run_dir``'s newest valid
-    checkpoint, with ``"section.key=value"`` ``overrides`` applied (ConfigError naming a bad field)."""
+    checkpoint, with ``"section.key=value"`` ``overrides`` applied (ConfigError naming a bad field);
+    ``validate=False``: the nested dicts, not yet validated."""
     from hpc_graph.train.config import apply_overrides, config_from_dict
 
     path, state = latest_checkpoint(run_dir)
     raw = state.get("config")
     if not isinstance(raw, dict):
         raise CheckpointError(f"{path}: no config stored")
-    return config_from_dict(apply_overrides(raw, overrides))
+    raw = apply_overrides(raw, overrides)
+    return config_from_dict(raw) if validate else raw
+
+
+# -- a trainer's state ----------------------------------------------------------------------------------------
+def rng_state(device: torch.device) -> dict[str, Any]:
+    """This process's RNG states: torch (CPU and, on a GPU, the device's), NumPy and ``random``."""
+    import random
+
+    import numpy as np
+
+    name, keys, pos, has_gauss, cached = np.random.get_state()
+    state = {"torch": torch.get_rng_state(),
+             "numpy": (str(name), torch.from_numpy(keys.astype(np.int64)), int(pos), int(has_gauss), float(cached)),
+             "python": random.getstate()}
+    if device.type == "cuda":
+        state["cuda"] = torch.cuda.get_rng_state(device)
+    return state
+
+
+def set_rng_state(state: dict[str, Any], device: torch.device) -> None:
+    import random
+
+    import numpy as np
+
+    torch.set_rng_state(state["torch"])
+    name, keys, pos, has_gauss, cached = state["numpy"]
+    np.random.set_state((name, keys.numpy().astype(np.uint32), pos, has_gauss, cached))
+    version, internal, gauss = state["python"]
+    random.setstate((version, tuple(internal), gauss))
+    if device.type == "cuda" and state.get("cuda") is not None:
+        torch.cuda.set_rng_state(state["cuda"], device)
+
+
+def param_shapes(model: torch.nn.Module) -> dict[str, list[int]]:
+    return {k: list(v.shape) for k, v in model.state_dict().items()}
+
+
+def owned_state(tr: Any, state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """The entries of a full model state this rank holds (a pipeline stage holds its units' only)."""
+    mine = tr.model.state_dict()
+    return {k: v for k, v in state.items() if k in mine and not mine[k].is_meta}
+
+
+def load_model_state(tr: Any, state: dict[str, torch.Tensor]) -> None:
+    if tr.pipeline:
+        tr.model.load_state_dict(owned_state(tr, state), strict=False)
+    else:
+        tr.model.load_state_dict(state)
+
+
+def model_state(tr: Any) -> dict[str, torch.Tensor]:
+    """The whole model's state on CPU; collective for a pipeline of several stages (each gives its part)."""
+    own = {k: v.detach().to("cpu", copy=True) for k, v in tr.model.state_dict().items() if not v.is_meta}
+    if not tr.pipeline or tr.size == 1:
+        return own
+    return {k: v for part in tr.comm.allgather_object(own) for k, v in part.items()}
+
+
+def save_trainer(tr: Any) -> Path:
+    """Write ``RUN_DIR/checkpoints/ckpt-<epoch>.pt`` of trainer ``tr`` (collective: every rank calls it; rank 0
+    writes): model, optimiser, scheduler, epoch, best-validation state, every rank's RNG states (gathered), the
+    config, the data identity, the number of ranks, the parameter shapes, the engine's and the co-training's
+    state."""
+    from hpc_graph.train.config import config_to_dict
+
+    rng = rng_state(tr.device)
+    states = tr.comm.allgather_object(rng) if tr.size > 1 else [rng]
+    model, best_state = model_state(tr), tr.best_state
+    optimizer_state: Any = tr.optimizer.state_dict()
+    engine_state: Any = tr.engine.state_dict()
+    if tr.pipeline and tr.size > 1:  # each stage holds its own parameters, optimiser and engine state
+        parts = tr.comm.allgather_object((tr.best_state, optimizer_state, engine_state))
+        optimizer_state = [opt for _, opt, _ in parts]
+        engine_state = [eng for _, _, eng in parts]  # e.g. each stage's stale history
+        if best_state is not None:
+            best_state = {k: v for own, _, _ in parts for k, v in (own or {}).items()}
+    lm_state = None
+    if tr.cotrain is not None:  # the LM is the same on every rank; its random stream is not
+        lm_state = tr.cotrain.state_dict()
+        lm_state["rng"] = tr.comm.allgather_object(lm_state["rng"]) if tr.size > 1 else [lm_state["rng"]]
+    path = checkpoint_path(tr.run_dir, tr.epoch)
+    if tr.rank == 0:
+        if tr._identity is None:
+            tr._identity = data_identity(tr.config.data.path)
+        state = {
+            "epoch": tr.epoch,
+            "model": model,
+            "optimizer": optimizer_state,
+            "scheduler": None if tr.scheduler is None else tr.scheduler.state_dict(),
+            "best": dict(tr.best),
+            "best_state": best_state,
+            "last_eval": dict(tr._last_eval),
+            "loss": tr._last_loss,
+            "rng": states,
+            "config": config_to_dict(tr.config),
+            "data": tr._identity,
+            "world_size": tr.size,
+            "engine": tr.engine_name,
+            "engine_state": engine_state,
+            "param_shapes": param_shapes(tr.model),
+            "lm_state": lm_state,
+        }
+        path = save_checkpoint(tr.run_dir, tr.epoch, state)
+    if tr.size > 1:
+        tr.comm.barrier()
+    return path
+
+
+def restore_trainer(tr: Any, state: dict[str, Any]) -> None:
+    """Load a checkpoint's training state into trainer ``tr`` (freshly built); this rank's RNG states too."""
+    from hpc_graph.options import ConfigError
+    from hpc_graph.train.preflight import agreed
+
+    probs = shape_problems(state.get("param_shapes") or {}, param_shapes(tr.model))
+    if probs:
+        raise agreed(ConfigError(f"--resume: {tr.resumed_from} does not match this run: " + "; ".join(probs)))
+    load_model_state(tr, state["model"])
+    opt = state["optimizer"]
+    tr.optimizer.load_state_dict(opt[tr.rank] if isinstance(opt, list) else opt)
+    if tr.scheduler is not None and state.get("scheduler") is not None:
+        tr.scheduler.load_state_dict(state["scheduler"])
+    tr.epoch = int(state["epoch"])
+    tr.best = dict(state["best"])
+    tr.best_state = state.get("best_state")
+    if tr.best_state is not None and tr.pipeline:
+        tr.best_state = owned_state(tr, tr.best_state)
+    tr._last_eval = dict(state.get("last_eval") or {})
+    tr._last_loss = float(state.get("loss", float("nan")))
+    set_rng_state(state["rng"][tr.rank], tr.device)
+    if tr.cotrain is not None:
+        lm_state = state.get("lm_state")
+        if lm_state is None or len(lm_state["rng"]) != tr.size:
+            raise agreed(ConfigError(f"--resume: {tr.resumed_from} holds no LM co-training state for "
+                                     f"{tr.size} rank(s) (lm.enabled)"))
+        tr.cotrain.load_state_dict(lm_state, tr.rank, tr.epoch)
+        tr.feat = tr.cotrain.inputs(tr._base_feat)

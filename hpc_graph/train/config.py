@@ -22,70 +22,31 @@ the current directory (not to the config file).
 from __future__ import annotations
 
 import dataclasses
-import math
 import os
 from typing import Any, Iterable
 
 import yaml
 
-ENGINE_NAMES = ("auto", "single", "dp", "sar", "sylvie", "minibatch", "apt", "seqpar", "flow")
-BIT_WIDTHS = (1, 2, 4, 8, 32)
+from hpc_graph.options import BANDWIDTH as _BANDWIDTH
+from hpc_graph.options import BIT_WIDTHS, ConfigError  # noqa: F401 - re-exported
+from hpc_graph.options import BOOL as _BOOL
+from hpc_graph.options import LATENCY as _LATENCY
+from hpc_graph.options import LAYER_LIST as _LAYER_LIST
+from hpc_graph.options import OPT_PATH as _OPT_PATH
+from hpc_graph.options import PATH as _PATH
+from hpc_graph.options import allowed_text as _allowed
+from hpc_graph.options import check_value as _check_value
+from hpc_graph.options import choice_spec as _choice
+from hpc_graph.options import default_text as _default_text
+from hpc_graph.options import float_spec as _float
+from hpc_graph.options import int_spec as _int
+from hpc_graph.options import only_models as _for_models
+from hpc_graph.options import option as _field
+from hpc_graph.options import type_name as _type_name
 
-
-class ConfigError(ValueError):
-    """An invalid configuration; the message names the field (``section.key: problem``)."""
-
-
-def _int(lo: int | None = None, optional: bool = False, hi: int | None = None):
-    return {"kind": "int", "lo": lo, "optional": optional, "hi": hi}
-
-
-def _float(lo: float | None = None, hi: float | None = None, lo_open: bool = False, hi_open: bool = False):
-    return {"kind": "float", "lo": lo, "hi": hi, "lo_open": lo_open, "hi_open": hi_open}
-
-
-def _choice(*choices: str):
-    return {"kind": "choice", "choices": choices}
-
-
-def _only(spec: dict, *engines: str) -> dict:
-    """``spec`` of a field that only the named engines use (setting it for another engine is an error)."""
-    return {**spec, "engines": engines}
-
-
-def _for_models(spec: dict, *models: str) -> dict:
-    """``spec`` of a model field that only the named models use (setting it for another model is an error)."""
-    return {**spec, "models": models}
-
-
-MODEL_NAMES = ("gcn", "sage", "gat", "gcn2", "jknet", "appnp", "sgc", "dagnn", "mlp", "rgcn", "revgcn", "revgat",
-               "gt", "graphormer")  # = hpc_graph.nn.MODELS
-_STACKS = ("gcn", "sage", "gat")
-# models that run on whole graphs only (relation-wise aggregation over sampled blocks is not built;
-# a reversible chain needs every layer to keep its rows)
-FULL_GRAPH_MODELS = ("rgcn", "revgcn", "revgat", "gt", "graphormer")
-# models the flow engine can cut into pipeline stages (they have forward_units)
-FLOW_MODELS = ("gcn", "sage", "gat", "revgcn", "revgat")
-# graph transformers: attention over the whole sequence, on the single engine for now
-TRANSFORMERS = ("gt", "graphormer")
-#: the engines ``engine.name: auto`` may resolve to (:func:`hpc_graph.train.trainer.choose_engine`)
-AUTO_PICKS = frozenset({"single", "dp", "seqpar"})
-
-
-_BOOL = {"kind": "bool"}
-_BITS = {"kind": "bits"}
-_BANDWIDTH = {"kind": "bandwidth"}
-_LATENCY = {"kind": "latency"}
-_FANOUTS = {"kind": "fanouts"}
-_LAYER_LIST = {"kind": "layer_list"}
-_CLUSTER_BETA = {"kind": "cluster_beta"}
-_PATH = {"kind": "path"}
-_OPT_PATH = {"kind": "path", "optional": True}
-
-
-def _field(default: Any, spec: dict, help: str) -> Any:  # noqa: A002 - the metadata key is "help"
-    """A dataclass field whose metadata holds its validation ``spec`` and its ``help`` text (docs)."""
-    return dataclasses.field(default=default, metadata={**spec, "help": help})
+_MODEL_NAME = {"kind": "model_name"}  # one of hpc_graph.nn.models.MODELS (checked against the registry)
+_STACKS = ("gcn", "sage", "gat")  # the models whose stack options (heads, residual, ...) are read
+_TRANSFORMERS = ("gt", "graphormer")  # the models with an attention schedule
 
 
 @dataclasses.dataclass
@@ -101,123 +62,9 @@ class DataConfig:
 
 
 @dataclasses.dataclass
-class EngineConfig:
-    """How aggregation over the distributed graph is executed."""
-    name: str = _field("auto", _choice(*ENGINE_NAMES),
-                       "`single`: one process, whole graph; `dp`: halo exchange; `sar`: sequential aggregation "
-                       "and rematerialisation; `sylvie`: halo exchange with low-bit quantised messages and an "
-                       "optional stale pipeline; `minibatch`: sampled mini-batches (sections `sampler`, `hec`); "
-                       "`apt`: sampled mini-batches with APT's four parallel strategies for the input layer "
-                       "(`engine.strategy`, docs/apt.md). `seqpar`: sequence-parallel graph transformers (`gt`, `graphormer`). "
-                       "`flow`: layer-pipelined deep GNNs, one stage of layers per rank, the graph in "
-                       "micro-batches (docs/flow.md). "
-                       "`auto`: `single` on one process with a dataset file, else `dp` (`seqpar` for the graph "
-                       "transformers).")
-    sequence_order: str = _field("id", _only(_choice("id", "rcm", "metis"), "single", "seqpar"),
-                                 "Graph transformers (`gt`, `graphormer`): the order of the nodes in the sequence, "
-                                 "which the attention pattern's chain follows and `seqpar` cuts into one piece per "
-                                 "rank. `id`: node ids; `rcm`: reverse Cuthill-McKee (neighbours close together); "
-                                 "`metis`: METIS clusters of ~256 nodes one after the other.")
-    cluster_beta: Any = _field(None, _only(_CLUSTER_BETA, "single", "seqpar"),
-                               "Graph transformers' sparse attention in TorchGT's cluster-sparse layout: the "
-                               "sequence cut into clusters of `cluster_size` (METIS clusters with `sequence_order: "
-                               "metis`), every cluster pair denser than this threshold computed as one dense tile "
-                               "(exact: the tile's pairs that are not pattern entries are masked), the rest through "
-                               "the CSR kernels. `null`: off; a number in [0, 1]: fixed; `auto`: TorchGT's tuner "
-                               "walks {0, b, 5b, 10b, 0.05, 0.2, 1} (b = the pattern's density) from 1 by the "
-                               "smoothed loss-descent rate per second, with hysteresis, the same on every rank. "
-                               "Changes time only, never results.")
-    attention_chain: bool = _field(True, _only(_BOOL, "single", "seqpar"),
-                                   "Graph transformers: the sparse pattern's chain through the sequence order (a "
-                                   "Hamiltonian path, TorchGT's expressiveness condition). `false`: self loops, "
-                                   "edges (and the global token) only: the pattern `dp`, `sar` and `sylvie` attend "
-                                   "over, so the engines agree.")
-    cluster_size: int = _field(256, _only(_int(1), "single", "seqpar"),
-                               "Nodes per cluster of the cluster-sparse layout (and of `sequence_order: metis`).")
-    tuner_window: int = _field(10, _only(_int(2), "single", "seqpar"),
-                               "`cluster_beta: auto`: epochs at one threshold before the tuner compares "
-                               "(TorchGT's delta).")
-    graph_batch_size: int = _field(64, _only(_int(1), "single", "dp"),
-                                   "Graph-level datasets (many small graphs, `/graphs/ptr`): graphs per optimiser "
-                                   "step, over all ranks (shuffled every epoch; `dp` gives every rank a slice of "
-                                   "each step); evaluation runs on all graphs at once (`dp`: a block per rank).")
-    strategy: str = _field("auto", _only(_choice("auto", "gdp", "nfp", "snp", "dnp"), "apt"),
-                           "`apt`: how the input layer is parallelised. `gdp`: each rank loads its batch's "
-                           "input features (cache, owned, fetched); `nfp`: features split by columns, every rank "
-                           "projects its slice for every batch (gcn/sage only); `snp`: the owner of a source "
-                           "computes its partial aggregation; `dnp`: the owner of a destination computes its "
-                           "row. `auto`: a dry run and the cost model pick the fastest that fits (the table of "
-                           "predictions is logged).")
-    cache_mb: float = _field(0.0, _only(_float(0.0), "apt"),
-                             "`apt`: MiB per rank of remote input-feature rows cached, the hottest in the dry "
-                             "run for the chosen strategy. 0: no cache.")
-    dry_run_batches: int = _field(20, _only(_int(1), "apt"),
-                                  "`apt`: batches the dry run samples (with `strategy: auto` or a cache): the first "
-                                  "iterations of the first 8 epochs, whose samples training then takes from the dry "
-                                  "run instead of sampling them again.")
-    plan_timing: str = _field("training", _only(_choice("training", "dry_run"), "apt"),
-                              "`apt` with `strategy: auto`: what times each strategy's batch building and "
-                              "training step. `training`: training's first iterations (a warm-up, then two rounds "
-                              "of two timed batches of GDP, SNP and DNP each, an eighth of an epoch of the "
-                              "fastest between the rounds, each a real training step; NFP on zero column slices "
-                              "after the first round, then trained and timed for real if it leads, else timed so "
-                              "again after the second), then the cheapest is chosen and logged; "
-                              "`dry_run`: all four are timed on the engine's copy of the model before training "
-                              "starts (about eight iterations' work more; what `hpc-graph plan` does).")
-    profile_mb: float = _field(64.0, _only(_float(0.0, lo_open=True), "apt"),
-                               "`apt`: largest message (MiB) of the machine profile the cost model fits "
-                               "(alltoallv, exchange, all-reduce from 1 KiB up).")
-    profile_file: Any = _field(None, _only(_OPT_PATH, "apt"),
-                               "`apt`: a JSON file that keeps the machine profile between jobs: read when it was "
-                               "measured for the same launch (ranks, dtype, sizes), else measured and written "
-                               "there. `null`: measured in every job.")
-    memory_mb: float = _field(0.0, _only(_float(0.0), "apt"),
-                              "`apt`: memory per rank the cost model checks each strategy against (MiB); 0: this "
-                              "host's memory divided among its ranks.")
-    stages: int = _field(0, _only(_int(0), "flow"),
-                         "`flow`: pipeline stages, one per rank (0: the number of ranks; another value must equal it).")
-    microbatches: int = _field(1, _only(_int(1), "flow"),
-                               "`flow`: METIS micro-batches the graph is split into (GPipe's M); the stages' idle "
-                               "fraction is about (P-1)/(M+P-1) with `cross_edges` stale or drop.")
-    cross_edges: str = _field("exact", _only(_choice("exact", "stale", "drop"), "flow"),
-                              "`flow`: edges between micro-batches. `exact`: every layer sees its true neighbours "
-                              "(the same as `single`; a stage waits for all micro-batches of a layer); `stale`: "
-                              "neighbours in other micro-batches give their latest stored rows (GNNAutoScale "
-                              "history, no gradient; evaluation exact); `drop`: those edges are removed (UniTG).")
-    stage_split: str = _field("cost", _only(_choice("cost", "count"), "flow"),
-                              "`flow`: how the layers are cut into stages: by their forward+backward time "
-                              "measured on one micro-batch (`cost`) or by count.")
-    prefetch: bool = _field(True, _BOOL, "`sar` only: fetch the next remote block while aggregating the "
-                                         "current one (more memory, less waiting).")
-    bits: Any = _field("auto", _only(_BITS, "sylvie"),
-                       "`sylvie`: bit width of the halo rows and halo gradients sent between ranks: 1, 2, 4 or 8 "
-                       "(stochastic rounding, per-row scale and zero point), 32 (plain float32, as `dp`), or "
-                       "`auto`: per node and per epoch, from the node's in-degree rank and the loss descent "
-                       "rate (docs/sylvie.md).")
-    pipeline: str = _field("off", _only(_choice("off", "on", "adaptive"), "sylvie"),
-                           "`sylvie`: `on`: every layer aggregates the halo rows (and returns the halo gradients) "
-                           "of the previous epoch while this epoch's exchange runs in the background (staleness "
-                           "1 epoch); `adaptive`: like `on`, but an epoch runs synchronously whenever the loss "
-                           "descent rate asks for more bits; `off`: synchronous.")
-    scale_dtype: str = _field("float32", _only(_choice("float32", "float16"), "sylvie"),
-                              "`sylvie`: type of the per-row scale and zero point sent with quantised rows.")
-    ldr_smoothing: float = _field(0.9, _only(_float(0.0, 1.0, hi_open=True), "sylvie"),
-                                  "`sylvie`, `bits: auto`: lambda of the smoothed loss F_t = lambda F_(t-1) + "
-                                  "(1 - lambda) L_t.")
-    ldr_time: str = _field("wall", _only(_choice("wall", "epochs"), "sylvie"),
-                           "`sylvie`, `bits: auto`: the loss descent rate is per second of the (all-ranks "
-                           "maximum) epoch time (`wall`, as the thesis: faster low-bit epochs count) or per "
-                           "epoch (`epochs`: decisions do not depend on timings, so a run and its resumption "
-                           "are reproducible bit for bit).")
-    ldr_window: int = _field(5, _only(_int(1), "sylvie"),
-                             "`sylvie`, `bits: auto`: delta, the epochs between the loss descent rates compared, "
-                             "and the epochs the bit width is held after each change.")
-
-
-@dataclasses.dataclass
 class ModelConfig:
     """The GNN (see `hpc_graph.nn.build_model`). Fields marked with model names may only be set for those models."""
-    name: str = _field("gcn", _choice(*MODEL_NAMES),
+    name: str = _field("gcn", _MODEL_NAME,
                        "`gcn`, `sage`, `gat`: a stack of that layer type; `gcn2`: GCNII (initial residual and "
                        "identity mapping); `jknet`: jumping knowledge over GCN or SAGE layers; `appnp`: MLP, then "
                        "personalised-PageRank propagation; `sgc`: linear model on K-hop smoothed features "
@@ -234,7 +81,7 @@ class ModelConfig:
                                          "of `revgcn`/`revgat`; linear layers of `mlp` and of the MLP of "
                                          "`appnp` and `dagnn`; unused by `sgc`.")
     dropout: float = _field(0.5, _float(0.0, 1.0, hi_open=True), "Feature dropout probability before every layer.")
-    heads: int = _field(8, _for_models(_int(1), *_STACKS, "revgat", *TRANSFORMERS), "`gat`: attention heads of "
+    heads: int = _field(8, _for_models(_int(1), *_STACKS, "revgat", *_TRANSFORMERS), "`gat`: attention heads of "
                         "the hidden layers; `revgat`: heads per channel group (they must divide hidden / groups); "
                         "`gt`, `graphormer`: attention heads (they must divide hidden).")
     out_heads: int = _field(1, _for_models(_int(1), *_STACKS), "`gat`: attention heads of the output layer "
@@ -267,16 +114,16 @@ class ModelConfig:
                          "`revgcn`, `revgat`: channel groups of every reversible block (hidden must be divisible "
                          "by it); each group's function is LayerNorm, ReLU, dropout, then a GCN/GAT convolution.")
     attention: str = _field("sparse", _for_models(_choice("sparse", "dense", "every_k_steps", "dense_layers"),
-                                                 *TRANSFORMERS),
+                                                 *_TRANSFORMERS),
                             "`gt`, `graphormer`: attention schedule. `sparse`: every token attends to its sparse "
                             "pattern (itself, its graph neighbours, its neighbours in the sequence order, the global "
                             "token); `dense`: to every token; `every_k_steps`: dense on every `dense_every`-th "
                             "training step, sparse otherwise; `dense_layers`: the layers in `dense_layers` dense.")
-    dense_every: int = _field(10, _for_models(_int(1), *TRANSFORMERS),
+    dense_every: int = _field(10, _for_models(_int(1), *_TRANSFORMERS),
                               "`gt`, `graphormer` with attention `every_k_steps`: the period in training steps.")
-    dense_layers: Any = _field((), _for_models(_LAYER_LIST, *TRANSFORMERS),
+    dense_layers: Any = _field((), _for_models(_LAYER_LIST, *_TRANSFORMERS),
                                "`gt`, `graphormer` with attention `dense_layers`: indices of the dense layers.")
-    far_prior: bool = _field(True, _for_models(_BOOL, *TRANSFORMERS),
+    far_prior: bool = _field(True, _for_models(_BOOL, *_TRANSFORMERS),
                              "`gt`, `graphormer`, dense layers: subtract ln((n - e) / e) (n nodes, e pattern entries "
                              "per token) from the scores of the pairs outside the sparse pattern, so that together "
                              "they weigh as much as a token's pattern entries at equal scores; without it a model "
@@ -356,38 +203,6 @@ class CommConfig:
     link_latency: Any = _field(0.0, _LATENCY,
                                "Latency per message of the modelled link: seconds, or a string with a unit "
                                "(`50us`, `1ms`). Only used with `link_bandwidth`.")
-
-
-@dataclasses.dataclass
-class SamplerConfig:
-    """Neighbour sampling for engines `minibatch` (docs/minibatch.md) and `apt` (docs/apt.md)."""
-    fanouts: Any = _field((15, 10, 5), _only(_FANOUTS, "minibatch", "apt"),
-                          "Neighbours sampled per node at each hop, seed hop first (PyG's order: `[15, 10, 5]` "
-                          "gives each seed 15 neighbours, and the input layer's nodes 5); -1 takes all. One "
-                          "entry per message-passing layer of the model: `model.num_layers` (`gcn`, `sage`, `gat`, "
-                          "`gcn2`, `jknet`) or K = `model.hops` (`appnp`, `sgc`, `dagnn`).")
-    batch_size: int = _field(1024, _only(_int(1), "minibatch", "apt"), "Seed (training) nodes per rank per iteration.")
-    feature_cache: int = _field(0, _only(_int(0), "minibatch"),
-                                "Remote nodes whose input features each rank caches at start-up (the "
-                                "highest-degree halo nodes); the rest are fetched when a batch needs them.")
-
-
-@dataclasses.dataclass
-class HecConfig:
-    """Remote neighbours in engine `minibatch`, and DistGNN-MB's historical embedding cache."""
-    mode: str = _field("hec", _only(_choice("exact", "drop", "hec"), "minibatch"),
-                       "`exact`: remote neighbours are sampled by their owners and their features fetched, "
-                       "every layer exact (DistDGL-like); `drop`: remote neighbours are left out; `hec`: "
-                       "their embeddings come from the historical embedding cache filled by asynchronous "
-                       "pushes (a miss leaves the neighbour out; input features are always fetched exactly).")
-    size: int = _field(1_000_000, _only(_int(1), "minibatch"), "`hec`: cache lines per layer.")
-    lifespan: int = _field(2, _only(_int(0), "minibatch"),
-                           "`hec`: iterations an embedding may be served after it arrived.")
-    push_limit: int = _field(2000, _only(_int(0), "minibatch"),
-                             "`hec`: most embeddings pushed to each peer per layer and iteration (chosen at "
-                             "random, weighted by degree).")
-    delay: int = _field(1, _only(_int(1), "minibatch"),
-                        "`hec`: iterations a push travels: pushed at iteration k, stored at k + delay.")
 
 
 @dataclasses.dataclass
@@ -474,133 +289,119 @@ class LMConfig:
                                             "and successive syncs give the GNN inputs on one scale.")
 
 
+#: the sections whose fields the engines declare (``Engine.Options``; :func:`hpc_graph.engines.option_sections`)
+ENGINE_SECTIONS = ("engine", "sampler", "hec")
+_SECTION_DOCS = {
+    "engine": "How aggregation over the distributed graph is executed: `engine.name`, and the options of the "
+              "engines (each field says which engines read it; under any other engine it must keep its default).",
+    "sampler": "Neighbour sampling for the engines that train on sampled mini-batches (docs/minibatch.md, "
+               "docs/apt.md).",
+    "hec": "Remote neighbours in engine `minibatch`, and DistGNN-MB's historical embedding cache.",
+}
+_ENGINE_NAME = {"kind": "engine_name"}  # `auto` or a registered engine (checked against the registry)
+_built: tuple[tuple[str, ...], dict[str, type]] | None = None
+
+
+def _engine_name_help() -> str:
+    from hpc_graph.engines import engine_classes
+
+    parts = [f"`{name}`: {cls.summary}" for name, cls in engine_classes().items() if cls.summary]
+    return ("The engine (docs/architecture.md). " + " ".join(parts) + " `auto`: `single` on one process with a "
+            "dataset file, else `dp` (`seqpar` for the graph transformers).")
+
+
+def engine_section_classes() -> dict[str, type]:
+    """The dataclasses of the sections ``engine``, ``sampler`` and ``hec``, built from the registered engines'
+    ``Options`` (rebuilt when an engine is registered). Each field's metadata names the engines that read it."""
+    global _built
+    from hpc_graph.engines import engine_names, option_sections
+
+    key = engine_names()
+    if _built is not None and _built[0] == key:
+        return _built[1]
+    declared = option_sections()
+    unknown = sorted(set(declared) - set(ENGINE_SECTIONS))
+    if unknown:
+        users = sorted({u for s in unknown for _, us in declared[s].values() for u in us})
+        raise TypeError(f"engine(s) {users}: options in section(s) {unknown}; an engine's options live in one of "
+                        f"{ENGINE_SECTIONS}")
+    out = {}
+    for section in ENGINE_SECTIONS:
+        fields: list = []
+        if section == "engine":
+            fields.append(("name", str, _field("auto", _ENGINE_NAME, _engine_name_help())))
+        for fname, (f, users) in declared.get(section, {}).items():
+            meta = {k: v for k, v in f.metadata.items() if k != "section"}
+            meta["engines"] = users
+            fields.append((fname, f.type, dataclasses.field(default=f.default, metadata=meta)))
+        cls = dataclasses.make_dataclass(f"{section.capitalize()}Config", fields)
+        cls.__doc__ = _SECTION_DOCS[section]
+        cls.__module__ = __name__
+        out[section] = cls
+    _built = (key, out)
+    return out
+
+
+def _engine_section(name: str) -> Any:
+    return engine_section_classes()[name]()
+
+
 @dataclasses.dataclass
 class Config:
     """The whole training configuration."""
     data: DataConfig = dataclasses.field(default_factory=DataConfig)
-    engine: EngineConfig = dataclasses.field(default_factory=EngineConfig)
+    engine: Any = dataclasses.field(default_factory=lambda: _engine_section("engine"))
     model: ModelConfig = dataclasses.field(default_factory=ModelConfig)
     optim: OptimConfig = dataclasses.field(default_factory=OptimConfig)
     train: TrainConfig = dataclasses.field(default_factory=TrainConfig)
     comm: CommConfig = dataclasses.field(default_factory=CommConfig)
-    sampler: SamplerConfig = dataclasses.field(default_factory=SamplerConfig)
-    hec: HecConfig = dataclasses.field(default_factory=HecConfig)
+    sampler: Any = dataclasses.field(default_factory=lambda: _engine_section("sampler"))
+    hec: Any = dataclasses.field(default_factory=lambda: _engine_section("hec"))
     recipes: RecipesConfig = dataclasses.field(default_factory=RecipesConfig)
     lm: LMConfig = dataclasses.field(default_factory=LMConfig)
 
 
-SECTIONS: dict[str, type] = {"data": DataConfig, "engine": EngineConfig, "model": ModelConfig,
-                             "optim": OptimConfig, "train": TrainConfig, "comm": CommConfig,
-                             "sampler": SamplerConfig, "hec": HecConfig,
-                             "recipes": RecipesConfig, "lm": LMConfig}
+_STATIC = {"data": DataConfig, "model": ModelConfig, "optim": OptimConfig, "train": TrainConfig,
+           "comm": CommConfig, "recipes": RecipesConfig, "lm": LMConfig}
+SECTION_NAMES = tuple(f.name for f in dataclasses.fields(Config))
+
+
+def sections() -> dict[str, type]:
+    """Every config section's dataclass, in file order (the engine sections built from the registry)."""
+    built = engine_section_classes()
+    return {name: _STATIC.get(name) or built[name] for name in SECTION_NAMES}
+
+
+def __getattr__(name: str) -> Any:  # names that depend on the registries, computed when asked
+    if name == "SECTIONS":
+        return sections()
+    if name in ("EngineConfig", "SamplerConfig", "HecConfig"):
+        return engine_section_classes()[name[:-len("Config")].lower()]
+    if name == "MODEL_NAMES":
+        from hpc_graph.nn.models import MODELS
+        return MODELS
+    if name == "ENGINE_NAMES":
+        from hpc_graph.engines import engine_names
+        return ("auto",) + engine_names()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 # -- validation ----------------------------------------------------------------------------------
-def _fmt(x: float) -> str:
-    return f"{x:g}"
-
-
-def _check_value(where: str, value: Any, spec: dict) -> Any:
-    """Return ``value`` converted to the field's type or raise ConfigError naming ``where``."""
+def _check(where: str, value: Any, spec: dict) -> Any:
+    """:func:`~hpc_graph.options.check_value`, and the names the registries know."""
     kind = spec["kind"]
-    if kind == "bool":
-        if not isinstance(value, bool):
-            raise ConfigError(f"{where}: must be true or false, got {value!r}")
-        return value
-    if kind == "int":
-        if value is None and spec.get("optional"):
-            return None
-        if isinstance(value, bool) or not isinstance(value, int):
-            what = {1: "a positive integer", 0: "a non-negative integer"}.get(spec["lo"], "an integer")
-            raise ConfigError(f"{where}: must be {what}, got {value!r}")
-        if spec["lo"] is not None and value < spec["lo"]:
-            what = {1: "a positive integer", 0: "a non-negative integer"}.get(spec["lo"], f"an integer >= {spec['lo']}")
-            raise ConfigError(f"{where}: must be {what}, got {value!r}")
-        if spec.get("hi") is not None and value > spec["hi"]:
-            raise ConfigError(f"{where}: must be at most {spec['hi']}, got {value!r}")
-        return value
-    if kind == "float":
-        lo, hi = spec["lo"], spec["hi"]
-        if lo is not None and hi is not None:
-            what = f"a number in {'(' if spec['lo_open'] else '['}{_fmt(lo)}, {_fmt(hi)}{')' if spec['hi_open'] else ']'}"
-        elif lo is not None:
-            what = ("a positive number" if lo == 0 and spec["lo_open"]
-                    else "a non-negative number" if lo == 0 else f"a number >= {_fmt(lo)}")
+    if kind in ("engine_name", "model_name"):
+        if kind == "engine_name":
+            from hpc_graph.engines import engine_names
+            choices = ("auto",) + engine_names()
         else:
-            what = "a number"
-        num = value
-        if isinstance(value, str):  # YAML reads 5e-4 (no dot) as a string
-            try:
-                num = float(value)
-            except ValueError:
-                raise ConfigError(f"{where}: must be {what}, got {value!r}") from None
-        if isinstance(num, bool) or not isinstance(num, (int, float)) or not math.isfinite(num):
-            raise ConfigError(f"{where}: must be {what}, got {value!r}")
-        num = float(num)
-        bad = ((lo is not None and (num < lo or (spec["lo_open"] and num == lo)))
-               or (hi is not None and (num > hi or (spec["hi_open"] and num == hi))))
-        if bad:
-            raise ConfigError(f"{where}: must be {what}, got {value!r}")
-        return num
-    if kind == "choice":
-        if isinstance(value, bool) and {"on", "off"} <= set(spec["choices"]):
-            value = "on" if value else "off"  # YAML 1.1 reads a bare on/off as a boolean
-        if not isinstance(value, str) or value not in spec["choices"]:
-            choices = ", ".join(repr(c) for c in spec["choices"])
-            raise ConfigError(f"{where}: must be one of {choices}, got {value!r}")
-        return value
-    if kind == "bits":
-        text = str(value).strip() if isinstance(value, (str, int)) and not isinstance(value, bool) else None
-        if text == "auto":
-            return "auto"
-        if text is not None and text.isdigit() and int(text) in BIT_WIDTHS:
-            return int(text)
-        raise ConfigError(f"{where}: must be one of 'auto', {', '.join(map(str, BIT_WIDTHS))}, got {value!r}")
-    if kind == "cluster_beta":
-        if value is None or value == "auto":
-            return value
-        if isinstance(value, str):
-            try:
-                value = float(value)
-            except ValueError:
-                pass
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value <= 1:
-            raise ConfigError(f"{where}: must be null, 'auto' or a number in [0, 1], got {value!r}")
-        return float(value)
-    if kind == "layer_list":
-        items = list(value) if isinstance(value, (list, tuple)) else None
-        if items is None or any(isinstance(v, bool) or not isinstance(v, int) or v < 0 for v in items):
-            raise ConfigError(f"{where}: must be a list of layer indices (integers >= 0), got {value!r}")
-        return tuple(items)
-    if kind == "fanouts":
-        items = list(value) if isinstance(value, (list, tuple)) else None
-        if not items or any(isinstance(v, bool) or not isinstance(v, int) or (v < 1 and v != -1) for v in items):
-            raise ConfigError(f"{where}: must be a non-empty list of positive integers (or -1 for all "
-                              f"neighbours), got {value!r}")
-        return tuple(items)
-    if kind in ("bandwidth", "latency"):
-        from hpc_graph.comm.link import parse_bandwidth, parse_latency
-
-        try:
-            (parse_bandwidth if kind == "bandwidth" else parse_latency)(value, where)
-        except ValueError as exc:
-            raise ConfigError(str(exc)) from None
-        return value
-    if kind == "path":
-        if value is None:
-            if spec.get("optional"):
-                return None
-            raise ConfigError(f"{where}: required (a path), but not given")
-        if isinstance(value, os.PathLike):
-            value = os.fspath(value)
-        if not isinstance(value, str) or not value.strip():
-            raise ConfigError(f"{where}: must be a non-empty path string, got {value!r}")
-        return value
-    raise AssertionError(f"unknown field kind {kind}")
+            from hpc_graph.nn.models import MODELS as choices
+        return _check_value(where, value, {"kind": "choice", "choices": choices})
+    return _check_value(where, value, spec)
 
 
 def _section_from_dict(name: str, raw: Any) -> Any:
-    cls = SECTIONS[name]
+    cls = _STATIC.get(name) or sections()[name]
     if raw is None:
         raw = {}
     if not isinstance(raw, dict):
@@ -612,7 +413,7 @@ def _section_from_dict(name: str, raw: Any) -> Any:
     values = {}
     for fname, f in fields.items():
         value = raw[fname] if fname in raw else getattr(cls(), fname)
-        values[fname] = _check_value(f"{name}.{fname}", value, f.metadata)
+        values[fname] = _check(f"{name}.{fname}", value, f.metadata)
     return cls(**values)
 
 
@@ -621,11 +422,11 @@ def config_from_dict(raw: Any) -> Config:
     if raw is None:
         raw = {}
     if not isinstance(raw, dict):
-        raise ConfigError(f"config: must be a mapping with sections {', '.join(SECTIONS)}, got {raw!r}")
+        raise ConfigError(f"config: must be a mapping with sections {', '.join(SECTION_NAMES)}, got {raw!r}")
     for key in raw:
-        if key not in SECTIONS:
-            raise ConfigError(f"{key}: unknown section (known: {', '.join(SECTIONS)})")
-    config = Config(**{name: _section_from_dict(name, raw.get(name)) for name in SECTIONS})
+        if key not in SECTION_NAMES:
+            raise ConfigError(f"{key}: unknown section (known: {', '.join(SECTION_NAMES)})")
+    config = Config(**{name: _section_from_dict(name, raw.get(name)) for name in SECTION_NAMES})
     _check_model_fields(config)
     _check_engine_fields(config)
     return config
@@ -642,39 +443,42 @@ def _check_model_fields(config: Config) -> None:
 
 
 def _check_engine_fields(config: Config, name: str | None = None) -> None:
-    """A field that only some engines use must keep its default under any other engine. ``name``: the engine
-    the job runs (``engine.name`` resolved, :func:`check_resolved_engine`); ``engine.name: auto`` unresolved
-    admits the fields of every engine it may pick (checked again once resolved)."""
+    """A field that only some engines use must keep its default under any other engine, and the engine must
+    accept the model and the rest of the config (its own checks: ``Engine.model_problem``,
+    ``Engine.check_config``). ``name``: the engine the job runs (``engine.name`` resolved,
+    :func:`check_resolved_engine`); ``engine.name: auto`` unresolved admits the fields of every engine it may
+    pick (checked again once resolved)."""
+    from hpc_graph.engines import AUTO_CANDIDATES, engine_class, engine_names, is_graph_level
+    from hpc_graph.nn.models import model_spec
+
     name = name or config.engine.name
-    for section, cls in SECTIONS.items():
+    for section in ENGINE_SECTIONS:
+        cls = sections()[section]
         for f in dataclasses.fields(cls):
             engines = f.metadata.get("engines")
             if engines and name not in engines and getattr(getattr(config, section), f.name) != f.default and \
-                    not (name == "auto" and set(engines) & AUTO_PICKS):
+                    not (name == "auto" and set(engines) & set(AUTO_CANDIDATES)):
                 raise ConfigError(f"{section}.{f.name}: only used by engine {' or '.join(map(repr, engines))}, "
                                   f"but engine.name is {name!r}"
                                   + ("" if name == config.engine.name else f" ({config.engine.name!r} resolved)"))
     _check_attention_fields(config)
-    from hpc_graph.engines import is_graph_level
-
-    graph_level = is_graph_level(config.data.path)  # the file's header (False when unreadable)
-    if graph_level and name not in ("single", "dp", "auto"):
-        raise ConfigError(f"data.path: {config.data.path} is a graph-level dataset (/graphs/ptr): it trains on "
-                          f"engine 'single' (one process) or 'dp' (data parallel over the batches of graphs), "
-                          f"not {name!r}")
-    if config.model.name in TRANSFORMERS and name not in ("single", "seqpar", "auto") and \
-            not (name == "dp" and graph_level):
-        mc = config.model
-        if mc.name != "gt" or name not in ("dp", "sar", "sylvie"):
-            raise ConfigError(f"model.name: {mc.name!r} runs on engine.name 'single' or 'seqpar'"
-                              + (" (gt also on 'dp', 'sar', 'sylvie')" if mc.name == "gt" else "")
-                              + f", not {name!r}")
-        if mc.attention != "sparse" or mc.global_token or mc.pe_dim:
-            raise ConfigError(f"model: gt on engine {name!r} runs sparse attention over self loops and edges (a K/V "
-                              "halo exchange): it needs model.attention: sparse, global_token: false, pe_dim: 0 "
-                              "(dense attention, the global token and the encodings need the whole sequence: "
-                              "engine single or seqpar)")
     mc = config.model
+    spec = model_spec(mc.name)
+    graph_level = is_graph_level(config.data.path)  # the file's header (False when unreadable)
+    if name != "auto":
+        cls = engine_class(name, config.data.path)
+        if graph_level and not cls.graph_level:
+            able = [n for n in engine_names() if engine_class(n).graph_level]
+            raise ConfigError(f"data.path: {config.data.path} is a graph-level dataset (/graphs/ptr): it trains on "
+                              f"engine {' or '.join(map(repr, able))} (data parallel over the batches of graphs), "
+                              f"not {name!r}")
+        problem = cls.model_problem(spec, mc)
+        if problem is not None:
+            able = [n for n in engine_names()
+                    if engine_class(n, config.data.path).model_problem(spec, mc) is None
+                    and (engine_class(n, config.data.path).graph_level or not graph_level)]
+            raise ConfigError(f"model.name: {mc.name!r} runs on engine.name {' or '.join(map(repr, able))}, "
+                              f"not {name!r}: {problem}")
     if mc.name == "gt" and mc.pe_dim and os.path.isfile(str(config.data.path)):  # a partition: checked on load
         from data_io.dataset import dataset_field_shape
 
@@ -687,47 +491,9 @@ def _check_engine_fields(config: Config, name: str | None = None) -> None:
             raise ConfigError(f"model.pe_dim: {mc.pe_dim} positional-encoding columns, but /node/lap_pe of "
                               f"{config.data.path} {have} (hpc-graph preprocess lap-pe {config.data.path} "
                               f"--k {mc.pe_dim} adds them; or set model.pe_dim: 0)")
-    if name == "seqpar" and config.model.name not in TRANSFORMERS:
-        raise ConfigError(f"engine.name: 'seqpar' runs the graph transformers (model.name: "
-                          f"{' or '.join(TRANSFORMERS)}), not {config.model.name!r}")
-    if name == "apt":
-        mc = config.model
-        if mc.name not in _STACKS:
-            raise ConfigError(f"model.name: engine 'apt' runs the layer stacks ({', '.join(_STACKS)}), not {mc.name!r}")
-        if mc.num_layers < 2:
-            raise ConfigError("model.num_layers: engine 'apt' parallelises the input layer and returns its rows to "
-                              "the next one: it needs at least 2 layers")
-        if mc.batchnorm and config.engine.strategy in ("nfp", "dnp"):
-            raise ConfigError(f"model.batchnorm: engine 'apt' with strategy {config.engine.strategy!r} computes "
-                              "layer 1's rows away from the seed's rank; batch statistics need strategy gdp or snp")
-        if config.engine.strategy == "nfp" and (mc.name not in ("gcn", "sage") or mc.residual):
-            raise ConfigError(f"engine.strategy: nfp splits the input features by columns, so layer 1 must be affine "
-                              f"in its input: model gcn or sage without residual (got {mc.name!r}"
-                              f"{', residual' if mc.residual else ''}); use gdp, snp or dnp")
-    if name == "flow":
-        mc, rc = config.model, config.recipes
-        if mc.name not in FLOW_MODELS:
-            raise ConfigError(f"model.name: engine 'flow' pipelines the layer chains ({', '.join(FLOW_MODELS)}), "
-                              f"not {mc.name!r}")
-        if rc.label_aug > 0 or rc.correct_smooth:
-            raise ConfigError("recipes: label_aug and correct_smooth are not available on engine 'flow' (they need "
-                              "the whole model on one rank)")
-    _check_lm_fields(config)
-    if name in ("minibatch", "apt"):
-        from hpc_graph.nn.models import DEFAULT_HOPS, message_passing_layers
-
-        mc = config.model
-        if mc.name in FULL_GRAPH_MODELS:
-            raise ConfigError(f"model.name: {mc.name!r} needs a full-graph engine (single, dp, sar, sylvie), "
-                              f"not engine.name {name!r}")
-        layers = message_passing_layers(mc.name, mc.num_layers, mc.hops)
-        if mc.name not in DEFAULT_HOPS:
-            field = "model.num_layers"
-        else:
-            field = "model.hops" if mc.hops is not None else f"model.hops, the default of {mc.name!r}"
-        if len(config.sampler.fanouts) != layers:  # one block per message-passing layer
-            raise ConfigError(f"sampler.fanouts: one fan-out per model layer is needed ({layers} for {field}), "
-                              f"got {list(config.sampler.fanouts)}")
+    _check_lm_fields(config, spec, name)
+    if name != "auto":
+        engine_class(name, config.data.path).check_config(config, spec)
 
 
 def check_resolved_engine(config: Config, name: str) -> None:
@@ -738,7 +504,7 @@ def check_resolved_engine(config: Config, name: str) -> None:
 
 def _check_attention_fields(config: Config) -> None:
     mc = config.model
-    if mc.name not in TRANSFORMERS:
+    if mc.name not in _TRANSFORMERS:
         return
     if mc.attention == "dense_layers":
         bad = [i for i in mc.dense_layers if not 0 <= int(i) < mc.num_layers]
@@ -750,22 +516,27 @@ def _check_attention_fields(config: Config) -> None:
         raise ConfigError(f"model.dense_layers: only used with model.attention: dense_layers, not {mc.attention!r}")
 
 
-def _check_lm_fields(config: Config) -> None:
+def _check_lm_fields(config: Config, model: Any, name: str) -> None:
     lm = config.lm
     if not lm.enabled:
         for f in dataclasses.fields(LMConfig):
             if f.name != "enabled" and getattr(lm, f.name) != f.default:
                 raise ConfigError(f"lm.{f.name}: only used with lm.enabled: true")
         return
-    name = config.engine.name
-    if name not in ("single", "flow", "auto"):  # auto: checked again once resolved
-        raise ConfigError(f"lm.enabled: language-model co-training runs on engine.name 'single' or 'flow' (every "
-                          f"rank holds every node's text), not {name!r}")
-    if lm.interleave and name != "flow":
-        raise ConfigError("lm.interleave: bubbles exist in a pipeline only: needs engine.name 'flow'")
+    if name != "auto":  # auto: checked again once resolved
+        from hpc_graph.engines import engine_class, engine_names
+
+        cls = engine_class(name, config.data.path)
+        if not cls.cotraining:
+            able = [n for n in engine_names() if engine_class(n).cotraining]
+            raise ConfigError(f"lm.enabled: language-model co-training runs on engine.name "
+                              f"{' or '.join(map(repr, able))} (every rank holds every node's text), not {name!r}")
+        if lm.interleave and cls.kind != "pipeline":
+            raise ConfigError("lm.interleave: bubbles exist in a pipeline only: needs an engine of kind 'pipeline' "
+                              f"(engine.name 'flow'), not {name!r}")
     if config.data.feature_layout == "sparse":
         raise ConfigError("data.feature_layout: 'sparse' cannot take the LM embeddings; use dense or auto")
-    if config.model.name in TRANSFORMERS:
+    if not model.node_classifier:
         raise ConfigError(f"lm.enabled: co-training feeds node classifiers, not {config.model.name!r}")
     if lm.sync_every != 10 and lm.sync != "every":
         raise ConfigError("lm.sync_every: only used with lm.sync: every")
@@ -789,8 +560,8 @@ def apply_overrides(raw: dict, overrides: Iterable[str]) -> dict:
         section, dot, field = key.partition(".")
         if not sep or not dot or not section or not field or "." in field:
             raise ConfigError(f"--set {item!r}: expected section.key=value (e.g. model.hidden=64)")
-        if section not in SECTIONS:
-            raise ConfigError(f"{section}: unknown section (known: {', '.join(SECTIONS)})")
+        if section not in SECTION_NAMES:
+            raise ConfigError(f"{section}: unknown section (known: {', '.join(SECTION_NAMES)})")
         try:
             value = yaml.safe_load(text) if text.strip() else None
         except yaml.YAMLError:
@@ -810,6 +581,18 @@ def load_config(path: str | os.PathLike, overrides: Iterable[str] = ()) -> Confi
     Raises:
         ConfigError: one line naming the file or the field.
     """
+    return config_from_dict(read_config(path, overrides))
+
+
+def train_section(raw: dict) -> TrainConfig:
+    """The ``train`` section of a raw config (:func:`read_config`), validated alone: what a process must decide
+    before torch is imported (threads, the allocator policy). Light: imports no engine."""
+    return _section_from_dict("train", raw.get("train") if isinstance(raw, dict) else None)
+
+
+def read_config(path: str | os.PathLike, overrides: Iterable[str] = ()) -> dict:
+    """A YAML config as nested dicts with ``overrides`` applied, not yet validated (:func:`config_from_dict`
+    does that). Raises ConfigError naming the file for a missing, unreadable or malformed file."""
     path = os.fspath(path)
     try:
         with open(path, encoding="utf-8") as fh:
@@ -828,8 +611,8 @@ def load_config(path: str | os.PathLike, overrides: Iterable[str] = ()) -> Confi
     if raw is None:
         raw = {}
     if not isinstance(raw, dict):
-        raise ConfigError(f"{path}: expected a mapping with sections {', '.join(SECTIONS)}")
-    return config_from_dict(apply_overrides(raw, overrides))
+        raise ConfigError(f"{path}: expected a mapping with sections {', '.join(SECTION_NAMES)}")
+    return apply_overrides(raw, overrides)
 
 
 def check_paths(config: Config) -> None:
@@ -843,8 +626,8 @@ def check_paths(config: Config) -> None:
 # -- reference documentation (docs/configuration.md) ---------------------------------------------
 _DOC_HEADER = """\
 <!-- GENERATED by `python scripts/gen_config_doc.py` (writes docs/configuration.md):
-     edit the dataclasses in hpc_graph/train/config.py, not this file
-     (tests/train/test_config_doc.py checks that they agree). -->
+     edit the dataclasses in hpc_graph/train/config.py and the engines' Options
+     (hpc_graph/engines/), not this file (tests/train/test_config_doc.py checks that they agree). -->
 # Training configuration reference
 
 `hpc-graph train --config CFG.yaml` reads a YAML file with up to ten sections,
@@ -899,66 +682,50 @@ check how a job goes down.
 """
 
 
-def _type_name(spec: dict) -> str:
-    return {"int": "integer", "float": "number", "bool": "boolean", "choice": "string",
-            "path": "path", "bits": "integer or string", "bandwidth": "number, string or null",
-            "latency": "number or string", "fanouts": "list of integers",
-            "layer_list": "list of integers", "cluster_beta": "number, string or null"}[spec["kind"]] + \
-        (" or null" if spec.get("optional") else "")
+def _doc_spec(spec: dict) -> dict:
+    """A field spec as the reference shows it: the registries' names as a choice."""
+    if spec["kind"] == "engine_name":
+        from hpc_graph.engines import engine_names
+        return {**spec, "kind": "choice", "choices": ("auto",) + engine_names()}
+    if spec["kind"] == "model_name":
+        from hpc_graph.nn.models import MODELS
+        return {**spec, "kind": "choice", "choices": MODELS}
+    return spec
 
 
-def _allowed(spec: dict) -> str:
-    kind = spec["kind"]
-    if kind == "choice":
-        return ", ".join(f"`{c}`" for c in spec["choices"])
-    if kind == "bits":
-        return "`auto`, " + ", ".join(f"`{b}`" for b in BIT_WIDTHS)
-    if kind == "bandwidth":
-        return ">= 0 bits/s, or with a unit"
-    if kind == "fanouts":
-        return "each >= 1, or -1"
-    if kind == "latency":
-        return ">= 0 s, or with a unit"
-    if kind == "cluster_beta":
-        return "`null`, `auto`, [0, 1]"
-    if kind == "bool":
-        return "`true`, `false`"
-    if kind == "int":
-        text = "any" if spec["lo"] is None else f">= {spec['lo']}"
-        if spec.get("hi") is not None:
-            text = f"{spec['lo']}..{spec['hi']}" if spec["lo"] is not None else f"<= {spec['hi']}"
-        return text + (" or null" if spec.get("optional") else "")
-    if kind == "float":
-        lo, hi = spec["lo"], spec["hi"]
-        if lo is not None and hi is not None:
-            return f"{'(' if spec['lo_open'] else '['}{_fmt(lo)}, {_fmt(hi)}{')' if spec['hi_open'] else ']'}"
-        if lo is not None:
-            return f"{'>' if spec['lo_open'] else '>='} {_fmt(lo)}"
-        return "any finite number"
-    if kind == "layer_list":
-        return "layer indices < `model.num_layers`"
-    return "a non-empty path" + (" or null" if spec.get("optional") else "")
+def _engines_table() -> list[str]:
+    """One row per registered engine: what it declares (kind, data, replication) and the options it reads."""
+    from hpc_graph.engines import engine_classes
 
-
-def _default_text(value: Any) -> str:
-    if value is None:
-        return "`null`"
-    if isinstance(value, bool):
-        return f"`{str(value).lower()}`"
-    if isinstance(value, float):
-        return f"`{_fmt(value)}`"
-    return f"`{value}`"
+    lines = ["## Engines and their options", "",
+             "Every engine declares what it needs (`hpc_graph.engines.base.Engine`); the `engine`, `sampler` and "
+             "`hec` sections below hold the options of all of them, and a field of another engine than the one "
+             "the job runs must keep its default.", "",
+             "| engine | kind | data | every rank holds every node's rows | options |", "|---|---|---|---|---|"]
+    data = {"file": "dataset file", "partition": "partition directory",
+            "partition_or_file": "partition directory (a dataset file on one process)"}
+    for name, cls in engine_classes().items():
+        opts = [f"`{f.metadata['section']}.{f.name}`" for f in dataclasses.fields(cls.Options)
+                if f.metadata.get("section")]
+        lines.append(f"| `{name}` | {cls.kind} | {data[cls.data_source]} | "
+                     f"{'yes' if cls.replicated else 'no'} | {', '.join(opts) or 'none'} |")
+    return lines + [""]
 
 
 def config_reference_markdown() -> str:
-    """The Markdown reference of every config section and field (type, default, allowed values, help)."""
-    lines = [_DOC_HEADER]
-    for name, cls in SECTIONS.items():
+    """The Markdown reference of every config section and field (type, default, allowed values, help), and of
+    the registered engines' options."""
+    lines = [_DOC_HEADER] + _engines_table()
+    for name, cls in sections().items():
         lines += [f"## `{name}`", "", (cls.__doc__ or "").strip(), "",
                   "| field | type | default | allowed | description |", "|---|---|---|---|---|"]
         for f in dataclasses.fields(cls):
+            spec = _doc_spec(f.metadata)
             help_text = f.metadata.get("help", "").replace("|", "\\|")
-            lines.append(f"| `{name}.{f.name}` | {_type_name(f.metadata)} | {_default_text(f.default)} | "
-                         f"{_allowed(f.metadata)} | {help_text} |")
+            users = f.metadata.get("engines")
+            if users:
+                help_text = f"({', '.join(f'`{u}`' for u in users)}) {help_text}"
+            lines.append(f"| `{name}.{f.name}` | {_type_name(spec)} | {_default_text(f.default)} | "
+                         f"{_allowed(spec)} | {help_text} |")
         lines.append("")
     return "\n".join(lines)

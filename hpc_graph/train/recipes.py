@@ -64,8 +64,8 @@ def check_recipes(config: Config, engine_name: str) -> None:
 
     Raises:
         ConfigError naming the field: a ``cs_*`` field set while ``recipes.correct_smooth`` is false,
-        ``cs_scale`` set with ``cs_autoscale: true``, or ``recipes.label_aug`` with engine ``minibatch`` or
-        ``apt`` (a sampled batch's remote input rows have no label on this rank).
+        ``cs_scale`` set with ``cs_autoscale: true``, or ``recipes.label_aug`` with an engine that trains on
+        sampled batches (a sampled batch's remote input rows have no label on this rank).
     """
     rc = config.recipes
     default = RecipesConfig()
@@ -77,7 +77,10 @@ def check_recipes(config: Config, engine_name: str) -> None:
     elif rc.cs_autoscale and rc.cs_scale != default.cs_scale:
         raise ConfigError("recipes.cs_scale: only used with recipes.cs_autoscale: false "
                           "(autoscale computes the scale)")
-    if rc.label_aug > 0 and engine_name in ("minibatch", "apt"):
+    from hpc_graph.engines import engine_class, is_graph_level
+
+    if rc.label_aug > 0 and engine_class(engine_name, config.data.path).kind == "sampled" and \
+            not is_graph_level(config.data.path):  # graph-level data: refused for its labels (check_data)
         raise ConfigError(f"recipes.label_aug: not supported by engine {engine_name!r} (the input rows of a "
                           "sampled batch come from other ranks without their labels); use a full-batch "
                           "engine (single, dp, sar, sylvie) or set recipes.label_aug: 0")

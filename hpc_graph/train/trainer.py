@@ -1,4 +1,4 @@
-"""``Trainer``: full-batch node-classification training on any engine.
+"""``Trainer``: node-classification training on any engine.
 
 One training step (= one epoch, full batch) on every rank::
 
@@ -46,25 +46,30 @@ Lifecycle (see docs/configuration.md):
   checkpoint and :class:`~hpc_graph.train.signals.Preempted` is raised on every
   rank (the stop flag travels in the gradient all-reduce);
 * failures: inputs are checked on every rank before anything collective and the
-  ranks agree, so a bad config, data path, part file or resume is one
-  ``ConfigError``/``DataError`` on every rank; any other exception on one rank
-  logs ``rank R: ...`` and aborts the whole job (``MPI_Abort``); a NaN/Inf loss or
-  gradient on any rank is noticed by all (``train.on_nonfinite``). The
-  environment variable ``HPC_GRAPH_DEBUG_FAIL="rank=R,epoch=E,kind=exception|nan|exit"``
-  injects such a failure.
+  ranks agree (:mod:`hpc_graph.train.preflight`), so a bad config, data path, part file
+  or resume is one ``ConfigError``/``DataError`` on every rank; any other exception on
+  one rank logs ``rank R: ...`` and aborts the whole job (``MPI_Abort``); a NaN/Inf loss
+  or gradient on any rank is noticed by all (``train.on_nonfinite``). The environment
+  variable ``HPC_GRAPH_DEBUG_FAIL="rank=R,epoch=E,kind=exception|nan|exit"`` injects such
+  a failure (:mod:`hpc_graph.train.faults`, a step hook).
+
+The parts: this module wires engine, model, optimiser and metrics together and runs the
+epochs; :mod:`~hpc_graph.train.preflight` checks before anything is loaded;
+:mod:`~hpc_graph.train.loops` holds one training loop per engine kind (the engine's
+``kind`` selects it); :mod:`~hpc_graph.train.checkpoint` saves and restores;
+:mod:`~hpc_graph.train.recipes` and :mod:`~hpc_graph.train.cotrain` hold the accuracy
+recipes and the LM co-training.
 """
 from __future__ import annotations
 
 import contextlib
 import copy
-import dataclasses
 import json
 import logging
 import math
 import os
 import random
 import statistics
-import sys
 import time
 import warnings
 from pathlib import Path
@@ -72,19 +77,21 @@ from typing import Any, Iterator
 
 import numpy as np
 import torch
-from torch.nn import functional as F
 
 from data_io.errors import DataError, atomic_output
-from hpc_graph.comm.malloc import configure_malloc, malloc_policy
-from hpc_graph.engines import create_engine, engine_class
+from hpc_graph.comm.malloc import malloc_policy
+from hpc_graph.engines import create_engine
 from hpc_graph.engines.base import Engine
 from hpc_graph.graph.dist_graph import row_normalize
 from hpc_graph.nn import build_model, optim
 from hpc_graph.train import checkpoint as ckpt
-from hpc_graph.train.config import (Config, ConfigError, check_paths, check_resolved_engine, config_to_dict,
-                                    validate_config)
+from hpc_graph.train.config import Config, ConfigError, config_to_dict, validate_config
+from hpc_graph.train.faults import DEBUG_FAIL_ENV  # noqa: F401 - documented here, re-exported
+from hpc_graph.train.loops import LOOPS, NonFiniteLossError  # noqa: F401 - re-exported
 from hpc_graph.train.metrics import MERGED_METRICS, MetricsWriter, ProgressBar, merge_metrics, peak_rss_mb
-from hpc_graph.train.recipes import CorrectAndSmooth, LabelAugmentation, check_recipes, dataset_node_ids
+from hpc_graph.train.preflight import (agreed, check_memory, choose_engine, fail_fast, malloc_threshold,  # noqa: F401
+                                       preflight)
+from hpc_graph.train.recipes import CorrectAndSmooth, LabelAugmentation, dataset_node_ids
 from hpc_graph.train.signals import Preempted, StopSignal
 
 log = logging.getLogger(__name__)
@@ -92,47 +99,6 @@ log = logging.getLogger(__name__)
 _DTYPES = {"float32": torch.float32, "float64": torch.float64}
 _SPLITS = ("train", "val", "test")
 SPARSE_MAX_DENSITY = 0.1
-DEBUG_FAIL_ENV = "HPC_GRAPH_DEBUG_FAIL"
-_DEBUG_KINDS = ("exception", "nan", "exit")
-_DEBUG_EXIT_STATUS = 3
-
-
-class NonFiniteLossError(RuntimeError):
-    """A NaN/Inf loss or gradient with ``train.on_nonfinite: stop`` (raised on every rank; names epoch and ranks)."""
-
-
-@dataclasses.dataclass(frozen=True)
-class _DebugFailure:
-    rank: int
-    epoch: int
-    kind: str
-
-
-def _parse_debug_failure(text: str | None) -> _DebugFailure | None:
-    """``"rank=2,epoch=1,kind=nan"`` -> _DebugFailure (ConfigError naming the variable when malformed)."""
-    if text is None or not text.strip():
-        return None
-    fields: dict[str, str] = {}
-    for item in text.split(","):
-        key, sep, value = item.partition("=")
-        if not sep or key.strip() not in ("rank", "epoch", "kind"):
-            raise ConfigError(f"{DEBUG_FAIL_ENV}: expected rank=R,epoch=E,kind=exception|nan|exit, got {text!r}")
-        fields[key.strip()] = value.strip()
-    try:
-        rank, epoch = int(fields.get("rank", "0")), int(fields.get("epoch", "1"))
-    except ValueError:
-        raise ConfigError(f"{DEBUG_FAIL_ENV}: rank and epoch must be integers, got {text!r}") from None
-    kind = fields.get("kind", "exception")
-    if kind not in _DEBUG_KINDS or rank < 0 or epoch < 1:
-        raise ConfigError(f"{DEBUG_FAIL_ENV}: need rank >= 0, epoch >= 1, kind in {_DEBUG_KINDS}, got {text!r}")
-    return _DebugFailure(rank, epoch, kind)
-
-
-def _agreed(exc: BaseException) -> BaseException:
-    """Mark an exception that every rank raises at the same point (no abort needed; the CLI prints it once)."""
-    exc._hpc_graph_agreed = True  # type: ignore[attr-defined]
-    exc.collective = True  # type: ignore[attr-defined]
-    return exc
 
 
 def to_layout(x: torch.Tensor, layout: str, max_density: float = SPARSE_MAX_DENSITY) -> torch.Tensor:
@@ -147,53 +113,12 @@ def to_layout(x: torch.Tensor, layout: str, max_density: float = SPARSE_MAX_DENS
         return x.to_sparse_csr()
 
 
-def choose_engine(name: str, size: int, data_path: str, model: str | None = None) -> str:
-    """Resolve ``engine.name``: ``auto`` is ``single`` on one process with a dataset file, else ``dp``
-    (for the graph transformers ``gt``/``graphormer``: ``single`` on one process, else ``seqpar``; on a
-    graph-level dataset file, for every model: ``single`` on one process, else ``dp`` over batches of graphs).
-
-    Raises ConfigError for ``single`` with more than one rank.
-    """
-    from hpc_graph.engines import is_graph_level
-
-    if name == "auto":
-        if is_graph_level(data_path):
-            return "single" if size == 1 else "dp"
-        if model in ("gt", "graphormer"):
-            return "single" if size == 1 else "seqpar"
-        return "single" if size == 1 and Path(data_path).is_file() else "dp"
-    if name == "single" and size > 1:
-        raise ConfigError(f"engine.name: 'single' runs on one process, but this job has {size} ranks; "
-                          + ("use 'dp' (data parallel over the batches of graphs)" if is_graph_level(data_path) else
-                             "use 'dp' or 'sar' with a partitioned dataset (hpc-graph partition)"))
-    return name
-
-
-def malloc_threshold(config: Any, engine_name: str) -> int:
-    """The C allocator's mmap threshold a run gets (bytes; 0: glibc's adaptive default):
-    ``train.malloc_mmap_threshold`` when set, else what the engine declares
-    (:attr:`~hpc_graph.engines.base.Engine.malloc_mmap_threshold`)."""
-    given = config.train.malloc_mmap_threshold
-    if given is not None:
-        return int(given)
-    return int(engine_class(engine_name, config.data.path).malloc_mmap_threshold)
-
-
 def engine_options_from_config(config: Any, engine_name: str) -> dict[str, Any]:
-    """The options engine ``engine_name`` takes from a config: its ``OPTIONS`` found in the sections
-    ``data``, ``engine``, ``sampler``, ``hec``, the training seed, and for ``apt`` what its cost model (and
-    NFP's check) must know of the model."""
+    """The options engine ``engine_name`` takes from a config (:meth:`Engine.options_from_config
+    <hpc_graph.engines.base.Engine.options_from_config>`)."""
     from hpc_graph.engines import engine_class
 
-    options = {k: getattr(section, k) for section in (config.data, config.engine, config.sampler, config.hec)
-               for k in engine_class(engine_name, config.data.path).OPTIONS if hasattr(section, k)}
-    options["seed"] = config.train.seed
-    if engine_name == "apt":
-        mc = config.model
-        gat = mc.name == "gat"
-        options.update(model=mc.name, heads=mc.heads if gat else 1, hidden=mc.hidden * (mc.heads if gat else 1),
-                       dropout=mc.dropout, model_flags=tuple(f for f in ("residual", "batchnorm") if getattr(mc, f)))
-    return options
+    return engine_class(engine_name, config.data.path).options_from_config(config)
 
 
 class Trainer:
@@ -230,11 +155,14 @@ class Trainer:
         self._stop_agreed = False
         self._identity: dict[str, Any] | None = None
         self.resumed_from: Path | None = None
-        state = self._preflight(resume)  # every rank checks its inputs; all agree before anything collective
-        self._check_memory(force_memory)  # refuse (on every rank) what cannot fit, before loading anything
+        #: objects with ``before_step(trainer, epoch)`` and ``on_loss(trainer, epoch, iteration, loss) -> loss``
+        #: (:mod:`hpc_graph.train.faults`); empty unless a test or ``HPC_GRAPH_DEBUG_FAIL`` installs one
+        self.step_hooks: list[Any] = []
+        state = preflight(self, resume)  # every rank checks its inputs; all agree before anything collective
+        check_memory(self, force_memory)  # refuse (on every rank) what cannot fit, before loading anything
         if resume is not None:
             tc.run_dir = str(resume)
-        with self._fail_fast():
+        with fail_fast(self):
             self._build(state)
 
     def _build(self, state: dict[str, Any] | None) -> None:
@@ -297,20 +225,20 @@ class Trainer:
         try:
             self.engine.check_model(self.model)
         except ValueError as exc:
-            raise _agreed(ConfigError(str(exc))) from None
+            raise agreed(ConfigError(str(exc))) from None
         self.engine.attach_model(self.model, self.feat)  # a pipeline engine keeps its stage's layers only
-        self.pipeline = getattr(self.engine, "kind", "full") == "pipeline"
+        self.pipeline = self.engine.kind == "pipeline"
         self.params = [p for p in self.model.parameters() if p.requires_grad and not p.is_meta]
         self.optimizer = self._optimizer()
         self.scheduler = self._scheduler()
 
         counts = torch.tensor([float(self.train_idx.numel())], dtype=torch.float64)
-        if not getattr(self.engine, "replicated", False):  # every rank holds every node: nothing to add up
+        if not self.engine.replicated:  # every rank holds every node: nothing to add up
             comm.allreduce_(counts)
         self.num_train = float(counts.item())
         if self.num_train == 0:
             what = ("graphs (/graphs/train_mask)" if self.graph.num_graphs else "nodes (/node/train_mask)")
-            raise _agreed(ConfigError(f"data.path: {config.data.path} has no labelled training {what}"))
+            raise agreed(ConfigError(f"data.path: {config.data.path} has no labelled training {what}"))
         self.run_dir = Path(tc.run_dir) if tc.run_dir else Path(self._default_run_dir())
         self.best: dict[str, Any] = {"val_acc": -math.inf, "test_acc": None, "epoch": None}
         self.best_state: dict[str, torch.Tensor] | None = None
@@ -318,7 +246,7 @@ class Trainer:
         self._last_eval: dict[str, Any] = {}
         self._last_loss = float("nan")
         if state is not None:
-            self._restore(state)
+            ckpt.restore_trainer(self, state)
         log.info("trainer: engine %s, %d rank(s), model %s, %d parameters, %d training "
                  + ("graphs" if self.graph.num_graphs else "nodes") + "%s",
                  self.engine_name, self.size, mc.name, sum(p.numel() for p in self.params), int(self.num_train),
@@ -326,10 +254,9 @@ class Trainer:
 
     def _start_cotraining(self) -> None:
         """Build the LM co-training (``lm.*``): the GNN's input becomes ``features | LM embedding | flag``."""
-        if self.engine_name not in ("single", "flow"):
-            raise _agreed(ConfigError(f"lm.enabled: language-model co-training runs on engine 'single' or 'flow', "
-                                      f"but engine.name resolved to {self.engine_name!r}"))
-        from data_io.errors import DataError
+        if not self.engine.cotraining:
+            raise agreed(ConfigError(f"lm.enabled: language-model co-training does not run on engine "
+                                     f"{self.engine_name!r}"))
         from hpc_graph.train.cotrain import CoTraining
 
         tc = self.config.train
@@ -337,160 +264,11 @@ class Trainer:
             self.cotrain = CoTraining(self.config.lm, self.config.data.path, dataset_node_ids(self.engine),
                                       self.comm, tc.epochs, tc.seed, self.dtype)
         except (ImportError, FileNotFoundError, ValueError, DataError) as exc:
-            raise _agreed(ConfigError(f"lm: {exc}")) from None
+            raise agreed(ConfigError(f"lm: {exc}")) from None
         self._base_feat = self.feat
         self.feat = self.cotrain.inputs(self._base_feat)
         if self.cotrain.interleaver is not None:
             self.engine.idle_hook = self.cotrain.interleaver.wait
-
-    # -- input checks and failure handling ------------------------------------------------------
-    def _preflight(self, resume: str | os.PathLike | None) -> dict[str, Any] | None:
-        """Check config, data and checkpoint on every rank, then agree: on any rank's problem every rank
-        raises (its own error, or one naming the failing rank). Returns the checkpoint state to resume."""
-        config = self.config
-        problem: BaseException | None = None
-        state = None
-        found = None
-        try:
-            self._debug_failure = _parse_debug_failure(os.environ.get(DEBUG_FAIL_ENV))
-            check_paths(config)
-            self.device = self._device(config.train.device)
-            self.engine_name = choose_engine(config.engine.name, self.size, config.data.path, config.model.name)
-            check_resolved_engine(config, self.engine_name)
-            check_recipes(config, self.engine_name)
-            try:
-                engine_class(self.engine_name, config.data.path).check_options(
-                    engine_options_from_config(config, self.engine_name), self.size)
-            except ValueError as exc:
-                raise ConfigError(str(exc)) from None
-            configure_malloc(malloc_threshold(config, self.engine_name))  # before a checkpoint or the data comes in
-            if resume is not None:
-                path, state = ckpt.latest_checkpoint(resume)
-                found = (str(path), int(state.get("epoch", -1)))
-                self._check_resume(path, state)
-                self.resumed_from = path
-            self._check_data()
-        except (ConfigError, DataError, OSError) as exc:
-            problem = exc
-        if self.size > 1:
-            reports = self.comm.allgather_object(
-                (None if problem is None else f"{type(problem).__name__}: {problem}", found))
-            failed = [(r, msg) for r, (msg, _) in enumerate(reports) if msg is not None]
-            if problem is None and failed:
-                r, msg = failed[0]
-                more = f" (and {len(failed) - 1} more rank(s))" if len(failed) > 1 else ""
-                raise ConfigError(f"rank {r}: {msg}{more}")
-            if problem is None and len({f for _, f in reports}) > 1:
-                raise ConfigError(f"--resume {resume}: ranks found different checkpoints "
-                                  f"({sorted({f for _, f in reports})}); is the run directory shared?")
-            if problem is not None and len(failed) == self.size and len({m for _, m in failed}) == 1:
-                problem.collective = True  # every rank refused alike: the CLI prints it once (rank 0)
-        if problem is not None:
-            raise problem
-        return state
-
-    def _check_memory(self, force: bool) -> None:
-        """Refuse to start when the ranks of a host would need more memory than it has (collective).
-
-        Each rank predicts what it will still allocate (:func:`hpc_graph.plan.fullbatch.train_estimate`:
-        single/dp/sar and the models the planner describes; no check otherwise); the ranks of a host add
-        theirs up and compare the sum with the memory available there
-        (:func:`data_io.memory.require_memory`); if any rank refuses, every rank raises the same
-        :class:`~data_io.memory.MemoryRefusal` (one line; ``force`` only warns).
-        """
-        import socket
-
-        from data_io.memory import MemoryRefusal, require_memory
-        from hpc_graph.plan.fullbatch import train_estimate
-
-        try:
-            est = train_estimate(self.config, self.engine_name, self.rank, self.size)
-        except Exception as exc:  # noqa: BLE001 - an estimate that cannot be made is no reason to stop
-            log.debug("memory check skipped: %s", exc)
-            est = None
-        host = socket.gethostname()
-        mine = (host, None if est is None else est[0])
-        reports = self.comm.allgather_object(mine) if self.size > 1 else [mine]
-        local = [need for h, need in reports if h == host and need is not None]
-        refusal = None
-        if est is not None:
-            what = f"train ({est[1]})" if len(local) == 1 else \
-                f"train ({len(local)} ranks on host {host} together; {est[1]})"
-            advice = ("flow holds the whole graph on every rank: use engine sar, dp or sylvie on a partition"
-                      if self.engine_name == "flow" else "use more ranks or engine sar")
-            try:
-                require_memory(sum(local), what, force=force,
-                               hint=f"{advice} (hpc-graph plan --memory-per-rank SIZE shows what fits)")
-            except MemoryRefusal as exc:
-                refusal = str(exc)
-        verdicts = self.comm.allgather_object(refusal) if self.size > 1 else [refusal]
-        refused = [(r, v) for r, v in enumerate(verdicts) if v is not None]
-        if refused:
-            r, text = refused[0]
-            raise _agreed(MemoryRefusal(refusal if refusal is not None else f"rank {r}: {text}"))
-
-    def _check_data(self) -> None:
-        """The partition directory has one part per rank and this rank's part file opens (DataError otherwise)."""
-        path = Path(self.config.data.path)
-        if path.is_file():
-            from data_io.dataset import dataset_task
-
-            if dataset_task(path) == "graph":
-                rc = self.config.recipes
-                if rc.label_aug > 0 or rc.correct_smooth:
-                    raise ConfigError("recipes: label_aug and correct_smooth work on node labels; "
-                                      f"{path} is a graph-level dataset (one label per graph)")
-                if self.engine_name == "dp":  # over batches of graphs (the config allows single or dp only)
-                    return
-        if self.engine_name in ("single", "seqpar", "flow"):
-            if not path.is_file():
-                raise ConfigError(f"data.path: engine {self.engine_name!r} needs a dataset file, {path} is a directory")
-            return
-        if self.engine_name in ("minibatch", "apt") and path.is_file() and self.size == 1:
-            return  # one process may sample a whole dataset file
-        if not path.is_dir():
-            raise ConfigError(f"data.path: engine {self.engine_name!r} needs a partition directory "
-                              f"(hpc-graph partition), {path} is a file"
-                              + (" (a dataset file works on one process)" if self.engine_name in ("minibatch", "apt") else ""))
-        from data_io.partition import part_file_name, read_partition_meta
-        from hpc_graph.graph.dist_graph import check_ranks
-
-        meta = read_partition_meta(path)
-        check_ranks(int(meta["num_parts"]), self.comm, str(path))
-        part = path / part_file_name(self.rank)
-        try:
-            with open(part, "rb") as fh:
-                fh.read(8)
-        except OSError as exc:
-            raise DataError(f"{part}: cannot read part file of rank {self.rank} ({exc.strerror or exc})") from None
-
-    def _check_resume(self, path: Path, state: dict[str, Any]) -> None:
-        """ConfigError listing every difference between the checkpoint and this run (ranks, data, config)."""
-        probs = []
-        if state.get("world_size") != self.size:
-            probs.append(f"number of ranks: the checkpoint was written by {state.get('world_size')} rank(s), "
-                         f"this job has {self.size}")
-        probs += ckpt.config_problems(state.get("config") or {}, config_to_dict(self.config),
-                                      defaults=config_to_dict(Config()))
-        if not probs:
-            self._identity = ckpt.data_identity(self.config.data.path)
-            probs += ckpt.identity_problems(state.get("data") or {}, self._identity)
-        if probs:
-            raise ConfigError(f"--resume: {path} does not match this run: " + "; ".join(probs))
-
-    @contextlib.contextmanager
-    def _fail_fast(self) -> Iterator[None]:
-        """In a multi-rank job, an exception that the other ranks do not raise too ends the job now
-        (logged as ``rank R: Type: message``, then ``comm.abort(1)``) instead of leaving them waiting."""
-        try:
-            yield
-        except BaseException as exc:
-            if self.size > 1 and not getattr(exc, "_hpc_graph_agreed", False):
-                log.critical("rank %d: %s: %s (aborting all %d ranks)", self.rank, type(exc).__name__, exc,
-                             self.size, exc_info=not isinstance(exc, (DataError, ConfigError)))
-                _flush_logs()
-                self.comm.abort(1)
-            raise
 
     # -- setup helpers ------------------------------------------------------------------------
     def _device(self, name: str) -> torch.device:
@@ -551,7 +329,8 @@ class Trainer:
 
     # -- functional API -----------------------------------------------------------------------
     def step(self) -> float:
-        """One epoch: a full-batch step, or every mini-batch iteration of a sampling engine.
+        """One epoch: the loop the engine's kind selects (:mod:`hpc_graph.train.loops`): a full-batch step,
+        every mini-batch iteration of a sampling engine, or a pipeline pass.
 
         Returns the global training loss (mean CE over all training nodes of the epoch, or the mean
         over iterations of each iteration's global mean). The gradient all-reduce of every step also
@@ -564,31 +343,9 @@ class Trainer:
         self.engine.begin_epoch(epoch)
         if self.cotrain is not None:
             self.cotrain.begin_epoch()
-        fail = self._debug_failure
-        fail = fail if fail is not None and fail.rank == self.rank and fail.epoch == epoch else None
-        if fail is not None and fail.kind != "nan":
-            self._inject(fail)
-        if getattr(self.engine, "kind", "full") == "minibatch":
-            loss, ok = self._minibatch_epoch(epoch, fail)
-        elif self.pipeline:
-            from hpc_graph.train.pipeline import train_pass
-
-            self.optimizer.zero_grad(set_to_none=False)
-            if self._loss_mask is None:
-                self._loss_mask = torch.zeros_like(self.masks["train"])
-                self._loss_mask[self.train_idx] = True
-            loss_t = train_pass(self.engine, self.model, self.feat, self.label, self._loss_mask, self.num_train)
-            if fail is not None:  # kind "nan"
-                loss_t = loss_t * float("nan")
-            loss, ok = self._apply_gradients(loss_t, epoch, backward=False)
-        else:
-            self.optimizer.zero_grad(set_to_none=False)
-            x, idx, count = self.train_inputs(epoch)
-            logits = self.model(self.graph, x)
-            loss_t = F.cross_entropy(logits[idx], self.label[idx], reduction="sum") / count
-            if fail is not None:  # kind "nan"
-                loss_t = loss_t * float("nan")
-            loss, ok = self._apply_gradients(loss_t, epoch)
+        for hook in self.step_hooks:
+            hook.before_step(self, epoch)
+        loss, ok = LOOPS[self.engine.kind](self, epoch)
         if self.scheduler is not None:
             self.scheduler.step()
         if self.cotrain is not None and self.cotrain.end_epoch(epoch, loss if ok else float("nan")):
@@ -655,71 +412,6 @@ class Trainer:
                      _fmt_acc(a["val_acc"]), _fmt_acc(b["test_acc"]), _fmt_acc(a["test_acc"]))
         return self.cs_result
 
-    def _minibatch_epoch(self, epoch: int, fail: _DebugFailure | None) -> tuple[float, bool]:
-        """Every iteration of a sampling engine's epoch (the same number on every rank)."""
-        eng = self.engine
-        iters = eng.iterations(epoch)
-        _, global_sizes = eng.batch_sizes(epoch, iters)
-        losses, ok = [], True
-        for it in range(iters):
-            self.optimizer.zero_grad(set_to_none=False)
-            batch = eng.batch(epoch, it).to(self.device)  # sampling engines build batches on the CPU
-            logits = self.model(batch.graph, batch.feat)  # gathered rows: dense
-            loss_t = F.cross_entropy(logits, batch.label, reduction="sum") / max(global_sizes[it], 1.0)
-            if fail is not None and it == 0:  # kind "nan"
-                loss_t = loss_t * float("nan")
-            value, step_ok = self._apply_gradients(loss_t, epoch, f"iteration {it + 1} of ")
-            losses.append(value)
-            ok = ok and step_ok
-        return (statistics.fmean(losses) if losses else float("nan")), ok
-
-    def _apply_gradients(self, loss: torch.Tensor, epoch: int, where: str = "",
-                         backward: bool = True) -> tuple[float, bool]:
-        """Backward (unless done: a pipeline pass), one bucketed all-reduce of gradients and flags (flags only
-        for a pipeline, whose stages hold disjoint parameters), optimiser step (or the ``on_nonfinite``
-        policy); returns the global loss and whether it was finite everywhere."""
-        if backward:
-            loss.backward()
-        for p in self.params:
-            if p.grad is None:
-                p.grad = torch.zeros_like(p)
-        loss_ok = bool(torch.isfinite(loss.detach()))
-        # one fused max-abs over all gradients: NaN and Inf both make it non-finite
-        grads_ok = bool(torch.isfinite(torch.nn.utils.get_total_norm([p.grad for p in self.params], float("inf"))))
-        # [global loss, ranks asked to stop, per rank: loss non-finite, per rank: gradient non-finite]
-        n = self.size
-        flags = torch.zeros(2 + 2 * n, dtype=loss.dtype, device=loss.device)
-        flags[0] = loss.detach()
-        flags[1] = float(self.stop.requested)
-        flags[2 + self.rank] = float(not loss_ok)
-        flags[2 + n + self.rank] = float(not grads_ok)
-        if n > 1:
-            self.comm.allreduce_bucketed_(([] if self.pipeline else [p.grad for p in self.params]) + [flags])
-        flags = flags.cpu()
-        self._stop_agreed = bool(flags[1] > 0)
-        bad_loss = [r for r in range(n) if flags[2 + r] != 0]
-        bad_grad = [r for r in range(n) if flags[2 + n + r] != 0]
-        if bad_loss or bad_grad:
-            # a NaN born on one rank reaches the others' gradients through the halo exchange: name its source
-            what, ranks = ("loss", bad_loss) if bad_loss else ("gradient", bad_grad)
-            what = (f"non-finite {what} in {where}epoch {epoch} on rank{'s' if len(ranks) > 1 else ''} "
-                    f"{', '.join(map(str, ranks))}")
-            if self.config.train.on_nonfinite == "stop":
-                raise _agreed(NonFiniteLossError(f"{what} (train.on_nonfinite: stop; try a lower optim.lr)"))
-            log.warning("%s: optimiser step skipped on every rank (train.on_nonfinite: skip)", what)
-            return float(flags[0]), False
-        self.optimizer.step()
-        return float(flags[0]), True
-
-    def _inject(self, fail: _DebugFailure) -> None:
-        """Fail as ``HPC_GRAPH_DEBUG_FAIL`` asks (kinds ``exception`` and ``exit``)."""
-        what = f"rank {self.rank}: injected failure in epoch {fail.epoch} ({DEBUG_FAIL_ENV}={fail.kind})"
-        if fail.kind == "exception":
-            raise RuntimeError(what)
-        log.critical("%s: exiting with status %d", what, _DEBUG_EXIT_STATUS)
-        _flush_logs()
-        os._exit(_DEBUG_EXIT_STATUS)
-
     def request_stop(self) -> None:
         """Ask the loop to stop as a SIGTERM would: after the current epoch, with a checkpoint (:class:`Preempted`)."""
         self.stop.request()
@@ -744,7 +436,7 @@ class Trainer:
             m = self.masks[split]
             counts += [float((pred[m] == self.label[m]).sum()), float(m.sum())]
         t = torch.tensor(counts, dtype=torch.float64)
-        if not getattr(self.engine, "replicated", False):
+        if not self.engine.replicated:
             self.comm.allreduce_(t)
         out = {}
         for k, split in enumerate(_SPLITS):
@@ -762,7 +454,7 @@ class Trainer:
         """
         tc = self.config.train
         self.run_dir.mkdir(parents=True, exist_ok=True)
-        with self._fail_fast(), self.stop, self._pid_file():
+        with fail_fast(self), self.stop, self._pid_file():
             return self._fit(tc)
 
     def _fit(self, tc) -> dict[str, Any]:
@@ -820,7 +512,7 @@ class Trainer:
                             exc = Preempted(epoch, path, self.stop.name)
                             if self.rank == 0:
                                 log.info("%s", exc)
-                            raise _agreed(exc)
+                            raise agreed(exc)
                 if last_saved != self.epoch:  # nothing left to train (a finished run resumed): still checkpoint
                     self.save_checkpoint()
                 if self.config.recipes.correct_smooth:
@@ -847,78 +539,9 @@ class Trainer:
 
     # -- checkpoints ----------------------------------------------------------------------------
     def save_checkpoint(self) -> Path:
-        """Write ``RUN_DIR/checkpoints/ckpt-<epoch>.pt`` (collective: every rank calls it; rank 0 writes).
-
-        Holds model, optimiser, scheduler, epoch, best-validation state, every rank's RNG states
-        (gathered), the config, the data identity, the number of ranks and the parameter shapes.
-        """
-        rng = _rng_state(self.device)
-        states = self.comm.allgather_object(rng) if self.size > 1 else [rng]
-        model_state, best_state = self._model_state(), self.best_state
-        optimizer_state: Any = self.optimizer.state_dict()
-        engine_state: Any = self.engine.state_dict()
-        if self.pipeline and self.size > 1:  # each stage holds its own parameters, optimiser and engine state
-            parts = self.comm.allgather_object((self.best_state, optimizer_state, engine_state))
-            optimizer_state = [opt for _, opt, _ in parts]
-            engine_state = [eng for _, _, eng in parts]  # e.g. each stage's stale history
-            if best_state is not None:
-                best_state = {k: v for own, _, _ in parts for k, v in (own or {}).items()}
-        lm_state = None
-        if self.cotrain is not None:  # the LM is the same on every rank; its random stream is not
-            lm_state = self.cotrain.state_dict()
-            lm_state["rng"] = self.comm.allgather_object(lm_state["rng"]) if self.size > 1 else [lm_state["rng"]]
-        path = ckpt.checkpoint_path(self.run_dir, self.epoch)
-        if self.rank == 0:
-            if self._identity is None:
-                self._identity = ckpt.data_identity(self.config.data.path)
-            state = {
-                "epoch": self.epoch,
-                "model": model_state,
-                "optimizer": optimizer_state,
-                "scheduler": None if self.scheduler is None else self.scheduler.state_dict(),
-                "best": dict(self.best),
-                "best_state": best_state,
-                "last_eval": dict(self._last_eval),
-                "loss": self._last_loss,
-                "rng": states,
-                "config": config_to_dict(self.config),
-                "data": self._identity,
-                "world_size": self.size,
-                "engine": self.engine_name,
-                "engine_state": engine_state,
-                "param_shapes": _shapes(self.model),
-                "lm_state": lm_state,
-            }
-            path = ckpt.save_checkpoint(self.run_dir, self.epoch, state)
-        if self.size > 1:
-            self.comm.barrier()
-        return path
-
-    def _restore(self, state: dict[str, Any]) -> None:
-        """Load a checkpoint's training state into this (freshly built) trainer; this rank's RNG states too."""
-        probs = ckpt.shape_problems(state.get("param_shapes") or {}, _shapes(self.model))
-        if probs:
-            raise _agreed(ConfigError(f"--resume: {self.resumed_from} does not match this run: " + "; ".join(probs)))
-        self._load_model_state(state["model"])
-        opt = state["optimizer"]
-        self.optimizer.load_state_dict(opt[self.rank] if isinstance(opt, list) else opt)
-        if self.scheduler is not None and state.get("scheduler") is not None:
-            self.scheduler.load_state_dict(state["scheduler"])
-        self.epoch = int(state["epoch"])
-        self.best = dict(state["best"])
-        self.best_state = state.get("best_state")
-        if self.best_state is not None and self.pipeline:
-            self.best_state = self._owned(self.best_state)
-        self._last_eval = dict(state.get("last_eval") or {})
-        self._last_loss = float(state.get("loss", float("nan")))
-        _set_rng_state(state["rng"][self.rank], self.device)
-        if self.cotrain is not None:
-            lm_state = state.get("lm_state")
-            if lm_state is None or len(lm_state["rng"]) != self.size:
-                raise _agreed(ConfigError(f"--resume: {self.resumed_from} holds no LM co-training state for "
-                                          f"{self.size} rank(s) (lm.enabled)"))
-            self.cotrain.load_state_dict(lm_state, self.rank, self.epoch)
-            self.feat = self.cotrain.inputs(self._base_feat)
+        """Write ``RUN_DIR/checkpoints/ckpt-<epoch>.pt`` (collective: every rank calls it; rank 0 writes;
+        :func:`hpc_graph.train.checkpoint.save_trainer`)."""
+        return ckpt.save_trainer(self)
 
     def _track_best(self, epoch: int, evaluated: dict[str, Any]) -> None:
         val = evaluated["val_acc"]
@@ -968,38 +591,16 @@ class Trainer:
     def load_best(self) -> None:
         """Load the parameters of the best-validation epoch into ``model`` (no-op before any evaluation)."""
         if self.best_state is not None:
-            self._load_model_state(copy.deepcopy(self.best_state))
-
-    def _owned(self, state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-        """The entries of a full model state this rank holds (a pipeline stage holds its units' only)."""
-        mine = self.model.state_dict()
-        return {k: v for k, v in state.items() if k in mine and not mine[k].is_meta}
-
-    def _load_model_state(self, state: dict[str, torch.Tensor]) -> None:
-        if self.pipeline:
-            self.model.load_state_dict(self._owned(state), strict=False)
-        else:
-            self.model.load_state_dict(state)
+            ckpt.load_model_state(self, copy.deepcopy(self.best_state))
 
     def _model_state(self) -> dict[str, torch.Tensor]:
         """The whole model's state on CPU; collective for a pipeline of several stages (each gives its part)."""
-        own = {k: v.detach().to("cpu", copy=True) for k, v in self.model.state_dict().items() if not v.is_meta}
-        if not self.pipeline or self.size == 1:
-            return own
-        return {k: v for part in self.comm.allgather_object(own) for k, v in part.items()}
+        return ckpt.model_state(self)
 
 
 # -- module helpers ------------------------------------------------------------------------------
 def _fmt_acc(x: float | None) -> str:
     return "n/a" if x is None else f"{x:.4f}"
-
-
-def _flush_logs() -> None:
-    for h in logging.getLogger().handlers:
-        with contextlib.suppress(Exception):
-            h.flush()
-    with contextlib.suppress(Exception):
-        sys.stderr.flush()
 
 
 def _modeled(comm: Any) -> tuple[float, float]:
@@ -1018,28 +619,3 @@ def _threads_in_use(plan) -> dict[str, Any]:
 
 def _cpu(sd: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     return {k: v.detach().to("cpu", copy=True) for k, v in sd.items()}
-
-
-def _shapes(model: torch.nn.Module) -> dict[str, list[int]]:
-    return {k: list(v.shape) for k, v in model.state_dict().items()}
-
-
-def _rng_state(device: torch.device) -> dict[str, Any]:
-    """This process's RNG states: torch (CPU and, on a GPU, the device's), NumPy and ``random``."""
-    name, keys, pos, has_gauss, cached = np.random.get_state()
-    state = {"torch": torch.get_rng_state(),
-             "numpy": (str(name), torch.from_numpy(keys.astype(np.int64)), int(pos), int(has_gauss), float(cached)),
-             "python": random.getstate()}
-    if device.type == "cuda":
-        state["cuda"] = torch.cuda.get_rng_state(device)
-    return state
-
-
-def _set_rng_state(state: dict[str, Any], device: torch.device) -> None:
-    torch.set_rng_state(state["torch"])
-    name, keys, pos, has_gauss, cached = state["numpy"]
-    np.random.set_state((name, keys.numpy().astype(np.uint32), pos, has_gauss, cached))
-    version, internal, gauss = state["python"]
-    random.setstate((version, tuple(internal), gauss))
-    if device.type == "cuda" and state.get("cuda") is not None:
-        torch.cuda.set_rng_state(state["cuda"], device)

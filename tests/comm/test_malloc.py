@@ -116,21 +116,21 @@ def _config(engine: str, threshold=None, path="x.h5"):
 
 
 def test_every_engine_gets_the_documented_policy():
-    from hpc_graph.engines import ENGINES
-    from hpc_graph.train.trainer import malloc_threshold
+    from hpc_graph.engines import engine_names
+    from hpc_graph.train.preflight import malloc_threshold
 
     documented = _documented_policies()
-    assert set(documented) == set(ENGINES)
-    for name in ENGINES:
+    assert set(documented) == set(engine_names())
+    for name in engine_names():
         assert malloc_threshold(_config(name), name) == documented[name], name
 
 
 @pytest.mark.parametrize("given", [0, 2 << 20])
 def test_the_config_overrides_the_engines_policy(given):
-    from hpc_graph.engines import ENGINES
-    from hpc_graph.train.trainer import malloc_threshold
+    from hpc_graph.engines import engine_names
+    from hpc_graph.train.preflight import malloc_threshold
 
-    for name in ENGINES:
+    for name in engine_names():
         assert malloc_threshold(_config(name, given), name) == given
 
 

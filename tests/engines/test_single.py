@@ -46,7 +46,7 @@ def dataset(tmp_path):
 
 def test_loads_data(dataset):
     path, g, _, _ = dataset
-    eng = create_engine("single", str(path), None, torch.device("cpu"), torch.float64, {"prefetch": True})
+    eng = create_engine("single", str(path), None, torch.device("cpu"), torch.float64, {"sequence_order": "id"})
     assert isinstance(eng, SingleEngine) and eng.name == "single"
     assert eng.num_classes == 3 and eng.num_features == 5
     assert eng.feat.dtype == torch.float64
@@ -130,7 +130,7 @@ def test_errors(tmp_path, dataset):
     path = str(dataset[0])
     with pytest.raises(ValueError, match="engine: 'single' runs on one process but this job has 2 ranks"):
         SingleEngine(path, types.SimpleNamespace(rank=0, size=2), torch.device("cpu"), torch.float32)
-    with pytest.raises(ValueError, match=r"unknown option\(s\) \['bogus'\]"):
+    with pytest.raises(ValueError, match=r"engine options: .bogus. not an option of engine .single."):
         SingleEngine(path, None, torch.device("cpu"), torch.float32, {"bogus": 1})
     g, _, _ = _random_graph(feat=False)
     write_dataset(tmp_path / "nofeat.h5", g)

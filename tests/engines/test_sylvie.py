@@ -115,7 +115,7 @@ def test_assign_bits_follows_the_candidate_rule(base):
                                            ({"scale_dtype": "bfloat16"}, "engine.scale_dtype"),
                                            ({"ldr_smoothing": 1.5}, "engine.ldr_smoothing"),
                                            ({"ldr_window": 0}, "engine.ldr_window"),
-                                           ({"speed": 1}, "unknown option")])
+                                           ({"speed": 1}, "not an option of engine 'sylvie'")])
 def test_bad_options_are_refused_before_any_data_is_read(options, named):
     from hpc_graph.comm import get_communicator
 

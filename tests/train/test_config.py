@@ -44,12 +44,14 @@ def test_full_file_and_overrides(tmp_path):
                      "step_size": 10, "gamma": 0.1},
            "train": {"epochs": 3, "seed": 7, "dtype": "float64", "run_dir": "runs/a", "progress": False}}
     cfg = load_config(_write(tmp_path, raw), ["model.hidden=32", "optim.lr=1e-2", "train.progress=true",
-                                              "engine.name=dp", "train.run_dir=runs/b"])
+                                              "engine.name=sar", "train.run_dir=runs/b"])
     assert cfg.model.hidden == 32 and cfg.model.heads == 4 and cfg.model.attn_dropout == 0.6
     assert cfg.optim.lr == pytest.approx(0.01) and isinstance(cfg.optim.lr, float)
     assert cfg.optim.schedule == "step" and cfg.optim.momentum == 0.9
     assert cfg.train.progress is True and cfg.train.dtype == "float64" and cfg.train.run_dir == "runs/b"
-    assert cfg.engine.name == "dp" and cfg.engine.prefetch is False and cfg.data.feature_norm == "row"
+    assert cfg.engine.name == "sar" and cfg.engine.prefetch is False and cfg.data.feature_norm == "row"
+    with pytest.raises(ConfigError, match=r"engine\.prefetch: only used by engine 'sar', but engine\.name is 'dp'"):
+        load_config(_write(tmp_path, raw), ["engine.name=dp"])  # another engine's option, not at its default
 
 
 BAD = [
@@ -70,7 +72,9 @@ BAD = [
     ({"model": {"name": "gt"}, "engine": {"name": "dp"}}, "it needs model.attention: sparse, global_token: false, "
      "pe_dim: 0"),
     ({"model": {"name": "gt"}, "engine": {"name": "minibatch"}}, "model.name: 'gt' runs on engine.name 'single' or "
-     "'seqpar' (gt also on 'dp', 'sar', 'sylvie')"),
+     "'seqpar', not 'minibatch'"),
+    ({"model": {"name": "gt", "pe_dim": 0}, "engine": {"name": "minibatch"}}, "model.name: 'gt' runs on engine.name "
+     "'single' or 'dp' or 'sar' or 'sylvie' or 'seqpar', not 'minibatch'"),  # the engines that take this config
     ({"model": {"name": "graphormer"}, "engine": {"name": "sar"}}, "model.name: 'graphormer' runs on engine.name "
      "'single' or 'seqpar', not 'sar'"),
     ({"model": {"name": "gt"}, "engine": {"name": "dp", "attention_chain": False}},

@@ -42,7 +42,7 @@ def test_batches_cover_every_training_graph_once_with_its_own_structure(reg3cc):
     with open_dataset(reg3cc) as ds:
         ptr, indptr, indices = ds.graph_ptr(), ds.indptr(), ds.indices()
         train = np.flatnonzero(ds.graph_mask("train_mask"))
-    assert eng.kind == "minibatch" and eng.iterations(1) == -(-train.size // 7)
+    assert eng.kind == "sampled" and eng.iterations(1) == -(-train.size // 7)
     seen = []
     for it in range(eng.iterations(1)):
         b = eng.batch(1, it)

@@ -1,0 +1,130 @@
+"""The training loops, one per engine kind (``Engine.kind``, :data:`hpc_graph.engines.base.KINDS`).
+
+Every loop makes one epoch's optimiser steps and returns ``(global loss, finite everywhere)``:
+
+* ``full`` and ``sequence``: one step over the engine's ``graph`` and the trainer's features
+  (:func:`full_epoch`); the loss sums over this rank's training nodes and divides by their global count;
+* ``sampled``: one step per mini-batch (:func:`sampled_epoch`): ``engine.iterations(epoch)``, the global
+  batch sizes from ``engine.batch_sizes``, each ``engine.batch(epoch, i)`` a
+  :class:`~hpc_graph.engines.base.Batch` whose loss is divided by its global size;
+* ``pipeline``: one GPipe pass over stages and micro-batches (:func:`pipeline_epoch`,
+  :mod:`hpc_graph.train.pipeline`).
+
+Each step ends in :func:`apply_gradients`: one bucketed all-reduce of the gradients together with the loss,
+the stop request and the finiteness flags of every rank, then the optimiser step (or the
+``train.on_nonfinite`` policy).
+"""
+from __future__ import annotations
+
+import logging
+import statistics
+from typing import Any, Callable
+
+import torch
+from torch.nn import functional as F
+
+from hpc_graph.train.preflight import agreed
+
+log = logging.getLogger(__name__)
+
+
+class NonFiniteLossError(RuntimeError):
+    """A NaN/Inf loss or gradient with ``train.on_nonfinite: stop`` (raised on every rank; names epoch and ranks)."""
+
+
+def _hooked(tr: Any, epoch: int, iteration: int, loss: torch.Tensor) -> torch.Tensor:
+    for hook in tr.step_hooks:
+        loss = hook.on_loss(tr, epoch, iteration, loss)
+    return loss
+
+
+def full_epoch(tr: Any, epoch: int) -> tuple[float, bool]:
+    """One full-graph step: forward on the whole (local) graph, loss over the training nodes."""
+    tr.optimizer.zero_grad(set_to_none=False)
+    x, idx, count = tr.train_inputs(epoch)
+    logits = tr.model(tr.graph, x)
+    loss = F.cross_entropy(logits[idx], tr.label[idx], reduction="sum") / count
+    if tr.step_hooks:
+        loss = _hooked(tr, epoch, 0, loss)
+    return apply_gradients(tr, loss, epoch)
+
+
+def sampled_epoch(tr: Any, epoch: int) -> tuple[float, bool]:
+    """Every iteration of a sampling engine's epoch (the same number on every rank); the loss is the mean of the
+    iterations' global losses."""
+    eng = tr.engine
+    iters = eng.iterations(epoch)
+    _, global_sizes = eng.batch_sizes(epoch, iters)
+    losses, ok = [], True
+    for it in range(iters):
+        tr.optimizer.zero_grad(set_to_none=False)
+        batch = eng.batch(epoch, it).to(tr.device)  # sampling engines build batches on the CPU
+        logits = tr.model(batch.graph, batch.feat)  # gathered rows: dense
+        loss = F.cross_entropy(logits, batch.label, reduction="sum") / max(global_sizes[it], 1.0)
+        if tr.step_hooks:
+            loss = _hooked(tr, epoch, it, loss)
+        value, step_ok = apply_gradients(tr, loss, epoch, f"iteration {it + 1} of ")
+        losses.append(value)
+        ok = ok and step_ok
+    return (statistics.fmean(losses) if losses else float("nan")), ok
+
+
+def pipeline_epoch(tr: Any, epoch: int) -> tuple[float, bool]:
+    """One pass of the layer pipeline (forward and backward of every micro-batch, then one optimiser step)."""
+    from hpc_graph.train.pipeline import train_pass
+
+    tr.optimizer.zero_grad(set_to_none=False)
+    if tr._loss_mask is None:
+        tr._loss_mask = torch.zeros_like(tr.masks["train"])
+        tr._loss_mask[tr.train_idx] = True
+    loss = train_pass(tr.engine, tr.model, tr.feat, tr.label, tr._loss_mask, tr.num_train)
+    if tr.step_hooks:
+        loss = _hooked(tr, epoch, 0, loss)
+    return apply_gradients(tr, loss, epoch, backward=False)
+
+
+#: the loop each engine kind selects
+LOOPS: dict[str, Callable[[Any, int], tuple[float, bool]]] = {
+    "full": full_epoch, "sequence": full_epoch, "sampled": sampled_epoch, "pipeline": pipeline_epoch}
+
+
+def apply_gradients(tr: Any, loss: torch.Tensor, epoch: int, where: str = "",
+                    backward: bool = True) -> tuple[float, bool]:
+    """Backward (unless done: a pipeline pass), one bucketed all-reduce of gradients and flags (flags only
+    for a pipeline, whose stages hold disjoint parameters), optimiser step (or the ``on_nonfinite``
+    policy); returns the global loss and whether it was finite everywhere."""
+    if backward:
+        loss.backward()
+    for p in tr.params:
+        if p.grad is None:
+            p.grad = torch.zeros_like(p)
+    loss_ok = bool(torch.isfinite(loss.detach()))
+    # one fused max-abs over all gradients: NaN and Inf both make it non-finite
+    grads_ok = bool(torch.isfinite(torch.nn.utils.get_total_norm([p.grad for p in tr.params], float("inf"))))
+    # [global loss, ranks asked to stop, per rank: loss non-finite, per rank: gradient non-finite]
+    n = tr.size
+    flags = torch.zeros(2 + 2 * n, dtype=loss.dtype, device=loss.device)
+    flags[0] = loss.detach()
+    flags[1] = float(tr.stop.requested)
+    flags[2 + tr.rank] = float(not loss_ok)
+    flags[2 + n + tr.rank] = float(not grads_ok)
+    if n > 1:
+        tr.comm.allreduce_bucketed_(([] if tr.pipeline else [p.grad for p in tr.params]) + [flags])
+    flags = flags.cpu()
+    tr._stop_agreed = bool(flags[1] > 0)
+    bad_loss = [r for r in range(n) if flags[2 + r] != 0]
+    bad_grad = [r for r in range(n) if flags[2 + n + r] != 0]
+    if bad_loss or bad_grad:
+        # a NaN born on one rank reaches the others' gradients through the halo exchange: name its source
+        what, ranks = ("loss", bad_loss) if bad_loss else ("gradient", bad_grad)
+        what = (f"non-finite {what} in {where}epoch {epoch} on rank{'s' if len(ranks) > 1 else ''} "
+                f"{', '.join(map(str, ranks))}")
+        if tr.config.train.on_nonfinite == "stop":
+            raise agreed(NonFiniteLossError(f"{what} (train.on_nonfinite: stop; try a lower optim.lr)"))
+        log.warning("%s: optimiser step skipped on every rank (train.on_nonfinite: skip)", what)
+        return float(flags[0]), False
+    tr.optimizer.step()
+    return float(flags[0]), True
+
+
+__all__ = ["LOOPS", "NonFiniteLossError", "apply_gradients", "full_epoch", "pipeline_epoch", "sampled_epoch"]
