@@ -78,15 +78,19 @@ def run(args: argparse.Namespace) -> int:
         raise CLIError(f"--ranks: must be >= 1, got {args.ranks}")
     if args.epochs < 1:
         raise CLIError(f"--epochs: must be >= 1, got {args.epochs}")
-    if args.engine == "single" and args.ranks != 1:
-        raise CLIError("--engine single runs on one rank: add --ranks 1")
+    from hpc_graph.engines import engine_class
+
+    cls = engine_class(args.engine)
+    if cls.max_ranks is not None and args.ranks > cls.max_ranks:
+        raise CLIError(f"--engine {args.engine} runs on at most {cls.max_ranks} rank(s): add --ranks {cls.max_ranks}")
+    whole = cls.data_source == "file"  # the engine reads the dataset file itself: no partitioning
     work = Path(args.workdir)
     work.mkdir(parents=True, exist_ok=True)
     graph, parts, run_dir = work / "graph.h5", work / f"parts-{args.ranks}", work / "run"
     force = ["--force"] if args.force else []
 
     _step("generate", ["generate", "csbm", "-o", str(graph), "--num-nodes", str(args.nodes), *force])
-    if args.engine != "single":
+    if not whole:
         _step("partition", ["partition", str(graph), "-o", str(parts), "--num-parts", str(args.ranks),
                             "--method", "metis", *force])
         _step("check", ["check", str(parts)])
@@ -94,7 +98,7 @@ def run(args: argparse.Namespace) -> int:
         return 0
 
     config = work / "demo.yaml"
-    config.write_text(_CONFIG.format(parts=graph if args.engine == "single" else parts, engine=args.engine,
+    config.write_text(_CONFIG.format(parts=graph if whole else parts, engine=args.engine,
                                      model=args.model, epochs=args.epochs, run_dir=run_dir))
     cmd = [sys.executable, "-m", "hpc_graph.cli", "train", "--config", str(config)]
     if args.ranks > 1:

@@ -88,6 +88,10 @@ class ModelSpec:
             engines ``dp``, ``sar``, ``sylvie``) with the given ``model`` config section, or None when it can;
             None (the attribute) for a model that never can.
         node_classifier: classifies nodes from features (LM co-training feeds such models).
+        build: for a model registered from outside (:func:`register_model`): ``build(in_dim, out_dim, mc)``
+            returns the module (``forward(graph, x)``), ``mc`` being the config's ``model`` section; None for
+            the built-in models (:func:`build_model`).
+        layers: for such a model, its message-passing layers under ``mc`` (default ``mc.num_layers``).
     """
 
     name: str
@@ -98,10 +102,14 @@ class ModelSpec:
     affine_input: bool = False
     partition_problem: Callable[[Any], str | None] | None = None
     node_classifier: bool = True
+    build: Callable[..., nn.Module] | None = None
+    layers: Callable[[Any], int] | None = None
 
     def message_passing_layers(self, mc: Any) -> int:
         """Message-passing layers (blocks of a sampled mini-batch) of this model under the ``model`` section
         ``mc``."""
+        if self.layers is not None:
+            return int(self.layers(mc))
         return message_passing_layers(self.name, mc.num_layers, getattr(mc, "hops", None))
 
 
@@ -120,6 +128,77 @@ _SPECS = [
 #: every model :func:`build_model` builds, by name (``model.name``)
 MODEL_SPECS: dict[str, ModelSpec] = {s.name: s for s in _SPECS}
 MODELS = tuple(MODEL_SPECS)
+ENTRY_POINT_GROUP = "hpc_graph.models"
+_BUILTIN_MODELS = frozenset(MODELS)
+_discovered = False
+
+
+def register_model(spec: ModelSpec) -> ModelSpec:
+    """Add a model to the registry under ``spec.name``: ``spec.build(in_dim, out_dim, mc)`` makes it (a module
+    whose ``forward(graph, x)`` asks ``graph`` to aggregate, as the built-in layers do), its other fields say what
+    it can do (the engines ask them). Replaces an earlier registration of the name; a built-in model cannot be
+    replaced (``ValueError``). Packages register theirs through the ``hpc_graph.models`` entry-point group (the
+    entry point's object is a ModelSpec)."""
+    global MODELS
+    if not isinstance(spec, ModelSpec) or spec.build is None:
+        raise ValueError(f"register_model: a ModelSpec with a build function is needed, got {spec!r}")
+    if spec.name in _BUILTIN_MODELS:
+        raise ValueError(f"register_model: {spec.name!r} is a built-in model name")
+    MODEL_SPECS[spec.name] = spec
+    MODELS = tuple(MODEL_SPECS)
+    return spec
+
+
+def unregister_model(name: str) -> None:
+    """Forget a model registered with :func:`register_model` (no-op for an unknown or built-in one)."""
+    global MODELS
+    if name not in _BUILTIN_MODELS:
+        MODEL_SPECS.pop(name, None)
+        MODELS = tuple(MODEL_SPECS)
+
+
+def discover_models() -> tuple[str, ...]:
+    """Register the models of the ``hpc_graph.models`` entry points (once); every model's name."""
+    global _discovered
+    if not _discovered:
+        _discovered = True
+        from importlib.metadata import entry_points
+
+        for ep in entry_points(group=ENTRY_POINT_GROUP):
+            try:
+                spec = ep.load()
+                if spec.name != ep.name:
+                    raise ValueError(f"its ModelSpec is named {spec.name!r}")
+                if spec.name not in _BUILTIN_MODELS:
+                    register_model(spec)
+            except Exception as exc:  # noqa: BLE001 - one broken plug-in must not stop the others
+                log.warning("models: entry point %s:%s (%s) not loaded: %s", ENTRY_POINT_GROUP, ep.name, ep.value,
+                            exc)
+    return MODELS
+
+
+def model_names() -> tuple[str, ...]:
+    """Every model ``model.name`` may name: the built-in ones, then the registered and entry-point ones."""
+    return discover_models()
+
+
+def build_from_config(mc: Any, in_dim: int, out_dim: int, *, num_relations: int = 1,
+                      graph_level: bool = False) -> nn.Module:
+    """The model of a config's ``model`` section ``mc`` for ``in_dim`` input features and ``out_dim`` classes:
+    a registered model's own ``build``, else :func:`build_model` with the section's fields."""
+    spec = model_spec(mc.name)
+    if spec.build is not None:
+        if graph_level:
+            return GraphReadout(spec.build(in_dim, out_dim, mc))
+        return spec.build(in_dim, out_dim, mc)
+    return build_model(mc.name, in_dim, mc.hidden, out_dim, num_layers=mc.num_layers, dropout=mc.dropout,
+                       heads=mc.heads, out_heads=mc.out_heads, attn_dropout=mc.attn_dropout, residual=mc.residual,
+                       batchnorm=mc.batchnorm, alpha=mc.alpha, theta=mc.theta, hops=mc.hops, jk=mc.jk, conv=mc.conv,
+                       num_bases=mc.num_bases, groups=mc.groups, reversible=mc.reversible,
+                       num_relations=num_relations, attention=mc.attention, dense_every=mc.dense_every,
+                       dense_layers=tuple(mc.dense_layers), far_prior=mc.far_prior, pe_dim=mc.pe_dim,
+                       global_token=mc.global_token, max_degree=mc.max_degree, max_spd=mc.max_spd,
+                       graph_level=graph_level)
 
 
 def models_with(trait: str) -> tuple[str, ...]:
@@ -129,6 +208,8 @@ def models_with(trait: str) -> tuple[str, ...]:
 
 def model_spec(name: str) -> ModelSpec:
     """The :class:`ModelSpec` of ``model.name`` ``name`` (``ValueError`` naming the choices otherwise)."""
+    if name not in MODEL_SPECS:
+        discover_models()
     try:
         return MODEL_SPECS[name]
     except (KeyError, TypeError):
@@ -187,8 +268,8 @@ class GNN(nn.Module):
                  dropout: float = 0.5, heads: int = 8, out_heads: int = 1, attn_dropout: float = 0.0,
                  residual: bool = False, batchnorm: bool = False):
         super().__init__()
-        if name not in MODELS:
-            raise ValueError(f"model.name: unknown model {name!r}; choose one of {list(MODELS)}")
+        if name not in STACK_MODELS:
+            raise ValueError(f"model.name: GNN stacks {', '.join(STACK_MODELS)}, not {name!r}")
         for field, value in (("in_dim", in_dim), ("hidden", hidden), ("out_dim", out_dim),
                              ("num_layers", num_layers), ("heads", heads), ("out_heads", out_heads)):
             if int(value) < 1:
@@ -318,7 +399,7 @@ def build_model(name: str, in_dim: int, hidden: int, out_dim: int, num_layers: i
         ValueError naming ``model.<field>``: an unknown model, a bad value, or an option set (to a
         value other than its default) for a model that does not use it.
     """
-    if name not in MODELS:
+    if name not in _BUILTIN_MODELS:
         raise ValueError(f"model.name: unknown model {name!r}; choose one of {list(MODELS)}")
     given = {"alpha": alpha, "theta": theta, "hops": hops, "jk": jk, "conv": conv, "num_bases": num_bases,
              "groups": groups, "reversible": reversible, "attention": attention, "dense_every": dense_every,

@@ -32,7 +32,7 @@ import numpy as np
 import torch
 
 from hpc_graph.ops._kernel_args import empty
-from hpc_graph.ops.quant import (FULL_BITS, QUANT_BITS, EncodeStats, MessageLayout, decode, encode,
+from hpc_graph.ops.quant import (EncodeStats, MessageLayout, decode, encode,
                                  message_layout, row_ranges)
 
 _MASK64 = (1 << 64) - 1

@@ -48,7 +48,6 @@ rank's. See docs/plan.md for the assumptions and the accuracy measured against r
 from __future__ import annotations
 
 import dataclasses
-import json
 import logging
 import math
 import os

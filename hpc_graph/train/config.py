@@ -395,7 +395,8 @@ def _check(where: str, value: Any, spec: dict) -> Any:
             from hpc_graph.engines import engine_names
             choices = ("auto",) + engine_names()
         else:
-            from hpc_graph.nn.models import MODELS as choices
+            from hpc_graph.nn.models import discover_models
+            choices = discover_models()
         return _check_value(where, value, {"kind": "choice", "choices": choices})
     return _check_value(where, value, spec)
 

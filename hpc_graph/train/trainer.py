@@ -83,7 +83,8 @@ from hpc_graph.comm.malloc import malloc_policy
 from hpc_graph.engines import create_engine
 from hpc_graph.engines.base import Engine
 from hpc_graph.graph.dist_graph import row_normalize
-from hpc_graph.nn import build_model, optim
+from hpc_graph.nn import optim
+from hpc_graph.nn.models import build_from_config
 from hpc_graph.train import checkpoint as ckpt
 from hpc_graph.train.config import Config, ConfigError, config_to_dict, validate_config
 from hpc_graph.train.faults import DEBUG_FAIL_ENV  # noqa: F401 - documented here, re-exported
@@ -203,17 +204,8 @@ class Trainer:
         in_dim = self.engine.num_features + (self.engine.num_classes if self.label_aug is not None else 0)
         if self.cotrain is not None:
             in_dim += self.cotrain.extra_dim
-        self.model = build_model(mc.name, in_dim, mc.hidden, self.engine.num_classes,
-                                 num_layers=mc.num_layers, dropout=mc.dropout, heads=mc.heads,
-                                 out_heads=mc.out_heads, attn_dropout=mc.attn_dropout, residual=mc.residual,
-                                 batchnorm=mc.batchnorm, alpha=mc.alpha, theta=mc.theta, hops=mc.hops, jk=mc.jk,
-                                 conv=mc.conv, num_bases=mc.num_bases, groups=mc.groups, reversible=mc.reversible,
-                                 num_relations=self.graph.num_relations, attention=mc.attention,
-                                 dense_every=mc.dense_every, dense_layers=tuple(mc.dense_layers),
-                                 far_prior=mc.far_prior, pe_dim=mc.pe_dim,
-                                 global_token=mc.global_token, max_degree=mc.max_degree, max_spd=mc.max_spd,
-                                 graph_level=self.graph.num_graphs > 0,
-                                 ).to(device=self.device, dtype=self.dtype)
+        self.model = build_from_config(mc, in_dim, self.engine.num_classes, num_relations=self.graph.num_relations,
+                                       graph_level=self.graph.num_graphs > 0).to(device=self.device, dtype=self.dtype)
         if self.size > 1:
             for t in self.model.state_dict().values():
                 comm.bcast(t, 0)
