@@ -51,7 +51,7 @@ def transpose_csr(g: CSR) -> CSR:
     (the edge permutation is dropped unless there are weights to permute: the
     transpose of an unweighted block costs 8 bytes per edge, not 16).
     """
-    if g.device.type != "cpu":
+    if g.device.type != "cpu":  # a GPU, or the meta device (sizes only)
         indptr_t, indices_t, perm = g.csc()
     else:
         from numba_kernels.cpu._transpose import csr_transpose

@@ -6,25 +6,52 @@ synchronisation), and a CUDA twin returned by :func:`get_kernel` launches on
 ``torch.cuda.current_stream()`` of the tensor's device, so numba kernels are
 ordered with the torch work around them on any stream a caller picks
 (``with torch.cuda.stream(s): ...``), never on numba's default stream.
+
+On the ``meta`` device (tensors with shapes and no data: the planner runs the real training step on them, see
+:mod:`hpc_graph.plan`) a tensor becomes a :class:`~numba_kernels.work.ShapeArray` and a kernel its shape twin
+(:func:`numba_kernels.work.shape_kernel`), which computes nothing and reports the work it stands for to the
+hook set with :func:`set_work_hook`.
 """
 from __future__ import annotations
 
 import functools
+from typing import Callable
 
 import torch
 
 from numba_kernels import get_kernel as _twin
 
 
+_work_hook: Callable[[tuple], None] | None = None
+
+
+def set_work_hook(hook: Callable[[tuple], None] | None) -> Callable[[tuple], None] | None:
+    """Send the work records of the shape twins (``("spmm", edges, width)``, ...) to ``hook`` (None: drop them);
+    returns the hook set before."""
+    global _work_hook
+    previous, _work_hook = _work_hook, hook
+    return previous
+
+
+def _report(record: tuple) -> None:
+    if _work_hook is not None:
+        _work_hook(record)
+
+
 def kernel_device(t: torch.Tensor) -> str:
-    """``"cuda"`` or ``"cpu"``: which kernel twin handles tensor ``t``."""
-    return "cuda" if t.is_cuda else "cpu"
+    """``"cuda"``, ``"cpu"`` or ``"meta"``: which kernel twin handles tensor ``t``."""
+    return "cuda" if t.is_cuda else "meta" if t.is_meta else "cpu"
 
 
 def as_array(t: torch.Tensor | None):
-    """View ``t`` (detached, made contiguous if needed) as a NumPy or numba CUDA array; ``None`` passes through."""
+    """View ``t`` (detached, made contiguous if needed) as a NumPy or numba CUDA array (a
+    :class:`~numba_kernels.work.ShapeArray` on the ``meta`` device); ``None`` passes through."""
     if t is None:
         return None
+    if t.is_meta:
+        from numba_kernels.work import ShapeArray
+
+        return ShapeArray(tuple(t.shape), str(t.dtype).replace("torch.", ""))
     t = t.detach()
     if not t.is_contiguous():
         t = t.contiguous()
@@ -84,4 +111,8 @@ def get_kernel(name: str, device="cpu"):
     kind = device.type if isinstance(device, torch.device) else str(device)
     if kind.startswith("cuda"):
         return _cuda_twin(name)
+    if kind == "meta":
+        from numba_kernels.work import shape_kernel
+
+        return shape_kernel(name, _report)
     return _twin(name, "cpu")

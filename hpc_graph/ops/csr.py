@@ -52,6 +52,26 @@ class CSR:
         if validate:
             self.validate()
 
+    @classmethod
+    def of_shape(cls, num_dst: int, num_src: int | None = None, num_edges: int = 0, *, symmetric: bool = False,
+                 index_dtype: torch.dtype | None = None) -> "CSR":
+        """A CSR with sizes and no data, on the ``meta`` device (what the planner runs the ops on): ``num_dst``
+        rows over ``num_src`` columns, ``num_edges`` stored edges, int32 column indices where the ids fit.
+        ``symmetric``: the graph equals its transpose (an undirected graph in ascending row order), which the
+        data would tell (:meth:`is_symmetric`)."""
+        num_src = int(num_dst if num_src is None else num_src)
+        if index_dtype is None:
+            index_dtype = torch.int32 if num_src < 2**31 else torch.int64
+        g = cls(torch.empty(int(num_dst) + 1, dtype=torch.int64, device="meta"),
+                torch.empty(int(num_edges), dtype=index_dtype, device="meta"), num_src, validate=False)
+        g._cache["symmetric"] = bool(symmetric) and g.num_src == g.num_dst
+        return g
+
+    @property
+    def is_shape_only(self) -> bool:
+        """Sizes without data (:meth:`of_shape`)."""
+        return self.indptr.is_meta
+
     @property
     def num_edges(self) -> int:
         return int(self.indices.shape[0])
@@ -62,6 +82,8 @@ class CSR:
 
     def validate(self) -> None:
         """Raise ``ValueError`` naming the field when the structure is inconsistent."""
+        if self.is_shape_only:
+            return
         if self.indptr.dim() != 1 or self.indptr.shape[0] < 1:
             raise ValueError(f"CSR.indptr: expected a 1-D tensor of length num_dst+1, got {tuple(self.indptr.shape)}")
         if self.indices.dim() != 1:
@@ -91,6 +113,15 @@ class CSR:
         edge for as long as the graph lives. A later ``csc()`` builds it then.
         """
         if self._csc is not None and (not perm or self._csc[2] is not None):
+            return self._csc
+        if self.is_shape_only:
+            p = torch.empty(self.num_edges, dtype=torch.int64, device="meta") if perm else None
+            if self.is_symmetric():
+                self._csc = (self.indptr, self.indices, p)
+            else:
+                idx = self.indices.dtype if self.num_dst < 2**31 else torch.int64
+                self._csc = (torch.empty(self.num_src + 1, dtype=torch.int64, device="meta"),
+                             torch.empty(self.num_edges, dtype=idx, device="meta"), p)
             return self._csc
         if self.device.type == "cpu":
             # numba counting sort: several times faster than a torch sort on large graphs
@@ -140,6 +171,9 @@ class CSR:
         """This CSR with an edge ``i -> i`` appended after the in-edges of every row ``i`` (the first
         ``num_dst`` columns are the rows' own nodes: a whole graph, or a block whose destinations come first
         among its sources); built once and cached."""
+        if "self_loops" not in self._cache and self.is_shape_only:
+            self._cache["self_loops"] = CSR.of_shape(self.num_dst, self.num_src, self.num_edges + self.num_dst,
+                                                     index_dtype=self.indices.dtype)
         if "self_loops" not in self._cache:
             n, dev = self.num_dst, self.device
             ar = torch.arange(n + 1, device=dev)

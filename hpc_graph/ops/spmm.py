@@ -48,7 +48,7 @@ def _sum_kernel(indptr, indices, eids, w_arr, scale, x_arr, out_arr, mean: bool,
     The blocked order (``column_blocks``) is built once per graph and direction (``cache[key]``).
     ``epilogue``: the kernels' ``(row_scale, self_x, self_scale, bias)`` arrays, or None.
     """
-    nb = _num_blocks(num_src, x_arr.strides[0]) if device.type == "cpu" else 0
+    nb = _num_blocks(num_src, x_arr.strides[0]) if device.type in ("cpu", "meta") else 0  # meta: a CPU run
     if nb < 2:
         get_kernel("spmm.spmm_sum", device.type)(indptr, indices, eids, w_arr, scale, x_arr, out_arr, mean,
                                                  epilogue)
