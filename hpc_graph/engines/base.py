@@ -200,6 +200,16 @@ class Engine(ABC):
         there. Called before anything is loaded. Default: nothing."""
 
     @classmethod
+    def plan_graph(cls, graph: Any, rank: Any, ranks: int, comm: Any, dtype: torch.dtype,
+                   options: dict[str, Any]) -> GraphContext | None:
+        """The graph context rank ``rank`` of a ``ranks``-rank job would hold, built from sizes alone on the
+        ``meta`` device, for the planner to run the training step on (:mod:`hpc_graph.plan.rank`): ``graph``
+        describes the whole graph (``nodes``, ``edges``, ``directed``, ...), ``rank`` what this rank holds
+        (``rank``, ``owned``, ``edges``, ``local_edges``, ``halo_from``, ``send_to``, ``train``); ``comm``
+        counts the messages. None (the default): this engine cannot be planned."""
+        return None
+
+    @classmethod
     def for_source(cls, source: str | None) -> type["Engine"]:
         """The class that runs on ``source`` (a dataset file or partition directory): this one, or a variant
         (``dp`` on a graph-level dataset file trains data parallel over batches of graphs)."""
@@ -248,6 +258,16 @@ class Engine(ABC):
 
     def check_model(self, model: torch.nn.Module) -> None:
         """Raise ``ValueError`` if this engine cannot run ``model`` (every rank decides the same). Default: nothing."""
+
+    @staticmethod
+    def _shape_partition(graph: Any, rank: Any, ranks: int, dtype: torch.dtype) -> Any:
+        """The :class:`~hpc_graph.graph.dist_graph.DistGraph` of ``rank`` with sizes and no data (planning)."""
+        from hpc_graph.graph.dist_graph import DistGraph
+
+        return DistGraph.of_shape(part_id=rank.rank, num_parts=ranks, owned=rank.owned, edges=rank.edges,
+                                  local_edges=rank.local_edges, halo_from=rank.halo_from, send_to=rank.send_to,
+                                  global_num_nodes=graph.nodes, directed=graph.directed, dtype=dtype,
+                                  edges_from=tuple(getattr(rank, "edges_from", ()) or ()))
 
     def _check_attention_pattern(self, model: torch.nn.Module) -> None:
         """For the engines holding part of the graph (``graph.dg``): a graph transformer's sparse attention

@@ -51,6 +51,11 @@ class DPEngine(Engine):
     def model_problem(cls, model: Any, mc: Any) -> str | None:
         return partition_model_problem(model, mc)
 
+    @classmethod
+    def plan_graph(cls, graph: Any, rank: Any, ranks: int, comm: Any, dtype: torch.dtype,
+                   options: dict[str, Any]) -> HaloGraph:
+        return HaloGraph(cls._shape_partition(graph, rank, ranks, dtype), comm)
+
     def __init__(self, source: str, comm: Any, device: torch.device, dtype: torch.dtype,
                  options: dict[str, Any] | None = None):
         super().__init__(source, comm, device, dtype, options)

@@ -118,6 +118,13 @@ class SAREngine(Engine):
     def model_problem(cls, model: Any, mc: Any) -> str | None:
         return partition_model_problem(model, mc)
 
+    @classmethod
+    def plan_graph(cls, graph: Any, rank: Any, ranks: int, comm: Any, dtype: torch.dtype,
+                   options: dict[str, Any]) -> GraphContext:
+        dg = cls._shape_partition(graph, rank, ranks, dtype)
+        dg.release_local()  # SAR works on the per-partition blocks only, as the engine does when it loads
+        return _SARGraph(dg, comm, bool(options.get("prefetch", True)))
+
     def __init__(self, source: str, comm: Any, device: torch.device, dtype: torch.dtype,
                  options: dict[str, Any] | None = None):
         super().__init__(source, comm, device, dtype, options)

@@ -62,6 +62,17 @@ class SingleEngine(Engine):
     def for_source(cls, source: str | None) -> type[Engine]:
         return GraphLevelSingleEngine if cls is SingleEngine and is_graph_level(source) else cls
 
+    @classmethod
+    def plan_graph(cls, graph: Any, rank: Any, ranks: int, comm: Any, dtype: torch.dtype,
+                   options: dict[str, Any]) -> WholeGraph:
+        from hpc_graph.graph.attention_pattern import engine_attention_options
+
+        opts = cls.parse_options({k: v for k, v in options.items() if k not in ("seed", "feature_norm")})
+        g = WholeGraph(CSR.of_shape(graph.nodes, graph.nodes, graph.edges, symmetric=not graph.directed),
+                       None, opts.sequence_order)
+        g.clusters, g.chain = engine_attention_options(dataclasses.asdict(opts))
+        return g
+
     def __init__(self, source: str, comm: Any, device: torch.device, dtype: torch.dtype,
                  options: dict[str, Any] | None = None):
         super().__init__(source, comm, device, dtype, options)

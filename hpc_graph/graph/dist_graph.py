@@ -51,7 +51,12 @@ def transpose_csr(g: CSR) -> CSR:
     (the edge permutation is dropped unless there are weights to permute: the
     transpose of an unweighted block costs 8 bytes per edge, not 16).
     """
-    if g.device.type != "cpu":  # a GPU, or the meta device (sizes only)
+    if g.is_shape_only:  # sizes only: what the CPU path below allocates
+        perm = torch.empty(g.num_edges, dtype=torch.int64, device="meta") if g.edge_weight is not None else None
+        out = CSR.of_shape(g.num_src, g.num_dst, g.num_edges, index_dtype=g.indices.dtype)
+        out.edge_weight = None if perm is None else g.edge_weight.new_empty(g.num_edges)
+        return out
+    if g.device.type != "cpu":
         indptr_t, indices_t, perm = g.csc()
     else:
         from numba_kernels.cpu._transpose import csr_transpose
@@ -171,6 +176,59 @@ class DistGraph:
                    edge_weight=part.edge_weight, global_num_nodes=part.global_num_nodes or None,
                    orig_id=part.orig_id, edge_type=part.edge_type, device=device, dtype=dtype)
 
+    @classmethod
+    def of_shape(cls, *, part_id: int, num_parts: int, owned: int, edges: int, local_edges: int,
+                 halo_from: tuple[int, ...], send_to: tuple[int, ...], global_num_nodes: int,
+                 directed: bool = False, dtype: torch.dtype = torch.float32,
+                 edges_from: tuple[int, ...] = ()) -> "DistGraph":
+        """A partition with sizes and no data, on the ``meta`` device (what the planner runs the engines on):
+        ``owned`` nodes with ``edges`` in-edges, ``local_edges`` of them from owned sources; ``halo_from[q]`` halo
+        rows owned by part ``q``, ``send_to[q]`` rows sent to part ``q``; ``edges_from[q]``: the in-edges from part
+        ``q``'s nodes (the SAR blocks' sizes; when not given, the remote edges are shared out in proportion to each
+        peer's halo rows). ``directed``: the graph is not its own transpose."""
+        dg = cls.__new__(cls)
+        meta = torch.device("meta")
+        P, p, n = int(num_parts), int(part_id), int(owned)
+        halo_from = tuple(int(c) for c in halo_from) + (0,) * (P - len(halo_from))
+        halo_from = tuple(0 if q == p else c for q, c in enumerate(halo_from[:P]))
+        h = sum(halo_from)
+        dg.part_id, dg.num_parts, dg.device, dg.dtype = p, P, meta, dtype
+        share = -(-int(global_num_nodes) // max(P, 1))
+        dg.node_ranges = np.minimum(np.arange(P + 1, dtype=np.int64) * share, int(global_num_nodes))
+        dg.node_ranges[p + 1] = dg.node_ranges[p] + n
+        dg.halo_offsets = np.concatenate(([0], np.cumsum(halo_from))).astype(np.int64)
+        dg.num_owned, dg.num_halo = n, h
+        dg.first_gid = int(dg.node_ranges[p])
+        dg.global_num_nodes = int(global_num_nodes)
+        dg.book = PartitionBook(dg.node_ranges)
+        dg.local = CSR.of_shape(n, n + h, int(edges), symmetric=(not directed and h == 0 and P == 1))
+        dg.in_degree = dg.local.in_degree()
+        ids = lambda k: torch.empty(k, dtype=torch.int64, device=meta)  # noqa: E731
+        dg.gid, dg.halo_gid = ids(n), ids(h)
+        dg.local_gid = torch.cat([dg.gid, dg.halo_gid])
+        dg.orig_id = ids(n) if P > 1 else dg.gid
+        dg.halo_orig_id = ids(h)
+        dg.local_orig_id = torch.cat([dg.orig_id, dg.halo_orig_id])
+        dg.edge_type, dg.num_relations = None, 1
+        dg._directed = bool(directed)
+        dg._block_types, dg._relational, dg._blocks, dg._blocks_t = {}, None, None, {}
+        dg.send_lid = {q: ids(int(c)) for q, c in enumerate(tuple(send_to)[:P]) if int(c) > 0 and q != p}
+        dg.recv_count = {q: c for q, c in enumerate(halo_from) if c > 0}
+        dg._identity = None
+        remote = max(int(edges) - int(local_edges), 0)
+        if len(edges_from) == P:
+            dg._shape_block_edges = {q: int(edges_from[q]) for q in range(P) if q == p or halo_from[q] > 0}
+        else:
+            dg._shape_block_edges = {q: (int(local_edges) if q == p else
+                                         int(round(remote * halo_from[q] / h)) if h else 0)
+                                     for q in range(P) if q == p or halo_from[q] > 0}
+        return dg
+
+    @property
+    def is_shape_only(self) -> bool:
+        """Sizes without data (:meth:`of_shape`)."""
+        return self.device.type == "meta"
+
     def fetch_halo_orig_ids(self, comm: Any) -> None:
         """Fill ``halo_orig_id`` (and ``local_orig_id``) with the halo nodes' source-dataset ids.
 
@@ -198,6 +256,12 @@ class DistGraph:
         return self._blocks
 
     def _split_blocks(self) -> dict[int, CSR]:
+        if self.is_shape_only:
+            counts = np.diff(self.halo_offsets)
+            n, p = self.num_owned, self.part_id
+            # the block of the owned sources is square; on an undirected graph it is its own transpose
+            return {q: CSR.of_shape(n, n if q == p else int(counts[q]), e, symmetric=q == p and not self._directed)
+                    for q, e in self._shape_block_edges.items()}
         # One pass per block over the edges with a boolean mask: a block's row pointer is the
         # running count of its edges sampled at the row boundaries, so edges keep their order
         # in ``local`` and no E-sized sort or destination array is needed (transient ~10 B/edge).
@@ -295,6 +359,8 @@ class DistGraph:
             n = self.num_owned
             self._identity = CSR(torch.arange(n + 1, device=self.device),
                                  torch.arange(n, device=self.device), n, validate=False)
+            if self.is_shape_only:
+                self._identity._cache["symmetric"] = True  # what the data would tell
         return self._identity
 
     def local_self_loops(self) -> CSR:

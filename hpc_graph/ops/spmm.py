@@ -56,9 +56,9 @@ def _sum_kernel(indptr, indices, eids, w_arr, scale, x_arr, out_arr, mean: bool,
     weighted = w_arr.shape[0] > 0
     ck = ("spmm.blocked", key, nb, weighted)
     if ck not in cache:
-        cache[ck] = get_kernel("spmm.column_blocks")(indptr, indices, eids, num_src, nb, with_eids=weighted)
+        cache[ck] = get_kernel("spmm.column_blocks", device)(indptr, indices, eids, num_src, nb, with_eids=weighted)
     bptr, bidx, beid = cache[ck]
-    get_kernel("spmm.spmm_sum_blocked")(indptr, bptr, bidx, beid, nb, w_arr, scale, x_arr, out_arr, mean,
+    get_kernel("spmm.spmm_sum_blocked", device)(indptr, bptr, bidx, beid, nb, w_arr, scale, x_arr, out_arr, mean,
                                         epilogue)
 
 

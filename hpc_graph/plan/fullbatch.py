@@ -121,6 +121,7 @@ class RankShape:
     halo_from: tuple[int, ...]
     send_to: tuple[int, ...]
     boundary: int = -1
+    edges_from: tuple[int, ...] = ()  # in-edges whose source part q owns, per q (empty: unknown)
 
     @property
     def boundary_rows(self) -> int:

@@ -68,8 +68,9 @@ class StepTracker(TorchDispatchMode):
     """Live bytes by component with their high-water mark, and work by phase, of shape-only tensors (module
     docstring). Use as a context manager around the work; nest :meth:`component`, :meth:`phase` and :meth:`at`."""
 
-    def __init__(self) -> None:
+    def __init__(self, device: str = "meta") -> None:
         super().__init__()
+        self.device = device  # the tensors followed: "meta" (a plan), or "cpu" (a real step, to check a plan)
         self.live: dict[str, int] = {c: 0 for c in COMPONENTS}
         self.peak = 0
         self.peak_parts: dict[str, int] = dict(self.live)
@@ -126,7 +127,8 @@ class StepTracker(TorchDispatchMode):
 
     def adopt(self, t: torch.Tensor, component: str | None = None) -> None:
         """Count tensor ``t`` (made before tracking began, e.g. parameters) under ``component``."""
-        if not isinstance(t, torch.Tensor) or not t.is_meta:
+        if not isinstance(t, torch.Tensor) or t.device.type != self.device or t.is_sparse or \
+                t.layout != torch.strided:
             return
         storage = t.untyped_storage()
         key = storage._cdata
@@ -145,7 +147,7 @@ class StepTracker(TorchDispatchMode):
 
     def relabel(self, t: torch.Tensor, component: str) -> None:
         """Move tensor ``t``'s bytes to ``component`` (parameter gradients once the step made them)."""
-        if not isinstance(t, torch.Tensor) or not t.is_meta:
+        if not isinstance(t, torch.Tensor) or t.device.type != self.device:
             return
         key = t.untyped_storage()._cdata
         entry = self._storages.get(key)
@@ -156,6 +158,15 @@ class StepTracker(TorchDispatchMode):
         self.live[old] -= nbytes
         self.live[component] += nbytes
         self._storages[key] = (ref, nbytes, component)
+
+    def relabel_all(self, old: str, new: str) -> None:
+        """Move everything live under component ``old`` to ``new`` (what a first step built and keeps: caches)."""
+        for table in (self._storages, self._arrays):
+            for key, (ref, nbytes, comp) in list(table.items()):
+                if comp == old:
+                    table[key] = (ref, nbytes, new)
+                    self.live[old] -= nbytes
+                    self.live[new] += nbytes
 
     def array(self, a: Any) -> None:
         """Count a kernel's returned :class:`~numba_kernels.work.ShapeArray` until it is collected."""

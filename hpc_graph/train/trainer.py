@@ -114,6 +114,24 @@ def to_layout(x: torch.Tensor, layout: str, max_density: float = SPARSE_MAX_DENS
         return x.to_sparse_csr()
 
 
+def trainer_inputs(feat: torch.Tensor, label: torch.Tensor, masks: dict[str, torch.Tensor], feature_norm: str,
+                   feature_layout: str, train_rows: int | None = None
+                   ) -> tuple[torch.Tensor, torch.Tensor, dict[str, torch.Tensor], torch.Tensor]:
+    """What the trainer trains on, from an engine's ``feat``, ``label`` and ``masks``: the input features
+    (divided by their row sums with ``feature_norm: row``, a new tensor; sparse CSR per ``feature_layout``), the
+    labels, the masks restricted to labelled rows, and the training rows' ids. On tensors without data (the
+    planner) ``train_rows`` gives the number of training rows."""
+    if feature_norm == "row":
+        feat = row_normalize(feat)
+    x = feat if feat.is_meta else to_layout(feat, feature_layout)
+    masks = {k: masks[k] & (label >= 0) for k in _SPLITS}
+    if feat.is_meta:
+        train_idx = torch.empty(int(train_rows or 0), dtype=torch.int64, device="meta")
+    else:
+        train_idx = masks["train"].nonzero().squeeze(1)
+    return x, label, masks, train_idx
+
+
 def engine_options_from_config(config: Any, engine_name: str) -> dict[str, Any]:
     """The options engine ``engine_name`` takes from a config (:meth:`Engine.options_from_config
     <hpc_graph.engines.base.Engine.options_from_config>`)."""
@@ -179,13 +197,9 @@ class Trainer:
         self.engine: Engine = create_engine(self.engine_name, config.data.path, comm, self.device, self.dtype,
                                             engine_options)
         self.graph = self.engine.graph
-        feat = self.engine.feat
-        if config.data.feature_norm == "row":
-            feat = row_normalize(feat)
-        self.feat = to_layout(feat, config.data.feature_layout)
-        self.label = self.engine.label
-        self.masks = {k: self.engine.masks[k] & (self.label >= 0) for k in _SPLITS}
-        self.train_idx = self.masks["train"].nonzero().squeeze(1)
+        self.feat, self.label, self.masks, self.train_idx = trainer_inputs(
+            self.engine.feat, self.engine.label, self.engine.masks, config.data.feature_norm,
+            config.data.feature_layout)
         rc = config.recipes
         self.label_aug: LabelAugmentation | None = None
         if rc.label_aug > 0:
