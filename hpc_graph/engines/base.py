@@ -210,6 +210,23 @@ class Engine(ABC):
         return None
 
     @classmethod
+    def plan_instance(cls, graph: Any, rank: Any, ranks: int, comm: Any, dtype: torch.dtype,
+                      options: dict[str, Any]) -> "Engine | None":
+        """This engine as rank ``rank`` would hold it, built from sizes alone (arguments as :meth:`plan_graph`):
+        what the planner runs the trainer's step on (its ``graph``, and the hooks the trainer calls:
+        :meth:`begin_epoch`, :meth:`end_epoch`, :meth:`evaluation`). Default: an engine around
+        :meth:`plan_graph`'s context (None if that is None); the planner adds the rank's features, labels and
+        masks. An engine whose context needs more of its own state overrides this."""
+        ctx = cls.plan_graph(graph, rank, ranks, comm, dtype, options)
+        if ctx is None:
+            return None
+        eng = cls.__new__(cls)
+        Engine.__init__(eng, f"<{cls.name}: sizes only>", comm, torch.device("meta"), dtype, options)
+        eng.graph = ctx
+        eng.num_classes, eng.num_features = int(graph.classes), int(graph.features)
+        return eng
+
+    @classmethod
     def for_source(cls, source: str | None) -> type["Engine"]:
         """The class that runs on ``source`` (a dataset file or partition directory): this one, or a variant
         (``dp`` on a graph-level dataset file trains data parallel over batches of graphs)."""

@@ -233,10 +233,34 @@ class SylvieEngine(Engine):
         del part
         self.plan = HaloPlan.from_dist_graph(dg)
         self.send_p, self.recv_p = self._importance(dg)
-        self.graph = _SylvieGraph(dg, comm, self)
         self.feat, self.label, self.masks = data["feat"], data["label"], data["masks"]
         self.num_classes, self.num_features = data["num_classes"], data["num_features"]
+        self._setup(dg, smoothing, window)
+        self.reset_stats()  # loading exchanged halo ids and importances: count training traffic only
 
+    @classmethod
+    def plan_instance(cls, graph: Any, rank: Any, ranks: int, comm: Any, dtype: torch.dtype,
+                      options: dict[str, Any]) -> "SylvieEngine":
+        """The engine of ``rank`` from sizes alone (the planner's): every row of a message at the policy's
+        starting width (``bits: auto`` weighs rows by their in-degree rank, which only the data gives)."""
+        eng = cls.__new__(cls)
+        Engine.__init__(eng, "<sylvie: sizes only>", comm, torch.device("meta"), dtype, options)
+        o = eng.opts
+        eng.ldr_time, eng.bits, eng.pipeline = o.ldr_time, o.bits, o.pipeline
+        eng.param_dtype, eng.seed = PARAM_DTYPES[o.scale_dtype], int(eng.options["seed"])
+        dg = cls._shape_partition(graph, rank, ranks, dtype)
+        eng.plan = HaloPlan.of_shape(dg, rank.boundary_rows)
+        eng.send_p = eng.recv_p = None
+        # the rows' importances the engine keeps (float64 per row sent and per halo row; bits: auto)
+        eng._importance_held = (torch.empty(eng.plan.send_total, dtype=torch.float64, device="meta"),
+                                torch.empty(eng.plan.num_halo, dtype=torch.float64, device="meta"))
+        eng.num_classes, eng.num_features = int(graph.classes), int(graph.features)
+        eng._setup(dg, o.ldr_smoothing, o.ldr_window)
+        return eng
+
+    def _setup(self, dg: Any, smoothing: float, window: int) -> None:
+        """The graph context and the bit policy's state, after the plan and the importances."""
+        self.graph = _SylvieGraph(dg, self.comm, self)
         self.policy = BitPolicy(float(smoothing), int(window))
         self.epoch = 0
         self.evaluating = False
@@ -249,7 +273,6 @@ class SylvieEngine(Engine):
         self._last: Decision | None = None
         self._epoch_bits = self.policy.bits if self.bits == "auto" else int(self.bits)
         self.history: list[dict[str, Any]] = []  # per epoch: base bits, mode, decision (same on every rank)
-        self.reset_stats()  # loading exchanged halo ids and importances: count training traffic only
 
     def check_model(self, model: torch.nn.Module) -> None:
         self._check_attention_pattern(model)
@@ -272,7 +295,7 @@ class SylvieEngine(Engine):
         if self.bits != "auto":
             base = int(self.bits)
         if base not in self._tables:
-            if self.bits == "auto":
+            if self.bits == "auto" and self.send_p is not None:
                 self._tables[base] = BitTable({q: assign_bits(p, base) for q, p in self.send_p.items()},
                                               {q: assign_bits(p, base) for q, p in self.recv_p.items()},
                                               f"auto:{base}")

@@ -168,6 +168,8 @@ def row_ranges(x: torch.Tensor, rows: torch.Tensor) -> tuple[np.ndarray, np.ndar
     hi = torch.empty(rows.shape[0], dtype=torch.float32, device=x.device)
     if rows.shape[0]:
         kernel("quant.row_range", x)(as_array(x), as_array(rows.contiguous()), as_array(lo), as_array(hi))
+    if x.is_meta:  # sizes only (the planner): ranges that make finite scales, nothing more is known
+        return np.zeros(rows.shape[0], np.float32), np.ones(rows.shape[0], np.float32)
     return lo.cpu().numpy(), hi.cpu().numpy()
 
 

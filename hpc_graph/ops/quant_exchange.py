@@ -96,6 +96,19 @@ class HaloPlan:
         return cls(dict(dg.send_lid), send_gid, dict(dg.recv_count), halo_lo, dg.halo_gid, send_all,
                    dg.num_owned, dg.num_halo)
 
+    @classmethod
+    def of_shape(cls, dg: Any, boundary: int) -> "HaloPlan":
+        """The plan of a :class:`~hpc_graph.graph.dist_graph.DistGraph` with sizes and no data (the planner's),
+        ``boundary`` distinct owned rows sent to any peer."""
+        meta = torch.device("meta")
+        send_gid = {q: torch.empty_like(lid) for q, lid in dg.send_lid.items()}
+        halo_lo = {q: dg.halo_range(q)[0] for q in dg.recv_count}
+        parts = [dg.send_lid[q] for q in sorted(dg.send_lid)]
+        send_all = torch.cat(parts) if parts else torch.zeros(0, dtype=torch.int64, device=meta)
+        return cls(dict(dg.send_lid), send_gid, dict(dg.recv_count), halo_lo, dg.halo_gid, send_all,
+                   dg.num_owned, dg.num_halo, boundary=torch.empty(int(boundary), dtype=torch.int64, device=meta),
+                   send_pos={q: np.zeros(int(lid.shape[0]), np.int64) for q, lid in dg.send_lid.items()})
+
     @property
     def send_total(self) -> int:
         return int(self.send_all.shape[0])

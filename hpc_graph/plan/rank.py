@@ -81,36 +81,39 @@ def plan_rank(engine_cls: Any, options: dict[str, Any], model: Any, graph: Any, 
     with _tracking(tracker):
         with tracker.phase("load"):
             with tracker.component("graph"):
-                ctx = engine_cls.plan_graph(graph, rank, ranks, comm, tdtype, options)
-            if ctx is None:
+                eng = engine_cls.plan_instance(graph, rank, ranks, comm, tdtype, options)
+            if eng is None:
                 raise NotImplementedError(f"engine {engine_cls.name!r} cannot be planned (no plan_graph)")
-            n = int(ctx.num_nodes)
+            n = int(eng.graph.num_nodes)
             with tracker.component("features"):
-                feat = torch.empty(n, int(graph.features), dtype=tdtype, device="meta")
-                label = torch.empty(n, dtype=torch.int64, device="meta")
-                masks = {k: torch.empty(n, dtype=torch.bool, device="meta") for k in ("train", "val", "test")}
-        return run_steps(tracker, comm, ctx, feat, label, masks, model, graph, ranks, dtype=tdtype,
-                         optimizer=optimizer, momentum=momentum, feature_norm=feature_norm, label_aug=label_aug,
+                if getattr(eng, "feat", None) is None:
+                    eng.feat = torch.empty(n, int(graph.features), dtype=tdtype, device="meta")
+                if getattr(eng, "label", None) is None:
+                    eng.label = torch.empty(n, dtype=torch.int64, device="meta")
+                if getattr(eng, "masks", None) is None:
+                    eng.masks = {k: torch.empty(n, dtype=torch.bool, device="meta") for k in ("train", "val", "test")}
+        return run_steps(tracker, comm, eng, model, graph, ranks, dtype=tdtype, optimizer=optimizer,
+                         momentum=momentum, feature_norm=feature_norm, label_aug=label_aug,
                          train_rows=max(int(rank.train), 0))
 
 
-def run_steps(tracker: StepTracker, comm: Any, ctx: Any, feat: torch.Tensor, label: torch.Tensor,
-              masks: dict[str, torch.Tensor], model: Any, graph: Any, ranks: int, *, dtype: torch.dtype,
-              optimizer: str = "adam", momentum: float = 0.0, feature_norm: str = "none", label_aug: float = 0.0,
-              train_rows: int | None = None, device: str = "meta") -> RankPlan:
-    """The trainer's training step on ``ctx`` (a graph context) and the engine's ``feat``, ``label`` and ``masks``,
-    twice, then its evaluation pass, inside ``tracker`` (already active): what :func:`plan_rank` runs on shapes,
-    and what a check runs on real data (``device="cpu"``) to compare."""
+def run_steps(tracker: StepTracker, comm: Any, engine: Any, model: Any, graph: Any, ranks: int, *,
+              dtype: torch.dtype, optimizer: str = "adam", momentum: float = 0.0, feature_norm: str = "none",
+              label_aug: float = 0.0, train_rows: int | None = None, device: str = "meta") -> RankPlan:
+    """The trainer's training step on ``engine`` (its ``graph``, ``feat``, ``label``, ``masks``, and the hooks the
+    trainer calls around a step), twice, then its evaluation pass, inside ``tracker`` (already active): what
+    :func:`plan_rank` runs on shapes, and what a check runs on real data (``device="cpu"``) to compare."""
     from hpc_graph.nn import optim
     from hpc_graph.nn.models import build_from_config
     from hpc_graph.train.trainer import trainer_inputs
 
     classes = max(int(graph.classes), 1)
+    ctx = engine.graph
     n = int(ctx.num_nodes)
     with tracker.phase("load"):
         with tracker.component("features"):
-            x, label, masks, train_idx = trainer_inputs(feat, label, masks, feature_norm, "dense",
-                                                        train_rows=train_rows)
+            x, label, masks, train_idx = trainer_inputs(engine.feat, engine.label, engine.masks, feature_norm,
+                                                        "dense", train_rows=train_rows)
             if label_aug > 0:
                 x = torch.cat([x, torch.zeros(n, classes, dtype=dtype, device=device)], 1)
         in_dim = int(graph.features) + (classes if label_aug > 0 else 0)
@@ -131,6 +134,7 @@ def run_steps(tracker: StepTracker, comm: Any, ctx: Any, feat: torch.Tensor, lab
             for c in ("activations", "workspace", "halo"):
                 tracker.relabel_all(c, "graph")
         net.train()
+        engine.begin_epoch(step)
         opt.zero_grad(set_to_none=False)
         with tracker.phase("forward"), tracker.component("activations"):
             logits = net(ctx, x)
@@ -149,14 +153,12 @@ def run_steps(tracker: StepTracker, comm: Any, ctx: Any, feat: torch.Tensor, lab
             del flags
         with tracker.phase("optimizer"), tracker.component("params"):
             opt.step()
+        engine.end_epoch(step, float("nan"), 0.0)
     sent = comm.bytes_sent
     held = dict(tracker.live)
     with tracker.phase("evaluation"), tracker.component("workspace"), torch.no_grad():
         net.eval()
-        with contextlib.ExitStack() as stack:
-            evaluation = getattr(ctx, "evaluation", None)
-            if evaluation is not None:
-                stack.enter_context(evaluation())
+        with engine.evaluation():
             pred = net(ctx, x).argmax(1)
         del pred
     del best

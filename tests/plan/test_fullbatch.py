@@ -8,7 +8,6 @@ from __future__ import annotations
 import dataclasses
 import importlib
 import json
-import math
 from types import SimpleNamespace as NS
 
 import numpy as np

@@ -76,8 +76,8 @@ def _real(engine, source, p, P, cfg, graph):
             with tracker.phase("load"), tracker.component("graph"):
                 eng = create_engine(engine, str(source), comm, torch.device("cpu"), torch.float32,
                                     engine_class(engine, str(source)).options_from_config(cfg))
-            plan = run_steps(tracker, comm, eng.graph, eng.feat, eng.label, eng.masks, cfg.model, graph, P,
-                             dtype=torch.float32, train_rows=int(eng.masks["train"].sum()), device="cpu")
+            plan = run_steps(tracker, comm, eng, cfg.model, graph, P, dtype=torch.float32,
+                             train_rows=int(eng.masks["train"].sum()), device="cpu")
     finally:
         torch.from_numpy = real_from_numpy
         bridge._twin = real_twin
@@ -85,13 +85,14 @@ def _real(engine, source, p, P, cfg, graph):
     return plan, eng
 
 
-@pytest.mark.parametrize("engine, ranks", [("single", 1), ("dp", 2), ("sar", 2)])
+@pytest.mark.parametrize("engine, ranks, opts", [("single", 1, {}), ("dp", 2, {}), ("sar", 2, {}),
+                                                 ("sylvie", 2, {"bits": 4, "pipeline": "on"})])
 @pytest.mark.parametrize("model", ["gcn", "sage", "gat"])
-def test_the_plan_of_a_rank_is_its_real_step(data, engine, ranks, model):
+def test_the_plan_of_a_rank_is_its_real_step(data, engine, ranks, opts, model):
     path, parts = data
     source = path if engine == "single" else parts
     extra = {"heads": 2} if model == "gat" else {}
-    cfg = config_from_dict({"data": {"path": str(source)}, "engine": {"name": engine},
+    cfg = config_from_dict({"data": {"path": str(source)}, "engine": {"name": engine, **opts},
                             "model": {"name": model, "hidden": 16, "num_layers": 3, "dropout": 0.5, **extra}})
     graph = fb.graph_from_dataset(path)
     layout = fb.single_layout(graph) if engine == "single" else fb.layout_from_partition(parts)
@@ -107,5 +108,13 @@ def test_the_plan_of_a_rank_is_its_real_step(data, engine, ranks, model):
             assert shape.work[phase].attention == real.work[phase].attention, phase
             assert shape.work[phase].flops == real.work[phase].flops, phase
         assert abs(shape.held["params"] - real.held["params"]) <= 256  # Adam's step counters live on the CPU
-        assert sum(shape.held.values()) == pytest.approx(sum(real.held.values()), abs=256), (shape.held, real.held)
-        assert shape.peak == pytest.approx(real.peak, abs=256), (shape.components, real.components)
+        # sylvie keeps the importance of every row it sends and receives in NumPy arrays, which the real run's
+        # tracker does not see
+        unseen = 8 * (eng.plan.send_total + eng.plan.num_halo) if engine == "sylvie" else 0  # the importances
+        tol = {"rel": 0.05} if engine == "sylvie" else {"abs": 256}  # sylvie: see the peak below
+        assert sum(shape.held.values()) - unseen == pytest.approx(sum(real.held.values()), **tol), \
+            (shape.held, real.held)
+        if engine == "sylvie":  # the codec's per-message NumPy arrays (row ranges, scales) are not followed either
+            assert shape.peak - unseen == pytest.approx(real.peak, rel=0.05), (shape.components, real.components)
+        else:
+            assert shape.peak == pytest.approx(real.peak, abs=256), (shape.components, real.components)
