@@ -211,12 +211,14 @@ class Engine(ABC):
 
     @classmethod
     def plan_instance(cls, graph: Any, rank: Any, ranks: int, comm: Any, dtype: torch.dtype,
-                      options: dict[str, Any]) -> "Engine | None":
+                      options: dict[str, Any], hints: dict[str, Any] | None = None) -> "Engine | None":
         """This engine as rank ``rank`` would hold it, built from sizes alone (arguments as :meth:`plan_graph`):
         what the planner runs the trainer's step on (its ``graph``, and the hooks the trainer calls:
-        :meth:`begin_epoch`, :meth:`end_epoch`, :meth:`evaluation`). Default: an engine around
-        :meth:`plan_graph`'s context (None if that is None); the planner adds the rank's features, labels and
-        masks. An engine whose context needs more of its own state overrides this."""
+        :meth:`begin_epoch`, :meth:`end_epoch`, :meth:`attach_model`, :meth:`evaluation`). Default: an engine
+        around :meth:`plan_graph`'s context (None if that is None); the planner adds the rank's features, labels
+        and masks. An engine whose context needs more of its own state overrides this. ``hints``: what the
+        planner decided for the engine where the engine would measure it (``boundaries``: a pipeline's stage
+        split)."""
         ctx = cls.plan_graph(graph, rank, ranks, comm, dtype, options)
         if ctx is None:
             return None

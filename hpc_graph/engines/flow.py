@@ -125,6 +125,36 @@ class FlowEngine(Engine):
         return None
 
     @classmethod
+    def plan_instance(cls, graph: Any, rank: Any, ranks: int, comm: Any, dtype: torch.dtype,
+                      options: dict[str, Any], hints: dict[str, Any] | None = None) -> "FlowEngine":
+        """Stage ``rank.rank`` of ``ranks`` from sizes alone (the planner's): the whole graph, the micro-batches of
+        equal size (METIS decides them from the data), exact cross edges; ``hints["boundaries"]``: the stage
+        split the planner chose (else this engine's own, by count or by the units' costs measured on shapes).
+        Raises ValueError for cross edges stale or drop with several micro-batches (their sizes come from the
+        data)."""
+        eng = cls.__new__(cls)
+        Engine.__init__(eng, "<flow: sizes only>", comm, torch.device("meta"), dtype, options)
+        o = eng.opts
+        eng.num_stages, eng.stage = int(ranks), int(rank.rank)
+        cls.check_options(eng.options, eng.num_stages)
+        m, n = int(o.microbatches), int(graph.nodes)
+        if m > 1 and o.cross_edges != "exact":
+            raise ValueError(f"engine.cross_edges: the planner runs flow's exact mode (or one micro-batch), not "
+                             f"{o.cross_edges!r} with {m} micro-batches")
+        eng.cross_edges, eng.stage_split, eng.seed = o.cross_edges, o.stage_split, int(eng.options["seed"])
+        eng.num_microbatches = m
+        eng.offsets = np.array([n * k // m for k in range(m + 1)], dtype=np.int64)
+        eng.order = None
+        eng.graph = WholeGraph(CSR.of_shape(n, n, int(graph.edges), symmetric=not graph.directed))
+        eng.plan, eng.cut_edges, eng.history, eng._contexts = None, 0, None, {}
+        eng.num_classes, eng.num_features = int(graph.classes), int(graph.features)
+        eng.units, eng.boundaries, eng.unit_costs = (0, 0), [], []
+        eng._resume_boundaries = list((hints or {}).get("boundaries") or []) or None
+        eng._in_tail = eng._out_tail = ()
+        eng._sends, eng._idle, eng._training_pass, eng._busy_start, eng._step_stats = [], 0.0, True, 0.0, {}
+        return eng
+
+    @classmethod
     def check_config(cls, config: Any, model: Any) -> None:
         from hpc_graph.options import ConfigError
 
@@ -253,14 +283,15 @@ class FlowEngine(Engine):
         releases the other units' parameters to the ``meta`` device."""
         units = model.pipeline_units()
         costs, tails = None, None
-        if self.stage == 0:
+        planned = self.device.type == "meta"  # sizes only (the planner): every stage finds the shapes itself
+        if self.stage == 0 or planned:
             x = self.feat if feat is None else (feat if feat.layout == torch.strided else feat.to_dense())
             if self.stage_split == "cost":
                 costs, tails = self._measure_units(model, len(units), x)
                 costs = _same_units_same_cost(units, costs)
             else:  # by count: only the units' output shapes are needed
                 costs, tails = [1.0] * len(units), self._unit_shapes(model, len(units), x)
-        if self.num_stages > 1:
+        if self.num_stages > 1 and not planned:
             costs, tails = self.comm.bcast_object((costs, tails), 0)
         self.unit_costs = costs
         weights = costs if self.stage_split == "cost" else [1.0] * len(units)

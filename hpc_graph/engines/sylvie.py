@@ -240,7 +240,7 @@ class SylvieEngine(Engine):
 
     @classmethod
     def plan_instance(cls, graph: Any, rank: Any, ranks: int, comm: Any, dtype: torch.dtype,
-                      options: dict[str, Any]) -> "SylvieEngine":
+                      options: dict[str, Any], hints: dict[str, Any] | None = None) -> "SylvieEngine":
         """The engine of ``rank`` from sizes alone (the planner's): every row of a message at the policy's
         starting width (``bits: auto`` weighs rows by their in-degree rank, which only the data gives)."""
         eng = cls.__new__(cls)

@@ -66,7 +66,7 @@ def _tracking(tracker: StepTracker):
 
 def plan_rank(engine_cls: Any, options: dict[str, Any], model: Any, graph: Any, rank: Any, ranks: int, *,
               dtype: str = "float32", optimizer: str = "adam", momentum: float = 0.0, feature_norm: str = "none",
-              label_aug: float = 0.0, link: Any = None) -> RankPlan:
+              label_aug: float = 0.0, link: Any = None, hints: dict[str, Any] | None = None) -> RankPlan:
     """Plan rank ``rank`` (a :class:`~hpc_graph.plan.shapes.RankShape`) of a ``ranks``-rank job of engine class
     ``engine_cls`` (with ``options``, as :meth:`Engine.options_from_config` gives them) training ``model`` (the
     config's ``model`` section) on ``graph`` (a :class:`~hpc_graph.plan.shapes.GraphShape`).
@@ -81,7 +81,7 @@ def plan_rank(engine_cls: Any, options: dict[str, Any], model: Any, graph: Any, 
     with _tracking(tracker):
         with tracker.phase("load"):
             with tracker.component("graph"):
-                eng = engine_cls.plan_instance(graph, rank, ranks, comm, tdtype, options)
+                eng = engine_cls.plan_instance(graph, rank, ranks, comm, tdtype, options, hints)
             if eng is None:
                 raise NotImplementedError(f"engine {engine_cls.name!r} cannot be planned (no plan_graph)")
             n = int(eng.graph.num_nodes)
@@ -119,13 +119,29 @@ def run_steps(tracker: StepTracker, comm: Any, engine: Any, model: Any, graph: A
         in_dim = int(graph.features) + (classes if label_aug > 0 else 0)
         with tracker.component("params"):
             net = build_from_config(model, in_dim, classes).to(device=device, dtype=dtype)
-            params = [p for p in net.parameters() if p.requires_grad]
-            for p in params:
+            for p in net.parameters():
                 tracker.adopt(p, "params")
+            before = {id(p): p.untyped_storage()._cdata for p in net.parameters()}
+            engine.attach_model(net, x)  # a pipeline stage releases the other stages' parameters
+            # the trainer's parameters: those the engine kept (a released one got new, empty data)
+            params = []
+            for p in net.parameters():
+                if before.get(id(p)) == p.untyped_storage()._cdata and (device == "meta" or not p.is_meta):
+                    params.append(p)
+                else:
+                    tracker.forget(p)  # released: no memory in a real run
+            params = [p for p in params if p.requires_grad]
             best = [torch.empty_like(p) for p in params]  # the trainer's copy at the best validation epoch
             opt = (optim.Adam(params, lr=1e-3) if optimizer == "adam"
                    else optim.SGD(params, lr=1e-3, momentum=momentum))
     count = float(max(int(graph.train_nodes), 1))
+    pipeline = engine.kind == "pipeline"
+    if pipeline:
+        from hpc_graph.train.pipeline import predict, train_pass
+
+        loss_mask = masks["train"]
+        if loss_mask.is_meta:
+            loss_mask.planned_rows = int(train_rows or 0)
     saved = 0
     for step in (1, 2):
         if step == 2:  # the step that is timed: the first one built the graph's caches, which stay
@@ -136,30 +152,37 @@ def run_steps(tracker: StepTracker, comm: Any, engine: Any, model: Any, graph: A
         net.train()
         engine.begin_epoch(step)
         opt.zero_grad(set_to_none=False)
-        with tracker.phase("forward"), tracker.component("activations"):
-            logits = net(ctx, x)
-            loss = F.cross_entropy(logits[train_idx], label[train_idx], reduction="sum") / count
-        saved = max(saved, tracker.live_bytes("activations"))
+        if pipeline:  # forward and backward of every micro-batch, the stage's share of the loss
+            with tracker.phase("forward"), tracker.component("activations"):
+                train_pass(engine, net, x, label, loss_mask, count)
+        else:
+            with tracker.phase("forward"), tracker.component("activations"):
+                logits = net(ctx, x)
+                loss = F.cross_entropy(logits[train_idx], label[train_idx], reduction="sum") / count
+            saved = max(saved, tracker.live_bytes("activations"))
         with tracker.phase("backward"), tracker.component("workspace"):
-            loss.backward()
-            del logits, loss
+            if not pipeline:
+                loss.backward()
+                del logits, loss
             for p in params:
                 if p.grad is None:
                     p.grad = torch.zeros_like(p)
                 tracker.relabel(p.grad, "params")
             flags = torch.empty(2 + 2 * ranks, dtype=dtype, device=device)
-            if ranks > 1:
-                comm.allreduce_bucketed_([p.grad for p in params] + [flags])
+            if ranks > 1:  # a pipeline's stages hold disjoint parameters: only the flags travel
+                comm.allreduce_bucketed_(([] if pipeline else [p.grad for p in params]) + [flags])
             del flags
         with tracker.phase("optimizer"), tracker.component("params"):
             opt.step()
         engine.end_epoch(step, float("nan"), 0.0)
+    if pipeline:
+        saved = int(engine.stats().get("saved_bytes", 0))
     sent = comm.bytes_sent
     held = dict(tracker.live)
     with tracker.phase("evaluation"), tracker.component("workspace"), torch.no_grad():
         net.eval()
         with engine.evaluation():
-            pred = net(ctx, x).argmax(1)
+            pred = predict(engine, net, x) if pipeline else net(ctx, x).argmax(1)
         del pred
     del best
     return RankPlan(rank=int(getattr(comm, "rank", 0)), peak=int(tracker.peak),

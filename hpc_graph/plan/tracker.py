@@ -159,6 +159,13 @@ class StepTracker(TorchDispatchMode):
         self.live[component] += nbytes
         self._storages[key] = (ref, nbytes, component)
 
+    def forget(self, t: torch.Tensor) -> None:
+        """Stop counting tensor ``t`` (a parameter an engine released: on the ``meta`` device in a real run too)."""
+        if isinstance(t, torch.Tensor) and t.device.type == self.device:
+            entry = self._storages.pop(t.untyped_storage()._cdata, None)
+            if entry is not None:
+                self.live[entry[2]] -= entry[1]
+
     def relabel_all(self, old: str, new: str) -> None:
         """Move everything live under component ``old`` to ``new`` (what a first step built and keeps: caches)."""
         for table in (self._storages, self._arrays):

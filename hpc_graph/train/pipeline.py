@@ -42,6 +42,16 @@ def _split(t: torch.Tensor, engine, group: list[int], lo: int) -> list[tuple[int
     return out
 
 
+def _loss_rows(loss_mask: torch.Tensor, lo: int, hi: int) -> torch.Tensor:
+    """int64: the rows ``lo:hi`` the loss covers, relative to ``lo``. On a mask with no data (the planner's) their
+    number is the mask's ``planned_rows`` share of the group (the rows are spread evenly)."""
+    if loss_mask.is_meta:
+        total = int(getattr(loss_mask, "planned_rows", 0))
+        return torch.empty(round(total * (hi - lo) / max(int(loss_mask.shape[0]), 1)), dtype=torch.int64,
+                           device="meta")
+    return loss_mask[lo:hi].nonzero().squeeze(1)
+
+
 def _dense(x: torch.Tensor) -> torch.Tensor:
     return x if x.layout == torch.strided else x.to_dense()
 
@@ -92,7 +102,7 @@ def _forward_groups(engine, model, x, label, loss_mask, count, kept) -> None:
             h_in = torch.cat([engine.recv("forward", m) for m in group]).requires_grad_(True)
         out = model.forward_units(engine.context(group, True), h_in, start, stop)
         if engine.last:
-            rows = loss_mask[lo:hi].nonzero().squeeze(1)
+            rows = _loss_rows(loss_mask, lo, hi)
             kept.append((group, lo, h_in, F.cross_entropy(out[rows], label[lo:hi][rows], reduction="sum") / count))
         else:
             for m, rows in _split(out, engine, group, lo):

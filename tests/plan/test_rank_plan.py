@@ -86,18 +86,23 @@ def _real(engine, source, p, P, cfg, graph):
 
 
 @pytest.mark.parametrize("engine, ranks, opts", [("single", 1, {}), ("dp", 2, {}), ("sar", 2, {}),
-                                                 ("sylvie", 2, {"bits": 4, "pipeline": "on"})])
+                                                 ("sylvie", 2, {"bits": 4, "pipeline": "on"}),
+                                                 ("flow", 2, {"stage_split": "count"})])
 @pytest.mark.parametrize("model", ["gcn", "sage", "gat"])
 def test_the_plan_of_a_rank_is_its_real_step(data, engine, ranks, opts, model):
     path, parts = data
-    source = path if engine == "single" else parts
+    source = path if engine in ("single", "flow") else parts
     extra = {"heads": 2} if model == "gat" else {}
     cfg = config_from_dict({"data": {"path": str(source)}, "engine": {"name": engine, **opts},
                             "model": {"name": model, "hidden": 16, "num_layers": 3, "dropout": 0.5, **extra}})
     graph = fb.graph_from_dataset(path)
-    layout = fb.single_layout(graph) if engine == "single" else fb.layout_from_partition(parts)
+    if engine == "flow":  # every stage holds the whole graph; alone, stage 0 is the one a run can check
+        layout = fb.flow_layout(graph, ranks)
+        layout.parts = layout.parts[:1]
+    else:
+        layout = fb.single_layout(graph) if engine == "single" else fb.layout_from_partition(parts)
     for rs in layout.parts:
-        if engine != "single":
+        if engine not in ("single", "flow"):
             rs = fb.dataclasses.replace(rs, edges_from=_edges_from(parts, rs.rank, ranks))
         real, eng = _real(engine, source, rs.rank, ranks, cfg, graph)
         shape = plan_rank(engine_class(engine, str(source)), engine_class(engine, str(source)).options_from_config(cfg),
