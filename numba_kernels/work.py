@@ -10,7 +10,8 @@ Work is reported as ``(category, units)`` pairs:
 
 * ``("spmm", edges, width)``: a pass over ``edges`` stored edges gathering rows of ``width`` values (SpMM, its
   transpose, SDDMM);
-* ``("attention", edges, width)``: the fused attention kernels over ``edges`` edges of ``width`` = heads x dim;
+* ``("attention", edges, width)``: the fused attention kernels over ``edges`` edges of ``width`` = heads x dim
+  (a backward pass's two halves count once: its rate is measured over both);
 * ``("score", elements)``: per-edge score passes (edge softmax);
 * ``("mask", elements)``: counter-based dropout masks applied;
 * ``("codec", elements)``: values through the low-bit message codec (encode or decode);
@@ -120,16 +121,15 @@ WORK: dict[str, Callable[..., tuple[list[tuple], Any]]] = {
     "gat_attention.accumulate": lambda indptr, indices, z, *a, **k: ([("attention", _rows(indices), _width(z))], None),
     "gat_attention.backward_dst": lambda indptr, indices, z, *a, **k:
         ([("attention", _rows(indices), _width(z))], None),
-    "gat_attention.backward_src": lambda indptr_t, indices_t, z, *a, **k:
-        ([("attention", _rows(indices_t), _width(z))], None),
+    # the backward pass's rate is measured over both halves (hpc_graph.plan.profile): its edges count once
+    "gat_attention.backward_src": lambda indptr_t, indices_t, z, *a, **k: ([], None),
     "gat_attention.finalize": lambda m, total, acc: ([], None),
     "gat_attention.output_delta": lambda go, out, delta: ([], None),
     "dot_attention.accumulate": lambda indptr, indices, q, k, v, *a, **kw:
         ([("attention", _rows(indices), _width(q) + _width(v))], None),
     "dot_attention.backward_dst": lambda indptr, indices, q, k, v, *a, **kw:
         ([("attention", _rows(indices), _width(q) + _width(v))], None),
-    "dot_attention.backward_src": lambda indptr_t, indices_t, perm, q, k, v, *a, **kw:
-        ([("attention", _rows(indices_t), _width(q) + _width(v))], None),
+    "dot_attention.backward_src": lambda indptr_t, indices_t, perm, q, k, v, *a, **kw: ([], None),
     "dot_attention.finalize": lambda m, total, acc: ([], None),
     "dot_attention.output_delta": lambda go, out, delta: ([], None),
     "dense_attention.accumulate_far": lambda q, kT, vT, far, scale, mptr, mcols, n, m, total, acc:
@@ -139,7 +139,8 @@ WORK: dict[str, Callable[..., tuple[list[tuple], Any]]] = {
     "dropout.dropout_apply": lambda x, key, cut, scale, out, ids=None: ([("mask", _elements(x))], None),
     "dropout.act_dropout_apply": lambda x, key, cut, scale, act, out, ids=None: ([("mask", _elements(x))], None),
     "dropout.act_dropout_grad": lambda x, g, key, cut, scale, act, out, ids=None: ([("mask", _elements(x))], None),
-    "quant.row_range": lambda x, rows, lo, hi: ([("codec", _rows(rows) * _width(x))], None),
+    # the codec's rate is measured over an encode (its row ranges included) and a decode: each value counts once
+    "quant.row_range": lambda x, rows, lo, hi: ([], None),
     "quant.quantize_pack": lambda x, rows, zero, scale, ids, key, gs, cs, codes:
         ([("codec", _rows(rows) * _width(x))], None),
     "quant.unpack_dequantize": lambda codes, zero, scale, gs, cs, out_rows, out:

@@ -229,6 +229,18 @@ class Engine(ABC):
         return eng
 
     @classmethod
+    def plan_load_extra(cls, graph: Any, rank: Any, ranks: int, dtype: str, options: dict[str, Any]) -> int:
+        """Bytes this engine holds only while it loads, beyond what the rank then keeps (copies the loading code
+        makes and drops: the file's int64 columns while an int32 copy is made, say); the planner adds them to
+        what the loaded rank holds (arguments as :meth:`plan_graph`; ``dtype`` a name). Default: 0."""
+        return 0
+
+    @staticmethod
+    def _read_as_float32_extra(graph: Any, rows: int, dtype: str) -> int:
+        """float64 features are read as float32, then converted: the float32 copy while both exist."""
+        return int(rows) * int(graph.features) * 4 if dtype == "float64" else 0
+
+    @classmethod
     def for_source(cls, source: str | None) -> type["Engine"]:
         """The class that runs on ``source`` (a dataset file or partition directory): this one, or a variant
         (``dp`` on a graph-level dataset file trains data parallel over batches of graphs)."""

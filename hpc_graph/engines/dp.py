@@ -52,6 +52,11 @@ class DPEngine(Engine):
         return partition_model_problem(model, mc)
 
     @classmethod
+    def plan_load_extra(cls, graph: Any, rank: Any, ranks: int, dtype: str, options: dict[str, Any]) -> int:
+        """The part file's int64 columns, alive while the partition makes its int32 copy."""
+        return max(int(rank.edges) * 8, cls._read_as_float32_extra(graph, rank.owned, dtype))
+
+    @classmethod
     def plan_graph(cls, graph: Any, rank: Any, ranks: int, comm: Any, dtype: torch.dtype,
                    options: dict[str, Any]) -> HaloGraph:
         return HaloGraph(cls._shape_partition(graph, rank, ranks, dtype), comm)

@@ -125,6 +125,17 @@ class FlowEngine(Engine):
         return None
 
     @classmethod
+    def plan_load_extra(cls, graph: Any, rank: Any, ranks: int, dtype: str, options: dict[str, Any]) -> int:
+        """Renaming the nodes into micro-batch order (several micro-batches): the file's columns, four int64
+        arrays per edge (rows, sources, the sort order, the sorted columns) and a renamed copy of the features;
+        one micro-batch: the file's int64 columns while they become int32."""
+        E, n, disk = int(graph.edges), int(graph.nodes), int(getattr(graph, "disk_index_bytes", 4))
+        d = 8 if dtype == "float64" else 4
+        if int(options.get("microbatches", 1) or 1) > 1:
+            return E * disk + 4 * E * 8 + n * int(graph.features) * d
+        return max(E * disk if disk != 4 else 0, cls._read_as_float32_extra(graph, n, dtype))
+
+    @classmethod
     def plan_instance(cls, graph: Any, rank: Any, ranks: int, comm: Any, dtype: torch.dtype,
                       options: dict[str, Any], hints: dict[str, Any] | None = None) -> "FlowEngine":
         """Stage ``rank.rank`` of ``ranks`` from sizes alone (the planner's): the whole graph, the micro-batches of

@@ -119,6 +119,15 @@ class SAREngine(Engine):
         return partition_model_problem(model, mc)
 
     @classmethod
+    def plan_load_extra(cls, graph: Any, rank: Any, ranks: int, dtype: str, options: dict[str, Any]) -> int:
+        """While loading: the part file's int64 columns; then, splitting the CSR into blocks, the CSR, a running
+        count, a mask and the blocks built so far beside each other: beyond the blocks the rank keeps, the CSR
+        (int32 columns and its row pointers), the int64 count and the mask (13 bytes per edge)."""
+        E, n = int(rank.edges), int(rank.owned)
+        split = (n + 1) * 8 + E * 4 + (E + 1) * 8 + E
+        return max(E * 8, split, cls._read_as_float32_extra(graph, n, dtype))
+
+    @classmethod
     def plan_graph(cls, graph: Any, rank: Any, ranks: int, comm: Any, dtype: torch.dtype,
                    options: dict[str, Any]) -> GraphContext:
         dg = cls._shape_partition(graph, rank, ranks, dtype)

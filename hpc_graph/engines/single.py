@@ -63,6 +63,12 @@ class SingleEngine(Engine):
         return GraphLevelSingleEngine if cls is SingleEngine and is_graph_level(source) else cls
 
     @classmethod
+    def plan_load_extra(cls, graph: Any, rank: Any, ranks: int, dtype: str, options: dict[str, Any]) -> int:
+        """int64 column indices in the file are read, then made int32 (both alive for a moment)."""
+        disk = int(getattr(graph, "disk_index_bytes", 4))
+        return max(int(graph.edges) * disk if disk != 4 else 0, cls._read_as_float32_extra(graph, graph.nodes, dtype))
+
+    @classmethod
     def plan_graph(cls, graph: Any, rank: Any, ranks: int, comm: Any, dtype: torch.dtype,
                    options: dict[str, Any]) -> WholeGraph:
         from hpc_graph.graph.attention_pattern import engine_attention_options

@@ -218,6 +218,11 @@ class SylvieEngine(Engine):
     def model_problem(cls, model: Any, mc: Any) -> str | None:
         return partition_model_problem(model, mc)
 
+    @classmethod
+    def plan_load_extra(cls, graph: Any, rank: Any, ranks: int, dtype: str, options: dict[str, Any]) -> int:
+        """The part file's int64 columns, alive while the partition makes its int32 copy."""
+        return max(int(rank.edges) * 8, cls._read_as_float32_extra(graph, rank.owned, dtype))
+
     def __init__(self, source: str, comm: Any, device: torch.device, dtype: torch.dtype,
                  options: dict[str, Any] | None = None):
         super().__init__(source, comm, device, dtype, options)
@@ -241,8 +246,9 @@ class SylvieEngine(Engine):
     @classmethod
     def plan_instance(cls, graph: Any, rank: Any, ranks: int, comm: Any, dtype: torch.dtype,
                       options: dict[str, Any], hints: dict[str, Any] | None = None) -> "SylvieEngine":
-        """The engine of ``rank`` from sizes alone (the planner's): every row of a message at the policy's
-        starting width (``bits: auto`` weighs rows by their in-degree rank, which only the data gives)."""
+        """The engine of ``rank`` from sizes alone (the planner's): every row of a message at one width, the
+        widest the policy may choose under ``bits: auto`` (which weighs rows by their in-degree rank, which only
+        the data gives, and climbs when the loss stalls): the plan holds for any epoch."""
         eng = cls.__new__(cls)
         Engine.__init__(eng, "<sylvie: sizes only>", comm, torch.device("meta"), dtype, options)
         o = eng.opts
@@ -256,6 +262,8 @@ class SylvieEngine(Engine):
                                 torch.empty(eng.plan.num_halo, dtype=torch.float64, device="meta"))
         eng.num_classes, eng.num_features = int(graph.classes), int(graph.features)
         eng._setup(dg, o.ldr_smoothing, o.ldr_window)
+        if eng.bits == "auto":
+            eng.policy.bits = eng._epoch_bits = max(eng.policy.widths)
         return eng
 
     def _setup(self, dg: Any, smoothing: float, window: int) -> None:

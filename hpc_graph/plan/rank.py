@@ -42,6 +42,8 @@ class RankPlan:
     ``held``: what stays between steps (graph, features, parameters and optimiser state, caches), by component.
     ``work``: the second training step's work (``forward``, ``backward``, ``optimizer``) and the evaluation
     pass's (``evaluation``). ``bytes_sent``: what the training step sends (exchanges and all-reduces).
+    ``load_held``: what the rank holds once loaded (graph, features), by component. ``share``: the fraction of
+    the model's units this rank runs (a pipeline stage's; 1 otherwise).
     """
 
     rank: int
@@ -52,6 +54,8 @@ class RankPlan:
     held: dict[str, int]
     work: dict[str, Work]
     bytes_sent: int
+    load_held: dict[str, int] = dataclasses.field(default_factory=dict)
+    share: float = 1.0
 
 
 @contextlib.contextmanager
@@ -116,6 +120,7 @@ def run_steps(tracker: StepTracker, comm: Any, engine: Any, model: Any, graph: A
                                                         "dense", train_rows=train_rows)
             if label_aug > 0:
                 x = torch.cat([x, torch.zeros(n, classes, dtype=dtype, device=device)], 1)
+        load_held = {c: int(v) for c, v in tracker.live.items()}
         in_dim = int(graph.features) + (classes if label_aug > 0 else 0)
         with tracker.component("params"):
             net = build_from_config(model, in_dim, classes).to(device=device, dtype=dtype)
@@ -175,8 +180,11 @@ def run_steps(tracker: StepTracker, comm: Any, engine: Any, model: Any, graph: A
         with tracker.phase("optimizer"), tracker.component("params"):
             opt.step()
         engine.end_epoch(step, float("nan"), 0.0)
+    share = 1.0
     if pipeline:
         saved = int(engine.stats().get("saved_bytes", 0))
+        start, stop = engine.units
+        share = (stop - start) / max(len(net.pipeline_units()), 1)
     sent = comm.bytes_sent
     held = dict(tracker.live)
     with tracker.phase("evaluation"), tracker.component("workspace"), torch.no_grad():
@@ -188,4 +196,4 @@ def run_steps(tracker: StepTracker, comm: Any, engine: Any, model: Any, graph: A
     return RankPlan(rank=int(getattr(comm, "rank", 0)), peak=int(tracker.peak),
                     components={c: int(tracker.peak_parts.get(c, 0)) for c in COMPONENTS},
                     where=tracker.peak_where, saved=int(saved), held={c: int(v) for c, v in held.items()},
-                    work=tracker.work, bytes_sent=int(sent))
+                    work=tracker.work, bytes_sent=int(sent), load_held=load_held, share=share)
