@@ -41,7 +41,6 @@ LOADS = {"alone": lambda r, n: 3.0 if r == n - 1 else 0.0,
 
 
 def _gemms(reps: int) -> None:
-    import torch
 
     a = _gemms.a
     for _ in range(reps):

@@ -71,10 +71,10 @@ def spmm_specs(dt, idx, features, heads):
         out.append((f"spmm.fixup[{tag}]", fixup, (arr(np.int64, 1), I64, I64, I64, args, part, part, arr(np.int64, 1))))
     ks = spmm._kernels(dt)
     # sum_kernel(indptr, indices, eids, weight, col_scale, x, out, mean, rs, sx, ss, bias): x/out/sx [rows, H, D]
-    out.append((f"spmm.sum_kernel(block/row)", ks[0],
+    out.append(("spmm.sum_kernel(block/row)", ks[0],
                 (arr(np.int64, 1), arr(idx, 1), arr(np.int64, 1), arr(dt, 2), arr(dt, 1), arr(dt, 3), arr(dt, 3),
                  types.boolean, arr(dt, 1), arr(dt, 3), arr(dt, 1), arr(dt, 1))))
-    out.append((f"spmm.max_kernel", ks[1],
+    out.append(("spmm.max_kernel", ks[1],
                 (arr(np.int64, 1), arr(idx, 1), arr(np.int64, 1), arr(dt, 2), arr(dt, 3), arr(dt, 3),
                  arr(np.int64, 3))))
     return out

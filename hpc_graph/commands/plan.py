@@ -1,21 +1,22 @@
 """``hpc-graph plan --config CFG.yaml [--set key=value ...]``: what a job will cost, before it trains.
 
-Full-batch engines (``single``, ``dp``, ``sar``, ``sylvie``, ``flow``; ``engine.name`` of the config, ``auto``,
-or ``--engines``): one process predicts, per rank, the peak memory (by component) and the epoch time
-(compute, halo exchange, gradient all-reduce) for each engine and rank count, the bottleneck, and
-with ``--memory-per-rank`` the smallest rank count that fits (``hpc_graph.plan.fullbatch``,
-docs/plan.md). The graph comes from ``--data`` (default ``data.path``): a dataset file or a partition
+The engines that can be planned on shapes (``hpc_graph.engines.plannable_engines``: ``single``, ``dp``, ``sar``,
+``sylvie``, ``flow``, and any plug-in that declares ``Engine.plan_instance``; ``engine.name`` of the config,
+``auto``, or ``--engines``): one process predicts, per rank, the peak memory (by component) and the epoch time
+(compute, halo exchange, gradient all-reduce) for each engine and rank count, the bottleneck, and with
+``--memory-per-rank`` the smallest rank count that fits, by running each rank's step on shapes
+(``hpc_graph.plan.predict``, docs/plan.md). The graph comes from ``--data`` (default ``data.path``): a dataset file or a partition
 directory (exact per-rank statistics at its part count, the cut model at other counts), or from a
 description (``--nodes --edges --features --classes`` ...) when there is no file at all. Rates are
 measured here at plan time (kernels on the real graph; the links only when the plan itself runs
 under ``mpiexec`` with 2 or more ranks, or read from ``--profile FILE``; otherwise a stated default
 link); every assumption is printed. Nothing is trained.
 
-Engine ``apt``: every rank loads its partition, the engine runs its dry run and cost model
-(``hpc_graph.plan``: a profile of this launch, ``engine.dry_run_batches`` sampled batches, each
-strategy's bytes by operation, timed builds and kernels, a memory check) and rank 0 prints the
-table of predicted epochs per strategy and the choice. Run it under the same launcher and rank
-count as the job (``mpiexec -n 4 hpc-graph plan --config configs/apt_sage.yaml``).
+An engine that plans itself by a dry run on the data (``Engine.dry_run_report``: ``apt``, its dry run and cost
+model over a profile of this launch, ``engine.dry_run_batches`` sampled batches, each strategy's bytes by
+operation, timed builds and kernels, a memory check): every rank loads its partition and rank 0 prints the
+engine's report. Run it under the same launcher and rank count as the job
+(``mpiexec -n 4 hpc-graph plan --config configs/apt_sage.yaml``).
 
 ``--json FILE`` also writes the predictions as JSON.
 
@@ -38,9 +39,6 @@ log = logging.getLogger(__name__)
 #: the CLI leaves the thread decision to this command (``train.threads`` takes part in it)
 CONFIGURES_THREADS = True
 
-FULLBATCH = ("single", "dp", "sar", "sylvie", "flow")
-#: what ``engine.name: auto`` plans for (the engines ``auto`` chooses among, and SAR)
-AUTO_ENGINES = ("single", "dp", "sar")
 #: the link assumed when none was measured (no ``--profile`` file, one process, no ``comm.link_*``)
 DEFAULT_LINK = ("10GB/s", "5us")
 DESCRIPTION_FLAGS = ("nodes", "edges", "features", "classes")
@@ -48,18 +46,20 @@ DESCRIPTION_FLAGS = ("nodes", "edges", "features", "classes")
 
 def add_parser(subparsers) -> None:
     parser = subparsers.add_parser(
-        "plan", help="predict a job's memory and epoch time per rank before training (single, dp, sar, sylvie, flow, apt)",
-        description="Predict per-rank peak memory and epoch time of the full-batch engines (single, dp, sar, sylvie, flow) "
-                    "over rank counts, or run the apt engine's dry run; nothing is trained (docs/plan.md).")
+        "plan", help="predict a job's memory and epoch time per rank before training",
+        description="Predict per-rank peak memory and epoch time over rank counts by running each rank's step on "
+                    "shapes (single, dp, sar, sylvie, flow), or run an engine's own dry run (apt); nothing is "
+                    "trained (docs/plan.md).")
     parser.add_argument("--config", required=True, metavar="CFG.yaml", help="training config (see configs/)")
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.KEY=VALUE",
                         help="override one config field (repeatable)")
     parser.add_argument("--json", default=None, metavar="FILE", help="also write the predictions as JSON")
-    fb = parser.add_argument_group("full-batch engines (single, dp, sar, sylvie, flow)")
+    fb = parser.add_argument_group("engines planned on shapes (single, dp, sar, sylvie, flow)")
     fb.add_argument("--data", default=None, metavar="DATASET.h5|PARTITION_DIR",
                     help="the graph to plan for (default: the config's data.path)")
     fb.add_argument("--engines", default=None, metavar="LIST",
-                    help="comma-separated engines among single, dp, sar, sylvie, flow, or 'all' (default: the config's engine; "
+                    help="comma-separated engines that can be planned (single, dp, sar, sylvie, flow), or 'all' "
+                         "(default: the config's engine; "
                          "single, dp and sar for engine.name auto; 'all': the five)")
     fb.add_argument("--ranks", default=None, metavar="LIST|A-B",
                     help="rank counts: '1,2,4' or a range 'A-B' (powers of two in the table, every count searched "
@@ -131,56 +131,71 @@ def run(args: argparse.Namespace) -> int:
                     from None
             config = config_from_dict(read_config(args.config, list(args.overrides)
                                                   + [f"data.path={json.dumps(str(given))}"]))
-        fullbatch = args.engines is not None or config.engine.name in FULLBATCH + ("auto",)
-        if not fullbatch and config.engine.name != "apt":
-            raise ConfigError(f"engine.name: hpc-graph plan covers engines apt, single, dp, sar, sylvie and flow, not "
-                              f"{config.engine.name!r} (or choose engines with --engines)")
+        from hpc_graph.engines import Engine, engine_class, plannable, plannable_engines
+
+        cls = None if config.engine.name == "auto" else engine_class(config.engine.name, config.data.path)
+        own_dry_run = cls is not None and cls.dry_run_report.__func__ is not Engine.dry_run_report.__func__
+        if args.engines is None and cls is not None and not own_dry_run and not plannable(cls):
+            raise ConfigError(f"engine.name: hpc-graph plan covers engines {', '.join(plannable_engines())} (and "
+                              f"those with a dry run of their own), not {config.engine.name!r} (or choose engines "
+                              "with --engines)")
     except (ConfigError, ValueError, OSError) as exc:
         raise CLIError(str(exc)) from exc
-    if fullbatch:
-        return _run_fullbatch(args, config)
-    return _run_apt(args, config)
+    if args.engines is None and own_dry_run:
+        return _run_dry_run(args, config, cls)
+    return _run_planned(args, config)
 
 
-# -- apt: the engine's own dry run ---------------------------------------------------------------------
-def _run_apt(args: argparse.Namespace, config: Any) -> int:
+# -- an engine's own dry run ---------------------------------------------------------------------------
+def _run_dry_run(args: argparse.Namespace, config: Any, cls: Any) -> int:
     from hpc_graph.comm import get_communicator
     from hpc_graph.train.config import ConfigError
 
     try:
-        import torch
-
-        from hpc_graph.engines import create_engine
-        from hpc_graph.train.trainer import _DTYPES, engine_options_from_config
-
-        import logging
-
-        logging.getLogger("hpc_graph.plan.dry_run").setLevel(logging.WARNING)  # the table is printed below
         comm = get_communicator(config.train.comm_backend)
-        options = engine_options_from_config(config, "apt")
-        options["strategy"] = "auto"
-        options["plan_timing"] = "dry_run"  # no training follows to time the strategies: time them all here
-        engine = create_engine("apt", config.data.path, comm, torch.device("cpu"), _DTYPES[config.train.dtype],
-                               options)
+        report = cls.dry_run_report(config, comm)
     except (ConfigError, ValueError, OSError) as exc:
         raise CLIError(str(exc)) from exc
-    plan = engine.plan
     if comm.rank == 0:
-        print(plan.table())
-        print(f"choice: {plan.choice} (predicted epoch {plan.predicted(plan.choice):.3f} s on {comm.size} rank(s))")
+        print(report["table"])
+        print(report["summary"])
         if args.json:
-            out = {"ranks": int(comm.size), "choice": plan.choice, "iterations": plan.iterations,
-                   "dry_run_seconds": plan.dry_seconds, "profile": plan.profile.as_dict(),
-                   "strategies": {s: {"epoch_seconds": c.total, "seconds": c.seconds, "bytes": c.bytes,
-                                      "memory_mb": c.memory_mb, "fits": c.fits, "reason": c.reason}
-                                  for s, c in plan.costs.items()}}
             with open(args.json, "w", encoding="utf-8") as fh:
-                json.dump(out, fh, indent=1, default=float)
+                json.dump(report["json"], fh, indent=1, default=float)
         sys.stdout.flush()
     return 0
 
 
 # -- full-batch engines --------------------------------------------------------------------------------
+def _smallest_fit(counts: list[int], fits: dict[int, bool], fits_at: Any) -> int | None:
+    """The smallest of ``counts`` (ascending) at which a run fits, given ``fits`` (the counts planned already)
+    and ``fits_at(P)`` to plan another: the first planned count that fits, then bisection over the counts
+    between it and the planned count below it (per-rank memory falls as ranks are added within that
+    interval; a range's planned counts are its powers of two)."""
+    known = sorted(fits)
+    first = next((P for P in known if fits[P]), None)
+    if first is None:
+        rest = [P for P in counts if P > (known[-1] if known else 0)]
+        lo, hi = 0, len(rest)  # beyond every planned count: search the rest
+        while lo < hi:
+            mid = (lo + hi) // 2
+            if fits_at(rest[mid]):
+                hi = mid
+            else:
+                lo = mid + 1
+        return rest[lo] if lo < len(rest) else None
+    below = max((P for P in known if P < first), default=0)
+    between = [P for P in counts if below < P < first]
+    lo, hi = 0, len(between)  # between[hi:] fit (first too), between[:lo] do not
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if fits_at(between[mid]):
+            hi = mid
+        else:
+            lo = mid + 1
+    return between[lo] if lo < len(between) else first
+
+
 def parse_ranks(text: str | None, default: list[int]) -> tuple[list[int], list[int]]:
     """``(shown, searched)`` rank counts from ``--ranks``: a list ``1,2,4`` (both the same) or a range
     ``A-B`` (shown: the powers of two in it and B; searched: every count). ValueError naming ``--ranks``."""
@@ -215,14 +230,21 @@ def parse_ranks(text: str | None, default: list[int]) -> tuple[list[int], list[i
 
 
 def parse_engines(text: str | None, config_engine: str) -> list[str]:
+    """The engines to plan: ``--engines`` (a list, or ``all``: every engine that can be planned), else the
+    config's engine, or for ``auto`` every plannable engine that trains what one process trains (``exact``)."""
+    from hpc_graph.engines import engine_class, plannable_engines
+
+    able = plannable_engines()
     if text is None:
-        return list(AUTO_ENGINES) if config_engine not in FULLBATCH else [config_engine]
+        if config_engine in able:
+            return [config_engine]
+        return [n for n in able if engine_class(n).exact]
     if text.strip() == "all":
-        return list(FULLBATCH)
+        return list(able)
     names = [x.strip() for x in text.split(",") if x.strip()]
-    bad = [x for x in names if x not in FULLBATCH]
+    bad = [x for x in names if x not in able]
     if not names or bad:
-        raise CLIError(f"--engines: choose among {', '.join(FULLBATCH)} or 'all', got {text!r}")
+        raise CLIError(f"--engines: choose among {', '.join(able)} or 'all', got {text!r}")
     return list(dict.fromkeys(names))
 
 
@@ -254,7 +276,7 @@ def _size(text: str, option: str) -> int:
 
 def _description(args: argparse.Namespace) -> Any:
     """The :class:`GraphShape` of the description flags, or None when none is given."""
-    from hpc_graph.plan.fullbatch import GraphShape
+    from hpc_graph.plan.shapes import GraphShape
 
     given = {f: getattr(args, f) for f in DESCRIPTION_FLAGS}
     if all(v is None for v in given.values()) and args.train_fraction is None:
@@ -372,9 +394,11 @@ def _calibration_graph(config: Any, spec: Any, nodes: int, d: str, max_scale: in
     scale = int(min(max(10, math.ceil(math.log2(max(nodes, 2)))), max_scale))
     path = os.path.join(d, "g.h5")
     write_rmat(path, scale, 16, feat_dim=int(spec.in_dim), num_classes=int(max(spec.classes, 2)), seed=1)
+    from hpc_graph.engines import reference_engine
+
     raw = config_to_dict(config)
     raw["data"] = {**raw["data"], "path": path, "feature_layout": "dense"}
-    raw["engine"] = {"name": "single"}
+    raw["engine"] = {"name": reference_engine()}  # one process, the whole graph
     raw.pop("lm", None)
     return raw, path, scale
 
@@ -413,7 +437,7 @@ def measure_calibration(config: Any, spec: Any, nodes: int, threads: list[int], 
                         ) -> tuple[dict[int, tuple[float, str]], Any]:
     """``({t: (seconds, how)}, rates)``. ``seconds``, for every thread count ``t`` in ``threads``: the step's
     overhead beyond its kernels (autograd, allocations, Python, the optimizer), added to every rank's predicted
-    compute (:attr:`hpc_graph.plan.fullbatch.Rates.step_overhead`): the median epoch (epochs 2..) of a real
+    compute (:attr:`hpc_graph.plan.rates.Rates.step_overhead`): the median epoch (epochs 2..) of a real
     ``single`` run of the config's model on an R-MAT graph of ``min(nodes, 2^max_scale)`` nodes (the input width
     and classes of ``spec``), in a subprocess at ``t`` threads, less the step the planner predicts for it from
     kernel rates measured on that graph here (first: the prediction sets the run's length,
@@ -431,22 +455,24 @@ def measure_calibration(config: Any, spec: Any, nodes: int, threads: list[int], 
     of that extrapolation."""
     import tempfile
 
-    from hpc_graph.plan import fullbatch as fb
+    from hpc_graph.plan.predict import predict
     from hpc_graph.plan.profile import paired_kernel_rates
+    from hpc_graph.plan.rates import Rates
+    from hpc_graph.plan.shapes import graph_from_dataset, rank_csr, single_layout
 
     counts = sorted(set(int(x) for x in threads))
     out: dict[int, tuple[float, str]] = {}
     with tempfile.TemporaryDirectory(prefix="hpc-graph-calibrate-") as d:
         raw, path, scale = _calibration_graph(config, spec, nodes, d, max_scale)
-        graph = fb.graph_from_dataset(path)
-        cal_csr, _ = fb.rank_csr(path, fb.single_layout(graph), 4_000_000)
-        kr, kr_cal = paired_kernel_rates([rank_graph, (cal_csr, "calibration graph")], dtype, gat=spec.name == "gat",
+        graph = graph_from_dataset(path)
+        cal_csr, _ = rank_csr(path, single_layout(graph), 4_000_000)
+        kr, kr_cal = paired_kernel_rates([rank_graph, (cal_csr, "calibration graph")], dtype, gat=spec.attention,
                                          threads=counts[0])
         del cal_csr
-        rates = fb.Rates.from_kernels(kr_cal)
+        rates = Rates.from_kernels(kr_cal)
         for t in counts:
-            pred = fb.predict("single", spec, graph, fb.single_layout(graph), floor=0, rates=rates, threads=t,
-                              cores_per_node=t, ranks_per_node=1)
+            pred = predict(raw["engine"]["name"], spec, graph, single_layout(graph), floor=0, rates=rates, threads=t,
+                           cores_per_node=t, ranks_per_node=1, source=path)
             predicted = float(pred.rank_seconds[0])
             n = calibration_epochs(predicted)
             seconds = _calibration_epochs(raw, d, f"run{t}", t, n)[0]
@@ -468,7 +494,7 @@ def measure_contention(config: Any, spec: Any, nodes: int, crowds: list[tuple[in
     started at once, against one run alone at as many threads before them and one after: the copies' median
     epoch over the lone runs' mean.
     It replaces the "``over`` ranks per core run ``over`` times slower" of the plain model
-    (:meth:`hpc_graph.plan.fullbatch.Rates.slowdown`): cores time-shared between ranks also share their caches,
+    (:meth:`hpc_graph.plan.rates.Rates.slowdown`): cores time-shared between ranks also share their caches,
     and kernels with large working sets (GAT's attention) lose more than the time slice."""
     import statistics
     import tempfile
@@ -538,12 +564,15 @@ def _links(args: argparse.Namespace, config: Any, comm: Any) -> tuple[Any, Any, 
     return exchange, allreduce, link, source
 
 
-def _run_fullbatch(args: argparse.Namespace, config: Any) -> int:
+def _run_planned(args: argparse.Namespace, config: Any) -> int:
     from data_io.errors import DataError
     from hpc_graph.comm import get_communicator
-    from hpc_graph.plan import fullbatch as fb
+    from hpc_graph.engines import engine_class
+    from hpc_graph.plan import predict as pr
+    from hpc_graph.plan import shapes
 
     engines = parse_engines(args.engines, config.engine.name)
+    classes = {e: engine_class(e, args.data or config.data.path) for e in engines}
     memory = _size(args.memory_per_rank, "--memory-per-rank") if args.memory_per_rank is not None else None
     calibration = parse_calibration(args.calibration)
     cut = parse_cut(args.cut_fraction)
@@ -569,7 +598,7 @@ def _run_fullbatch(args: argparse.Namespace, config: Any) -> int:
             if is_graph_level(data):
                 raise CLIError(f"--data: {data} is a graph-level dataset (many small graphs, /graphs/ptr): hpc-graph "
                                "plan describes full-batch training of one graph, not steps over batches of graphs")
-            graph = fb.graph_from_partition(data) if os.path.isdir(data) else fb.graph_from_dataset(data)
+            graph = shapes.graph_from_partition(data) if os.path.isdir(data) else shapes.graph_from_dataset(data)
             assumptions.append(f"graph: {data}: {graph.nodes:,} nodes, {graph.edges:,} stored edges, "
                                f"{graph.features} features, {graph.classes} classes, {graph.train_nodes:,} training "
                                f"nodes, {'directed' if graph.directed else 'undirected'}")
@@ -579,10 +608,7 @@ def _run_fullbatch(args: argparse.Namespace, config: Any) -> int:
             assumptions.append(f"graph: described: {graph.nodes:,} nodes, {graph.edges:,} stored edges (CSR entries), "
                                f"{graph.features} features, {graph.classes} classes, {graph.train_nodes:,} training "
                                f"nodes, {'directed' if graph.directed else 'undirected (CSR = its transpose)'}")
-        lab = config.recipes.label_aug
-        spec = fb.model_spec(config.model, graph.features, graph.classes, dtype=config.train.dtype,
-                             optimizer=config.optim.name, momentum=config.optim.momentum,
-                             feature_norm=config.data.feature_norm, label_aug=lab)
+        spec = pr.spec_from_config(config, graph)
     except DataError as exc:
         raise CLIError(str(exc)) from None
     except ValueError as exc:
@@ -590,19 +616,19 @@ def _run_fullbatch(args: argparse.Namespace, config: Any) -> int:
     parted = None
     if data is not None and os.path.isdir(data):
         try:
-            parted = fb.layout_from_partition(data)
+            parted = shapes.layout_from_partition(data)
         except DataError as exc:
             raise CLIError(str(exc)) from None
     default = [parted.ranks] if parted is not None else ([1] if data is not None else [2 ** k for k in range(9)])
     shown, searched = parse_ranks(args.ranks, default)
-    dropped_single = "single" in engines and engines != ["single"] and 1 not in searched
-    if dropped_single:
-        engines = [e for e in engines if e != "single"]
-    if engines == ["single"] and 1 not in searched:
-        raise CLIError("--engines: 'single' runs on one rank, but --ranks has no 1")
-    if engines == ["flow"] and min(searched) > spec.layers:
-        raise CLIError(f"--ranks: flow runs one stage of layers per rank, and model.num_layers is {spec.layers}; "
-                       f"no rank count in {args.ranks or searched} is at most that")
+    one = [e for e in engines if classes[e].max_ranks == 1]  # engines of one process
+    dropped = [e for e in one if len(engines) > 1 and 1 not in searched]
+    engines = [e for e in engines if e not in dropped]
+    if engines and all(classes[e].max_ranks == 1 for e in engines) and 1 not in searched:
+        raise CLIError(f"--engines: {engines[0]!r} runs on one rank, but --ranks has no 1")
+    if engines and all(classes[e].kind == "pipeline" for e in engines) and min(searched) > spec.layers:
+        raise CLIError(f"--ranks: {engines[0]} runs one stage of layers per rank, and the model has {spec.layers} "
+                       f"layers; no rank count in {args.ranks or searched} is at most that")
     degrees = None
     if data is not None and os.path.isfile(data) and graph.edges <= 500_000_000:
         degrees = _degrees(data, graph)
@@ -619,14 +645,14 @@ def _run_fullbatch(args: argparse.Namespace, config: Any) -> int:
 
     def layout(P: int) -> Any:
         if P == 1:
-            return fb.single_layout(graph)
+            return shapes.single_layout(graph)
         if parted is not None and parted.ranks == P:
             return parted
         c, at = cut if cut is not None else (1.0 - 1.0 / P, None)
         if cut is None:
             c, at = 1.0 - 1.0 / P, None
-        return fb.layout_from_cut_model(graph, P, c, at=at, edge_imbalance=args.edge_imbalance,
-                                        out_degrees=degrees)
+        return shapes.layout_from_cut_model(graph, P, c, at=at, edge_imbalance=args.edge_imbalance,
+                                            out_degrees=degrees)
 
     # floor, threads, rates
     from hpc_graph.comm.threads import affinity_cpus
@@ -652,10 +678,10 @@ def _run_fullbatch(args: argparse.Namespace, config: Any) -> int:
         from hpc_graph.plan.profile import kernel_rates
 
         dtype = torch.float64 if config.train.dtype == "float64" else torch.float32
-        gat = spec.name == "gat"
+        gat = spec.attention
         csr, what = (None, "")
         if args.rates == "graph" and data is not None:
-            csr, what = fb.rank_csr(data, parted or fb.single_layout(graph), 4_000_000)
+            csr, what = shapes.rank_csr(data, parted or shapes.single_layout(graph), 4_000_000)
         by_threads: dict[int, float] = {}
         # the thread counts the planned ranks run (at most this process's): the fewest and the most; the kernels
         # are measured at the fewest (the ranks of the most ranks per node), extrapolated to the others
@@ -663,16 +689,16 @@ def _run_fullbatch(args: argparse.Namespace, config: Any) -> int:
         wanted = set()
         for P in shown:
             rpn = min(P, args.ranks_per_node) if args.ranks_per_node else P
-            wanted.add(min(threads_fixed or fb.threads_for(rpn, cores)[0], here))
+            wanted.add(min(threads_fixed or pr.threads_for(rpn, cores)[0], here))
         wanted = {min(wanted), max(wanted)}
         if calibration is None:
-            found, kr = measure_calibration(config, spec, _fullest_nodes(parted or fb.single_layout(graph)),
+            found, kr = measure_calibration(config, spec, _fullest_nodes(parted or shapes.single_layout(graph)),
                                             sorted(wanted), dtype, rank_graph=(csr, what))
             del csr
             by_threads = {t: f for t, (f, _) in found.items()}
             overhead = by_threads[max(by_threads)]
             cal_src = "; ".join(f"{f:+.3f} s from a {how}" for f, how in found.values())
-            contention, cont_src = _contention(args, config, spec, parted or fb.single_layout(graph), shown, cores,
+            contention, cont_src = _contention(args, config, spec, parted or shapes.single_layout(graph), shown, cores,
                                                threads_fixed)
         else:
             kr = kernel_rates(csr, dtype, gat=gat, label=what, threads=min(wanted))
@@ -680,7 +706,9 @@ def _run_fullbatch(args: argparse.Namespace, config: Any) -> int:
             overhead, cal_src = calibration, f"{calibration:+.3f} s (--calibration)"
             contention, cont_src = {}, ("not measured (--calibration given): a rank running k threads per core runs "
                                         "k times slower" if _crowds(args, shown, cores, threads_fixed) else "")
-        rates = fb.Rates.from_kernels(kr, exchange=exchange, allreduce=allreduce, link=link, step_overhead=overhead,
+        from hpc_graph.plan.rates import Rates
+
+        rates = Rates.from_kernels(kr, exchange=exchange, allreduce=allreduce, link=link, step_overhead=overhead,
                                       step_overhead_threads=by_threads, contention=contention,
                                       sources={"kernels": f"measured now on {kr.graph} at {kr.threads} thread(s) "
                                                           f"({kr.seconds:.1f} s)", "links": links_src,
@@ -689,55 +717,44 @@ def _run_fullbatch(args: argparse.Namespace, config: Any) -> int:
     preds: list[Any] = []
     smallest: dict[str, int | None] = {}
     shown_set = set(shown)
-    prefetch = bool(config.engine.prefetch)
-    try:
-        codec = fb.engine_codec("sylvie", config.engine) if "sylvie" in engines else None
-    except ValueError as exc:
-        raise CLIError(str(exc)) from None
-    flow_opts = None
-    if "flow" in engines:
-        try:
-            flow_opts = fb.check_flow(config.engine)
-        except ValueError as exc:
-            raise CLIError(str(exc)) from None
     unplanned: set[str] = set()
-    if dropped_single:
-        assumptions.append("single: not planned (one process; --ranks has no 1)")
+    for e in dropped:
+        assumptions.append(f"{e}: not planned (one process; --ranks has no 1)")
     for engine in engines:
-        counts = [1] if engine == "single" else searched
-        if engine == "flow":  # one stage of at least one layer per rank
+        cls = classes[engine]
+        opts = cls.options_from_config(config)
+        counts = [1] if cls.max_ranks == 1 else searched
+        if cls.kind == "pipeline":  # one stage of at least one layer per rank
             counts = [P for P in searched if P <= spec.layers]
             if len(counts) < len(searched):
-                assumptions.append(f"flow: not planned on more ranks than the model's {spec.layers} layers")
+                assumptions.append(f"{engine}: not planned on more ranks than the model's {spec.layers} layers")
             if not counts:
                 unplanned.add(engine)
-        found = None
-        for P in counts:
-            if engine == "single" and P != 1:
-                continue
-            lay = layout(P)
+
+        def plan_at(P: int) -> Any:
             rpn = min(P, args.ranks_per_node) if args.ranks_per_node else P
-            t_rank, share = fb.threads_for(rpn, cores)
-            pred = fb.predict(engine, spec, graph, lay, floor=floor + (fb.MPI_ALLOWANCE_BYTES if P > 1 else 0),
-                              rates=rates if P in shown_set else None, prefetch=prefetch, memory_per_rank=memory,
-                              cores_per_node=cores, ranks_per_node=rpn, threads=threads_fixed or t_rank,
-                              codec=codec if engine == "sylvie" else None, flow=flow_opts or (1, "cost"))
-            if memory is not None and found is None and pred.fits:
-                found = P
-            if P in shown_set:
-                preds.append(pred)
-        smallest[engine] = found
-    assumptions += _model_assumptions(spec, config, prefetch)
-    if codec is not None:
-        assumptions.append(codec.describe() + ("; the stale exchanges are hidden behind the step's computation "
-                                               "up to its length" if codec.stale else ""))
-    if flow_opts is not None:
-        assumptions.append(f"flow: the whole graph on every rank, one stage of layers each (at most {spec.layers} ranks), "
-                           f"{flow_opts[0]} micro-batch(es), cross_edges exact (stages run one after the other); "
-                           "the epoch adds the stages' steps and every activation transfer; the first stage also "
-                           "times every layer once to split the stages")
+            t_rank, share = pr.threads_for(rpn, cores)
+            try:
+                return pr.predict(engine, spec, graph, pr.layout_for(cls, graph, P, layout),
+                                  floor=floor + (pr.MPI_ALLOWANCE_BYTES if P > 1 else 0),
+                                  rates=rates if P in shown_set else None, memory_per_rank=memory,
+                                  cores_per_node=cores, ranks_per_node=rpn, threads=threads_fixed or t_rank,
+                                  options=opts, source=data)
+            except (ValueError, NotImplementedError) as exc:
+                raise CLIError(str(exc)) from None
+
+        fits = {}
+        for P in (P for P in counts if P in shown_set):
+            pred = plan_at(P)
+            preds.append(pred)
+            fits[P] = bool(pred.fits)
+        smallest[engine] = _smallest_fit(counts, fits, lambda P: bool(plan_at(P).fits)) if memory is not None \
+            else None
+        assumptions += cls.plan_assumptions(opts)
+    assumptions += _model_assumptions(spec, config)
     assumptions.append(f"process floor: {floor / 2**20:.0f} MiB ({floor_src})"
-                       + (f", + {fb.MPI_ALLOWANCE_BYTES >> 20} MiB with 2+ ranks (MPI)" if any(p > 1 for p in shown) else ""))
+                       + (f", + {pr.MPI_ALLOWANCE_BYTES >> 20} MiB with 2+ ranks (MPI)"
+                          if any(p > 1 for p in shown) else ""))
     assumptions.append(f"threads: {cores} cores per node; ranks per node: "
                        f"{args.ranks_per_node or 'all ranks on one node'}; a rank runs max(1, cores // ranks per "
                        "node) threads" + (f" (train.threads = {threads_fixed})" if threads_fixed else ""))
@@ -750,6 +767,9 @@ def _run_fullbatch(args: argparse.Namespace, config: Any) -> int:
         assumptions.append(rates.sources["links"])
     else:
         assumptions.append(f"rates: {rate_src}")
+    if memory is not None and len(searched) > len(shown):
+        assumptions.append("smallest rank count: bisection between the planned counts of the range (per-rank "
+                           "memory falls as ranks are added)")
     print(format_table(preds, memory))
     if memory is not None:
         for engine in engines:
@@ -758,8 +778,8 @@ def _run_fullbatch(args: argparse.Namespace, config: Any) -> int:
                       f"rank counts (at most {spec.layers}, one layer per rank)")
                 continue
             p = smallest.get(engine)
-            counts = [1] if engine == "single" else searched
-            if engine == "flow":  # one layer per rank at the most
+            counts = [1] if classes[engine].max_ranks == 1 else searched
+            if classes[engine].kind == "pipeline":  # one layer per rank at the most
                 counts = [P for P in counts if P <= spec.layers] or counts
             lim = max(counts)
             print(f"smallest rank count that fits {args.memory_per_rank} per rank, {engine}: "
@@ -773,7 +793,8 @@ def _run_fullbatch(args: argparse.Namespace, config: Any) -> int:
         out = {"engines": engines, "ranks": shown, "memory_per_rank": memory, "floor_bytes": floor,
                "smallest_fitting": smallest, "assumptions": assumptions,
                "rates": None if rates is None else {k: v for k, v in rates.__dict__.items() if k not in ("link",)},
-               "model": spec.__dict__, "graph": graph.__dict__, "predictions": [p.as_dict() for p in preds]}
+               "model": {**spec.__dict__, "model": vars(spec.model)}, "graph": graph.__dict__,
+               "predictions": [p.as_dict() for p in preds]}
         try:
             with open(args.json, "w", encoding="utf-8") as fh:
                 json.dump(out, fh, indent=1, default=str)
@@ -785,12 +806,12 @@ def _run_fullbatch(args: argparse.Namespace, config: Any) -> int:
 
 def _crowds(args: argparse.Namespace, shown: list[int], cores: int, threads_fixed: int | None) -> set[tuple[int, int]]:
     """``(ranks per node, threads)`` of the rank counts shown that run more threads than a node's ``cores``."""
-    from hpc_graph.plan import fullbatch as fb
+    from hpc_graph.plan.predict import threads_for
 
     crowds = set()
     for P in shown:
         rpn = min(P, args.ranks_per_node) if args.ranks_per_node else P
-        t_rank, _ = fb.threads_for(rpn, cores)
+        t_rank, _ = threads_for(rpn, cores)
         thr = threads_fixed or t_rank
         if thr * rpn > cores:
             crowds.add((rpn, thr))
@@ -837,14 +858,12 @@ def _degrees(path: str, graph: Any) -> Any:
         return np.bincount(np.asarray(ds.indices()), minlength=graph.nodes)
 
 
-def _model_assumptions(spec: Any, config: Any, prefetch: bool) -> list[str]:
-    heads = f", heads {spec.heads} (output {spec.out_heads})" if spec.name == "gat" else ""
-    out = [f"model: {spec.name}, {spec.layers} layers, hidden {spec.hidden}{heads}, input width {spec.in_dim}, "
-           f"{spec.classes} classes, dropout {spec.dropout:g}, {spec.dtype}, optimiser {spec.optimizer}"
-           f"{' (feature_norm row: two copies of the features)' if spec.feature_copies == 2 else ''}",
-           f"sar prefetch: {'on (3 blocks resident)' if prefetch else 'off (2 blocks resident)'}; column indices "
-           "int32, row pointers and ids int64 in memory; peaks include loading, one step and the evaluation pass; "
-           "freed memory is returned to the system (glibc with a low mmap threshold, e.g. "
+def _model_assumptions(spec: Any, config: Any) -> list[str]:
+    out = [f"model: {spec.describe()}"
+           f"{' (feature_norm row: two copies of the features)' if spec.feature_norm == 'row' else ''}",
+           "each rank's step (two training steps and the evaluation pass) run on shapes through the engine's and "
+           "the model's own code; column indices int32, row pointers and ids int64 in memory; peaks include "
+           "loading; freed memory is returned to the system (glibc with a low mmap threshold, e.g. "
            "MALLOC_MMAP_THRESHOLD_=1048576)"]
     if config.data.feature_layout == "sparse":
         out.append("data.feature_layout sparse: features counted as dense (the planner does not model CSR features)")

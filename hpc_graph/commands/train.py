@@ -5,9 +5,10 @@ train ...``). The config is loaded and checked on every rank before anything
 else: a bad field ends the command with one line naming it and exit status 2.
 Rank 0 prints the final summary line.
 
-Before loading anything, every rank predicts the memory it will use (``hpc_graph.plan.fullbatch``,
-engines single/dp/sar) and the job stops, on every rank, with one line when the ranks of a host would
-need more than it has (``data_io.memory.available_bytes``); ``--force`` starts it anyway.
+Before loading anything, every rank predicts the memory it will use (``hpc_graph.plan.predict``: its step run
+on shapes, every engine that can be planned) and the job stops, on every rank, with one line when the ranks of
+a host would need more than it has (``data_io.memory.available_bytes``), or when the estimate fails;
+``--force`` starts it anyway.
 
 Exit status: 0 done; 1 failed (non-finite loss with ``train.on_nonfinite: stop``;
 a crash on any rank aborts the job with MPI_Abort); 2 bad config, data or resume, or a job that

@@ -136,6 +136,26 @@ def create_engine(name: str, source: str, *args, **kwargs) -> Engine:
     return engine_class(name, source)(source, *args, **kwargs)
 
 
+def plannable(cls: type[Engine]) -> bool:
+    """Whether ``hpc-graph plan`` can run a rank of engine ``cls`` on shapes (it declares
+    :meth:`~Engine.plan_graph` or :meth:`~Engine.plan_instance`)."""
+    return (cls.plan_instance.__func__ is not Engine.plan_instance.__func__
+            or cls.plan_graph.__func__ is not Engine.plan_graph.__func__)
+
+
+def plannable_engines() -> tuple[str, ...]:
+    """The engines :func:`plannable` says ``hpc-graph plan`` runs on shapes."""
+    return tuple(n for n, cls in engine_classes().items() if plannable(cls))
+
+
+def reference_engine() -> str:
+    """The engine every other is checked against: one process, the whole graph from a dataset file, exact."""
+    for name, cls in engine_classes().items():
+        if cls.max_ranks == 1 and cls.data_source == "file" and cls.exact and cls.kind == "full":
+            return name
+    raise LookupError("no one-process whole-graph engine is registered")
+
+
 def resolve_engine(name: str, size: int, data_path: str | os.PathLike | None, model: Any = None) -> str:
     """``engine.name`` resolved: ``auto`` is ``single`` on one process with a dataset file, else ``dp``; for a
     graph transformer (``model.sequence``: a :class:`~hpc_graph.nn.models.ModelSpec`) ``single`` on one process,

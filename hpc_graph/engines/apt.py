@@ -172,6 +172,25 @@ class APTEngine(Engine):
         check_fanouts_for_model(config.sampler.fanouts, model, mc)
 
     @classmethod
+    def dry_run_report(cls, config: Any, comm: Any) -> dict[str, Any]:
+        """What ``hpc-graph plan`` shows for apt (collective): every rank loads its part and the engine runs its
+        dry run and cost model with ``strategy: auto``, every strategy timed here (nothing trains after it): the
+        table of predicted epochs per strategy and the choice."""
+        dtype = {"float32": torch.float32, "float64": torch.float64}[config.train.dtype]
+        logging.getLogger("hpc_graph.plan.dry_run").setLevel(logging.WARNING)  # the table is the report
+        options = {**cls.options_from_config(config), "strategy": "auto", "plan_timing": "dry_run"}
+        engine = cls(config.data.path, comm, torch.device("cpu"), dtype, options)
+        plan = engine.plan
+        return {"table": plan.table(),
+                "summary": f"choice: {plan.choice} (predicted epoch {plan.predicted(plan.choice):.3f} s on "
+                           f"{comm.size} rank(s))",
+                "json": {"ranks": int(comm.size), "choice": plan.choice, "iterations": plan.iterations,
+                         "dry_run_seconds": plan.dry_seconds, "profile": plan.profile.as_dict(),
+                         "strategies": {s: {"epoch_seconds": c.total, "seconds": c.seconds, "bytes": c.bytes,
+                                            "memory_mb": c.memory_mb, "fits": c.fits, "reason": c.reason}
+                                        for s, c in plan.costs.items()}}}
+
+    @classmethod
     def options_from_config(cls, config: Any) -> dict[str, Any]:
         """The config's options, and what the cost model (and NFP's check) must know of the model."""
         mc = config.model

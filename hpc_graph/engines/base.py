@@ -97,6 +97,9 @@ class Engine(ABC):
     engine whose iterations allocate tensors of changing sizes many times a second (sampled batches) declares
     0, so that their pages are reused instead of faulted in every iteration.
 
+    ``exact``: True where the engine trains the model ``single`` trains on one process, whatever the rank count
+    (``dp``, ``sar``); False where it trades that for speed or memory (quantised, stale or dropped messages).
+
     ``shared_rng``: True where every rank's model makes the calls one process would make on the whole graph
     and keys its randomness on node ids (``GraphContext.row_ids``: ``dp``, ``sar``, ``sylvie``, ``seqpar``, and
     ``apt``, whose strategies then agree with dropout): the ranks
@@ -114,6 +117,7 @@ class Engine(ABC):
     max_ranks: ClassVar[int | None] = None
     graph_level: ClassVar[bool] = False
     cotraining: ClassVar[bool] = False
+    exact: ClassVar[bool] = False
     Options: ClassVar[type] = NoOptions
     idle_hook: Any = None
     shared_rng: ClassVar[bool] = False
@@ -227,6 +231,19 @@ class Engine(ABC):
         eng.graph = ctx
         eng.num_classes, eng.num_features = int(graph.classes), int(graph.features)
         return eng
+
+    @classmethod
+    def plan_assumptions(cls, options: dict[str, Any]) -> list[str]:
+        """What a plan of this engine with ``options`` assumes beyond the step it runs (printed by ``hpc-graph
+        plan``). Default: nothing."""
+        return []
+
+    @classmethod
+    def dry_run_report(cls, config: Any, comm: Any) -> dict[str, Any] | None:
+        """An engine that plans its own runs by a dry run on the data (collective: every rank of the job calls
+        it): ``{"table": text, "summary": one line, "json": dict}``. Default None: the planner runs the step on
+        shapes (:meth:`plan_instance`)."""
+        return None
 
     @classmethod
     def plan_load_extra(cls, graph: Any, rank: Any, ranks: int, dtype: str, options: dict[str, Any]) -> int:

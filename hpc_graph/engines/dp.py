@@ -41,6 +41,7 @@ class DPEngine(Engine):
     shared_rng = True
     summary = "full-batch domain parallel: halo rows exchanged forward, their gradients returned backward."
     graph_level = True
+    exact = True
     Options = GraphBatchOptions
 
     @classmethod

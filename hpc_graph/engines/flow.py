@@ -125,6 +125,13 @@ class FlowEngine(Engine):
         return None
 
     @classmethod
+    def plan_assumptions(cls, options: dict[str, Any]) -> list[str]:
+        m = int(options.get("microbatches", 1) or 1)
+        return [f"flow: the whole graph on every rank, one stage of layers each, {m} micro-batch(es) of equal size, "
+                "cross_edges exact (stages run one after the other); the epoch adds the stages' steps and every "
+                "activation transfer"]
+
+    @classmethod
     def plan_load_extra(cls, graph: Any, rank: Any, ranks: int, dtype: str, options: dict[str, Any]) -> int:
         """Renaming the nodes into micro-batch order (several micro-batches): the file's columns, four int64
         arrays per edge (rows, sources, the sort order, the sorted columns) and a renamed copy of the features;
@@ -141,8 +148,8 @@ class FlowEngine(Engine):
         """Stage ``rank.rank`` of ``ranks`` from sizes alone (the planner's): the whole graph, the micro-batches of
         equal size (METIS decides them from the data), exact cross edges; ``hints["boundaries"]``: the stage
         split the planner chose (else this engine's own, by count or by the units' costs measured on shapes).
-        Raises ValueError for cross edges stale or drop with several micro-batches (their sizes come from the
-        data)."""
+        Raises NotImplementedError for cross edges stale or drop with several micro-batches (their sizes come
+        from the data): ``train`` then starts without a memory estimate, ``hpc-graph plan`` names the option."""
         eng = cls.__new__(cls)
         Engine.__init__(eng, "<flow: sizes only>", comm, torch.device("meta"), dtype, options)
         o = eng.opts
@@ -150,8 +157,8 @@ class FlowEngine(Engine):
         cls.check_options(eng.options, eng.num_stages)
         m, n = int(o.microbatches), int(graph.nodes)
         if m > 1 and o.cross_edges != "exact":
-            raise ValueError(f"engine.cross_edges: the planner runs flow's exact mode (or one micro-batch), not "
-                             f"{o.cross_edges!r} with {m} micro-batches")
+            raise NotImplementedError(f"engine.cross_edges: the planner runs flow's exact mode (or one micro-batch), "
+                                      f"not {o.cross_edges!r} with {m} micro-batches")
         eng.cross_edges, eng.stage_split, eng.seed = o.cross_edges, o.stage_split, int(eng.options["seed"])
         eng.num_microbatches = m
         eng.offsets = np.array([n * k // m for k in range(m + 1)], dtype=np.int64)

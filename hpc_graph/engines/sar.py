@@ -112,11 +112,17 @@ class SAREngine(Engine):
     name = "sar"
     summary = "sequential aggregation and rematerialisation: one remote partition in memory at a time."
     shared_rng = True
+    exact = True
     Options = SAROptions
 
     @classmethod
     def model_problem(cls, model: Any, mc: Any) -> str | None:
         return partition_model_problem(model, mc)
+
+    @classmethod
+    def plan_assumptions(cls, options: dict[str, Any]) -> list[str]:
+        on = bool(options.get("prefetch", True))
+        return [f"sar prefetch: {'on (3 blocks resident)' if on else 'off (2 blocks resident)'}"]
 
     @classmethod
     def plan_load_extra(cls, graph: Any, rank: Any, ranks: int, dtype: str, options: dict[str, Any]) -> int:

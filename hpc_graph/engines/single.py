@@ -54,6 +54,7 @@ class SingleEngine(Engine):
     kind = "full"
     data_source = "file"
     max_ranks = 1
+    exact = True
     graph_level = True
     cotraining = True
     Options = SingleOptions

@@ -244,6 +244,14 @@ class SylvieEngine(Engine):
         self.reset_stats()  # loading exchanged halo ids and importances: count training traffic only
 
     @classmethod
+    def plan_assumptions(cls, options: dict[str, Any]) -> list[str]:
+        o = cls.parse_options({k: v for k, v in options.items() if k not in ("seed", "feature_norm")})
+        bits = "the widest width, 8 bits, for every row (bits: auto)" if o.bits == "auto" else f"{o.bits} bits"
+        return [f"sylvie: halo rows and gradients at {bits}, {o.scale_dtype} scales; pipeline {o.pipeline}"
+                + ("; the stale exchanges are hidden behind the step's computation up to its length"
+                   if o.pipeline != "off" else "")]
+
+    @classmethod
     def plan_instance(cls, graph: Any, rank: Any, ranks: int, comm: Any, dtype: torch.dtype,
                       options: dict[str, Any], hints: dict[str, Any] | None = None) -> "SylvieEngine":
         """The engine of ``rank`` from sizes alone (the planner's): every row of a message at one width, the

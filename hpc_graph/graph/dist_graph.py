@@ -206,7 +206,7 @@ class DistGraph:
         ids = lambda k: torch.empty(k, dtype=torch.int64, device=meta)  # noqa: E731
         dg.gid, dg.halo_gid = ids(n), ids(h)
         dg.local_gid = torch.cat([dg.gid, dg.halo_gid])
-        dg.orig_id = ids(n) if P > 1 else dg.gid
+        dg.orig_id = ids(n)  # a partition file always carries the source ids
         dg.halo_orig_id = ids(h)
         dg.local_orig_id = torch.cat([dg.orig_id, dg.halo_orig_id])
         dg.edge_type, dg.num_relations = None, 1

@@ -60,7 +60,8 @@ class DistBatchNorm(nn.Module):
             acc = torch.float64 if x.dtype in (torch.float16, torch.bfloat16, torch.float32) else x.dtype
             count = torch.full((1,), float(x.shape[0]), dtype=acc, device=x.device)
             stats = graph.all_reduce_sum(torch.cat([xc.sum(0, dtype=acc), (xc * xc).sum(0, dtype=acc), count]))
-            n = float(stats[2 * f].detach())
+            # a shape-only (meta) step has no count to read: its own rows stand in, nothing depends on the value
+            n = float(x.shape[0]) if stats.is_meta else float(stats[2 * f].detach())
             if n <= 1:
                 raise ValueError(f"DistBatchNorm: need more than 1 row over all ranks when training, got {n:g}")
             m = stats[:f] / n

@@ -57,7 +57,7 @@ def _gids(name: str, gid, n: int, p: float, device) -> torch.Tensor | None:
     gid = torch.as_tensor(gid, device=device)
     if gid.dtype != torch.int64 or tuple(gid.shape) != (n,):
         raise ValueError(f"{name}: expected an int64 tensor of shape ({n},), got {gid.dtype} {tuple(gid.shape)}")
-    if n and int(gid.min()) < 0:
+    if n and not gid.is_meta and int(gid.min()) < 0:
         raise ValueError(f"{name}: global ids must be >= 0")
     return gid.contiguous()
 

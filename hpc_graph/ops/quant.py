@@ -92,6 +92,30 @@ def _layout_cached(bits_bytes: bytes, width: int, extra: int, itemsize: int, par
     if group_start[4] != n_q:
         bad = sorted(set(np.unique(bits).tolist()) - set(QUANT_BITS) - {FULL_BITS})
         raise ValueError(f"message layout: bit widths must be in {QUANT_BITS + (FULL_BITS,)}, got {bad}")
+    raw_index, q_index = torch.from_numpy(raw_rows.copy()), torch.from_numpy(q_rows.copy())
+    for a in (order, q_rows, raw_rows):
+        a.setflags(write=False)
+    return _assemble(m, width, extra, itemsize, param_itemsize, raw_rows, q_rows, group_start, raw_index, q_index)
+
+
+@functools.lru_cache(maxsize=256)
+def _shape_layout(m: int, bits: int, width: int, extra: int, itemsize: int, param_itemsize: int) -> MessageLayout:
+    """The layout of ``m`` rows all at ``bits`` for a shape-only (``meta``) message: its sizes and offsets are
+    those of :func:`message_layout`; its row lists hold no data (nothing reads them on ``meta``)."""
+    n_q = 0 if bits == FULL_BITS else m
+    group_start = np.zeros(5, np.int64)
+    for g, b in enumerate(QUANT_BITS):
+        group_start[g + 1] = group_start[g] + (n_q if b == bits else 0)
+    nothing = lambda k: np.broadcast_to(np.zeros(1, np.int64), (k,))  # noqa: E731  (a length, no storage)
+    meta = lambda k: torch.empty(k, dtype=torch.int64, device="meta")  # noqa: E731
+    return _assemble(m, width, extra, itemsize, param_itemsize, nothing(m - n_q), nothing(n_q), group_start,
+                     meta(m - n_q), meta(n_q))
+
+
+def _assemble(m: int, width: int, extra: int, itemsize: int, param_itemsize: int, raw_rows: np.ndarray,
+              q_rows: np.ndarray, group_start: np.ndarray, raw_index: torch.Tensor,
+              q_index: torch.Tensor) -> MessageLayout:
+    n_q = int(group_start[4])
     code_start = group_layout(group_start, width)
     off = {"raw": 0}
     off["extra"] = off["raw"] + len(raw_rows) * width * itemsize
@@ -101,24 +125,27 @@ def _layout_cached(bits_bytes: bytes, width: int, extra: int, itemsize: int, par
     off["end"] = off["codes"] + int(code_start[4])
     hist = {b: int(group_start[g + 1] - group_start[g]) for g, b in enumerate(QUANT_BITS)}
     hist[FULL_BITS] = len(raw_rows)
-    raw_index, q_index = torch.from_numpy(raw_rows.copy()), torch.from_numpy(q_rows.copy())
-    for a in (order, q_rows, raw_rows, group_start, code_start):
+    for a in (group_start, code_start):
         a.setflags(write=False)
     return MessageLayout(m, width, extra, itemsize, param_itemsize, raw_rows, q_rows, group_start, code_start,
                          off, {b: c for b, c in hist.items() if c}, raw_index, q_index)
 
 
 def message_layout(bits: np.ndarray, width: int, extra: int = 0, dtype: torch.dtype = torch.float32,
-                   param_dtype: torch.dtype = torch.float32) -> MessageLayout:
+                   param_dtype: torch.dtype = torch.float32, *, shape_only: bool = False) -> MessageLayout:
     """Layout of a message whose rows have bit widths ``bits`` (int8[m], values 1, 2, 4, 8, 32).
 
     ``width``: quantised columns F; ``extra``: unquantised columns E; ``dtype``: the
     training dtype (full-precision rows and extra columns); ``param_dtype``: zero points
     and scales. Layouts are cached (the same bit table serves every layer of an epoch).
+    ``shape_only``: for a message of ``meta`` tensors (the planner's): one width for every row gives the
+    same sizes and offsets without the row lists.
     """
     bits = np.ascontiguousarray(bits, dtype=np.int8)
     itemsize = torch.empty((), dtype=dtype).element_size()
     pitem = torch.empty((), dtype=param_dtype).element_size()
+    if shape_only and bits.size and int(bits.min()) == int(bits.max()) and int(bits[0]) in QUANT_BITS + (FULL_BITS,):
+        return _shape_layout(int(bits.size), int(bits[0]), int(width), int(extra), itemsize, pitem)
     return _layout_cached(bits.tobytes(), int(width), int(extra), itemsize, pitem)
 
 
@@ -204,19 +231,23 @@ def encode(x: torch.Tensor, rows: torch.Tensor, layout: MessageLayout, *, extra:
         qsel = layout.q_index.to(dev)
         xrows = rows[qsel].contiguous()
         xa = as_array(x)
-        if ranges is None:
-            lo, hi = row_ranges(x, xrows)
+        if x.is_meta:  # sizes only (the planner): room for the parameters, no values to compute them from
+            z_t = torch.empty(n_q, dtype=torch.float32, device=dev)
+            s_t = torch.empty(n_q, dtype=torch.float32, device=dev)
         else:
-            lo, hi = ranges[0][layout.q_rows], ranges[1][layout.q_rows]
-        bits_q = np.repeat(np.array(QUANT_BITS, np.int8), np.diff(layout.group_start))
-        z, s = _params(lo, hi, bits_q, param_dtype)
-        bad = ~np.isfinite(z)
-        if bad.any():
-            s = s.copy()
-            s[bad] = np.nan  # decoded as a NaN row
-            if stats is not None:
-                stats.nonfinite += int(bad.sum())
-        z_t, s_t = torch.from_numpy(z).to(dev), torch.from_numpy(s).to(dev)
+            if ranges is None:
+                lo, hi = row_ranges(x, xrows)
+            else:
+                lo, hi = ranges[0][layout.q_rows], ranges[1][layout.q_rows]
+            bits_q = np.repeat(np.array(QUANT_BITS, np.int8), np.diff(layout.group_start))
+            z, s = _params(lo, hi, bits_q, param_dtype)
+            bad = ~np.isfinite(z)
+            if bad.any():
+                s = s.copy()
+                s[bad] = np.nan  # decoded as a NaN row
+                if stats is not None:
+                    stats.nonfinite += int(bad.sum())
+            z_t, s_t = torch.from_numpy(z).to(dev), torch.from_numpy(s).to(dev)
         _section(buf, off["zero"], off["scale"], param_dtype).copy_(z_t)
         _section(buf, off["scale"], off["codes"], param_dtype).copy_(s_t)
         codes = buf[off["codes"]:off["end"]]

@@ -200,9 +200,10 @@ def post(call: ExchangeCall, x: torch.Tensor, extra: torch.Tensor | None, direct
     extra = None if extra is None else extra.contiguous()
     full_row = (width + e) * x.element_size()
     if direction == "fwd":
-        lo, hi = row_ranges(x, plan.boundary) if len(plan.send_lid) > 1 else (None, None)
+        shared = len(plan.send_lid) > 1 and not x.is_meta  # rows sent to several peers: their ranges once
+        lo, hi = row_ranges(x, plan.boundary) if shared else (None, None)
         for q, lid in plan.send_lid.items():
-            lay = message_layout(table.send[q], width, e, dtype, call.param_dtype)
+            lay = message_layout(table.send[q], width, e, dtype, call.param_dtype, shape_only=x.is_meta)
             pos = plan.send_pos[q]
             sends[q] = encode(x, lid, lay, extra=extra, ids=plan.send_gid[q], key=key,
                               param_dtype=call.param_dtype, stats=es,
@@ -210,14 +211,14 @@ def post(call: ExchangeCall, x: torch.Tensor, extra: torch.Tensor | None, direct
             stats.add_rows(lay)
             stats.full_bytes["fwd"] += int(lid.shape[0]) * full_row
         for q, c in plan.recv_count.items():
-            lay = message_layout(table.recv[q], width, e, dtype, call.param_dtype)
+            lay = message_layout(table.recv[q], width, e, dtype, call.param_dtype, shape_only=x.is_meta)
             layouts[q], specs[q] = lay, ((lay.nbytes,), torch.uint8)
             lo = plan.halo_lo[q]
             rows[q] = torch.arange(lo, lo + c, device=dev)
     else:
         for q, c in plan.recv_count.items():
             lo = plan.halo_lo[q]
-            lay = message_layout(table.recv[q], width, e, dtype, call.param_dtype)
+            lay = message_layout(table.recv[q], width, e, dtype, call.param_dtype, shape_only=x.is_meta)
             sends[q] = encode(x, torch.arange(lo, lo + c, device=dev), lay, extra=extra,
                               ids=plan.halo_gid[lo:lo + c], key=key, param_dtype=call.param_dtype, stats=es)
             stats.add_rows(lay)
@@ -225,7 +226,7 @@ def post(call: ExchangeCall, x: torch.Tensor, extra: torch.Tensor | None, direct
         off = 0
         for q in sorted(plan.send_lid):
             s = int(plan.send_lid[q].shape[0])
-            lay = message_layout(table.send[q], width, e, dtype, call.param_dtype)
+            lay = message_layout(table.send[q], width, e, dtype, call.param_dtype, shape_only=x.is_meta)
             layouts[q], specs[q] = lay, ((lay.nbytes,), torch.uint8)
             rows[q] = torch.arange(off, off + s, device=dev)
             off += s

@@ -15,16 +15,19 @@ import torch
 
 
 class _Done:
-    """A request that is complete at once (what :meth:`PlanCommunicator.exchange_start` returns)."""
+    """A request that is complete at once (what :meth:`PlanCommunicator.exchange_start` returns); ``entry``: its
+    message, marked waited for when :meth:`wait` is called."""
 
-    def __init__(self, results: Any):
-        self._results = results
+    def __init__(self, results: Any, entry: dict | None = None):
+        self._results, self._entry = results, entry
         self.done = True
 
     def test(self) -> Any:
         return self._results if self._results is not None else True
 
     def wait(self) -> Any:
+        if self._entry is not None:
+            self._entry["waited"] = True
         return self._results
 
 
@@ -43,10 +46,12 @@ class PlanCommunicator:
         self.local_rank, self.local_size = 0, int(size)
         self.tracker, self.link = tracker, link
         self.max_message_bytes = (1 << 31) - 1
+        self._open: list[dict] = []
         self.reset_counters()
 
     def reset_counters(self) -> None:
         self.bytes_sent, self.comm_seconds = 0, 0.0
+        self.recv_max = 0  # the largest receive of one exchange (all its peers together)
         self.modeled_seconds = self.modeled_wait_seconds = 0.0
         self.bytes_by_op: dict[str, int] = {}
         self.modeled_by_op: dict[str, float] = {}
@@ -65,14 +70,30 @@ class PlanCommunicator:
                        device: Any = None, channel: int = 0) -> _Done:
         out_bytes = sum(int(t.numel()) * t.element_size() for p, t in sends.items() if p != self.rank)
         in_bytes = sum(_nbytes(shape, dtype) for p, (shape, dtype) in recv_specs.items() if p != self.rank)
+        self.recv_max = max(self.recv_max, sum(_nbytes(shape, dtype) for shape, dtype in recv_specs.values()))
         peers = len({p for p in list(sends) + list(recv_specs) if p != self.rank})
         with self.tracker.component("halo"):
             results = {p: (torch.empty if self.device == "meta" else torch.zeros)(tuple(shape), dtype=dtype,
                                                                                    device=self.device)
                        for p, (shape, dtype) in sorted(recv_specs.items())}
-        self.tracker.message(out_bytes, in_bytes, peers)
+        entry = {"message": (out_bytes, in_bytes, peers), "phase": self.tracker.current_phase, "waited": False}
+        self._open.append(entry)
         self._sent("exchange", out_bytes)
-        return _Done(results)
+        return _Done(results, entry)
+
+    def end_step(self) -> None:
+        """Report the step's exchanges to the tracker: those the step waited for, and in the background those
+        it left in flight (a pipelined exchange, waited for by the next step)."""
+        for e in self._open:
+            if e["phase"] in self.tracker.work:
+                out, inb, peers = e["message"]
+                before = self.tracker._phase
+                self.tracker._phase = e["phase"]
+                try:
+                    self.tracker.message(out, inb, peers, background=not e["waited"])
+                finally:
+                    self.tracker._phase = before
+        self._open = []
 
     def exchange(self, sends: dict[int, torch.Tensor], recv_specs: dict[int, tuple], *,
                  device: Any = None) -> dict[int, torch.Tensor]:

@@ -57,6 +57,7 @@ class StepSpec:
     label_aug: float = 0.0
     layers: int = 1
     parameters: int = 0
+    attention: bool = False  # the model runs the fused attention kernels (their rates are then measured)
 
     @property
     def name(self) -> str:
@@ -93,9 +94,24 @@ def step_spec(model: Any, num_features: int, num_classes: int, *, dtype: str = "
     units = net.pipeline_units() if hasattr(net, "pipeline_units") else None
     layers = len(units) if units is not None else int(getattr(net, "message_passing_layers", 0) or
                                                       getattr(model, "num_layers", 1))
-    return StepSpec(model=model, in_dim=in_dim, classes=classes, dtype=dtype, optimizer=str(optimizer),
+    spec = StepSpec(model=model, in_dim=in_dim, classes=classes, dtype=dtype, optimizer=str(optimizer),
                     momentum=float(momentum), feature_norm=str(feature_norm), label_aug=float(label_aug or 0.0),
                     layers=max(int(layers), 1), parameters=sum(p.numel() for p in net.parameters()))
+    return dataclasses.replace(spec, attention=_uses_attention(spec))
+
+
+def _uses_attention(spec: StepSpec) -> bool:
+    """Whether the model's step runs the fused attention kernels: its step planned on a small graph."""
+    from hpc_graph.engines import engine_class, reference_engine
+
+    graph = GraphShape(nodes=64, edges=256, features=spec.in_dim - (spec.classes if spec.label_aug else 0),
+                       classes=spec.classes, train_nodes=16)
+    try:
+        cls = engine_class(reference_engine())
+        plan = _plan(cls, {}, spec, graph, single_layout(graph).parts[0], 1)
+    except Exception:  # noqa: BLE001 - a model the whole-graph engine cannot run: no attention rates then
+        return False
+    return any(w.attention for w in plan.work.values())
 
 
 def spec_from_config(config: Any, graph: GraphShape) -> StepSpec:
@@ -304,6 +320,18 @@ def unit_costs(engine_cls: Any, options: dict, spec: StepSpec, graph: GraphShape
     return costs
 
 
+def _same_shape_key(rs: RankShape) -> tuple | None:
+    """What makes two ranks' steps the same: their sizes, when every peer of each looks alike (a described graph's
+    uniform cut; then no order in which an engine visits its peers can tell the ranks apart). ``None``: plan it."""
+    peers = [(h, s, rs.edges_from[q] if rs.edges_from else -1)
+             for q, (h, s) in enumerate(zip(rs.halo_from, rs.send_to)) if q != rs.rank]
+    if len(set(peers)) > 1:
+        return None
+    own = rs.edges_from[rs.rank] if rs.edges_from else -1
+    return (rs.owned, rs.edges, rs.local_edges, rs.halo, rs.send, rs.train, rs.boundary, own, len(peers),
+            tuple(peers[:1]))
+
+
 def predict(engine: str, spec: StepSpec, graph: GraphShape, layout: Layout, *, floor: int,
             rates: Rates | None = None, memory_per_rank: int | None = None, cores_per_node: int | None = None,
             ranks_per_node: int | None = None, threads: int | None = None, options: dict | None = None,
@@ -345,8 +373,15 @@ def predict(engine: str, spec: StepSpec, graph: GraphShape, layout: Layout, *, f
     best: MemoryEstimate | None = None
     worst: TimeEstimate | None = None
     peaks, seconds, sent, stage_times = [], [], [], []
+    planned: dict[tuple, RankPlan] = {}
     for rs, hint, extra in zip(layout.parts, hints, load_extra):
-        plan = _plan(cls, opts, spec, graph, rs, P, hints=hint, link=getattr(rates, "link", None))
+        key = None if pipeline else _same_shape_key(rs)
+        if key is not None and key in planned:
+            plan = dataclasses.replace(planned[key], rank=rs.rank)
+        else:
+            plan = _plan(cls, opts, spec, graph, rs, P, hints=hint, link=getattr(rates, "link", None))
+            if key is not None:
+                planned[key] = plan
         mem = memory_of(plan, floor, extra)
         peaks.append(mem.peak)
         if best is None or mem.peak > best.peak:

@@ -243,7 +243,7 @@ def time_layer(csr: Any, fin: int, fout: int, dtype: torch.dtype = torch.float32
     return _time(gemm, reps) * rows / timed_rows, _time(agg, reps)
 
 
-# -- kernel rates of the full-batch planner (hpc_graph.plan.fullbatch) -----------------------------------
+# -- kernel rates of the planner (hpc_graph.plan.predict) -----------------------------------------------
 @dataclasses.dataclass
 class KernelRates:
     """Per-edge costs of the aggregation kernels, GEMM and memory rates, measured on one graph (medians).

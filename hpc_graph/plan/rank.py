@@ -43,7 +43,8 @@ class RankPlan:
     ``work``: the second training step's work (``forward``, ``backward``, ``optimizer``) and the evaluation
     pass's (``evaluation``). ``bytes_sent``: what the training step sends (exchanges and all-reduces).
     ``load_held``: what the rank holds once loaded (graph, features), by component. ``share``: the fraction of
-    the model's units this rank runs (a pipeline stage's; 1 otherwise).
+    the model's units this rank runs (a pipeline stage's; 1 otherwise). ``halo_recv_max``: the largest receive of
+    one exchange in the training step.
     """
 
     rank: int
@@ -56,6 +57,7 @@ class RankPlan:
     bytes_sent: int
     load_held: dict[str, int] = dataclasses.field(default_factory=dict)
     share: float = 1.0
+    halo_recv_max: int = 0
 
 
 @contextlib.contextmanager
@@ -127,7 +129,8 @@ def run_steps(tracker: StepTracker, comm: Any, engine: Any, model: Any, graph: A
             for p in net.parameters():
                 tracker.adopt(p, "params")
             before = {id(p): p.untyped_storage()._cdata for p in net.parameters()}
-            engine.attach_model(net, x)  # a pipeline stage releases the other stages' parameters
+            with tracker.component("graph"):  # what its probes cache stays with the graph
+                engine.attach_model(net, x)  # a pipeline stage releases the other stages' parameters
             # the trainer's parameters: those the engine kept (a released one got new, empty data)
             params = []
             for p in net.parameters():
@@ -161,10 +164,20 @@ def run_steps(tracker: StepTracker, comm: Any, engine: Any, model: Any, graph: A
             with tracker.phase("forward"), tracker.component("activations"):
                 train_pass(engine, net, x, label, loss_mask, count)
         else:
-            with tracker.phase("forward"), tracker.component("activations"):
+            kept: dict[int, int] = {}
+            held_keys = {t.untyped_storage()._cdata for t in (*params, x, label, train_idx)}
+
+            def pack(t: torch.Tensor) -> torch.Tensor:  # what autograd saves for the backward pass
+                st = t.untyped_storage()
+                if t.numel() > 1 and st._cdata not in held_keys:
+                    kept.setdefault(st._cdata, int(st.nbytes()))
+                return t
+
+            with tracker.phase("forward"), tracker.component("activations"), \
+                    torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
                 logits = net(ctx, x)
                 loss = F.cross_entropy(logits[train_idx], label[train_idx], reduction="sum") / count
-            saved = max(saved, tracker.live_bytes("activations"))
+            saved = max(saved, sum(kept.values()))
         with tracker.phase("backward"), tracker.component("workspace"):
             if not pipeline:
                 loss.backward()
@@ -180,20 +193,25 @@ def run_steps(tracker: StepTracker, comm: Any, engine: Any, model: Any, graph: A
         with tracker.phase("optimizer"), tracker.component("params"):
             opt.step()
         engine.end_epoch(step, float("nan"), 0.0)
+        if hasattr(comm, "end_step"):
+            comm.end_step()
     share = 1.0
     if pipeline:
         saved = int(engine.stats().get("saved_bytes", 0))
         start, stop = engine.units
         share = (stop - start) / max(len(net.pipeline_units()), 1)
-    sent = comm.bytes_sent
+    sent, recv_max = comm.bytes_sent, getattr(comm, "recv_max", 0)
     held = dict(tracker.live)
     with tracker.phase("evaluation"), tracker.component("workspace"), torch.no_grad():
         net.eval()
         with engine.evaluation():
             pred = predict(engine, net, x) if pipeline else net(ctx, x).argmax(1)
         del pred
+    if hasattr(comm, "end_step"):
+        comm.end_step()
     del best
     return RankPlan(rank=int(getattr(comm, "rank", 0)), peak=int(tracker.peak),
                     components={c: int(tracker.peak_parts.get(c, 0)) for c in COMPONENTS},
                     where=tracker.peak_where, saved=int(saved), held={c: int(v) for c, v in held.items()},
-                    work=tracker.work, bytes_sent=int(sent), load_held=load_held, share=share)
+                    work=tracker.work, bytes_sent=int(sent), load_held=load_held, share=share,
+                    halo_recv_max=int(recv_max))

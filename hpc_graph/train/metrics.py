@@ -127,11 +127,12 @@ class SavedBytes:
 
     Every tensor saved for backward is counted once per storage (views of one storage count the storage once;
     a slice of the input features counts the whole feature matrix); the storages of ``exclude`` (the
-    parameters) are not counted. ``bytes`` holds the total after (and during) the block.
+    parameters) are not counted. ``bytes`` holds the total after (and during) the block. Storages are told apart
+    by identity, not by data pointer: on the meta device (a step run on shapes) every storage's pointer is 0.
     """
 
     def __init__(self, exclude: Any = ()):
-        self._skip = {t.untyped_storage().data_ptr() for t in exclude if not t.is_meta}
+        self._skip = {t.untyped_storage()._cdata for t in exclude}
         self._seen: set[int] = set()
         self.bytes = 0
         self._hooks: Any = None
@@ -141,7 +142,7 @@ class SavedBytes:
             storage = t.untyped_storage()
         except (RuntimeError, NotImplementedError):  # sparse tensors have no single storage
             return t
-        key = storage.data_ptr()
+        key = storage._cdata
         if key not in self._seen and key not in self._skip:
             self._seen.add(key)
             self.bytes += storage.nbytes()

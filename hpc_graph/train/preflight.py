@@ -169,20 +169,30 @@ def preflight(tr: Any, resume: str | os.PathLike | None) -> dict[str, Any] | Non
 def check_memory(tr: Any, force: bool) -> None:
     """Refuse to start when the ranks of a host would need more memory than it has (collective).
 
-    Each rank predicts what it will still allocate (:func:`hpc_graph.plan.fullbatch.train_estimate`:
-    the engines and models the planner describes; no check otherwise); the ranks of a host add
-    theirs up and compare the sum with the memory available there
+    Each rank predicts what it will still allocate (:func:`hpc_graph.plan.predict.train_estimate`: its step run
+    on shapes; nothing to check for an engine without a planning path, e.g. the sampled engines); the ranks of a
+    host add theirs up and compare the sum with the memory available there
     (:func:`data_io.memory.require_memory`); if any rank refuses, every rank raises the same
-    :class:`~data_io.memory.MemoryRefusal` (one line; ``force`` only warns).
+    :class:`~data_io.memory.MemoryRefusal` (one line; ``force`` only warns). An estimate that fails for an
+    engine that can be planned refuses too (one line naming why; ``force`` starts anyway with a warning): a
+    planner that falls behind the code never turns the check off silently.
     """
     from data_io.memory import MemoryRefusal, require_memory
-    from hpc_graph.plan.fullbatch import train_estimate
+    from hpc_graph.plan.predict import PlanError, train_estimate
 
+    failure = None
     try:
         est = train_estimate(tr.config, tr.engine_name, tr.rank, tr.size)
-    except Exception as exc:  # noqa: BLE001 - an estimate that cannot be made is no reason to stop
-        log.debug("memory check skipped: %s", exc)
-        est = None
+    except PlanError as exc:
+        est, failure = None, str(exc)
+    if failure is not None:
+        text = (f"memory check: cannot estimate train ({tr.engine_name} {tr.config.model.name}, rank {tr.rank}): "
+                f"{failure}")
+        if not force:
+            failure = f"{text}; pass --force to start anyway"
+        else:
+            log.warning("%s (--force: starting anyway)", text)
+            failure = None
     host = socket.gethostname()
     mine = (host, None if est is None else est[0])
     reports = tr.comm.allgather_object(mine) if tr.size > 1 else [mine]
@@ -199,6 +209,8 @@ def check_memory(tr: Any, force: bool) -> None:
                            hint=f"{advice} (hpc-graph plan --memory-per-rank SIZE shows what fits)")
         except MemoryRefusal as exc:
             refusal = str(exc)
+    if failure is not None:
+        refusal = failure
     verdicts = tr.comm.allgather_object(refusal) if tr.size > 1 else [refusal]
     refused = [(r, v) for r, v in enumerate(verdicts) if v is not None]
     if refused:

@@ -184,7 +184,7 @@ def test_plan_sylvie_sends_fewer_bytes_and_hides_them_with_its_pipeline(tmp_path
                "--link-bandwidth", "1MB/s", "--calibration", "none", "--json", str(out_json)])
     out = capsys.readouterr().out
     assert rc == 0 and set(_rows(out)) == {("dp", 2), ("sylvie", 2)}
-    assert "sylvie: 2 bits per halo row, scales 32-bit, exchange one epoch stale" in out
+    assert "sylvie: halo rows and gradients at 2 bits, float32 scales; pipeline on" in out
     preds = {q["engine"]: q for q in json.loads(out_json.read_text())["predictions"]}
     dp, sy = preds["dp"]["time"], preds["sylvie"]["time"]
     assert sy["bytes_sent"] < dp["bytes_sent"] / 2
@@ -233,7 +233,7 @@ def test_plan_papers100m_description(tmp_path, fb_data, capsys):
         found[engine] = int(line.rsplit(" ", 1)[1])
     assert 1 < found["sar"] <= found["dp"] <= 100
     for text in ("graph: described: 111,059,956 nodes, 1,615,685,872 stored edges", "1,110,600 training nodes",
-                 "cut model: --cut-fraction 0.3 at every rank count", "model: sage, 3 layers, hidden 256",
+                 "cut model: --cut-fraction 0.3 at every rank count", "model: sage, 3 layer(s), hidden 256",
                  "process floor: 480 MiB (--floor)", "rates: none"):
         assert text in out, text
 
@@ -254,7 +254,7 @@ def test_plan_measures_the_floor_by_default(tmp_path, fb_data, capsys):
     (["--engines", "flow", "--ranks", "4,8"], "--ranks: flow runs one stage of layers per rank"),
     (["--engines", "flow", "--set", "engine.name=flow", "--set", "engine.microbatches=4", "--set",
       "engine.cross_edges=stale"],
-     "engine.cross_edges: the planner models flow's exact mode"),
+     "engine.cross_edges: the planner runs flow's exact mode (or one micro-batch), not 'stale' with 4"),
     (["--engines", "sylvie", "--set", "engine.bits=3"], "engine.bits"),
     (["--engines", "single", "--ranks", "2,4"], "--engines: 'single' runs on one rank"),
     (["--memory-per-rank", "lots"], "--memory-per-rank: 'lots': not a size"),
@@ -267,7 +267,7 @@ def test_plan_measures_the_floor_by_default(tmp_path, fb_data, capsys):
     (["--nodes", "100", "--edges", "10", "--features", "4", "--classes", "2", "--train-fraction", "2"],
      "--train-fraction: must lie in [0, 1]"),
     (["--data", "/nonexistent/g.h5"], "--data: no such file or directory: /nonexistent/g.h5"),
-    (["--set", "model.name=gcn2"], "model.name: the planner describes models"),
+    (["--engines", "seqpar"], "--engines: choose among single, dp, sar, sylvie, flow or 'all', got 'seqpar'"),
     (["--floor", "big"], "--floor: 'big': not a size"),
     (["--cores-per-node", "0"], "--cores-per-node: must be a positive integer"),
     (["--link-bandwidth", "fast"], "--link-bandwidth: cannot read 'fast'"),
@@ -313,11 +313,13 @@ def test_plan_calibrates_by_a_real_run_and_measures_oversubscription_by_copies_o
     import torch
 
     from hpc_graph.commands import plan as plan_cmd
-    from hpc_graph.plan import fullbatch as fb
+    from hpc_graph.plan import predict as fb
+    from hpc_graph.plan import shapes
+    from hpc_graph.plan.rates import Rates
     from hpc_graph.train.config import load_config
 
     config = load_config(_fb_cfg(tmp_path, fb_data / "g.h5", name="gcn"))
-    spec = fb.model_spec(config.model, 16, 4)
+    spec = fb.step_spec(config.model, 16, 4)
     seen = []
     real = plan_cmd._calibration_epochs
 
@@ -345,8 +347,8 @@ def test_plan_calibrates_by_a_real_run_and_measures_oversubscription_by_copies_o
         return got
 
     monkeypatch.setattr(profile, "paired_kernel_rates", spy_paired)
-    rank_csr = fb.rank_csr(str(fb_data / "g.h5"), fb.single_layout(fb.graph_from_dataset(str(fb_data / "g.h5"))),
-                           10_000)[0]
+    rank_csr = shapes.rank_csr(str(fb_data / "g.h5"),
+                               shapes.single_layout(shapes.graph_from_dataset(str(fb_data / "g.h5"))), 10_000)[0]
     with ThreadPoolExecutor(2) as pool:
         calibrating = pool.submit(plan_cmd.measure_calibration, config, spec, nodes=1000, threads=[1, 2],
                                   dtype=torch.float32, rank_graph=(rank_csr, "the rank's graph"), max_scale=10)
@@ -377,10 +379,10 @@ def test_plan_calibrates_by_a_real_run_and_measures_oversubscription_by_copies_o
         # the prediction: the single engine on the calibration graph, from the calibration graph's rates, at t
         if cal_graph is None:  # the same graph again (R-MAT, seeded)
             (tmp_path / "cal").mkdir()
-            cal_graph = fb.graph_from_dataset(plan_cmd._calibration_graph(config, spec, 1000, str(tmp_path / "cal"),
-                                                                          10)[1])
-        pred = fb.predict("single", spec, cal_graph, fb.single_layout(cal_graph), floor=0,
-                          rates=fb.Rates.from_kernels(kr_cal), threads=t, cores_per_node=t, ranks_per_node=1)
+            cal_graph = shapes.graph_from_dataset(plan_cmd._calibration_graph(config, spec, 1000,
+                                                                              str(tmp_path / "cal"), 10)[1])
+        pred = fb.predict("single", spec, cal_graph, shapes.single_layout(cal_graph), floor=0,
+                          rates=Rates.from_kernels(kr_cal), threads=t, cores_per_node=t, ranks_per_node=1)
         assert predicted == pytest.approx(float(pred.rank_seconds[0]), rel=1e-3)
         # as long as calibration_epochs says for that prediction (here: the fewest epochs), and the line says so
         assert lengths[f"run{t}"] == plan_cmd.calibration_epochs(float(pred.rank_seconds[0])) == 3
@@ -434,7 +436,7 @@ def test_plan_measures_contention_only_where_ranks_oversubscribe_this_host(fb_da
     import argparse
 
     from hpc_graph.commands import plan as plan_cmd
-    from hpc_graph.plan import fullbatch as fb
+    from hpc_graph.plan import shapes
 
     calls = []
 
@@ -444,7 +446,7 @@ def test_plan_measures_contention_only_where_ranks_oversubscribe_this_host(fb_da
 
     monkeypatch.setattr(plan_cmd, "measure_contention", fake)
     monkeypatch.setattr("hpc_graph.comm.threads.affinity_cpus", lambda: list(range(4)))
-    layout = fb.single_layout(fb.graph_from_dataset(str(fb_data / "g.h5")))
+    layout = shapes.single_layout(shapes.graph_from_dataset(str(fb_data / "g.h5")))
     free = argparse.Namespace(ranks_per_node=None)
     assert plan_cmd._contention(free, None, None, layout, [1, 2, 4, 8], 4, None) == ({2.0: 1.5}, "8x1")
     assert calls == [([(8, 1)], 4)]
@@ -482,3 +484,23 @@ def test_plan_needs_no_data_path_when_the_graph_is_given_otherwise(tmp_path, fb_
     assert main(["-q", "plan", "--config", str(cfg), "--rates", "none", "--floor", "400MiB"]) == 2
     err = capsys.readouterr().err
     assert "--data: no graph given" in err and len(err.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_smallest_fit_equals_a_scan_of_every_count(seed):
+    from hpc_graph.commands.plan import _smallest_fit, parse_ranks
+
+    rng = np.random.default_rng(seed)
+    hi = int(rng.integers(1, 300))
+    lo = int(rng.integers(1, hi + 1))
+    shown, searched = parse_ranks(f"{lo}-{hi}", [])
+    threshold = int(rng.integers(lo, hi + 2))  # fits from here on (hi + 1: never)
+    asked = []
+
+    def fits_at(P):
+        asked.append(P)
+        return P >= threshold
+
+    got = _smallest_fit(searched, {P: P >= threshold for P in shown}, fits_at)
+    assert got == next((P for P in searched if P >= threshold), None)
+    assert len(asked) <= 2 + int(np.log2(max(hi - lo, 1))) and not set(asked) & set(shown)

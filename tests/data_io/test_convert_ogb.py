@@ -9,7 +9,7 @@ import pytest
 
 from data_io.converters import convert_ogb
 from data_io.dataset import open_dataset
-from data_io.errors import DataError, FormatError
+from data_io.errors import DataError
 from hpc_graph.cli import main
 
 

@@ -12,7 +12,7 @@ from scipy.sparse import csr_matrix
 from scipy.sparse.csgraph import connected_components, shortest_path
 
 from data_io.dataset import GraphData, dataset_task, open_dataset, write_dataset
-from data_io.errors import DataError, FormatError
+from data_io.errors import FormatError
 from data_io.generators import GeneratorParamError, generate_pathspd, generate_reg3cc
 from data_io.preprocess import laplacian_pe
 

@@ -118,3 +118,26 @@ def test_groups_are_padded_per_group_not_per_row():
     # 5 rows of width 3 at 1 bit: 15 bits -> 2 bytes of codes (per-row padding would need 5)
     layout = message_layout(np.full(5, 1, np.int8), 3)
     assert layout.nbytes - 2 * 5 * 4 == 2
+
+
+@pytest.mark.parametrize("bits", [1, 2, 4, 8, 32])
+@pytest.mark.parametrize("dtype,pdt", [(torch.float32, torch.float32), (torch.float64, torch.float16)])
+def test_shape_only_layout_has_the_sizes_of_the_real_one(bits, dtype, pdt):
+    """The planner's layout (``shape_only``, one width for every row): the offsets, byte count and histogram of
+    the layout built from the rows, and an encode on ``meta`` tensors allocates exactly that message."""
+    rng = np.random.default_rng(bits)
+    for m in (0, 1, int(rng.integers(2, 300))):
+        width, extra = int(rng.integers(1, 40)), int(rng.integers(0, 3))
+        table = np.full(m, bits, np.int8)
+        real = message_layout(table, width, extra, dtype, pdt)
+        shape = message_layout(table, width, extra, dtype, pdt, shape_only=True)
+        assert shape.offsets == real.offsets and shape.nbytes == real.nbytes and shape.histogram == real.histogram
+        assert (len(shape.raw_rows), len(shape.q_rows)) == (len(real.raw_rows), len(real.q_rows))
+        assert np.array_equal(shape.group_start, real.group_start) and np.array_equal(shape.code_start, real.code_start)
+        x = torch.empty(m + 3, width, dtype=dtype, device="meta")
+        rows = torch.empty(m, dtype=torch.int64, device="meta")
+        ext = torch.empty(m + 3, extra, dtype=dtype, device="meta") if extra else None
+        buf = encode(x, rows, shape, extra=ext, ids=rows, key=1, param_dtype=pdt)
+        assert buf.is_meta and tuple(buf.shape) == (real.nbytes,)
+    mixed = np.array([1, 8, 32, 8], np.int8)  # not one width: the layout from the rows
+    assert np.array_equal(message_layout(mixed, 5, shape_only=True).q_rows, message_layout(mixed, 5).q_rows)

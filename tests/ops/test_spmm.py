@@ -336,7 +336,7 @@ def block_settings_seen():
             "        del os.environ[k]\n"
             "    os.environ.update(env)\n"
             "    if i == 0:\n"
-            "        import hpc_graph.ops.spmm, hpc_graph.plan.fullbatch\n"
+            "        import hpc_graph.ops.spmm, hpc_graph.plan.predict\n"
             "    else:\n"
             "        importlib.reload(sys.modules['hpc_graph.ops.spmm'])\n"
             "    s = sys.modules['hpc_graph.ops.spmm']\n"

@@ -14,7 +14,7 @@ from data_io.generators.csbm import write_csbm
 from data_io.partitioner import partition_dataset
 from hpc_graph.engines import create_engine, engine_class
 from hpc_graph.ops._bridge import set_work_hook
-from hpc_graph.plan import fullbatch as fb
+from hpc_graph.plan import shapes as fb
 from hpc_graph.plan.comm import PlanCommunicator
 from hpc_graph.plan.rank import plan_rank, run_steps
 from hpc_graph.plan.tracker import StepTracker
@@ -97,7 +97,7 @@ def test_the_plan_of_a_rank_is_its_real_step(data, engine, ranks, opts, model):
                             "model": {"name": model, "hidden": 16, "num_layers": 3, "dropout": 0.5, **extra}})
     graph = fb.graph_from_dataset(path)
     if engine == "flow":  # every stage holds the whole graph; alone, stage 0 is the one a run can check
-        layout = fb.flow_layout(graph, ranks)
+        layout = fb.replicated_layout(graph, ranks)
         layout.parts = layout.parts[:1]
     else:
         layout = fb.single_layout(graph) if engine == "single" else fb.layout_from_partition(parts)
