@@ -66,8 +66,11 @@ def storages(obj: Any, seen: dict[int, int], objs: set[int] | None = None, depth
         for v in obj:
             storages(v, seen, objs, depth + 1)
         return seen
+    from hpc_graph.graph.base import GraphContext
+
     mod = type(obj).__module__ or ""
-    if mod.startswith(("hpc_graph", "data_io")) and not mod.startswith("hpc_graph.comm") and hasattr(obj, "__dict__"):
+    ours = mod.startswith(("hpc_graph", "data_io")) and not mod.startswith("hpc_graph.comm")
+    if (ours or isinstance(obj, GraphContext)) and hasattr(obj, "__dict__"):  # a plug-in engine's graph too
         if id(obj) in objs:
             return seen
         objs.add(id(obj))

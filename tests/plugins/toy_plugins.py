@@ -1,7 +1,8 @@
 """A toy engine and a toy model defined outside the package, as a third-party package would define them.
 
-``ToyEngine`` ("toy"): one process, the whole graph, aggregation by ``torch.sparse.mm`` over a sparse CSR tensor
-(no kernel of the suite), one option of its own. ``TOY_MODEL`` ("toymean"): two mean-aggregation layers with
+``ToyEngine`` ("toy"): one process, the whole graph, aggregation by ``index_add`` over the edge list (no kernel of
+the suite), one option of its own, and a plan of its own (``plan_graph``: its graph context from sizes alone, on
+which ``hpc-graph plan`` runs the training step). ``TOY_MODEL`` ("toymean"): two mean-aggregation layers with
 a ReLU between them, built from the config's ``model.hidden``. They reach the suite through its registries only:
 :func:`hpc_graph.engines.register_engine` / :func:`hpc_graph.nn.models.register_model` in-process, or the
 ``hpc_graph.engines`` / ``hpc_graph.models`` entry-point groups (tests/train/test_plugins.py installs a
@@ -27,23 +28,29 @@ log = logging.getLogger(__name__)
 
 
 class ToyGraph(GraphContext):
-    """The whole graph as a torch sparse CSR matrix: ``aggregate`` is one ``torch.sparse.mm``."""
+    """The whole graph as an edge list (``row``, ``col``: int64[E], destination and source of each in-edge):
+    ``aggregate`` is one ``index_add`` of the gathered source rows."""
 
-    def __init__(self, indptr: np.ndarray, indices: np.ndarray, n: int, dtype: torch.dtype, log_every: int = 0):
-        self.num_nodes = self.global_num_nodes = n
+    def __init__(self, row: torch.Tensor, col: torch.Tensor, deg: torch.Tensor, log_every: int = 0):
+        self.num_nodes = self.global_num_nodes = int(deg.shape[0])
         self.log_every, self.calls = log_every, 0
-        values = torch.ones(len(indices), dtype=dtype)
-        self.adj = torch.sparse_csr_tensor(torch.from_numpy(indptr), torch.from_numpy(indices.astype(np.int64)),
-                                           values, (n, n))
-        self._deg = torch.from_numpy(np.diff(indptr)).to(torch.int64)
+        self.row, self.col, self._deg = row, col, deg
+
+    @classmethod
+    def from_csr(cls, indptr: np.ndarray, indices: np.ndarray, log_every: int = 0) -> "ToyGraph":
+        deg = np.diff(indptr).astype(np.int64)
+        row = np.repeat(np.arange(len(deg), dtype=np.int64), deg)
+        return cls(torch.from_numpy(row), torch.from_numpy(indices.astype(np.int64)), torch.from_numpy(deg),
+                   log_every)
 
     def aggregate(self, x: torch.Tensor, reduce: str = "sum") -> torch.Tensor:
-        out = torch.sparse.mm(self.adj.to(x.dtype), x)
+        out = x.new_zeros((self.num_nodes, x.shape[1])).index_add_(0, self.row, x.index_select(0, self.col))
         if reduce == "mean":
             out = out / self._deg.clamp(min=1).to(x.dtype)[:, None]
         self.calls += 1
         if self.log_every and self.calls % self.log_every == 0:
-            log.info("toy: aggregation %d, norm %.4g", self.calls, float(out.detach().norm()))
+            if not out.is_meta:
+                log.info("toy: aggregation %d, norm %.4g", self.calls, float(out.detach().norm()))
         return out
 
     def gat(self, *args: Any, **kwargs: Any) -> torch.Tensor:
@@ -76,6 +83,15 @@ class ToyEngine(Engine):
     max_ranks = 1
     Options = ToyOptions
 
+    @classmethod
+    def plan_graph(cls, graph: Any, rank: Any, ranks: int, comm: Any, dtype: torch.dtype,
+                   options: dict[str, Any]) -> ToyGraph:
+        """What :meth:`__init__` builds, from the sizes alone (``graph.nodes``, ``graph.edges``) on ``meta``."""
+        def ids(k: int) -> torch.Tensor:
+            return torch.empty(k, dtype=torch.int64, device="meta")
+
+        return ToyGraph(ids(graph.edges), ids(graph.edges), ids(graph.nodes))
+
     def __init__(self, source: str, comm: Any, device: torch.device, dtype: torch.dtype,
                  options: dict[str, Any] | None = None):
         super().__init__(source, comm, device, dtype, options)
@@ -85,7 +101,7 @@ class ToyEngine(Engine):
             feat = ds.feat_rows(0, n)
             label, masks = ds.node_labels(), ds.split_masks()
             self.num_classes = int(ds.num_classes) or int(label.max()) + 1
-        self.graph = ToyGraph(indptr, indices, n, dtype, self.opts.toy_log_every)
+        self.graph = ToyGraph.from_csr(indptr, indices, self.opts.toy_log_every)
         self.feat = torch.from_numpy(feat).to(dtype)
         self.label = torch.from_numpy(np.asarray(label, dtype=np.int64))
         self.masks = {k: torch.from_numpy(np.asarray(v, dtype=bool)) for k, v in masks.items()}

@@ -107,3 +107,39 @@ def test_entry_points_bring_them_to_the_cli(cora, tmp_path, registered):
     bad = subprocess.run([sys.executable, "-m", "hpc_graph.cli", "-q", "train", "--config", str(cfg), "--set",
                           "engine.toy_log_every=-3"], env=env, capture_output=True, text=True, timeout=600)
     assert bad.returncode == 2 and "engine.toy_log_every: must be a non-negative integer, got -3" in bad.stderr
+
+
+@pytest.mark.parametrize("engine", ["toy", "single"])
+def test_the_planner_runs_a_registered_engine_and_model_on_shapes(cora, tmp_path, registered, engine):
+    """The toy engine (its plan_graph) and the toy model are planned with nothing of theirs in hpc_graph/plan: the
+    memory components of the step run on shapes equal the tensors of a real step, tensor by tensor."""
+    from hpc_graph.engines import plannable_engines
+    from hpc_graph.train.trainer import Trainer
+
+    sys.path.insert(0, str(ROOT / "tests" / "plan"))
+    from _measure import measure, mismatches, predict
+
+    assert "toy" in plannable_engines()
+    raw = _raw(cora, engine, tmp_path / "run", epochs=1)
+    raw["data"]["feature_layout"] = "dense"  # the planner plans features dense (Cora's would go sparse)
+    tr = Trainer(config_from_dict(raw))
+    got, want = measure(tr), predict(tr)
+    assert mismatches(got, want, 1) == [] and got["saved"] > 0 and got["graph"] > 0
+
+
+def test_entry_points_bring_them_to_the_planner(cora, tmp_path):
+    import yaml
+
+    env = _dist_info(tmp_path / "site")
+    cfg = tmp_path / "toy.yaml"
+    cfg.write_text(yaml.safe_dump(_raw(cora, "toy", tmp_path / "cli")))
+    proc = subprocess.run([sys.executable, "-m", "hpc_graph.cli", "-q", "plan", "--config", str(cfg), "--engines",
+                           "toy,single", "--rates", "none", "--floor", "400MiB", "--json", str(tmp_path / "p.json")],
+                          env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    rows = {(p["engine"], p["ranks"]): p for p in json.loads((tmp_path / "p.json").read_text())["predictions"]}
+    toy, single = rows["toy", 1], rows["single", 1]
+    # the same model and data: the same features and parameters; the toy engine's edge list is not a CSR
+    assert toy["memory"]["features"] == single["memory"]["features"] > 0
+    assert toy["memory"]["params"] == single["memory"]["params"] > 0
+    assert toy["memory"]["graph"] != single["memory"]["graph"]
