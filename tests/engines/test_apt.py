@@ -120,7 +120,7 @@ def test_nfp_refuses_attention(graph_file):
 
 
 def test_auto_runs_the_dry_run_and_logs_the_table(graph_file, caplog):
-    with caplog.at_level(logging.INFO, logger="hpc_graph.plan.dry_run"):
+    with caplog.at_level(logging.INFO, logger="hpc_graph.engines.apt.dry_run"):
         eng = _apt(graph_file, "auto", fanouts=(3, 2), dry_run_batches=4, plan_timing="dry_run")
     plan = eng.plan
     assert eng.strategy == plan.choice and plan.tuned and not eng.tuning
@@ -144,7 +144,7 @@ def test_memory_limit_rules_strategies_out(graph_file, caplog):
 
 def test_cache_holds_the_hottest_remote_rows_only():
     """hot_rows: most-read first, then any other remote row; never more than asked."""
-    from hpc_graph.plan.dry_run import Plan
+    from hpc_graph.engines.apt.dry_run import Plan
 
     gids = np.array([10, 11, 12, 13])
     counts = np.array([1, 5, 3, 5])
@@ -228,7 +228,7 @@ def test_cost_model_times_the_models_step(graph_file, monkeypatch):
     """The compute term is the model's step timed on each strategy's own batch: a step one second longer makes
     that strategy's epoch one second per iteration longer; without the model (a name the options cannot
     build) the kernels' probes stand in."""
-    import hpc_graph.plan.dry_run as dr
+    import hpc_graph.engines.apt.dry_run as dr
 
     eng = _apt(graph_file, "gdp", fanouts=(3, 2), dry_run_batches=4)
     state = torch.random.get_rng_state()
@@ -311,7 +311,7 @@ def test_auto_times_gdp_snp_dnp_on_trainings_first_iterations(graph_file, caplog
     choice. The model trains exactly as with GDP all along (the same samples, equal gradients)."""
     import time
 
-    with caplog.at_level(logging.INFO, logger="hpc_graph.plan.dry_run"):
+    with caplog.at_level(logging.INFO, logger="hpc_graph.engines.apt.dry_run"):
         eng = _apt(graph_file, "auto", fanouts=(3, 2), dry_run_batches=4, batch_size=10)
         ref = _apt(graph_file, "gdp", fanouts=(3, 2), batch_size=10)
         plan = eng.plan

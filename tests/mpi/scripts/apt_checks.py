@@ -44,7 +44,7 @@ from hpc_graph.comm import communicator as _communicator
 from hpc_graph.engines import create_engine
 from hpc_graph.nn import build_model
 from hpc_graph.nn.optim import Adam  # torch.optim would import torch._dynamo: seconds per rank
-from hpc_graph.plan.dry_run import FOLDS
+from hpc_graph.engines.apt.dry_run import FOLDS
 
 CPU = torch.device("cpu")
 STRATS = ("gdp", "nfp", "snp", "dnp")

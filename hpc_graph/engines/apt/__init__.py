@@ -54,7 +54,7 @@ from hpc_graph.graph.sampler import (NeighborSampler, SamplerOptions, SeedSchedu
 from hpc_graph.graph.strategies import DNPReturn, NFPBlock, NFPReduce, SNPContext
 from hpc_graph.ops.csr import column_slice_csr
 from hpc_graph.options import OPT_PATH, choice_spec, float_spec, int_spec, option
-from hpc_graph.plan.dry_run import TIMED_IN_TRAINING
+from hpc_graph.engines.apt.dry_run import TIMED_IN_TRAINING
 from hpc_graph.store.feature_store import FeatureStore
 
 log = logging.getLogger(__name__)
@@ -177,7 +177,7 @@ class APTEngine(Engine):
         dry run and cost model with ``strategy: auto``, every strategy timed here (nothing trains after it): the
         table of predicted epochs per strategy and the choice."""
         dtype = {"float32": torch.float32, "float64": torch.float64}[config.train.dtype]
-        logging.getLogger("hpc_graph.plan.dry_run").setLevel(logging.WARNING)  # the table is the report
+        logging.getLogger("hpc_graph.engines.apt.dry_run").setLevel(logging.WARNING)  # the table is the report
         options = {**cls.options_from_config(config), "strategy": "auto", "plan_timing": "dry_run"}
         engine = cls(config.data.path, comm, torch.device("cpu"), dtype, options)
         plan = engine.plan
@@ -291,8 +291,8 @@ class APTEngine(Engine):
             self._setup_nfp(timing)
 
     def run_dry_run(self, requested: str = "auto", timing: str = "dry_run") -> Any:
-        """Run the dry run and cost model (collective; :mod:`hpc_graph.plan.dry_run`), keep and return the
-        :class:`~hpc_graph.plan.dry_run.Plan`. The engine's counters are left as they were.
+        """Run the dry run and cost model (collective; :mod:`hpc_graph.engines.apt.dry_run`), keep and return the
+        :class:`~hpc_graph.engines.apt.dry_run.Plan`. The engine's counters are left as they were.
 
         ``timing="training"``: GDP, SNP and DNP are timed by the next iterations training runs (:attr:`tuning`
         until then): each of them builds a warm-up batch if it has not built one in this process, then
@@ -307,7 +307,7 @@ class APTEngine(Engine):
         again after the last round (the faster counts). The next batch after the last finalizes the plan and
         switches to its choice (with its cache).
         The feature cache stays empty meanwhile, as the cost model times builds without it."""
-        from hpc_graph.plan.dry_run import dry_run
+        from hpc_graph.engines.apt.dry_run import dry_run
 
         self._tune = None
         order, ends = self._tune_order() if timing == "training" else ([], [])
@@ -441,7 +441,7 @@ class APTEngine(Engine):
         """One NFP batch and step timed between the rounds of training's timing iterations (collective): on zero
         column slices and the engine's copy of the model (lost work: a training step cannot use zero features),
         so that NFP is timed in a process as warm, and between the same other work, as the others are."""
-        from hpc_graph.plan.dry_run import time_builds
+        from hpc_graph.engines.apt.dry_run import time_builds
 
         t = self._tune
         self._tune = None  # the batches built within are the timing's own

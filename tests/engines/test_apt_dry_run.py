@@ -4,7 +4,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from hpc_graph.plan.dry_run import FOLDS, cross_validated_fetches
+from hpc_graph.engines.apt.dry_run import FOLDS, cross_validated_fetches
 
 
 def _naive(reads, folds, owner_of, cache_rows, remote_nodes, P):
