@@ -70,7 +70,7 @@ class Engine(ABC):
     ``label`` int64[num_nodes], ``masks`` {"train"|"val"|"test": bool[num_nodes]},
     ``num_classes`` (int), ``num_features`` (int).
 
-    An engine whose epochs are several optimiser steps has ``kind = "minibatch"`` and provides
+    An engine whose epochs are several optimiser steps has ``kind = "sampled"`` and provides
     ``iterations(epoch)``, ``batch_sizes(epoch, iterations)`` and ``batch(epoch, iteration)`` (a
     :class:`Batch`); an engine of ``kind = "pipeline"`` (``flow``) runs the model in stages and micro-batches
     through :mod:`hpc_graph.train.pipeline`; the others (``kind = "full"``) train on ``graph`` and ``feat`` in
