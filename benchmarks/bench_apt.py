@@ -127,9 +127,9 @@ def run(args) -> None:
         eng.discard_samples()  # timed below: steady-state iterations, every batch sampled
         iters = eng.iterations(EPOCH)
         del warm
-        rec = {**cfg, "ranks": size, "iterations": iters, "plan_seconds": plan_seconds, "warm_plan_seconds": warm_seconds,
-               "plan_timing": timing, "tune_seconds": tune_cold, "warm_tune_seconds": tune_warm,
-               "warm_choice": warm_choice, "reused_seconds": reused,
+        rec = {**cfg, "ranks": size, "iterations": iters, "plan_seconds": plan_seconds,
+               "warm_plan_seconds": warm_seconds, "plan_timing": timing, "tune_seconds": tune_cold,
+               "warm_tune_seconds": tune_warm, "warm_choice": warm_choice, "reused_seconds": reused,
                "dry_seconds": plan.dry_seconds, "profile_seconds": plan.profile.seconds, "choice": plan.choice,
                "predicted": {s: plan.predicted(s) for s in STRATS},
                "predicted_terms": {s: plan.costs[s].seconds for s in STRATS},
@@ -202,8 +202,9 @@ def run(args) -> None:
                   + " | predicted " + " ".join(f"{s} {v:.1f}" for s, v in rec["predicted"].items())
                   + f" | auto {rec['choice']} best {best} plan {plan_seconds:.1f}s", flush=True)
             print("   build measured " + " ".join(f"{s} {v:.2f}" for s, v in rec["measured_build"].items())
-                  + " | predicted terms " + " ".join(f"{s} " + "/".join(f"{v:.2f}" for v in rec["predicted_terms"][s].values())
-                                                    for s in rec["measured"]), flush=True)
+                  + " | predicted terms "
+                  + " ".join(f"{s} " + "/".join(f"{v:.2f}" for v in rec["predicted_terms"][s].values())
+                             for s in rec["measured"]), flush=True)
         del eng
 
 
@@ -354,8 +355,8 @@ def report(args) -> None:
         print(f"\nprediction error: median {statistics.median(errs):.1%}, max {max(errs):.1%} over {len(errs)} "
               f"{what}; regret of auto: median {statistics.median(regrets):.2f}, max {max(regrets):.2f}; "
               f"auto vs always-GDP: median {statistics.median(speedups):.2f}x; warm plan (dry run) / epoch: "
-              f"median {statistics.median(overheads):.1%}, max {max(overheads):.1%}; net of the reused sampling: median "
-              f"{statistics.median(nets):.1%}, max {max(nets):.1%}")
+              f"median {statistics.median(overheads):.1%}, max {max(overheads):.1%}; net of the reused sampling: "
+              f"median {statistics.median(nets):.1%}, max {max(nets):.1%}")
         if args.median:
             print(f"every plan's choice against the median epochs: regret median {statistics.median(run_regrets):.2f}, "
                   f"max {max(run_regrets):.2f} over {len(run_regrets)} plans")

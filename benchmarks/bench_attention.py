@@ -153,7 +153,8 @@ def main(argv=None) -> int:
     for sizes, fused in ((args.ours_dense_sizes, True), (args.tiles_sizes, False)):
         for S in sizes:
             recs.append(ours_dense_step(S, args.heads, args.dim, args.degree, args.repeat, fused))
-            print(f"{recs[-1]['impl']} S={S:>8}: {recs[-1]['seconds']:.3f} s, +{recs[-1]['peak_mb']:.0f} MB", flush=True)
+            print(f"{recs[-1]['impl']} S={S:>8}: {recs[-1]['seconds']:.3f} s, +{recs[-1]['peak_mb']:.0f} MB",
+                  flush=True)
     dense = [(r["S"], r["seconds"]) for r in recs if r["impl"] == "dense_sdpa"]
     xs, ys = np.log([s for s, _ in dense]), np.log([t for _, t in dense])
     slope, icpt = np.polyfit(xs, ys, 1) if len(dense) >= 2 else (2.0, math.log(dense[0][1]) - 2 * xs[0])

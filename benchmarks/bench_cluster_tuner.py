@@ -65,7 +65,8 @@ def main(argv=None) -> int:
             sets.append(f"engine.cluster_beta={beta}")
         if beta == "auto":
             sets.append(f"engine.tuner_window={args.window}")
-        cmd = [sys.executable, "-m", "hpc_graph.cli", "-q", "train", "--config", str(ROOT / "configs" / "single_gt.yaml")]
+        cmd = [sys.executable, "-m", "hpc_graph.cli", "-q", "train", "--config",
+               str(ROOT / "configs" / "single_gt.yaml")]
         for s in sets:
             cmd += ["--set", s]
         print(f"[bench_cluster_tuner] {label}: {' '.join(cmd)}", flush=True)

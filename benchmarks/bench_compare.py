@@ -169,10 +169,12 @@ def summarise(records: dict) -> dict:
 def report(summary: dict) -> str:
     lines = ["| case | current s/epoch (spread) | baseline s/epoch (spread) | baseline / current | peak RSS MB: "
              "current / baseline |", "|---|---|---|---|---|"]
+
+    def cell(s):
+        return f"{s['median_epoch_seconds']:.2f} ({100 * s['spread']:.0f} %, {s['runs']} runs)" if s else "failed"
+
     for case, row in summary.items():
         c, b = row.get("current"), row.get("baseline")
-        cell = (lambda s: f"{s['median_epoch_seconds']:.2f} ({100 * s['spread']:.0f} %, {s['runs']} runs)"
-                if s else "failed")
         ratio = f"{row['ratio']:.2f}x" if "ratio" in row else ""
         rss = f"{c['peak_rss_mb']:.0f} / {b['peak_rss_mb']:.0f}" if c and b else ""
         lines.append(f"| {case} | {cell(c)} | {cell(b)} | {ratio} | {rss} |")

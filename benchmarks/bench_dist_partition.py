@@ -118,17 +118,19 @@ def main(argv: list[str] | None = None) -> int:
             print(f"scale {scale} {mode} {method} R={r}: {wall:.1f} s, peak {max(per_rank):.0f} MB/rank, "
                   f"cut {meta['edge_cut_fraction']:.4f}, balance {meta['balance']}", flush=True)
             shutil.rmtree(out, ignore_errors=True)
-    print("\n| scale | mode | method | ranks | wall (s) | peak MB per rank (max) | edge cut | cut vs serial | node balance "
-          "| edge balance |")
+    print("\n| scale | mode | method | ranks | wall (s) | peak MB per rank (max) | edge cut | cut vs serial "
+          "| node balance | edge balance |")
     print("|---|---|---|---|---|---|---|---|---|---|")
     for rec in sorted(records, key=lambda x: (x["scale"], x["mode"] != "serial", x.get("method", ""), x["ranks"])):
         if rec.get("timed_out"):
             print(f"| {rec['scale']} | {rec['mode']} | {rec['method']} | {rec['ranks']} | > {rec['timed_out']:.0f} "
                   f"(not finished) | - | - | - | - | - |")
             continue
-        ser = [x for x in records if x["scale"] == rec["scale"] and x["mode"] == "serial" and x["parts"] == rec["parts"]]
+        ser = [x for x in records
+               if x["scale"] == rec["scale"] and x["mode"] == "serial" and x["parts"] == rec["parts"]]
         rel = f"{rec['edge_cut'] / ser[0]['edge_cut']:.2f}x" if ser and ser[0]["edge_cut"] else "-"
-        print(f"| {rec['scale']} | {rec['mode']} | {rec.get('method', 'metis')} | {rec['ranks']} | {rec['wall_s']:.1f} | {rec['peak_mb_max']:.0f} | "
+        print(f"| {rec['scale']} | {rec['mode']} | {rec.get('method', 'metis')} | {rec['ranks']} | "
+              f"{rec['wall_s']:.1f} | {rec['peak_mb_max']:.0f} | "
               f"{100 * rec['edge_cut_fraction']:.2f} % | {rel} | {rec['balance']['nodes']:.3f} | "
               f"{rec['balance'].get('edges', float('nan')):.2f} |")
     return 0

@@ -91,7 +91,8 @@ def main(argv: list[str] | None = None) -> int:
         "num_nodes": nodes, "num_edges": edges, "file_bytes": size,
         # wall_s: the whole child (interpreter start, CLI import, generation, write);
         # generate_s: generation + write as timed inside the command (its summary line)
-        "wall_s": round(wall, 2), "generate_s": _summary_seconds(summary), "peak_rss_bytes": rss, "peak_rss_gib": round(rss / 2**30, 3),
+        "wall_s": round(wall, 2), "generate_s": _summary_seconds(summary), "peak_rss_bytes": rss,
+        "peak_rss_gib": round(rss / 2**30, 3),
         "warmup_s": round(warm_s, 2),
         "loadavg_1min_before_after": [round(load_before[0], 2), round(load_after[0], 2)],
         "cpus": os.cpu_count(), "numba_threads": os.environ.get("NUMBA_NUM_THREADS"),

@@ -375,7 +375,8 @@ def cmd_report(args) -> int:
                       f"{r['median_epoch_seconds'] / drop.get('median_epoch_seconds', float('nan')):.2f}x | "
                       f"{r['median_epoch_seconds'] / exact.get('median_epoch_seconds', float('nan')):.2f}x | "
                       f"{r.get('bytes_sent_per_epoch', 0) / 1e6:.1f} | "
-                      f"{b.get('fetch', 0) / 1e6:.1f} / {b.get('sample', 0) / 1e6:.1f} / {b.get('push', 0) / 1e6:.1f} | "
+                      f"{b.get('fetch', 0) / 1e6:.1f} / {b.get('sample', 0) / 1e6:.1f} / "
+                      f"{b.get('push', 0) / 1e6:.1f} | "
                       f"{r.get('hec_hit_rate')} |")
         else:
             print(f"\n### {path}: accuracy (test at best validation epoch)\n")

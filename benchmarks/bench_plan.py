@@ -1,4 +1,5 @@
-"""Benchmark: ``hpc-graph plan`` against real ``dp``, ``sar`` and ``sylvie`` training runs (peak memory and epoch time per rank).
+"""Benchmark: ``hpc-graph plan`` against real ``dp``, ``sar`` and ``sylvie`` training runs (peak memory and epoch
+time per rank).
 
     python benchmarks/bench_plan.py --scales 16 18 --ranks 1 2 4 --models gcn sage gat --engines dp sar \\
         --epochs 5 --out results/bench_plan.json --plot docs/img/plan_vs_measured.png
@@ -389,7 +390,8 @@ def _errors(rec: dict[str, Any]) -> None:
     pm, mm = rec["predicted"]["peak_mb"], rec["measured"]["peak_rss_mb"]
     rec["err_mem"] = [(p - m) / m for p, m in zip(pm, mm)]
     rec["err_mem_max"] = (max(pm) - max(mm)) / max(mm)
-    rec["err_time"] = (rec["predicted"]["epoch_s"] - rec["measured"]["median_epoch_s"]) / rec["measured"]["median_epoch_s"]
+    rec["err_time"] = ((rec["predicted"]["epoch_s"] - rec["measured"]["median_epoch_s"])
+                       / rec["measured"]["median_epoch_s"])
     bs = rec["measured"]["bytes_sent"]
     rec["bytes_equal"] = all(b is not None and int(round(p)) == int(b)
                              for p, b in zip(rec["predicted"]["bytes_sent"], bs)) if rec["ranks"] > 1 else None
@@ -409,8 +411,9 @@ def _line(r: dict[str, Any]) -> str:
     return (f"s{r['scale']} {r['model']:4s} {r['engine']:11s} P={r['ranks']}: peak/rank predicted "
             f"{max(r['predicted']['peak_mb']):7.0f} MiB measured {max(r['measured']['peak_rss_mb']):7.0f} MiB "
             f"({r['err_mem_max']:+.1%}; worst rank {max(r['err_mem'], key=abs):+.1%}); epoch predicted "
-            f"{r['predicted']['epoch_s']:.3f} s measured {r['measured']['median_epoch_s']:.3f} s ({r['err_time']:+.1%}); "
-            f"bytes {'equal' if r['bytes_equal'] else r['bytes_equal']}; busy before {r['measured']['busy_before']}, "
+            f"{r['predicted']['epoch_s']:.3f} s measured {r['measured']['median_epoch_s']:.3f} s "
+            f"({r['err_time']:+.1%}); bytes {'equal' if r['bytes_equal'] else r['bytes_equal']}; "
+            f"busy before {r['measured']['busy_before']}, "
             f"cpu share {r['measured']['cpu_share']}"
             + (f"; machine x{ratio:.2f} slower in the run than in the plan" if ratio is not None else ""))
 
@@ -498,10 +501,12 @@ def table(records: list[dict[str, Any]]) -> str:
         lines.append(f"| {r['scale']} | {r['model']} | {r['engine']} | {r['ranks']} | "
                      f"{' / '.join(f'{p:.0f}' for p in r['predicted']['peak_mb'])} | "
                      f"{' / '.join(f'{m:.0f}' for m in r['measured']['peak_rss_mb'])} | {worst:+.1%} | "
-                     f"{r['predicted']['epoch_s']:.2f} | {r['measured']['median_epoch_s']:.2f} | {r['err_time']:+.1%} | "
+                     f"{r['predicted']['epoch_s']:.2f} | {r['measured']['median_epoch_s']:.2f} | "
+                     f"{r['err_time']:+.1%} | "
                      f"{r['measured']['busy_before']} | "
                      + (f"{ratio:.2f} |" if ratio is not None else "- |")
-                     + (" " + ", ".join(f"{x['predicted_epoch_s']:.2f} / {x['measured_epoch_s']:.2f} ({x['err_time']:+.0%})"
+                     + (" " + ", ".join(f"{x['predicted_epoch_s']:.2f} / {x['measured_epoch_s']:.2f} "
+                                        f"({x['err_time']:+.0%})"
                                         for x in r.get("rounds", [])) + " |" if rounds else ""))
     return "\n".join(lines)
 
@@ -565,10 +570,10 @@ def main(argv: list[str] | None = None) -> int:
                         if P > 1 and not (work / f"links-{P}.json").exists():
                             cfg = write_config(work, model, args.epochs)
                             wait_for_quiet(args.max_busy, args.wait)
-                            _run(["mpiexec", "-n", P] + _cli() + ["-q", "plan", "--config", cfg, "--data", parts[P],
-                                                                  "--engines", "dp", "--ranks", P, "--rates", "synthetic",
-                                                                  "--calibration", "none", "--floor", "1GiB",
-                                                                  "--profile", work / f"links-{P}.json"],
+                            _run(["mpiexec", "-n", P] + _cli()
+                                 + ["-q", "plan", "--config", cfg, "--data", parts[P], "--engines", "dp",
+                                    "--ranks", P, "--rates", "synthetic", "--calibration", "none", "--floor", "1GiB",
+                                    "--profile", work / f"links-{P}.json"],
                                  _env(None))
                         keys = {(scale, model, e, P) for e in args.engines}
                         if args.skip_done and keys <= finished:
@@ -606,8 +611,8 @@ def main(argv: list[str] | None = None) -> int:
                      for r in records for a in r.get("rounds", []) for b in r.get("rounds", []) if a is not b]
             if rerun:
                 print(f"the runs' own reproducibility (one round's measured epoch as the prediction of another's): "
-                      f"{sum(e <= 0.25 for e in rerun)}/{len(rerun)} within 25 % (median {statistics.median(rerun):.1%}, "
-                      f"worst {max(rerun):.1%})")
+                      f"{sum(e <= 0.25 for e in rerun)}/{len(rerun)} within 25 % "
+                      f"(median {statistics.median(rerun):.1%}, worst {max(rerun):.1%})")
     if args.plot and records:
         plot(records, Path(args.plot))
     return 0

@@ -100,7 +100,8 @@ def run_one(data: Path, setting: str, seed: int, work: Path, extra: list[str]) -
     shutil.rmtree(run_dir, ignore_errors=True)
     return {"setting": setting, "seed": seed, "command": " ".join(cmd), "seconds": seconds,
             "best_val_acc": summary["best_val_acc"], "test_acc": summary["test_acc"],
-            "cs_val_acc": (cs.get("after") or {}).get("val_acc"), "cs_test_acc": (cs.get("after") or {}).get("test_acc"),
+            "cs_val_acc": (cs.get("after") or {}).get("val_acc"),
+            "cs_test_acc": (cs.get("after") or {}).get("test_acc"),
             "median_epoch_seconds": summary["median_epoch_seconds"], "load_avg": os.getloadavg()[0]}
 
 

@@ -172,7 +172,8 @@ def cmd_accuracy(args) -> int:
                 data["records"][key] = rec
                 _save(out, data)
                 print(f"{key:24} test {rec.get('test_acc', float('nan')):.4f} "
-                      f"bytes {rec.get('halo_bytes_per_epoch', 0) / max(rec.get('halo_full_bytes_per_epoch', 1), 1):.3f}"
+                      f"bytes "
+                      f"{rec.get('halo_bytes_per_epoch', 0) / max(rec.get('halo_full_bytes_per_epoch', 1), 1):.3f}"
                       f"x  {rec.get('median_epoch_seconds') or 0:.3f} s/epoch"
                       + (f" FAILED {rec['error'][-400:]}" if "error" in rec else ""), flush=True)
     data["load_after"] = os.getloadavg()
@@ -197,7 +198,8 @@ def cmd_link(args) -> int:
             data["records"][key] = rec
             _save(out, data)
             print(f"{key:24} {rec.get('median_epoch_seconds') or float('nan'):.3f} s/epoch, exchange modelled "
-                  f"{rec.get('modeled_exchange_seconds', 0):.3f} s, exposed {rec.get('modeled_exchange_wait_seconds', 0):.3f}"
+                  f"{rec.get('modeled_exchange_seconds', 0):.3f} s, "
+                  f"exposed {rec.get('modeled_exchange_wait_seconds', 0):.3f}"
                   f" s, codec {rec.get('codec_seconds', 0):.3f} s, compute {rec.get('compute_seconds', 0):.3f} s"
                   + (f" FAILED {rec['error'][-400:]}" if "error" in rec else ""), flush=True)
     data["load_after"] = os.getloadavg()
@@ -226,8 +228,9 @@ def cmd_report(args) -> int:
                 mod, wait = r.get("modeled_exchange_seconds", 0), r.get("modeled_exchange_wait_seconds", 0)
                 speed = (dp.get("median_epoch_seconds") or 0) / (r.get("median_epoch_seconds") or 1)
                 print(f"| {r['bandwidth']} | {r['run']} | {r.get('median_epoch_seconds', 0):.3f} | {speed:.2f}x | "
-                      f"{mod:.3f} | {wait:.3f} | {1 - wait / mod if mod else 0:.0%} | {r.get('codec_seconds', 0):.3f} | "
-                      f"{r.get('compute_seconds', 0):.3f} | {r.get('codec_seconds', 0) / max(r.get('compute_seconds', 1e-9), 1e-9):.0%} |")
+                      f"{mod:.3f} | {wait:.3f} | {1 - wait / mod if mod else 0:.0%} | "
+                      f"{r.get('codec_seconds', 0):.3f} | {r.get('compute_seconds', 0):.3f} | "
+                      f"{r.get('codec_seconds', 0) / max(r.get('compute_seconds', 1e-9), 1e-9):.0%} |")
             continue
         print(f"\n### {path}: accuracy, halo bytes, epochs to 95 % of dp's best validation accuracy\n")
         print("| dataset | run | test acc (mean ± sd) | vs dp (pt) | halo bytes vs dp | epochs to 95 % "

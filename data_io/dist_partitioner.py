@@ -466,7 +466,7 @@ def partition_distributed(src_h5: str | os.PathLike, out_dir: str | os.PathLike,
     ds, lib = _agree(comm, check_inputs, str(src))
     P = int(num_parts)
     try:
-        n, e_total, F = ds.num_nodes, ds.num_edges, ds.feat_dim
+        n = ds.num_nodes
         lo, hi = _slice(n, rank, R)
         tmp = None
         if rank == 0:
@@ -686,7 +686,7 @@ def _run(comm, ds, src, tmp, lo, hi, P, method, seed, lib, imbalance, feat_block
         else:
             _agree(comm, lambda: None, str(tmp))
         _agree(comm, write_parts, str(tmp))
-        del parts_out
+        parts_out = None  # write_parts is done: the parts' arrays are released
         timings["write"] = time.perf_counter() - t
         _mark(peaks, "write")
 

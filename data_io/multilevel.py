@@ -94,8 +94,8 @@ class Halo:
     """The halo of a rank's slice: local column indices and the plan to exchange per-node values.
 
     ``local`` int32[m] (int64 past 2^31 nodes): each adjacency entry as an index into ``[own nodes | halo
-    nodes]``; ``ids`` int64[h] the halo's global ids (sorted). :meth:`exchange` sends each rank the values of the own nodes
-    it holds as halo and returns this rank's halo values (two alltoallv per call, fixed pattern).
+    nodes]``; ``ids`` int64[h] the halo's global ids (sorted). :meth:`exchange` sends each rank the values of the
+    own nodes it holds as halo and returns this rank's halo values (two alltoallv per call, fixed pattern).
     """
 
     def __init__(self, comm: Any, vtx: np.ndarray, adj: np.ndarray):
@@ -316,7 +316,7 @@ def multilevel_part_kway(lib: Any, comm: Any, vtxdist: np.ndarray, xadj: np.ndar
 
     from data_io.parmetis import part_kway
 
-    R, rank = comm.size, comm.rank
+    rank = comm.rank
     vwgt = np.asarray(vwgt, dtype=np.int64)
     if vwgt.ndim == 1:
         vwgt = vwgt[:, None]

@@ -92,7 +92,8 @@ def check_value(where: str, value: Any, spec: dict) -> Any:
     if kind == "float":
         lo, hi = spec["lo"], spec["hi"]
         if lo is not None and hi is not None:
-            what = f"a number in {'(' if spec['lo_open'] else '['}{fmt_number(lo)}, {fmt_number(hi)}{')' if spec['hi_open'] else ']'}"
+            what = (f"a number in {'(' if spec['lo_open'] else '['}{fmt_number(lo)}, "
+                    f"{fmt_number(hi)}{')' if spec['hi_open'] else ']'}")
         elif lo is not None:
             what = ("a positive number" if lo == 0 and spec["lo_open"]
                     else "a non-negative number" if lo == 0 else f"a number >= {fmt_number(lo)}")
@@ -201,7 +202,8 @@ def allowed_text(spec: dict) -> str:
     if kind == "float":
         lo, hi = spec["lo"], spec["hi"]
         if lo is not None and hi is not None:
-            return f"{'(' if spec['lo_open'] else '['}{fmt_number(lo)}, {fmt_number(hi)}{')' if spec['hi_open'] else ']'}"
+            return (f"{'(' if spec['lo_open'] else '['}{fmt_number(lo)}, "
+                    f"{fmt_number(hi)}{')' if spec['hi_open'] else ']'}")
         if lo is not None:
             return f"{'>' if spec['lo_open'] else '>='} {fmt_number(lo)}"
         return "any finite number"

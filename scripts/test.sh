@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
-# Install hpc_graph with its test dependencies and run the whole test suite.
+# Install hpc_graph with its test dependencies, check the code with ruff and run the whole test suite.
 # This is the README's test command; .ci/run calls it verbatim. Safe to re-run.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/_install.sh
 install_hpc_graph dev
 install_parmetis_api
+python3 -m ruff check .  # pyflakes and pycodestyle (pyproject.toml [tool.ruff]): a finding fails the command
 # no thread variables: every process decides its threads as a user's would (hpc_graph.comm.threads)
 python3 -m pytest -q tests "$@"

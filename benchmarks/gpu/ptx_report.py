@@ -56,7 +56,6 @@ def arr(dtype, ndim):
 # ----------------------------------------------------------------------------------------------------- specs
 def spmm_specs(dt, idx, features, heads):
     from numba_kernels.cuda import spmm
-    D = max(1, features // heads)
     out = []
     ch = spmm._chunked_kernels(dt, features)
     # args = (eids, weight, col_scale, x, out, mean, rs, sx, ss, bias); x, out, sx flat [rows, F]
@@ -84,8 +83,9 @@ def gat_specs(dt, idx, features, heads):
     from numba_kernels.cuda import gat_attention as g
     out = []
     ks = g._chunked_kernels(dt, features)
-    f2, f1, i64v = arr(dt, 2), arr(dt, 1), arr(np.int64, 1)
-    common = (f2, f2, f2, i64v, i64v, types.float32 if np.dtype(dt) == np.float32 else F64, F64, I64)  # z(flat), s_src, s_dst, src_gid, dst_gid, slope, p, seed
+    f2, i64v = arr(dt, 2), arr(np.int64, 1)
+    # z(flat), s_src, s_dst, src_gid, dst_gid, slope, p, seed
+    common = (f2, f2, f2, i64v, i64v, types.float32 if np.dtype(dt) == np.float32 else F64, F64, I64)
     part = arr(dt, 3)
     if ks is not None:
         C = (features + 31) // 32
@@ -156,7 +156,8 @@ def analyse(name, dispatcher, sig, cc, outdir, lineinfo=False):
         row["sass_LDL"] = len(re.findall(r"\bLDL\b", sass))
         row["sass_STL"] = len(re.findall(r"\bSTL\b", sass))
         row["sass_instr"] = len(re.findall(r"^\s+/\*[0-9a-f]{4,}\*/", sass, re.M))
-        row["sass_f64"] = len(re.findall(r"\b(?:DFMA|DADD|DMUL|DSETP|F2F\.F64\.F32|F2F\.F32\.F64|MUFU\.RCP64H)\b", sass))
+        row["sass_f64"] = len(re.findall(r"\b(?:DFMA|DADD|DMUL|DSETP|F2F\.F64\.F32|F2F\.F32\.F64|MUFU\.RCP64H)\b",
+                                         sass))
         row["sass_CALL"] = len(re.findall(r"\bCALL\.", sass))
     if row["regs"] is not None:
         row["occ128"] = occupancy(row["regs"], 128)

@@ -536,7 +536,7 @@ def _bench_attention(ctx: _Ctx) -> list[dict]:
             del mask
         else:
             recs.append(_record(ctx, "attention", "torch.sdpa_mask", True, skipped=why, **extra))
-        del g, qkv, gout
+        g = qkv = gout = None  # ours and sdpa are done: their inputs are released
         if ctx.gpu:
             torch.cuda.empty_cache()
     return recs
@@ -569,7 +569,7 @@ def _bench_locality(ctx: _Ctx, x0: torch.Tensor) -> list[dict]:
         if name == "rcm":
             extra.update(reorder_seconds=t_rcm, speedup_vs_random=times["random"] / res["seconds"])
         recs.append(_record(ctx, "locality", f"{HPC}/{name}", False, res, **extra))
-        del g, x
+        g = x = None
     return recs
 
 

@@ -119,7 +119,7 @@ def run_env(args: argparse.Namespace) -> int:
     print(f"{'rank':>4} {'local':>5} {'host':<20} {'pid':>8} {'cpus':>5} {'threads':>7} {'torch':>5} "
           f"{'cuda':>5}  why")
     for e in everyone:
-        t, c, d = e["threads"], e["cuda"], e["torch_distributed_env"]
+        t, c = e["threads"], e["cuda"]
         p = t["decided"]
         why = p["reason"] + (f"; node oversubscribed: {p['node_threads']} threads on {p['node_cpus']} CPU(s)"
                              if p["oversubscribed"] else "")

@@ -5,8 +5,8 @@ The engines that can be planned on shapes (``hpc_graph.engines.plannable_engines
 ``auto``, or ``--engines``): one process predicts, per rank, the peak memory (by component) and the epoch time
 (compute, halo exchange, gradient all-reduce) for each engine and rank count, the bottleneck, and with
 ``--memory-per-rank`` the smallest rank count that fits, by running each rank's step on shapes
-(``hpc_graph.plan.predict``, docs/plan.md). The graph comes from ``--data`` (default ``data.path``): a dataset file or a partition
-directory (exact per-rank statistics at its part count, the cut model at other counts), or from a
+(``hpc_graph.plan.predict``, docs/plan.md). The graph comes from ``--data`` (default ``data.path``): a dataset file or
+a partition directory (exact per-rank statistics at its part count, the cut model at other counts), or from a
 description (``--nodes --edges --features --classes`` ...) when there is no file at all. Rates are
 measured here at plan time (kernels on the real graph; the links only when the plan itself runs
 under ``mpiexec`` with 2 or more ranks, or read from ``--profile FILE``; otherwise a stated default
@@ -314,7 +314,8 @@ def _train_subprocess(raw: dict, cfg: str, threads: int, timeout: float, failure
     try:
         for k in range(copies):
             path = cfg if copies == 1 else f"{cfg}.{k}"
-            own = raw if copies == 1 else {**raw, "train": {**raw["train"], "run_dir": f"{raw['train']['run_dir']}.{k}"}}
+            own = (raw if copies == 1
+                   else {**raw, "train": {**raw["train"], "run_dir": f"{raw['train']['run_dir']}.{k}"}})
             with open(path, "w", encoding="utf-8") as fh:
                 yaml.safe_dump(own, fh)
             # stderr to a file: a pipe left unread while another copy is waited for could fill and stall it

@@ -174,7 +174,8 @@ def resolve_engine(name: str, size: int, data_path: str | os.PathLike | None, mo
     if cls.max_ranks is not None and size > cls.max_ranks:
         where = "one process" if cls.max_ranks == 1 else f"at most {cls.max_ranks} processes"
         raise ConfigError(f"engine.name: {name!r} runs on {where}, but this job has {size} "
-                          "ranks; " + ("use 'dp' (data parallel over the batches of graphs)" if is_graph_level(data_path)
+                          "ranks; " + ("use 'dp' (data parallel over the batches of graphs)"
+                                       if is_graph_level(data_path)
                                        else "use 'dp' or 'sar' with a partitioned dataset (hpc-graph partition)"))
     return name
 

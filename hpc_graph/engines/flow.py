@@ -285,8 +285,8 @@ class FlowEngine(Engine):
         """``ValueError`` (the same on every rank) for a model that is no chain of units, has fewer units than
         stages, or is reversible under ``cross_edges: stale`` (its chain needs every layer to keep the rows)."""
         if not hasattr(model, "forward_units") or not hasattr(model, "pipeline_units"):
-            raise ValueError(f"engine 'flow': model {type(model).__name__} cannot be cut into pipeline stages; the flow "
-                             "engine runs gcn, sage, gat, revgcn and revgat")
+            raise ValueError(f"engine 'flow': model {type(model).__name__} cannot be cut into pipeline stages; "
+                             "the flow engine runs gcn, sage, gat, revgcn and revgat")
         if self.history is not None and getattr(model, "reversible", None) is not None:
             raise ValueError(f"engine.cross_edges: 'stale' appends halo rows to every layer, which a reversible "
                              f"chain ({type(model).__name__}) cannot take; use cross_edges exact or drop")
@@ -350,7 +350,8 @@ class FlowEngine(Engine):
             mod._calls = c
         return tails
 
-    def _measure_units(self, model: torch.nn.Module, count: int, x: torch.Tensor) -> tuple[list[float], list[list[int]]]:
+    def _measure_units(self, model: torch.nn.Module, count: int,
+                       x: torch.Tensor) -> tuple[list[float], list[list[int]]]:
         """Forward + backward seconds of every unit on the first micro-batch (best of two passes) and the shape
         (after the rows) of every unit's output. The random streams and GAT call counters are left as they were.
         Each unit's output is let go before its backward pass and made again without autograd for the next unit,

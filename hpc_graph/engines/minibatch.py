@@ -104,7 +104,8 @@ class MinibatchEngine(Engine):
     """
 
     name = "minibatch"
-    summary = "sampled mini-batches; remote neighbours exact, dropped or from DistGNN-MB's historical embedding cache (sections `sampler`, `hec`; docs/minibatch.md)."
+    summary = ("sampled mini-batches; remote neighbours exact, dropped or from DistGNN-MB's historical embedding cache "
+               "(sections `sampler`, `hec`; docs/minibatch.md).")
     kind = "sampled"
     data_source = "partition_or_file"
     Options = MinibatchOptions
@@ -288,6 +289,7 @@ class MinibatchEngine(Engine):
         feat, in_deg = self._input_rows(hops[-1][5])
         blocks_rev: list[Block] = []
         next_deg = in_deg.numpy()  # degrees of block 0's sources
+        prev_dst_deg = None  # degrees of the previous (lower) block's destinations: this block's owned sources
         for layer, dst_, dst_deg, counts, col, src, n_local in reversed(hops):
             if layer == 0:
                 src_deg = next_deg

@@ -1,8 +1,8 @@
 """``single`` engine: one process holds the whole graph; the reference every other engine must match.
 
 ``source`` is a dataset file (``hpc-graph generate|convert``). Aggregation is
-one call of :func:`hpc_graph.ops.spmm.spmm` over the whole CSR (:class:`~hpc_graph.graph.whole_graph.WholeGraph`; for the edge types
-of a typed graph, over its relation-expanded CSR); GAT attention
+one call of :func:`hpc_graph.ops.spmm.spmm` over the whole CSR (:class:`~hpc_graph.graph.whole_graph.WholeGraph`; for
+the edge types of a typed graph, over its relation-expanded CSR); GAT attention
 one call of :func:`hpc_graph.ops.gat_attention.gat_attention` over the CSR with
 a self loop appended to every row. There is no communication.
 """
@@ -36,9 +36,9 @@ class SingleEngine(Engine):
 
     ``label`` holds -1 for unlabelled nodes; a missing mask is all False. A graph-level dataset
     (``/graphs/ptr``): ``label`` and ``masks`` are per graph and ``graph.num_graphs`` > 0; the engine
-    is then a :class:`GraphLevelSingleEngine`, of ``kind = "sampled"``: every epoch shuffles the training graphs (seeded by ``seed`` and
-    the epoch) and each step trains on ``graph_batch_size`` of them (:meth:`batch`, a block-diagonal
-    graph of its own); evaluation runs on ``graph``, all graphs at once.
+    is then a :class:`GraphLevelSingleEngine`, of ``kind = "sampled"``: every epoch shuffles the training graphs
+    (seeded by ``seed`` and the epoch) and each step trains on ``graph_batch_size`` of them (:meth:`batch`, a
+    block-diagonal graph of its own); evaluation runs on ``graph``, all graphs at once.
     Options: ``sequence_order`` (graph transformers: ``id``, ``rcm`` or ``metis``, see
     :func:`~hpc_graph.graph.attention_pattern.sequence_order`); ``cluster_beta``, ``cluster_size``,
     ``tuner_window`` (the cluster-sparse layout of sparse attention and its tuner,

@@ -327,7 +327,8 @@ class DistGraph:
                 rel._blocks = None
             else:
                 rel.local = None
-                rel._blocks = {q: relational_csr(b.indptr, b.indices, self._block_types[q], r, b.num_src).to(self.device)
+                rel._blocks = {q: relational_csr(b.indptr, b.indices, self._block_types[q], r,
+                                                 b.num_src).to(self.device)
                                for q, b in self.blocks.items()}
                 rel.in_degree = sum(b.in_degree() for b in rel._blocks.values())
             self._relational = rel

@@ -3,10 +3,10 @@
 For each operation (``alltoallv``: ``n`` bytes to every peer; ``exchange``: ``n`` bytes point-to-point
 to every peer; ``allreduce``: ``n`` bytes) the median time of a few calls at sizes from 1 KiB to
 ``max_bytes`` is fitted by least squares to ``t(n) = alpha + n / beta`` (per call; ``n`` the bytes a
-rank sends; sizes 1 KiB, 16 KiB, ... up to ``max_bytes``). Compute rates: dense GEMM (flop/s), a CSR-input projection (flop/s over the stored
-entries, what NFP's column slices cost) and SpMM (edge x feature products per second), each from one
-timed call of a representative size after a warm-up. Collective: every rank takes part; the result
-(the slowest rank's times) is the same on every rank.
+rank sends; sizes 1 KiB, 16 KiB, ... up to ``max_bytes``). Compute rates: dense GEMM (flop/s), a CSR-input
+projection (flop/s over the stored entries, what NFP's column slices cost) and SpMM (edge x feature products per
+second), each from one timed call of a representative size after a warm-up. Collective: every rank takes part; the
+result (the slowest rank's times) is the same on every rank.
 
 The full-batch planner's kernel rates (:class:`KernelRates`, one process, not collective): the probes of
 :class:`KernelProbes` (SpMM, fused attention, GEMM, elementwise, dropout and codec kernels on a given graph),

@@ -70,11 +70,11 @@ class ModelConfig:
                        "personalised-PageRank propagation; `sgc`: linear model on K-hop smoothed features "
                        "(computed once); `dagnn`: MLP, K propagations mixed by learned per-node gates; `mlp`: linear "
                        "layers only, no graph (the base model of Correct & Smooth); `rgcn`: relational GCN over "
-                       "the edge types of a typed graph (/graph/edge_type); `revgcn`, `revgat`: grouped reversible deep "
-                       "GCN/GAT (saved activations do not grow with depth); `gt`: graph transformer with Laplacian "
-                       "positional encodings; `graphormer`: degree embeddings, structural attention bias, global "
-                       "token (both on engines `single` and `seqpar`, `gt` with sparse attention also on `dp`, "
-                       "`sar`, `sylvie`, and both on `dp` over a graph-level dataset; see docs/transformers.md).")
+                       "the edge types of a typed graph (/graph/edge_type); `revgcn`, `revgat`: grouped reversible "
+                       "deep GCN/GAT (saved activations do not grow with depth); `gt`: graph transformer with "
+                       "Laplacian positional encodings; `graphormer`: degree embeddings, structural attention "
+                       "bias, global token (both on engines `single` and `seqpar`, `gt` with sparse attention also on "
+                       "`dp`, `sar`, `sylvie`, and both on `dp` over a graph-level dataset; see docs/transformers.md).")
     hidden: int = _field(16, _int(1), "Hidden width (per attention head for `gat`; unused by `sgc`).")
     num_layers: int = _field(2, _int(1), "Graph layers of `gcn`, `sage`, `gat` (the last one outputs the classes) "
                                          "and `jknet` and `rgcn`; GCNII layers of `gcn2`; reversible blocks "
@@ -662,7 +662,8 @@ and a `--resume` that does not match its checkpoint.
   the same `train.epochs`, a resumed run ends with exactly the weights and
   metrics of an uninterrupted one. Metric files are appended to.
 * On SIGTERM or SIGUSR1 (batch-system preemption; the job scripts ask SLURM for
-  `--signal=USR1@120`), or a first Ctrl-C (a second one interrupts at once), every rank finishes its current epoch, the ranks agree
+  `--signal=USR1@120`), or a first Ctrl-C (a second one interrupts at once), every rank finishes its current \
+epoch, the ranks agree
   (the signal may reach only some of them), rank 0 writes a checkpoint and
   every rank exits with status **75** (`EX_TEMPFAIL`): resubmit the same job
   with `--resume RUN_DIR` (the job scripts do this when `RUN_DIR/checkpoints`
@@ -673,7 +674,8 @@ and a `--resume` that does not match its checkpoint.
 | status | meaning |
 |---|---|
 | 0 | training finished; `RUN_DIR/summary.json` written |
-| 1 | training failed: non-finite loss with `train.on_nonfinite: stop`, or a crash on some rank (MPI_Abort; the log names the rank and the reason) |
+| 1 | training failed: non-finite loss with `train.on_nonfinite: stop`, or a crash on some rank (MPI_Abort; \
+the log names the rank and the reason) |
 | 2 | bad config, data, rank count or resume (one line naming the field or file) |
 | 75 | preempted (SIGTERM/SIGUSR1); a checkpoint was written: resume with `--resume RUN_DIR` |
 

@@ -13,8 +13,8 @@ Three parts, used by the trainer when ``lm.enabled`` (:class:`CoTraining` ties t
   ``0 .. k-1-s`` (``lm.staleness`` s; 0: synchronous data parallelism, each step applied before the next chunk),
   so with s > 0 a rank can run s + 1 chunks in one bubble without waiting for the other ranks' share of the last
   step (delayed gradients, still the same on every rank and run). The LM owns its random stream (dropout), so
-  running its chunks earlier or later never changes the GNN's. The LM steps are spread over the GNN epochs by a fixed quota
-  (:meth:`LMTrainer.begin_epoch`): after every GNN epoch the LM has made exactly the same steps whether or not
+  running its chunks earlier or later never changes the GNN's. The LM steps are spread over the GNN epochs by a fixed
+  quota (:meth:`LMTrainer.begin_epoch`): after every GNN epoch the LM has made exactly the same steps whether or not
   they ran in bubbles, so interleaving changes times, never results.
 * :class:`Collaborator` -- when the GNN's input takes fresh LM encodings: every ``dt`` GNN epochs, ``dt``
   stepping down ``0.3 J, 0.2 J, 0.1 J, 0.02 J`` (``J`` = GNN epochs) each time the running average loss

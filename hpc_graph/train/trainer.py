@@ -424,7 +424,8 @@ class Trainer:
 
     @torch.no_grad()
     def evaluate(self) -> dict[str, float | None]:
-        """Accuracy on each split over all ranks: ``{"train_acc", "val_acc", "test_acc"}`` (None if a split is empty)."""
+        """Accuracy on each split over all ranks: ``{"train_acc", "val_acc", "test_acc"}`` (None if a split is
+        empty)."""
         self.model.eval()
         with self.engine.evaluation():
             if self.pipeline:

@@ -52,14 +52,14 @@ def hec_store(tags, stamps, rows, ways, gids, new_rows, now, lifespan):
         free = -1
         oldest = -1
         for w in range(ways):
-            l = base + w
-            if tags[l] == g:
-                line = l
+            slot = base + w
+            if tags[slot] == g:
+                line = slot
                 break
-            if free < 0 and (tags[l] < 0 or now - stamps[l] > lifespan):
-                free = l
-            if oldest < 0 or stamps[l] < stamps[oldest]:
-                oldest = l
+            if free < 0 and (tags[slot] < 0 or now - stamps[slot] > lifespan):
+                free = slot
+            if oldest < 0 or stamps[slot] < stamps[oldest]:
+                oldest = slot
         if line < 0:
             if free >= 0:
                 line = free
@@ -84,13 +84,13 @@ def hec_lookup(tags, stamps, rows, ways, gids, now, lifespan, out, hit, age):
         hit[i] = False
         age[i] = -1
         for w in range(ways):
-            l = base + w
-            if tags[l] == g:
-                if now - stamps[l] <= lifespan:
+            slot = base + w
+            if tags[slot] == g:
+                if now - stamps[slot] <= lifespan:
                     hit[i] = True
-                    age[i] = now - stamps[l]
+                    age[i] = now - stamps[slot]
                     for j in range(rows.shape[1]):
-                        out[i, j] = rows[l, j]
+                        out[i, j] = rows[slot, j]
                 break
 
 
@@ -98,10 +98,10 @@ def hec_lookup(tags, stamps, rows, ways, gids, now, lifespan, out, hit, age):
 def hec_purge(tags, stamps, now, lifespan):
     """Empty every expired line; returns how many valid lines remain."""
     valid = 0
-    for l in range(tags.shape[0]):
-        if tags[l] >= 0:
-            if now - stamps[l] > lifespan:
-                tags[l] = -1
+    for slot in range(tags.shape[0]):
+        if tags[slot] >= 0:
+            if now - stamps[slot] > lifespan:
+                tags[slot] = -1
             else:
                 valid += 1
     return valid

@@ -239,7 +239,8 @@ def row_range(x, rows, lo, hi) -> None:
 
 
 def quantize_pack(x, rows, zero, scale, ids, key, group_start, code_start, codes) -> None:
-    """See :func:`numba_kernels.cpu.quant.quantize_pack`; ``codes`` uint8[code_start[4]] as on the CPU, byte for byte."""
+    """See :func:`numba_kernels.cpu.quant.quantize_pack`; ``codes`` uint8[code_start[4]] as on the CPU, byte for
+    byte."""
     n = codes.shape[0]
     if n == 0:
         return

@@ -229,7 +229,8 @@ def test_plan_papers100m_description(tmp_path, fb_data, capsys):
     assert "smallest rank count that fits 24GB per rank, single: none up to 1" in out
     found = {}
     for engine in ("dp", "sar"):
-        line = next(ln for ln in out.splitlines() if ln.startswith(f"smallest rank count that fits 24GB per rank, {engine}"))
+        line = next(ln for ln in out.splitlines()
+                    if ln.startswith(f"smallest rank count that fits 24GB per rank, {engine}"))
         found[engine] = int(line.rsplit(" ", 1)[1])
     assert 1 < found["sar"] <= found["dp"] <= 100
     for text in ("graph: described: 111,059,956 nodes, 1,615,685,872 stored edges", "1,110,600 training nodes",
@@ -299,9 +300,9 @@ def test_plan_calibrates_by_a_real_run_and_measures_oversubscription_by_copies_o
                                                                                      quick_rates):
     """measure_calibration: a real single run of the config's model (at each thread count) minus what the kernel
     rates of the calibration graph predict for it; those rates measured alongside the rank graph's (returned: the
-    plan's rates), with the rank graph's parallel fraction. measure_contention: the median epoch of N copies of the calibration run started at once,
-    over the mean of one run alone before them and one after (real runs: every copy trains and writes its own
-    metrics; the factor checked against the runs' own epochs).
+    plan's rates), with the rank graph's parallel fraction. measure_contention: the median epoch of N copies of the
+    calibration run started at once, over the mean of one run alone before them and one after (real runs: every copy
+    trains and writes its own metrics; the factor checked against the runs' own epochs).
 
     The two measurements run at once, each in a thread of its own: their training subprocesses (a few seconds of
     imports each, one core) then share the two cores instead of taking turns. Neither check depends on the

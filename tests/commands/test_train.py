@@ -77,7 +77,8 @@ def test_train_refuses_what_cannot_fit_and_force_bypasses(tmp_path, graph_file, 
 
 @pytest.mark.parametrize("engine,advice", [("single", "use more ranks or engine sar"),
                                            ("sylvie", "use more ranks or engine sar"),
-                                           ("flow", "this engine holds the whole graph on every rank: use an engine that partitions it")])
+                                           ("flow", "this engine holds the whole graph on every rank: use an engine "
+                                                    "that partitions it")])
 def test_train_refusal_names_the_engine_and_advises(tmp_path, graph_file, capsys, monkeypatch, engine, advice):
     data = graph_file
     if engine == "sylvie":  # a partition of one part

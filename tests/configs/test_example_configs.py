@@ -38,7 +38,8 @@ def test_config_is_valid_and_documents_its_data(path):
 def test_single_gcn_config_trains_on_cora(tmp_path):
     cora = convert_npz(DATASETS / "cora.npz", tmp_path / "cora.h5")
     cfg = load_config(REPO / "configs" / "single_gcn.yaml",
-                      [f"data.path={cora}", "train.epochs=15", "train.progress=false", f"train.run_dir={tmp_path / 'run'}"])
+                      [f"data.path={cora}", "train.epochs=15", "train.progress=false",
+                       f"train.run_dir={tmp_path / 'run'}"])
     summary = Trainer(cfg).fit()
     assert summary["engine"] == "single" and summary["epochs"] == 15
     assert json.loads((tmp_path / "run" / "summary.json").read_text())["best_val_acc"] == summary["best_val_acc"]

@@ -147,7 +147,10 @@ def test_lap_pe_per_graph_equals_each_graph_alone():
 
 def test_cli_generate_and_preprocess(tmp_path):
     out = tmp_path / "r.h5"
-    run = lambda *a: subprocess.run([sys.executable, "-m", "hpc_graph.cli", *a], capture_output=True, text=True)
+
+    def run(*a):
+        return subprocess.run([sys.executable, "-m", "hpc_graph.cli", *a], capture_output=True, text=True)
+
     proc = run("generate", "reg3cc", "-o", str(out), "--num-graphs", "12", "--min-nodes", "8", "--max-nodes", "12")
     assert proc.returncode == 0, proc.stderr
     assert "12 graphs" in proc.stdout

@@ -60,7 +60,8 @@ def test_graph_level_dataset_info_matches_reference(tmp_path, capsys):
 
     g = generate_pathspd(23, 6, 12, max_dist=3, seed=4)
     write_dataset(tmp_path / "g.h5", g)
-    add_node_field(tmp_path / "g.h5", "lap_pe", laplacian_pe(g.indptr, g.indices, g.num_nodes, 2, graph_ptr=g.graph_ptr))
+    add_node_field(tmp_path / "g.h5", "lap_pe",
+                   laplacian_pe(g.indptr, g.indices, g.num_nodes, 2, graph_ptr=g.graph_ptr))
     res = dataset_info(tmp_path / "g.h5")
     sizes = np.diff(g.graph_ptr)
     assert res["task"] == "graph" and res["num_graphs"] == 23 and res["graph_nodes"] == _stats(sizes)

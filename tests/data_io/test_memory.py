@@ -178,7 +178,7 @@ def test_require_memory_force_warns(monkeypatch, caplog):
 def test_rmat_estimate_covers_its_arrays():
     scale, ef = 12, 8
     g = generate_rmat(scale, ef, feat_dim=8)
-    n, m = 1 << scale, ef << scale
+    m = ef << scale
     data = 8 * m + _nbytes(g.indptr, g.indices, g.label, *(getattr(g, k) for k in MASKS))  # src+dst, CSR, nodes
     est = estimate_rmat_bytes(scale, ef) - 16 * MIB
     assert data <= est < 10 * data

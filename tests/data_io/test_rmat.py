@@ -172,7 +172,8 @@ def test_vertex_ids_are_permuted():
 
 def test_same_seed_same_graph_different_seed_different_graph():
     kw = dict(feat_dim=4, num_classes=3)
-    g1, g2, g3 = generate_rmat(9, 4, seed=10, **kw), generate_rmat(9, 4, seed=10, **kw), generate_rmat(9, 4, seed=11, **kw)
+    g1, g2, g3 = (generate_rmat(9, 4, seed=10, **kw), generate_rmat(9, 4, seed=10, **kw),
+                  generate_rmat(9, 4, seed=11, **kw))
     for f in ("indptr", "indices", "feat", "label", *MASKS):
         np.testing.assert_array_equal(getattr(g1, f), getattr(g2, f))
     assert not np.array_equal(g1.indptr, g3.indptr) or not np.array_equal(g1.indices, g3.indices)
@@ -201,7 +202,8 @@ def test_write_rmat_streams_same_arrays_in_blocks(tmp_path, monkeypatch):
 
 @pytest.mark.parametrize("kwargs, param", [
     (dict(scale=0), "scale"), (dict(scale=41), "scale"), (dict(edge_factor=-1), "edge_factor"),
-    (dict(feat_dim=-2), "feat_dim"), (dict(num_classes=0), "num_classes"), (dict(scale=3, num_classes=9), "num_classes"),
+    (dict(feat_dim=-2), "feat_dim"), (dict(num_classes=0), "num_classes"),
+    (dict(scale=3, num_classes=9), "num_classes"),
     (dict(train_frac=0.7, val_frac=0.3, test_frac=0.2), "train_frac"), (dict(val_frac=-0.1), "val_frac"),
     (dict(a=0.6, b=0.3, c=0.3), "a"), (dict(seed=-1), "seed"), (dict(scale=2.5), "scale"),
 ])

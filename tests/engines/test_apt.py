@@ -383,7 +383,8 @@ def test_nfp_leading_the_first_round_trains_for_real_from_the_gap_on(graph_file)
     assert not eng.tuning and plan.tuned and picks == ["nfp"] and len(lost) == 1
     assert order.count(("nfp", True)) == TUNE_ROUNDS * TUNE_PAIR and not any(s == "*" for s, _ in order)
     assert order[-TUNE_PAIR:] == [("nfp", True)] * TUNE_PAIR
-    assert eng.stats()["tuning_iterations"] == len(order) == eighth + 3 + TUNE_ROUNDS * TUNE_PAIR * 3 + eighth + TUNE_PAIR
+    assert (eng.stats()["tuning_iterations"] == len(order)
+            == eighth + 3 + TUNE_ROUNDS * TUNE_PAIR * 3 + eighth + TUNE_PAIR)
     assert plan.choice == eng.strategy == "nfp" and not eng._nfp["timing"] and eng.layout_seconds > 0
     # GDP's prediction holds its slowed steps; NFP's (trained for real) does not
     assert plan.costs["gdp"].seconds["compute"] >= 0.15 * iters > plan.costs["nfp"].seconds["compute"]

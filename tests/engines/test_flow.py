@@ -46,7 +46,8 @@ def test_split_stages_is_the_best_contiguous_cut(seed):
     ({"microbatches": 151}, "engine.microbatches: 151 micro-batches but"),
     ({"cross_edges": "some"}, "engine.cross_edges: must be one of"),
     ({"stage_split": "size"}, "engine.stage_split: must be one of 'cost', 'count', got 'size'"),
-    ({"bits": 4}, "'bits' not an option of engine 'flow' (its options: cross_edges, microbatches, stage_split, stages)"),
+    ({"bits": 4},
+     "'bits' not an option of engine 'flow' (its options: cross_edges, microbatches, stage_split, stages)"),
 ])
 def test_bad_options_name_the_option(graph_file, options, message):
     with pytest.raises(ValueError) as info:

@@ -29,7 +29,6 @@ def _partitions(src, dst, assign, num_parts):
     new_of_old[order] = np.arange(n)
     ranges = np.zeros(num_parts + 1, dtype=np.int64)
     ranges[1:] = np.cumsum(np.bincount(assign, minlength=num_parts))
-    owner = lambda g: int(np.searchsorted(ranges, g, side="right") - 1)  # noqa: E731
     gsrc, gdst = new_of_old[src], new_of_old[dst]
     parts = []
     for p in range(num_parts):

@@ -1,4 +1,5 @@
-"""``seqpar`` reproduces ``single`` for GT and Graphormer on 1, 2 and 4 ranks (real MPI; see scripts/seqpar_checks.py)."""
+"""``seqpar`` reproduces ``single`` for GT and Graphormer on 1, 2 and 4 ranks (real MPI; see
+scripts/seqpar_checks.py)."""
 from __future__ import annotations
 
 import pytest

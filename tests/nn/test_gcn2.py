@@ -13,10 +13,10 @@ def _dense(p_mat, x, w, alpha, theta):
     h0 = F.relu(x @ w["lin_in.weight"].t() + w["lin_in.bias"])
     h = h0
     layers = sum(k.startswith("weights.") for k in w)
-    for l in range(1, layers + 1):
-        beta = math.log(theta / l + 1)
+    for layer in range(1, layers + 1):
+        beta = math.log(theta / layer + 1)
         s = (1 - alpha) * p_mat @ h + alpha * h0
-        h = F.relu(s @ ((1 - beta) * torch.eye(h.shape[1], dtype=h.dtype) + beta * w[f"weights.{l - 1}"]))
+        h = F.relu(s @ ((1 - beta) * torch.eye(h.shape[1], dtype=h.dtype) + beta * w[f"weights.{layer - 1}"]))
     return h @ w["lin_out.weight"].t() + w["lin_out.bias"]
 
 

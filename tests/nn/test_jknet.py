@@ -11,12 +11,12 @@ def _dense(g, p_mat, x, w, jk, conv, layers):
     adj = g.adj
     mean = adj / adj.sum(1).clamp_min(1)[:, None]
     h, hs = x, []
-    for l in range(layers):
+    for layer in range(layers):
         if conv == "gcn":
-            h = p_mat @ h @ w[f"convs.{l}.lin.weight"].t() + w[f"convs.{l}.bias"]
+            h = p_mat @ h @ w[f"convs.{layer}.lin.weight"].t() + w[f"convs.{layer}.bias"]
         else:
-            h = (mean @ h @ w[f"convs.{l}.lin_l.weight"].t() + w[f"convs.{l}.lin_l.bias"]
-                 + h @ w[f"convs.{l}.lin_r.weight"].t())
+            h = (mean @ h @ w[f"convs.{layer}.lin_l.weight"].t() + w[f"convs.{layer}.lin_l.bias"]
+                 + h @ w[f"convs.{layer}.lin_r.weight"].t())
         h = F.relu(h)
         hs.append(h)
     if jk == "concat":
@@ -24,10 +24,10 @@ def _dense(g, p_mat, x, w, jk, conv, layers):
     elif jk == "max":
         z = torch.stack(hs).max(0).values
     else:
-        scores = torch.stack([hl @ w["att_q"] + w["att_c"][l] for l, hl in enumerate(hs)], 1)  # [N, L]
+        scores = torch.stack([hl @ w["att_q"] + w["att_c"][layer] for layer, hl in enumerate(hs)], 1)  # [N, L]
         a = torch.exp(scores - scores.max(1, keepdim=True).values)
         a = a / a.sum(1, keepdim=True)
-        z = sum(a[:, l:l + 1] * hl for l, hl in enumerate(hs))
+        z = sum(a[:, layer:layer + 1] * hl for layer, hl in enumerate(hs))
     return z @ w["lin.weight"].t() + w["lin.bias"]
 
 

@@ -253,7 +253,8 @@ def _sampled_stack(num_dst=7, num_src=15):
 def test_sampled_blocks_are_refused(cls):
     src, dst = random_edges(10, 20, seed=1)
     model = cls(4, 6, 2, num_layers=2).double()
-    with pytest.raises(ValueError, match=rf"{cls.__name__}: layer 0 .*full-graph engine \(single, dp, sar, sylvie, flow"):
+    with pytest.raises(ValueError,
+                       match=rf"{cls.__name__}: layer 0 .*full-graph engine \(single, dp, sar, sylvie, flow"):
         model(_Shrinking(src, dst, 10), torch.randn(10, 4, dtype=torch.float64))
     stack, rows = _sampled_stack()
     model = cls(4, 6, 2, num_layers=1).double()

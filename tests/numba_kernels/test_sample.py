@@ -348,7 +348,8 @@ def _relabel(dst, cand):
     return src[:n], col
 
 
-@pytest.mark.parametrize("nd,c,pool", [(5, 40, 30), (100, 2000, 900), (0, 50, 10), (30, 0, 1), (0, 0, 1), (64, 300, 64)])
+@pytest.mark.parametrize("nd,c,pool", [(5, 40, 30), (100, 2000, 900), (0, 50, 10), (30, 0, 1), (0, 0, 1),
+                                       (64, 300, 64)])
 def test_unique_relabel_matches_reference(nd, c, pool):
     rng = np.random.default_rng(nd * 7 + c)
     ids = rng.choice(2**40, pool + nd, replace=False).astype(np.int64) + 2**40

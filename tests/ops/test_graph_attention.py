@@ -123,7 +123,8 @@ def test_dense_float32_fused_kernel_matches_the_torch_tiles_across_blocks():
     far = torch.randn(H, generator=gen)
     leaves = [t.requires_grad_() for t in (q, k, v, bias, far)]
     gout = torch.randn(T, H, 5, generator=gen)
-    got = [pattern_attention(g, q, k, v, bias=bias, dense=True, num_nodes=n, far_bias=far, fused=f) for f in (True, False)]
+    got = [pattern_attention(g, q, k, v, bias=bias, dense=True, num_nodes=n, far_bias=far, fused=f)
+           for f in (True, False)]
     torch.testing.assert_close(got[0], got[1], rtol=1e-5, atol=1e-5)
     grads = [torch.autograd.grad(o, leaves, gout) for o in got]
     for a, b in zip(*grads):

@@ -124,8 +124,8 @@ def measure(trainer: Any) -> dict[str, int]:
     g = sum(x.grad.nbytes for x in own)
     opt = sum(v.nbytes for st in trainer.optimizer.state.values() for v in st.values()
               if torch.is_tensor(v) and v.dim() > 0)
-    out = {"source": str(trainer.config.data.path), "saved": sum(saved.values()), "graph": sum(graph.values()), "features": sum(feats.values()),
-           "params": p + g + opt + p, "halo_recv_max": recv[0], "bytes_sent": sent}
+    out = {"source": str(trainer.config.data.path), "saved": sum(saved.values()), "graph": sum(graph.values()),
+           "features": sum(feats.values()), "params": p + g + opt + p, "halo_recv_max": recv[0], "bytes_sent": sent}
     eng = trainer.engine
     if trainer.engine_name == "sylvie":
         state: dict[int, int] = {}

@@ -245,7 +245,8 @@ def test_measured_contention_replaces_the_time_slice_model():
     rng = np.random.default_rng(5)
     f = float(rng.uniform(2.2, 4.0))
     measured = dataclasses.replace(rates, contention={2.0: f, 4.0: 9.0})
-    assert measured.oversubscribed(2.0) == f and measured.oversubscribed(3.0) is None and rates.oversubscribed(2.0) is None
+    assert (measured.oversubscribed(2.0) == f and measured.oversubscribed(3.0) is None
+            and rates.oversubscribed(2.0) is None)
 
     def compute(r, cores):
         t = fb.predict("dp", spec, g, lay, floor=0, rates=r, cores_per_node=cores, ranks_per_node=4).time
@@ -305,8 +306,8 @@ def test_rates_from_kernel_rates_copy_every_shared_field():
     from hpc_graph.plan.profile import KernelRates
 
     kr = KernelRates(spmm_fwd=(1.0, 2.0), spmm_bwd=(3.0, 4.0), gat_fwd=(5.0, 6.0), gat_bwd=(7.0, 8.0),
-                     gemm_flops=9.0, stream=10.0, mask=11.0, score=12.0, codec=14.0, threads=13, parallel=0.5, graph="g",
-                     seconds=1.0)
+                     gemm_flops=9.0, stream=10.0, mask=11.0, score=12.0, codec=14.0, threads=13, parallel=0.5,
+                     graph="g", seconds=1.0)
     r = Rates.from_kernels(kr, exchange=(1e-6, 1e9), sources={"links": "x"})
     for name in ("spmm_fwd", "spmm_bwd", "gat_fwd", "gat_bwd", "gemm_flops", "stream", "mask", "score", "codec",
                  "threads", "parallel"):
@@ -338,7 +339,8 @@ def test_sylvie_full_precision_moves_what_dp_moves(model):
     eight = fb.predict("sylvie", spec, g, lay, floor=0, rates=rates, options={"bits": 8})
     assert full.time.bytes_sent == dp.time.bytes_sent + 16  # + the bit policy's loss and time
     assert full.time.messages == dp.time.messages
-    assert low.time.bytes_sent < full.time.bytes_sent / 3 and low.time.halo < full.time.halo  # narrow rows: scales weigh
+    # narrow rows: scales weigh
+    assert low.time.bytes_sent < full.time.bytes_sent / 3 and low.time.halo < full.time.halo
     assert low.time.terms["codec"] > 0 and "codec" not in dp.time.terms
     assert auto.time.bytes_sent == eight.time.bytes_sent  # auto is planned at its widest width
     for a, b in ((dp, full), (dp, low)):  # the same graph's features and parameters

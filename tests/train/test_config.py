@@ -244,7 +244,8 @@ def test_gt_positional_encodings_are_checked_against_the_file(tmp_path):
                                              "model": {"name": "gt", "pe_dim": pe_dim}}))
 
     for pe_dim in (1, 8):
-        with pytest.raises(ConfigError, match=r"model\.pe_dim: .*/node/lap_pe of .*g\.h5 is missing.*preprocess lap-pe"):
+        with pytest.raises(ConfigError,
+                           match=r"model\.pe_dim: .*/node/lap_pe of .*g\.h5 is missing.*preprocess lap-pe"):
             cfg(pe_dim)
     cfg(0)  # no encodings: nothing to check
     add_node_field(path, "lap_pe", rng.random((n, 3), dtype=np.float32))
@@ -256,7 +257,8 @@ def test_gt_positional_encodings_are_checked_against_the_file(tmp_path):
 @pytest.mark.parametrize("model, message", [
     ({"attention": "dense_layers"}, r"model\.dense_layers: attention 'dense_layers' needs .* among 0\.\.2 .* got \[\]"),
     ({"attention": "dense_layers", "dense_layers": [0, 3]}, r"model\.dense_layers: .* got \[0, 3\]"),
-    ({"attention": "sparse", "dense_layers": [1]}, r"model\.dense_layers: only used with model\.attention: dense_layers"),
+    ({"attention": "sparse", "dense_layers": [1]},
+     r"model\.dense_layers: only used with model\.attention: dense_layers"),
 ])
 def test_dense_layers_are_checked_against_the_model(tmp_path, model, message):
     raw = {"data": {"path": "g.h5"}, "engine": {"name": "single"}, "model": {"name": "gt", "num_layers": 3, **model}}

@@ -134,7 +134,8 @@ def test_dp_shares_of_every_step_are_disjoint_and_make_the_step(reg3cc, size):
 
 
 def test_dp_engine_on_graph_level_data_and_its_refusals(reg3cc, tmp_path):
-    assert engine_class("dp", reg3cc).__name__ == "GraphDPEngine" and engine_class("dp", tmp_path).__name__ == "DPEngine"
+    assert (engine_class("dp", reg3cc).__name__ == "GraphDPEngine"
+            and engine_class("dp", tmp_path).__name__ == "DPEngine")
     assert choose_engine("auto", 2, str(reg3cc), "gt") == "dp" and choose_engine("auto", 1, str(reg3cc)) == "single"
     with pytest.raises(ConfigError, match="use 'dp' \\(data parallel over the batches of graphs\\)"):
         choose_engine("single", 2, str(reg3cc))
@@ -148,7 +149,8 @@ def test_dp_engine_on_graph_level_data_and_its_refusals(reg3cc, tmp_path):
                                       torch.float32, {"graph_batch_size": 4})
     with open_dataset(reg3cc) as ds:
         num_graphs, label = ds.graph_ptr().shape[0] - 1, ds.graph_label()
-    assert half.graph.num_graphs == -(-num_graphs // 2) and half.label.tolist() == label[:half.graph.num_graphs].tolist()
+    assert (half.graph.num_graphs == -(-num_graphs // 2)
+            and half.label.tolist() == label[:half.graph.num_graphs].tolist())
     # the transformers run on dp over graphs with their global tokens (refused on dp over a partition)
     cfg = {"data": {"path": str(reg3cc)}, "engine": {"name": "dp"},
            "model": {"name": "gt", "global_token": True, "pe_dim": 0}}
@@ -174,7 +176,8 @@ def test_every_model_takes_a_batch_of_no_graphs(tmp_path, name):
 
 @pytest.mark.parametrize("engine", ["single", "dp"])
 def test_batches_get_the_features_evaluation_gets(tmp_path, engine):
-    """``data.feature_norm: row``: the trainer normalises ``feat`` for evaluation; the batches must be normalised too."""
+    """``data.feature_norm: row``: the trainer normalises ``feat`` for evaluation; the batches must be normalised
+    too."""
     data = generate_pathspd(10, 6, 9, max_dist=3, seed=1)
     rng = np.random.default_rng(0)
     data.feat = (rng.random((data.num_nodes, 5)) * rng.integers(1, 9, (data.num_nodes, 1))).astype(np.float32)

@@ -49,8 +49,8 @@ from hpc_graph.engines.base import Batch, Engine
 from hpc_graph.graph.block import Block, BlockStack
 from hpc_graph.graph.dist_graph import load_sampled_engine_data
 from hpc_graph.graph.halo_graph import HaloGraph
-from hpc_graph.graph.sampler import (NeighborSampler, SamplerOptions, SeedSchedule, check_fanouts_for_model, block_csr, check_fanouts, relabel,
-                                     sample_key)
+from hpc_graph.graph.sampler import (NeighborSampler, SamplerOptions, SeedSchedule, check_fanouts_for_model, block_csr,
+                                     check_fanouts, relabel, sample_key)
 from hpc_graph.graph.strategies import DNPReturn, NFPBlock, NFPReduce, SNPContext
 from hpc_graph.ops.csr import column_slice_csr
 from hpc_graph.options import OPT_PATH, choice_spec, float_spec, int_spec, option
@@ -139,7 +139,8 @@ class APTEngine(Engine):
     """
 
     name = "apt"
-    summary = "sampled mini-batches with APT's four parallel strategies for the input layer (`engine.strategy`, docs/apt.md)."
+    summary = ("sampled mini-batches with APT's four parallel strategies for the input layer (`engine.strategy`, "
+               "docs/apt.md).")
     shared_rng = True
     kind = "sampled"
     data_source = "partition_or_file"

@@ -590,7 +590,8 @@ def dry_run(engine: Any, requested: str = "auto", profile: Profile | None = None
                     0.0 if "gdp" in measured else allreduce)
             else:
                 sec["compute"] = per_it * (layer1[s] + att * t_up + t_step) + allreduce
-            # memory: stored features (+ NFP's column slices, + cache), the largest batch's layer-1 input and activations
+            # memory: stored features (+ NFP's column slices, + cache), the largest batch's layer-1 input and
+            # activations
             store = owned_bytes + (cache_rows * row_bytes if s != "nfp" else 0)
             if s == "nfp":
                 store += N * ((F // P + 1) * item + 8)

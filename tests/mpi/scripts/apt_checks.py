@@ -215,7 +215,8 @@ def check_dry_run(data_dir, comm) -> int:
             # a cache's hit rate on an epoch it was not chosen from is an estimate (cross-validated): 10 %
             tol = 0.10 if (op == "load" and cache_mb) else 0.05
             if os.environ.get("APT_DEBUG"):
-                print(f"rank {comm.rank} {s} cache {cache_mb} {op}: predicted {w:.0f} got {g:.0f} ({(g - w) / max(w, 1):+.3f})")
+                print(f"rank {comm.rank} {s} cache {cache_mb} {op}: predicted {w:.0f} got {g:.0f} "
+                      f"({(g - w) / max(w, 1):+.3f})")
             elif abs(g - w) > tol * max(w, 1.0):
                 raise AssertionError(f"rank {comm.rank} {s} cache {cache_mb}: dry run predicted {w:.0f} {op} bytes "
                                      f"per epoch, an epoch moved {g:.0f}")
@@ -288,7 +289,8 @@ def check_timing_in_training(pdir, comm) -> int:
     w_a = torch.cat([p.detach().reshape(-1) for p in m_a.parameters()])
     w_r = torch.cat([p.detach().reshape(-1) for p in m_r.parameters()])
     if float((w_a - w_r).abs().max()) > 1e-5:
-        raise AssertionError(f"rank {comm.rank}: auto's weights differ from gdp's by {float((w_a - w_r).abs().max()):.2e}")
+        raise AssertionError(f"rank {comm.rank}: auto's weights differ from gdp's by "
+                             f"{float((w_a - w_r).abs().max()):.2e}")
     return 4
 
 

@@ -45,7 +45,8 @@ def rank_data(seed, shape, dtype):
 
 def close(actual, expected, what):
     assert actual.dtype == expected.dtype, f"{what}: dtype {actual.dtype} != {expected.dtype}"
-    assert tuple(actual.shape) == tuple(expected.shape), f"{what}: shape {tuple(actual.shape)} != {tuple(expected.shape)}"
+    assert tuple(actual.shape) == tuple(expected.shape), \
+        f"{what}: shape {tuple(actual.shape)} != {tuple(expected.shape)}"
     if actual.dtype.is_floating_point:
         tol = 1e-5 if actual.dtype == torch.float32 else 1e-12
         ok = torch.allclose(actual.double(), expected.double(), rtol=tol, atol=tol)

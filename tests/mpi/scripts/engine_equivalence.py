@@ -120,8 +120,9 @@ def _close_to(what: str, got: torch.Tensor, want: torch.Tensor, rtol: float) -> 
 
 
 CORE = ("gcn", "sage", "gat")  # checked on every dataset, rank count and engine variant
-# the deep models (the rest of the zoo) on these datasets per rank count (none at 3 ranks; 4 ranks share 2 cores in CI), with one sar variant
-# each: every dataset and option variant is covered at 2 or 4 ranks, at a fraction of the full cross product
+# the deep models (the rest of the zoo) on these datasets per rank count (none at 3 ranks; 4 ranks share 2 cores in
+# CI), with one sar variant each: every dataset and option variant is covered at 2 or 4 ranks, at a fraction of the
+# full cross product
 DEEP_CASES = {2: (0, 2), 3: (), 4: (1,)}
 
 
@@ -165,8 +166,8 @@ def _sgd_step(model, lr: float = 0.5, weight_decay: float = 5e-4) -> None:
 
 
 def _record_calls(graph) -> list:
-    """Wrap ``graph.aggregate``/``aggregate_combine``/``aggregate_relations``/``gat``/``gat_projected`` to log (kind, row width,
-    requires_grad); a relation-wise aggregation moves the rows once, like an ``aggregate``.
+    """Wrap ``graph.aggregate``/``aggregate_combine``/``aggregate_relations``/``gat``/``gat_projected`` to log (kind,
+    row width, requires_grad); a relation-wise aggregation moves the rows once, like an ``aggregate``.
 
     A ``gat_projected`` call is logged once, whether the engine fuses it or its default calls ``gat``.
     """

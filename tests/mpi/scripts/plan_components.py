@@ -1,4 +1,5 @@
-"""Run under ``mpiexec -n N``: the planner's memory components equal the tensors of real ``dp``/``sar``/``sylvie`` steps.
+"""Run under ``mpiexec -n N``: the planner's memory components equal the tensors of real ``dp``/``sar``/``sylvie``
+steps.
 
 Rank 0 writes an undirected and a directed R-MAT graph (512 nodes) and METIS-partitions each into N
 parts (:func:`prepare`; the test calls it beforehand, once for both rank counts, so that no rank spins in a
@@ -12,8 +13,8 @@ activations, the largest exchange receive and the bytes sent with the plan of th
 except the partition's two NumPy index arrays (16 (N + 1) bytes the plan leaves out of the graph);
 ``sylvie`` within 5 %, its graph with the codec's exchange plan and importances and what the first step
 leaves in the pipeline's slots (the codec's per-message NumPy arrays are not planned; a stale step's
-in-flight buffers count as that step's activations in the plan, so the second step's graph is not compared); and flow's largest receive
-with several micro-batches (METIS sizes them; the plan takes N/M rows each): within 5 %.
+in-flight buffers count as that step's activations in the plan, so the second step's graph is not compared); and
+flow's largest receive with several micro-batches (METIS sizes them; the plan takes N/M rows each): within 5 %.
 
 ``--cli CFG`` (one launch instead of three for ``tests/mpi/test_plan.py``): then, on every rank, in this
 process (the commands' ``main``, what ``hpc-graph`` runs): ``hpc-graph train --config CFG`` with
