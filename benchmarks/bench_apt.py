@@ -94,11 +94,11 @@ def _configs(args, size: int):
 def run(args) -> None:
     import torch
 
-    from hpc_graph.comm import communicator as _communicator
+    from hpc_graph.comm import get_communicator
     from hpc_graph.comm.threads import configure_threads
     from hpc_graph.engines import create_engine
 
-    comm = _communicator.get_communicator("mpi")
+    comm = get_communicator("mpi")
     configure_threads(comm=comm, world=True)
     rank, size = comm.rank, comm.size
     out = open(args.out, "a") if rank == 0 else None

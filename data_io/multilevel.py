@@ -35,7 +35,7 @@ from typing import Any
 
 import numpy as np
 
-from data_io.dist_partitioner import _lookup, _sorted_unique, _unique_inverse, alltoallv
+from data_io._arrays import _lookup, _sorted_unique, _unique_inverse, alltoallv
 
 log = logging.getLogger(__name__)
 

@@ -1,4 +1,4 @@
-"""``Communicator``: the one interface every engine talks to, and its factory.
+"""``Communicator``: the one interface every engine talks to (its factory: :mod:`hpc_graph.comm.factory`).
 
 A communicator moves torch tensors between the ranks of a job. Backends
 (:mod:`~hpc_graph.comm.mpi` over mpi4py, :mod:`~hpc_graph.comm.torch_dist`
@@ -56,8 +56,6 @@ from typing import Any, Iterator, NoReturn, Sequence
 
 import numpy as np
 import torch
-
-log = logging.getLogger(__name__)
 
 MAX_MESSAGE_BYTES = 2**31 - 1
 """Largest single message (bytes) sent by default; larger payloads are chunked."""
@@ -676,75 +674,6 @@ def _flush_streams(grace: float = 0.0) -> None:
             stream.flush()
     if grace > 0:
         time.sleep(grace)
-
-
-_CACHE: dict[str, Communicator] = {}
-_BACKENDS = ("mpi", "torch", "local")
-
-
-def get_communicator(backend: str = "mpi", **options: Any) -> Communicator:
-    """The communicator of this process.
-
-    Args:
-        backend: ``"mpi"`` (mpi4py, default), ``"torch"`` (torch.distributed:
-            gloo on CPU, NCCL for CUDA tensors, oneCCL when installed) or
-            ``"local"`` (one process). ``"mpi"`` and ``"torch"`` fall back to a
-            size-1 :class:`~hpc_graph.comm.local.LocalCommunicator` when no
-            launcher is detected (and, for ``"mpi"``, mpi4py was not already
-            imported; for ``"torch"``, torch.distributed is not initialised).
-        options: passed to the backend constructor (e.g. ``max_message_bytes``);
-            without options the same communicator is returned on every call.
-    Raises:
-        ValueError for an unknown backend; RuntimeError when the launcher and
-        MPI disagree (e.g. mpi4py built against another MPI than ``mpiexec``).
-    """
-    if backend not in _BACKENDS:
-        raise ValueError(f"communication backend must be one of {_BACKENDS}, got {backend!r}")
-    if not options and backend in _CACHE:
-        return _CACHE[backend]
-    comm = _create(backend, options)
-    if not options:
-        _CACHE[backend] = comm
-    return comm
-
-
-def _create(backend: str, options: dict[str, Any]) -> Communicator:
-    from hpc_graph.comm.env import detect_rank_size, launcher_name
-    from hpc_graph.comm.local import LocalCommunicator
-
-    launcher = launcher_name()
-    env_rank, env_size = detect_rank_size()
-    if backend == "local":
-        return LocalCommunicator(**options)
-    if backend == "mpi":
-        if launcher == "none" and "mpi4py.MPI" not in sys.modules:
-            log.debug("no MPI launcher detected: using a single-process communicator")
-            return LocalCommunicator(**options)
-        if launcher == "torchrun":
-            raise ValueError("started by torchrun (RANK/WORLD_SIZE set, no MPI launcher): "
-                             "use communication backend 'torch'")
-        from hpc_graph.comm.mpi import MPICommunicator
-
-        comm: Communicator = MPICommunicator(**options)
-    else:
-        if launcher == "none" and not _torch_dist_initialized():
-            log.debug("no launcher detected: using a single-process communicator")
-            return LocalCommunicator(**options)
-        from hpc_graph.comm.torch_dist import TorchDistCommunicator
-
-        comm = TorchDistCommunicator(**options)
-    if launcher != "none" and (comm.size, comm.rank) != (env_size, env_rank):
-        raise RuntimeError(
-            f"launcher {launcher!r} says rank {env_rank} of {env_size} but the {backend} backend says "
-            f"rank {comm.rank} of {comm.size}: is mpi4py built against the MPI of this mpiexec?")
-    log.debug("communicator: %r", comm)
-    return comm
-
-
-def _torch_dist_initialized() -> bool:
-    import torch.distributed as dist
-
-    return dist.is_available() and dist.is_initialized()
 
 
 def _env_flag(name: str) -> bool | None:

@@ -29,7 +29,7 @@ import warnings
 import torch
 from torch.nn import functional as F
 
-from hpc_graph.nn._linear import share_transpose_plan
+from hpc_graph.nn._csr_plan import share_transpose_plan
 
 _LEVELS = 1 << 16
 

@@ -5,7 +5,7 @@ torch's own backward of ``F.linear`` on a CSR input transposes the input
 GCN step on Cora. The input features are constants (no gradient), so only the
 weight gradient ``W_grad^T = x^T g`` is needed; the transpose's structure
 (column pointer, row ids, value permutation) is computed once and kept on the
-tensor (attribute ``_hpc_csr_transpose``); dropout copies it to its output,
+tensor (:mod:`hpc_graph.nn._csr_plan`); dropout copies it to its output,
 whose sparsity structure is the same.
 """
 from __future__ import annotations
@@ -15,32 +15,8 @@ import warnings
 import torch
 from torch.nn import functional as F
 
+from hpc_graph.nn._csr_plan import transpose_plan
 from hpc_graph.ops.csr import dense_columns
-
-_PLAN = "_hpc_csr_transpose"
-
-
-def transpose_plan(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """``(ccol int64[F_in+1], rows int64[nnz], perm int64[nnz])`` of a CSR ``x`` [N, F_in], cached on ``x``.
-
-    ``x^T`` as CSR is ``(ccol, rows, x.values()[perm])``.
-    """
-    plan = getattr(x, _PLAN, None)
-    if plan is None:
-        crow, col = x.crow_indices(), x.col_indices()
-        rows = torch.repeat_interleave(torch.arange(x.shape[0], device=crow.device), crow[1:] - crow[:-1])
-        perm = torch.argsort(col, stable=True)
-        ccol = torch.zeros(x.shape[1] + 1, dtype=torch.int64, device=crow.device)
-        torch.cumsum(torch.bincount(col, minlength=x.shape[1]), 0, out=ccol[1:])
-        plan = (ccol, rows[perm], perm)
-        setattr(x, _PLAN, plan)
-    return plan
-
-
-def share_transpose_plan(src: torch.Tensor, dst: torch.Tensor) -> torch.Tensor:
-    """Give CSR ``dst`` (same sparsity structure as ``src``) ``src``'s transpose plan; returns ``dst``."""
-    setattr(dst, _PLAN, transpose_plan(src))
-    return dst
 
 
 class _CSRLinear(torch.autograd.Function):

@@ -2,12 +2,8 @@
 
 * ``_row_chunks``: split CSR rows into contiguous chunks of about equal cost
   (edges + rows), so a ``prange`` over chunks balances power-law degrees.
-* ``_mix`` / ``_keep`` / ``_gid``: the counter-based attention-dropout hash (splitmix64).
-  Edge ``(dst, src)`` head ``h`` is kept when
-  ``uniform(mix(mix(mix(mix(seed), dst), src), h)) >= p``; the value depends only
-  on the seed and the global ids, so every engine, every block split and the
-  backward pass see the same mask.  The CUDA twin
-  (``numba_kernels/cuda/_attention_common.py``) computes the same bits.
+* ``_gid``: the global id of a local row, which keys the attention-dropout hash
+  (``_mix`` / ``_keep``, :mod:`numba_kernels.cpu._hash`).
 * ``init_state`` / ``finalize``: the online-softmax state ``(m, l, acc)``.
 * ``plain_array``: an input made C-contiguous and writable, so that a kernel compiles one signature for it.
 """
@@ -20,33 +16,6 @@ from numba import njit, prange
 #: fastmath flags that allow vectorising reductions but keep inf/nan semantics
 #: (the running max starts at -inf).
 FASTMATH = {"nsz", "arcp", "contract", "afn", "reassoc"}
-
-_GOLDEN = np.uint64(0x9E3779B97F4A7C15)
-_M1 = np.uint64(0xBF58476D1CE4E5B9)
-_M2 = np.uint64(0x94D049BB133111EB)
-_INV_2_53 = 1.0 / 9007199254740992.0
-
-
-@njit(cache=True, inline="always")
-def _splitmix64(x):
-    z = x + _GOLDEN
-    z = (z ^ (z >> np.uint64(30))) * _M1
-    z = (z ^ (z >> np.uint64(27))) * _M2
-    return z ^ (z >> np.uint64(31))
-
-
-@njit(cache=True, inline="always")
-def _mix(state, value):
-    """Fold a non-negative integer ``value`` into a 64-bit hash ``state``."""
-    return _splitmix64(state ^ np.uint64(value))
-
-
-@njit(cache=True, inline="always")
-def _keep(edge_hash, head, p):
-    """True when head ``head`` of the edge hashed to ``edge_hash`` survives dropout ``p``."""
-    u = np.float64(_splitmix64(edge_hash ^ np.uint64(head)) >> np.uint64(11)) * _INV_2_53
-    return u >= p
-
 
 #: stands for "global id = local id" where a kernel takes ``src_gid``/``dst_gid`` (passed for ``None``)
 LOCAL_IDS = np.full(1, -1, dtype=np.int64)

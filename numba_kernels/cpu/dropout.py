@@ -31,7 +31,8 @@ import numba
 import numpy as np
 from numba import njit, prange
 
-from numba_kernels.cpu._attention_common import SMALL_WORK, _splitmix64
+from numba_kernels.cpu._attention_common import SMALL_WORK
+from numba_kernels.cpu._hash import _splitmix64
 
 __all__ = ["dropout_apply", "act_dropout_apply", "act_dropout_grad", "key_hash", "ACTIVATIONS", "check_ids"]
 

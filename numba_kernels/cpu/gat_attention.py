@@ -37,8 +37,9 @@ from __future__ import annotations
 import numpy as np
 from numba import njit, prange
 
-from numba_kernels.cpu._attention_common import (FASTMATH, LOCAL_IDS, _gid, _keep, _mix, _small, finalize,
-                                                 init_state, output_delta, run_parallel)
+from numba_kernels.cpu._attention_common import (FASTMATH, LOCAL_IDS, _gid, _small, finalize, init_state,
+                                                 output_delta, run_parallel)
+from numba_kernels.cpu._hash import _keep, _mix
 
 __all__ = ["init_state", "accumulate", "finalize", "output_delta", "backward_dst", "backward_src"]
 

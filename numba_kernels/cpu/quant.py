@@ -96,7 +96,8 @@ from numba import njit, prange, types
 from numba.core import cgutils
 from numba.core.extending import intrinsic
 
-from numba_kernels.cpu._attention_common import SMALL_WORK, _mix, plain_array
+from numba_kernels.cpu._attention_common import SMALL_WORK, plain_array
+from numba_kernels.cpu._hash import _mix
 
 __all__ = ["group_layout", "key_hash", "row_range", "quantize_pack", "unpack_dequantize", "BITS"]
 

@@ -69,7 +69,8 @@ import numba
 import numpy as np
 from numba import njit, prange
 
-from numba_kernels.cpu._attention_common import SMALL_WORK, _mix, _splitmix64
+from numba_kernels.cpu._attention_common import SMALL_WORK
+from numba_kernels.cpu._hash import _mix, _splitmix64
 from numba_kernels.cpu.quant import key_hash
 
 __all__ = ["sample_width", "sample_neighbors", "unique_relabel", "key_hash", "SCAN_MAX"]

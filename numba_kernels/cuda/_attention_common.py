@@ -1,7 +1,8 @@
 """Private helpers shared by the CUDA attention kernels (twins of ``numba_kernels/cpu/_attention_common.py``).
 
-Device functions for the attention-dropout hash (bit-identical to the CPU
-twin), a launcher, and the state functions ``init_state``/``finalize``/``output_delta``.
+Device function ``_gid`` (the global id keying the attention-dropout hash of
+:mod:`numba_kernels.cuda._hash`), a launcher, and the state functions
+``init_state``/``finalize``/``output_delta``.
 """
 from __future__ import annotations
 
@@ -10,31 +11,7 @@ from numba import cuda
 
 from numba_kernels.cuda._launch import stream, to_device
 
-_GOLDEN = np.uint64(0x9E3779B97F4A7C15)
-_M1 = np.uint64(0xBF58476D1CE4E5B9)
-_M2 = np.uint64(0x94D049BB133111EB)
-_INV_2_53 = 1.0 / 9007199254740992.0
-
 THREADS_PER_BLOCK = 128
-
-
-@cuda.jit(device=True, inline=True)
-def _splitmix64(x):
-    z = x + _GOLDEN
-    z = (z ^ (z >> np.uint64(30))) * _M1
-    z = (z ^ (z >> np.uint64(27))) * _M2
-    return z ^ (z >> np.uint64(31))
-
-
-@cuda.jit(device=True, inline=True)
-def _mix(state, value):
-    return _splitmix64(state ^ np.uint64(value))
-
-
-@cuda.jit(device=True, inline=True)
-def _keep(edge_hash, head, p):
-    u = np.float64(_splitmix64(edge_hash ^ np.uint64(head)) >> np.uint64(11)) * _INV_2_53
-    return u >= p
 
 
 @cuda.jit(device=True, inline=True)

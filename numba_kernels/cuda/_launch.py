@@ -16,7 +16,7 @@ Under the CUDA simulator (``NUMBA_ENABLE_CUDASIM=1``) every handle maps to 0:
 the simulator runs kernels synchronously. Importing this module under the
 simulator also makes the simulator's ``cuda``-module swap thread-safe (see
 :func:`thread_safe_swap`): our kernels call device functions from other modules
-(``_attention_common``), which the simulator's own swap races on.
+(``_hash``, ``_attention_common``), which the simulator's own swap races on.
 """
 from __future__ import annotations
 

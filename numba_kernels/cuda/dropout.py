@@ -14,7 +14,7 @@ from numba import cuda
 from numba_kernels.cuda._launch import stream
 
 from numba_kernels.cpu.dropout import check_ids, key_hash
-from numba_kernels.cuda._attention_common import _splitmix64
+from numba_kernels.cuda._hash import _splitmix64
 
 __all__ = ["dropout_apply", "act_dropout_apply", "act_dropout_grad", "key_hash"]
 

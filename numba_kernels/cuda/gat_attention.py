@@ -30,8 +30,8 @@ import math
 import numpy as np
 from numba import cuda, float32, float64
 
-from numba_kernels.cuda._attention_common import (_gid, _keep, _mix, finalize, init_state, launch, local_ids,
-                                                  output_delta)
+from numba_kernels.cuda._attention_common import _gid, finalize, init_state, launch, local_ids, output_delta
+from numba_kernels.cuda._hash import _keep, _mix
 from numba_kernels.cuda._chunks import chunk_kernels, launch_chunks, sum_parts
 from numba_kernels.cuda._launch import scratch, stream
 

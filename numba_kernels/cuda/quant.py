@@ -41,7 +41,7 @@ from numba import config, cuda, float32, float64, int32, uint32
 from numba_kernels.cuda._launch import stream
 
 from numba_kernels.cpu.quant import BITS, group_layout, key_hash  # noqa: F401  (same helpers in both twins)
-from numba_kernels.cuda._attention_common import _mix
+from numba_kernels.cuda._hash import _mix
 
 __all__ = ["group_layout", "key_hash", "row_range", "quantize_pack", "unpack_dequantize", "BITS"]
 

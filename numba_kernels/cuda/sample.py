@@ -35,7 +35,7 @@ from numba import cuda, int64
 from numba_kernels.cuda._launch import stream
 
 from numba_kernels.cpu.sample import _as_fanout, key_hash, sample_width  # noqa: F401  (host helpers shared)
-from numba_kernels.cuda._attention_common import _mix
+from numba_kernels.cuda._hash import _mix
 
 __all__ = ["sample_width", "sample_neighbors", "key_hash", "LOCAL_MAX", "SHARED_MAX"]
 

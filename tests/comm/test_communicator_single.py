@@ -165,14 +165,14 @@ m.abort(3)
 
 
 def test_torchrun_environment_refuses_mpi_backend(monkeypatch):
-    from hpc_graph.comm import communicator
+    from hpc_graph.comm import factory
 
     for key in list(os.environ):
         if key.startswith(_LAUNCHER_PREFIXES):
             monkeypatch.delenv(key)
     monkeypatch.setenv("RANK", "0")
     monkeypatch.setenv("WORLD_SIZE", "2")
-    monkeypatch.setattr(communicator, "_CACHE", {})
+    monkeypatch.setattr(factory, "_CACHE", {})
     with pytest.raises(ValueError, match="torch"):
         get_communicator("mpi")
 

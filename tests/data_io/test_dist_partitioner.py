@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 from mpi4py import MPI
 
+from data_io import _arrays
 from data_io import dist_partitioner as dp
 from data_io import parmetis
 from data_io.partitioner import _symmetrise as serial_symmetrise
@@ -35,11 +36,11 @@ def test_symmetrise_matches_serial(seed):
 
 
 def test_alltoallv_in_rounds(monkeypatch):
-    monkeypatch.setattr(dp, "_MAX_CALL_BYTES", 24)  # 3 int64 per call: many rounds
+    monkeypatch.setattr(_arrays, "_MAX_CALL_BYTES", 24)  # 3 int64 per call: many rounds
     data = np.arange(40, dtype=np.int64).reshape(20, 2)
-    got, counts = dp.alltoallv(SELF, data, np.array([20]))
+    got, counts = _arrays.alltoallv(SELF, data, np.array([20]))
     assert np.array_equal(got, data) and counts.tolist() == [20]
-    empty, counts = dp.alltoallv(SELF, np.zeros((0, 3), np.float32), np.array([0]))
+    empty, counts = _arrays.alltoallv(SELF, np.zeros((0, 3), np.float32), np.array([0]))
     assert empty.shape == (0, 3) and counts.tolist() == [0]
 
 
@@ -123,11 +124,12 @@ def test_select_mpi_library():
 
 def test_unique_helpers_match_numpy():
     a = np.random.default_rng(5).integers(0, 50, 300)
-    u, inv = dp._unique_inverse(a)
+    u, inv = _arrays._unique_inverse(a)
     ru, rinv = np.unique(a, return_inverse=True)
     assert np.array_equal(u, ru) and np.array_equal(inv, rinv.reshape(-1)) and np.array_equal(u[inv], a)
-    assert np.array_equal(dp._sorted_unique(a), ru)
-    assert len(dp._sorted_unique(np.zeros(0, np.int64))) == 0 and len(dp._unique_inverse(np.zeros(0, np.int64))[0]) == 0
+    assert np.array_equal(_arrays._sorted_unique(a), ru)
+    assert len(_arrays._sorted_unique(np.zeros(0, np.int64))) == 0
+    assert len(_arrays._unique_inverse(np.zeros(0, np.int64))[0]) == 0
 
 
 @pytest.mark.parametrize("n,edges,parts", [(60, 40, 4), (60, 12, 5), (40, 400, 3)])

@@ -40,7 +40,7 @@ import torch.nn.functional as F
 
 from data_io.dataset import GraphData, write_dataset
 from data_io.partitioner import partition_dataset
-from hpc_graph.comm import communicator as _communicator
+from hpc_graph.comm import get_communicator
 from hpc_graph.engines import create_engine
 from hpc_graph.nn import build_model
 from hpc_graph.nn.optim import Adam  # torch.optim would import torch._dynamo: seconds per rank
@@ -310,7 +310,7 @@ def check_profile_file(pdir, work, comm) -> int:
 
 def main() -> int:
     work = Path(sys.argv[1])
-    comm = _communicator.get_communicator("mpi")
+    comm = get_communicator("mpi")
     from hpc_graph.comm.threads import configure_threads
     configure_threads(comm=comm, world=True)
     P = comm.size

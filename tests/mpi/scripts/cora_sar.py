@@ -16,7 +16,7 @@ import time
 import traceback
 from pathlib import Path
 
-from hpc_graph.comm import communicator as _communicator
+from hpc_graph.comm import get_communicator
 
 MODELS = {
     "gcn": ({"name": "gcn", "hidden": 16, "num_layers": 2, "dropout": 0.5},
@@ -32,7 +32,7 @@ SEEDS = {"gcn": (0, 1), "gat": (0, 1)}
 
 def main() -> int:
     npz, work = Path(sys.argv[1]), Path(sys.argv[2])
-    comm = _communicator.get_communicator("mpi")
+    comm = get_communicator("mpi")
     from hpc_graph.comm import install_abort_handler
     install_abort_handler(comm)
     from data_io.converters.npz import convert_npz
@@ -76,4 +76,4 @@ if __name__ == "__main__":
         traceback.print_exc()
         sys.stdout.flush()
         sys.stderr.flush()
-        _communicator.get_communicator("mpi").abort(1)
+        get_communicator("mpi").abort(1)

@@ -48,7 +48,7 @@ import torch.nn.functional as F
 
 from data_io.dataset import GraphData, write_dataset
 from data_io.partitioner import partition_dataset
-from hpc_graph.comm import communicator as _communicator
+from hpc_graph.comm import get_communicator
 from hpc_graph.engines import create_engine
 from hpc_graph.nn import build_model
 
@@ -60,7 +60,7 @@ DEVICE = os.environ.get("HPC_GRAPH_TEST_DEVICE", "cpu")  # where the engines und
 
 
 def _comm():
-    comm = _communicator.get_communicator("mpi")
+    comm = get_communicator("mpi")
     try:
         from hpc_graph.comm import install_abort_handler
         install_abort_handler(comm)
@@ -345,7 +345,7 @@ def _check_engine(tag: str, engine_name: str, options: dict, pdir: Path, ref: di
 def main() -> int:
     work = Path(sys.argv[1])
     comm = _comm()
-    local = _communicator.get_communicator("local")
+    local = get_communicator("local")
     n = comm.size
     t0 = time.perf_counter()
     cases = [("graph", "random", 1), ("graph", "metis", 0), ("onetrain", "random", 2)]
@@ -428,4 +428,4 @@ if __name__ == "__main__":
         traceback.print_exc()
         sys.stdout.flush()
         sys.stderr.flush()
-        _communicator.get_communicator("mpi").abort(1)
+        get_communicator("mpi").abort(1)

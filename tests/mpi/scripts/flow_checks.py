@@ -31,7 +31,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from hpc_graph.comm import communicator as _communicator
+from hpc_graph.comm import get_communicator
 
 STEPS = 3
 MODELS = {
@@ -224,4 +224,4 @@ if __name__ == "__main__":
         traceback.print_exc()
         sys.stdout.flush()
         sys.stderr.flush()
-        _communicator.get_communicator("mpi").abort(1)
+        get_communicator("mpi").abort(1)

@@ -29,7 +29,7 @@ from pathlib import Path
 
 import torch
 
-from hpc_graph.comm import communicator as _communicator
+from hpc_graph.comm import get_communicator
 
 RTOL = 1e-10
 EPOCHS = 3
@@ -75,7 +75,7 @@ def _close(what: str, got: float, want: float) -> None:
 
 def main() -> int:
     work = Path(sys.argv[1])
-    comm = _communicator.get_communicator("mpi")
+    comm = get_communicator("mpi")
     from hpc_graph.comm import install_abort_handler
     install_abort_handler(comm)
     from hpc_graph.train.trainer import Trainer
@@ -85,7 +85,7 @@ def main() -> int:
         work.mkdir(parents=True, exist_ok=True)
         _dataset(data)
     comm.barrier()
-    local = _communicator.get_communicator("local")
+    local = get_communicator("local")
     cases = 0
     for name, model in MODELS.items():
         ref = Trainer(_config(data, "single", model, work / f"ref-{name}-{comm.rank}"), local)
@@ -163,4 +163,4 @@ if __name__ == "__main__":
         traceback.print_exc()
         sys.stdout.flush()
         sys.stderr.flush()
-        _communicator.get_communicator("mpi").abort(1)
+        get_communicator("mpi").abort(1)

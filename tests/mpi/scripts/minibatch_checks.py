@@ -36,7 +36,7 @@ import torch.nn.functional as F
 
 from data_io.dataset import GraphData, write_dataset
 from data_io.partitioner import partition_dataset
-from hpc_graph.comm import communicator as _communicator
+from hpc_graph.comm import get_communicator
 from hpc_graph.engines import create_engine
 from hpc_graph.graph.sampler import sample_key
 from hpc_graph.nn import build_model
@@ -69,7 +69,7 @@ def _close(what, got, want, tol=1e-9):
 
 
 def check_exact_all_neighbours(data: Path, pdir: Path, comm) -> int:
-    local = _communicator.get_communicator("local")
+    local = get_communicator("local")
     single = create_engine("single", str(data), local, CPU, torch.float64)
     mb = create_engine("minibatch", str(pdir), comm, CPU, torch.float64,
                        {"fanouts": (-1, -1), "batch_size": 13, "mode": "exact"})
@@ -99,7 +99,7 @@ def check_exact_all_neighbours(data: Path, pdir: Path, comm) -> int:
 
 
 def check_placement(data: Path, pdir: Path, comm) -> int:
-    local = _communicator.get_communicator("local")
+    local = get_communicator("local")
     whole = create_engine("minibatch", str(data), local, CPU, torch.float64,
                           {"fanouts": (3, 2), "batch_size": 10, "mode": "exact"})
     mb = create_engine("minibatch", str(pdir), comm, CPU, torch.float64,
@@ -230,7 +230,7 @@ def check_hec_trainer(pdir: Path, work: Path, comm) -> dict:
 
 def main() -> int:
     work = Path(sys.argv[1])
-    comm = _communicator.get_communicator("mpi")
+    comm = get_communicator("mpi")
     from hpc_graph.comm.threads import configure_threads
     configure_threads(comm=comm, world=True)  # one thread per rank on shared cores, as a user's job
     from hpc_graph.comm import install_abort_handler
@@ -259,4 +259,4 @@ if __name__ == "__main__":
         traceback.print_exc()
         sys.stdout.flush()
         sys.stderr.flush()
-        _communicator.get_communicator("mpi").abort(1)
+        get_communicator("mpi").abort(1)

@@ -29,7 +29,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from hpc_graph.comm import communicator as _communicator
+from hpc_graph.comm import get_communicator
 
 CLASSES = 5
 TIGHT = 1e-10
@@ -90,7 +90,7 @@ def _dense(x: torch.Tensor) -> torch.Tensor:
 
 def main() -> int:
     work = Path(sys.argv[1])
-    comm = _communicator.get_communicator("mpi")
+    comm = get_communicator("mpi")
     from hpc_graph.comm import install_abort_handler
     install_abort_handler(comm)
     from hpc_graph.comm.threads import configure_threads
@@ -106,7 +106,7 @@ def main() -> int:
         _dataset(data)
         partition_dataset(data, pdir, comm.size, "random", seed=1)
     comm.barrier()
-    local = _communicator.get_communicator("local")
+    local = get_communicator("local")
 
     ref = Trainer(_config(data, "single", work / f"ref-{comm.rank}"), local)
     want_masks = [ref.label_aug.input_mask(e) for e in range(1, 5)]
@@ -177,4 +177,4 @@ if __name__ == "__main__":
         traceback.print_exc()
         sys.stdout.flush()
         sys.stderr.flush()
-        _communicator.get_communicator("mpi").abort(1)
+        get_communicator("mpi").abort(1)

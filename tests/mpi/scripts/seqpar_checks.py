@@ -38,7 +38,7 @@ import torch.nn.functional as F
 
 from data_io.dataset import GraphData, open_dataset, write_dataset
 from data_io.preprocess import add_node_field, laplacian_pe
-from hpc_graph.comm import communicator as _communicator
+from hpc_graph.comm import get_communicator
 from hpc_graph.engines import create_engine
 from hpc_graph.graph.whole_graph import WholeGraph as _SingleGraph
 from hpc_graph.nn import build_model
@@ -173,7 +173,7 @@ def _trainer_matches_single(comm, path: Path, work: Path) -> int:
             "optim": {"name": "sgd", "lr": 0.05, "momentum": 0.9},
             "train": {"seed": 3, "dtype": "float64", "progress": False, "run_dir": str(work / f"tr-{engine}")}})
 
-    ref = Trainer(cfg("single"), _communicator.get_communicator("local"))
+    ref = Trainer(cfg("single"), get_communicator("local"))
     run = Trainer(cfg("seqpar"), comm)
     # both trainers seeded torch's stream alike and built the same model; in one process they take turns on
     # it, so each keeps its own copy of the stream between its steps (as two jobs would)
@@ -198,7 +198,7 @@ def _trainer_matches_single(comm, path: Path, work: Path) -> int:
 
 
 def main() -> int:
-    comm = _communicator.get_communicator("mpi")
+    comm = get_communicator("mpi")
     from hpc_graph.comm.threads import configure_threads
     configure_threads(comm=comm, world=True)
     work = Path(sys.argv[1])

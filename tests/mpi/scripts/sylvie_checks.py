@@ -33,7 +33,7 @@ import torch.nn.functional as F
 
 from data_io.dataset import GraphData, write_dataset
 from data_io.partitioner import partition_dataset
-from hpc_graph.comm import communicator as _communicator
+from hpc_graph.comm import get_communicator
 from hpc_graph.engines import create_engine
 from hpc_graph.nn import build_model
 
@@ -222,7 +222,7 @@ def check_policy(pdir: Path, work: Path, comm) -> tuple[int, int]:
 
 def main() -> int:
     work = Path(sys.argv[1])
-    comm = _communicator.get_communicator("mpi")
+    comm = get_communicator("mpi")
     from hpc_graph.comm.threads import configure_threads
     configure_threads(comm=comm, world=True)  # one thread per rank on shared cores, as a user's job
     from hpc_graph.comm import install_abort_handler
@@ -251,4 +251,4 @@ if __name__ == "__main__":
         traceback.print_exc()
         sys.stdout.flush()
         sys.stderr.flush()
-        _communicator.get_communicator("mpi").abort(1)
+        get_communicator("mpi").abort(1)
