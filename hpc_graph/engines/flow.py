@@ -304,7 +304,11 @@ class FlowEngine(Engine):
         planned = self.device.type == "meta"  # sizes only (the planner): every stage finds the shapes itself
         if self.stage == 0 or planned:
             x = self.feat if feat is None else (feat if feat.layout == torch.strided else feat.to_dense())
-            if self.stage_split == "cost":
+            if planned and self.stage > 0:
+                # a later stage receives the shapes from rank 0: find them on a throw-away copy of the graph,
+                # so that the caches the probe builds for other stages' layers are not this stage's
+                costs, tails = self._planned_shapes(model, len(units), x)
+            elif self.stage_split == "cost":
                 costs, tails = self._measure_units(model, len(units), x)
                 costs = _same_units_same_cost(units, costs)
             else:  # by count: only the units' output shapes are needed
@@ -325,6 +329,23 @@ class FlowEngine(Engine):
         mine = sum(p.numel() for i in range(start, stop) for mod in units[i] for p in mod.parameters())
         log.info("flow engine: stage %d runs units %d..%d of %d (%s split; %d parameters)", self.stage, start,
                  stop - 1, len(units), self.stage_split, mine)
+
+    def _planned_shapes(self, model: torch.nn.Module, count: int, x: torch.Tensor) -> tuple[list[float], list]:
+        """On shapes (the planner), for a stage after the first: the units' output shapes found on a copy of the
+        graph made outside the planner's tracking (a real later stage is sent them by rank 0 and builds
+        nothing for them). Costs by count: the planner hands the stage split over as a hint."""
+        import copy
+
+        from torch.utils._python_dispatch import _disable_current_modes
+
+        graph = self.graph
+        try:
+            with _disable_current_modes():
+                self.graph = copy.deepcopy(graph)
+                tails = self._unit_shapes(model, count, x)
+        finally:
+            self.graph = graph
+        return [1.0] * count, tails
 
     def _probe_context(self, x: torch.Tensor) -> tuple[Any, int, int]:
         """``(context, lo, hi)`` of the start-up probes: the first training group (its own history under stale)."""

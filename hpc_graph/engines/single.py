@@ -78,6 +78,8 @@ class SingleEngine(Engine):
         g = WholeGraph(CSR.of_shape(graph.nodes, graph.nodes, graph.edges, symmetric=not graph.directed),
                        None, opts.sequence_order)
         g.clusters, g.chain = engine_attention_options(dataclasses.asdict(opts))
+        if getattr(graph, "lap_pe", 0):  # the dataset's positional encodings, loaded beside the graph
+            g.node_fields["lap_pe"] = torch.empty((graph.nodes, graph.lap_pe), dtype=dtype, device="meta")
         return g
 
     def __init__(self, source: str, comm: Any, device: torch.device, dtype: torch.dtype,

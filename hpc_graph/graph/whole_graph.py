@@ -88,6 +88,9 @@ class WholeGraph(GraphContext):
         key = ("attention_pattern", bool(global_token), self.sequence_order, self.cluster_size, self.chain)
         if key not in self.csr._cache:
             g = self.csr
+            if g.is_shape_only:
+                raise NotImplementedError("a graph transformer's attention pattern depends on the graph's structure, "
+                                          "not only on its sizes: it is not planned on shapes")
             indptr, indices = g.indptr.cpu().numpy(), g.indices.cpu().numpy()
             self.csr._cache[key] = build_pattern(indptr, indices, self.num_nodes, global_token=global_token,
                                                  order=self.sequence()[0], chain=self.chain)

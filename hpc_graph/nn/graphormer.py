@@ -57,7 +57,7 @@ class Graphormer(nn.Module):
              + self.z_out(graph.out_degree().clamp(max=cap).to(x.device)).to(x.dtype))
         graphs = int(getattr(graph, "num_graphs", 0))
         h = torch.cat([h, self.token.to(h.dtype).expand(max(graphs, 1), -1)], 0)
-        step = int(self.step)
+        step = 0 if self.step.is_meta else int(self.step)  # 0 on shapes (the planner)
         for layer, block in enumerate(self.layers):
             h = block(graph, h, bias=self.bias[layer].to(h.dtype), global_token=True,
                       mode=self.schedule.mode(layer, step, self.training), far_prior=self.schedule.far_prior)

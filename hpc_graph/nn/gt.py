@@ -49,6 +49,10 @@ class GT(nn.Module):
             nn.init.zeros_(lin.bias)
         self.pe_seed = int(torch.randint(0, 2**31 - 1, (1,)).item()) if self.pe_dim else 0
 
+    def _step(self) -> int:
+        """The training steps taken (0 on shapes: the planner's model has no values)."""
+        return 0 if self.step.is_meta else int(self.step)
+
     def forward(self, graph: GraphContext, x: torch.Tensor) -> torch.Tensor:
         n = x.shape[0]
         h = self.inp(x)
@@ -58,7 +62,7 @@ class GT(nn.Module):
                 raise ValueError(f"model.pe_dim: {self.pe_dim} but /node/lap_pe has {pe.shape[1]} columns")
             pe = pe[:, :self.pe_dim].to(h.dtype)
             if self.training:
-                gen = torch.Generator().manual_seed(self.pe_seed * 1_000_003 + int(self.step))
+                gen = torch.Generator().manual_seed(self.pe_seed * 1_000_003 + self._step())
                 sign = torch.randint(0, 2, (self.pe_dim,), generator=gen).to(h.dtype) * 2 - 1
                 pe = pe * sign.to(h.device)
             h = h + self.pe(pe)
@@ -68,7 +72,7 @@ class GT(nn.Module):
             raise ValueError("model.global_token: a graph-level dataset reads out from global tokens (set it true)")
         if glob:
             h = torch.cat([h, self.token.to(h.dtype).expand(max(graphs, 1), -1)], 0)
-        step = int(self.step)
+        step = self._step()
         for layer, block in enumerate(self.layers):
             h = block(graph, h, mode=self.schedule.mode(layer, step, self.training), global_token=glob,
                       far_prior=self.schedule.far_prior)

@@ -456,6 +456,8 @@ def train_estimate(config: Any, engine: str, rank: int, size: int) -> tuple[int,
         opts = cls.options_from_config(config)
         hints = None
         if cls.kind == "pipeline":
+            if not 1 <= P <= spec.layers:
+                return None  # fewer layers than stages: the engine refuses the model itself, naming why
             hints = {"boundaries": stage_bounds(spec.layers, P)}  # the engine may split by cost: by count here
         plan = _plan(cls, opts, spec, graph, rs, P, hints=hints)
         mem = memory_of(plan, 0, int(cls.plan_load_extra(graph, rs, P, spec.dtype, opts)))

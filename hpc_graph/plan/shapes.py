@@ -23,7 +23,7 @@ class GraphShape:
         features: F, input feature width. classes: C. train_nodes: labelled training nodes.
         directed: the CSR is not its own transpose (an undirected graph stored with ascending rows is).
         disk_index_bytes: bytes per stored index in the dataset file (4: int32, kept; 8: converted to int32).
-        name: for messages.
+        name: for messages. lap_pe: k, the width of the dataset's Laplacian positional encodings (0: none).
     """
 
     nodes: int
@@ -34,6 +34,7 @@ class GraphShape:
     directed: bool = False
     disk_index_bytes: int = 4
     name: str = "graph"
+    lap_pe: int = 0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -104,9 +105,10 @@ def graph_from_dataset(path: str | os.PathLike) -> GraphShape:
         train = int(np.count_nonzero(ds.mask("train_mask"))) if ds.has("train_mask") else 0
         fields = getattr(ds, "_fields", {})
         disk = int(fields["indices"].dtype.itemsize) if "indices" in fields else 4
+        pe = int(fields["lap_pe"].shape[1]) if "lap_pe" in fields and len(fields["lap_pe"].shape) == 2 else 0
         return GraphShape(nodes=int(ds.num_nodes), edges=int(ds.num_edges), features=int(ds.feat_dim),
                           classes=int(ds.num_classes), train_nodes=train, directed=bool(ds.directed),
-                          disk_index_bytes=disk, name=str(ds.name))
+                          disk_index_bytes=disk, name=str(ds.name), lap_pe=pe)
 
 
 def graph_from_partition(directory: str | os.PathLike) -> GraphShape:

@@ -261,6 +261,26 @@ def test_measured_contention_replaces_the_time_slice_model():
     assert compute(measured, 3) == compute(rates, 3)  # 4/3 threads per core: not measured
 
 
+def test_graph_transformer_is_not_planned_and_trains(tmp_path):
+    """A graph transformer's attention pattern comes from the graph's structure: the planner says it has no plan
+    (train starts without a memory estimate) instead of refusing the run; the dataset's Laplacian encodings are
+    sized from the file."""
+    from data_io.dataset import open_dataset
+    from data_io.generators.rmat import write_rmat
+    from data_io.preprocess import add_node_field, laplacian_pe
+    from hpc_graph.plan.predict import train_estimate
+
+    path = tmp_path / "pe.h5"
+    write_rmat(path, 7, 4, feat_dim=6, num_classes=3, seed=5)
+    with open_dataset(path) as ds:
+        indptr, src, n = ds.indptr(), ds.indices(), ds.num_nodes
+    add_node_field(path, "lap_pe", laplacian_pe(indptr, src, n, 5))
+    assert shapes.graph_from_dataset(path).lap_pe == 5
+    tr = _trainer(tmp_path, path, "gt", model={"hidden": 8, "heads": 2, "num_layers": 2, "pe_dim": 4})
+    assert train_estimate(tr.config, "single", 0, 1) is None
+    tr.step()
+
+
 def test_every_model_is_planned_and_an_engine_without_a_plan_is_named():
     """The planner runs the model's own step: every registered model plans (no list of the models it knows); an
     engine without a planning path, or one process asked for more ranks, is refused by name."""
