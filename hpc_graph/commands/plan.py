@@ -172,28 +172,22 @@ def _smallest_fit(counts: list[int], fits: dict[int, bool], fits_at: Any) -> int
     and ``fits_at(P)`` to plan another: the first planned count that fits, then bisection over the counts
     between it and the planned count below it (per-rank memory falls as ranks are added within that
     interval; a range's planned counts are its powers of two)."""
-    known = sorted(fits)
-    first = next((P for P in known if fits[P]), None)
-    if first is None:
-        rest = [P for P in counts if P > (known[-1] if known else 0)]
-        lo, hi = 0, len(rest)  # beyond every planned count: search the rest
+    def first_fit(candidates: list[int]) -> int | None:  # candidates[hi:] fit, candidates[:lo] do not
+        lo, hi = 0, len(candidates)
         while lo < hi:
             mid = (lo + hi) // 2
-            if fits_at(rest[mid]):
+            if fits_at(candidates[mid]):
                 hi = mid
             else:
                 lo = mid + 1
-        return rest[lo] if lo < len(rest) else None
+        return candidates[lo] if lo < len(candidates) else None
+
+    known = sorted(fits)
+    first = next((P for P in known if fits[P]), None)
+    if first is None:  # beyond every planned count: search the rest
+        return first_fit([P for P in counts if P > (known[-1] if known else 0)])
     below = max((P for P in known if P < first), default=0)
-    between = [P for P in counts if below < P < first]
-    lo, hi = 0, len(between)  # between[hi:] fit (first too), between[:lo] do not
-    while lo < hi:
-        mid = (lo + hi) // 2
-        if fits_at(between[mid]):
-            hi = mid
-        else:
-            lo = mid + 1
-    return between[lo] if lo < len(between) else first
+    return first_fit([P for P in counts if below < P < first]) or first
 
 
 def parse_ranks(text: str | None, default: list[int]) -> tuple[list[int], list[int]]:

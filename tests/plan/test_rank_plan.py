@@ -3,7 +3,6 @@ is the memory the real step allocates. Checked rank by rank on small graphs: the
 (single, dp, sar; 1 and 2 ranks), the same step runs on real data under the same tracker (receives filled with
 zeros by the planning communicator, so one process checks every rank), and the high-water mark, what is held
 between steps, the kernels' work and the bytes sent agree with the plan built from the part's sizes alone."""
-import numpy as np
 import pytest
 import torch
 
@@ -15,6 +14,8 @@ from data_io.partitioner import partition_dataset
 from hpc_graph.engines import create_engine, engine_class
 from hpc_graph.ops._bridge import set_work_hook
 from hpc_graph.plan import shapes as fb
+
+from _measure import edges_from
 from hpc_graph.plan.comm import PlanCommunicator
 from hpc_graph.plan.rank import plan_rank, run_steps
 from hpc_graph.plan.tracker import StepTracker
@@ -28,23 +29,6 @@ def data(tmp_path_factory):
     write_csbm(path, num_nodes=1500, num_classes=4, avg_degree=8.0, feat_dim=20, seed=5)
     partition_dataset(path, root / "parts-2", 2, method="metis")
     return path, root / "parts-2"
-
-
-def _edges_from(parts, p: int, P: int) -> tuple[int, ...]:
-    """In-edges of part p by the part owning their source (what SAR's blocks hold)."""
-    from data_io.partition import read_partition
-
-    part = read_partition(str(parts), p, features=False)
-    n = int(part.num_owned)
-    cols = np.asarray(part.indices)
-    out = [0] * P
-    out[p] = int((cols < n).sum())
-    halo_cols = cols[cols >= n] - n
-    for q in range(P):
-        lo, hi = int(part.halo_offsets[q]), int(part.halo_offsets[q + 1])
-        if q != p:
-            out[q] = int(((halo_cols >= lo) & (halo_cols < hi)).sum())
-    return tuple(out)
 
 
 def _real(engine, source, p, P, cfg, graph):
@@ -103,7 +87,7 @@ def test_the_plan_of_a_rank_is_its_real_step(data, engine, ranks, opts, model):
         layout = fb.single_layout(graph) if engine == "single" else fb.layout_from_partition(parts)
     for rs in layout.parts:
         if engine not in ("single", "flow"):
-            rs = fb.dataclasses.replace(rs, edges_from=_edges_from(parts, rs.rank, ranks))
+            rs = fb.dataclasses.replace(rs, edges_from=edges_from(parts, rs.rank, ranks))
         real, eng = _real(engine, source, rs.rank, ranks, cfg, graph)
         shape = plan_rank(engine_class(engine, str(source)), engine_class(engine, str(source)).options_from_config(cfg),
                           cfg.model, graph, rs, ranks)
