@@ -177,10 +177,12 @@ def check_memory(tr: Any, force: bool) -> None:
     engine that can be planned refuses too (one line naming why; ``force`` starts anyway with a warning): a
     planner that falls behind the code never turns the check off silently.
     """
-    from data_io.memory import MemoryRefusal, require_memory
-    from hpc_graph.plan.predict import PlanError, train_estimate
+    from data_io.memory import MemoryRefusal, available_bytes, require_memory
+    from hpc_graph.plan.predict import KERNEL_ALLOWANCE_BYTES, PlanError, train_estimate
 
     failure = None
+    if _plainly_fits(str(tr.config.data.path), KERNEL_ALLOWANCE_BYTES, available_bytes()):
+        return  # agreed without a message: every rank sees the same data and the same bound
     try:
         est = train_estimate(tr.config, tr.engine_name, tr.rank, tr.size)
     except PlanError as exc:
@@ -216,6 +218,24 @@ def check_memory(tr: Any, force: bool) -> None:
     if refused:
         r, text = refused[0]
         raise agreed(MemoryRefusal(refusal if refusal is not None else f"rank {r}: {text}"))
+
+
+#: a job whose data on disk, times this, plus the kernels' allowance, is at most half the memory available is
+#: not estimated (the step run on shapes costs seconds of start-up, and such a job fits by a wide margin)
+PLAINLY_FITS_FACTOR = 64
+
+
+def _plainly_fits(path: str, allowance: int, available: int) -> bool:
+    """Whether the data at ``path`` (a dataset file, or a partition directory: all its files) are so small beside
+    ``available`` bytes that no estimate is needed (:data:`PLAINLY_FITS_FACTOR`)."""
+    try:
+        if os.path.isdir(path):
+            size = sum(e.stat().st_size for e in os.scandir(path) if e.is_file())
+        else:
+            size = os.path.getsize(path)
+    except OSError:
+        return False
+    return PLAINLY_FITS_FACTOR * size + allowance <= available // 2
 
 
 @contextlib.contextmanager

@@ -449,3 +449,29 @@ def test_flow_options_the_planner_does_not_run_are_named():
           microbatches=1, cross_edges="drop")
     with pytest.raises(ValueError, match="engine.stages"):
         fb.stage_bounds(3, 4)
+
+
+def test_the_memory_check_fails_closed_and_skips_only_plainly_small_jobs(tmp_path, graphs, monkeypatch):
+    """An estimate that raises refuses the run in one line (--force starts anyway); a job whose data are tiny
+    beside the memory available is not estimated at all."""
+    import hpc_graph.plan.predict as pr
+    from data_io.memory import MemoryRefusal
+    from hpc_graph.train.preflight import _plainly_fits, check_memory
+
+    tr = _trainer(tmp_path, graphs / "u.h5", "gcn")
+
+    def broken(*args, **kwargs):
+        raise pr.PlanError("RuntimeError: a planner bug")
+
+    monkeypatch.setattr(pr, "train_estimate", broken)
+    monkeypatch.setenv("HPC_GRAPH_MEMORY_LIMIT", "100MB")  # not plainly enough: the estimate is needed
+    with pytest.raises(MemoryRefusal, match=r"memory check: cannot estimate train \(single gcn, rank 0\): "
+                                            r"RuntimeError: a planner bug; pass --force to start anyway"):
+        check_memory(tr, False)
+    check_memory(tr, True)  # forced: a warning
+    monkeypatch.setenv("HPC_GRAPH_MEMORY_LIMIT", "64GB")
+    check_memory(tr, False)  # plainly fits: not estimated
+    size = (graphs / "u.h5").stat().st_size
+    assert _plainly_fits(str(graphs / "u.h5"), 0, 2 * 64 * size) and not _plainly_fits(str(graphs / "u.h5"), 1,
+                                                                                         2 * 64 * size)
+    assert not _plainly_fits(str(tmp_path / "missing.h5"), 0, 1 << 40)
