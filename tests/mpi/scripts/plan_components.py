@@ -11,7 +11,7 @@ copies forced on (small ``BLOCK_BYTES``), and compares graph, features, paramete
 activations, the largest exchange receive and the bytes sent with the plan of the same rank
 (``hpc_graph.plan.rank``, through ``tests/plan/_measure.py``, which runs the rank's step on shapes): equal,
 except the partition's two NumPy index arrays (16 (N + 1) bytes the plan leaves out of the graph);
-``sylvie`` within 5 % or 512 bytes per peer, its graph with the codec's exchange plan and importances and
+``sylvie`` within 5 % or 4 KiB per peer, its graph with the codec's exchange plan and importances and
 what the first step leaves in the pipeline's slots (the codec's per-message NumPy arrays are not planned; a stale step's
 in-flight buffers count as that step's activations in the plan, so the second step's graph is not compared); and
 flow's largest receive with several micro-batches (METIS sizes them; the plan takes N/M rows each): within 5 %.
@@ -52,8 +52,10 @@ def compare_step(case: str, tr, got: dict, want: dict, step: int) -> list[str]:
             got = {**got, "graph": got["graph"] + got["codec_state"] + got["slots"]}
     for line in mismatches(got, want, tr.size):
         k = line.split(":")[0]
-        if engine == "sylvie" and abs(got[k] - want[k]) <= max(0.05 * max(got[k], want[k]), 512 * (tr.size - 1)):
-            continue  # the codec's per-message NumPy arrays are not planned (a few hundred bytes per peer)
+        if engine == "sylvie" and abs(got[k] - want[k]) <= max(0.05 * max(got[k], want[k]), 4096 * (tr.size - 1)):
+            # the codec's per-message NumPy arrays are not planned (a few hundred bytes per peer), and its message
+            # layouts on shapes are cached per process: the first plan of a process counts them, later ones not
+            continue
         if k == "halo_recv_max" and engine == "flow" and tr.engine.num_microbatches > 1 and \
                 abs(got[k] - want[k]) <= 0.05 * want[k]:
             continue  # METIS' micro-batches: the plan takes each as N/M rows
