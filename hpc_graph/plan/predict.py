@@ -320,18 +320,6 @@ def unit_costs(engine_cls: Any, options: dict, spec: StepSpec, graph: GraphShape
     return costs
 
 
-def _same_shape_key(rs: RankShape) -> tuple | None:
-    """What makes two ranks' steps the same: their sizes, when every peer of each looks alike (a described graph's
-    uniform cut; then no order in which an engine visits its peers can tell the ranks apart). ``None``: plan it."""
-    peers = [(h, s, rs.edges_from[q] if rs.edges_from else -1)
-             for q, (h, s) in enumerate(zip(rs.halo_from, rs.send_to)) if q != rs.rank]
-    if len(set(peers)) > 1:
-        return None
-    own = rs.edges_from[rs.rank] if rs.edges_from else -1
-    return (rs.owned, rs.edges, rs.local_edges, rs.halo, rs.send, rs.train, rs.boundary, own, len(peers),
-            tuple(peers[:1]))
-
-
 def predict(engine: str, spec: StepSpec, graph: GraphShape, layout: Layout, *, floor: int,
             rates: Rates | None = None, memory_per_rank: int | None = None, cores_per_node: int | None = None,
             ranks_per_node: int | None = None, threads: int | None = None, options: dict | None = None,
@@ -373,15 +361,8 @@ def predict(engine: str, spec: StepSpec, graph: GraphShape, layout: Layout, *, f
     best: MemoryEstimate | None = None
     worst: TimeEstimate | None = None
     peaks, seconds, sent, stage_times = [], [], [], []
-    planned: dict[tuple, RankPlan] = {}
     for rs, hint, extra in zip(layout.parts, hints, load_extra):
-        key = None if pipeline else _same_shape_key(rs)
-        if key is not None and key in planned:
-            plan = dataclasses.replace(planned[key], rank=rs.rank)
-        else:
-            plan = _plan(cls, opts, spec, graph, rs, P, hints=hint, link=getattr(rates, "link", None))
-            if key is not None:
-                planned[key] = plan
+        plan = _plan(cls, opts, spec, graph, rs, P, hints=hint, link=getattr(rates, "link", None))
         mem = memory_of(plan, floor, extra)
         peaks.append(mem.peak)
         if best is None or mem.peak > best.peak:
