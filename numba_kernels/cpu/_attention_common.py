@@ -5,6 +5,9 @@
 * ``_gid``: the global id of a local row, which keys the attention-dropout hash
   (``_mix`` / ``_keep``, :mod:`numba_kernels.cpu._hash`).
 * ``init_state`` / ``finalize``: the online-softmax state ``(m, l, acc)``.
+* ``_leaky``, ``_edge_hash``, ``_scalars``, ``_head_dot``: the pieces of an edge score that the forward and
+  both backward passes of a kernel compute alike, inlined into each.
+* ``global_ids``: ``None`` global ids as :data:`LOCAL_IDS`.
 * ``plain_array``: an input made C-contiguous and writable, so that a kernel compiles one signature for it.
 """
 from __future__ import annotations
@@ -12,6 +15,8 @@ from __future__ import annotations
 import numba
 import numpy as np
 from numba import njit, prange
+
+from numba_kernels.cpu._hash import _mix
 
 #: fastmath flags that allow vectorising reductions but keep inf/nan semantics
 #: (the running max starts at -inf).
@@ -25,6 +30,42 @@ LOCAL_IDS = np.full(1, -1, dtype=np.int64)
 def _gid(ids, k):
     """Global id of local row ``k``: ``ids[k]``, or ``k`` itself when ``ids`` is :data:`LOCAL_IDS`."""
     return ids[k] if ids[0] >= 0 else k
+
+
+def global_ids(src_gid, dst_gid):
+    """``(src_gid, dst_gid)`` with ``None`` (global id = local id) given as :data:`LOCAL_IDS`."""
+    return (LOCAL_IDS if src_gid is None else src_gid), (LOCAL_IDS if dst_gid is None else dst_gid)
+
+
+@njit(inline="always")
+def _leaky(pre, slope):
+    """LeakyReLU of a score."""
+    return pre if pre >= 0 else pre * slope
+
+
+@njit(inline="always")
+def _edge_hash(dst_hash, src_gid, j, use_drop):
+    """The dropout hash of edge ``(i, j)`` from its destination's hash (0 when dropout is off)."""
+    return _mix(dst_hash, _gid(src_gid, j)) if use_drop else np.uint64(0)
+
+
+@njit(inline="always")
+def _scalars(like, a, b):
+    """``(a, b, 0, 1)`` as scalars of ``like``'s dtype: float32 math then stays float32 (and vectorises)."""
+    c = np.zeros(4, dtype=like.dtype)
+    c[0] = a
+    c[1] = b
+    c[3] = 1.0
+    return c[0], c[1], c[2], c[3]
+
+
+@njit(inline="always")
+def _head_dot(a, i, b, j, h, zero):
+    """``a[i, h, :] . b[j, h, :]``."""
+    s = zero
+    for d in range(a.shape[2]):
+        s += a[i, h, d] * b[j, h, d]
+    return s
 
 
 @njit(cache=True)

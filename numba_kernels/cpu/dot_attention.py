@@ -29,8 +29,8 @@ import numba
 import numpy as np
 from numba import njit, prange
 
-from numba_kernels.cpu._attention_common import (FASTMATH, finalize, init_state, output_delta,
-                                                 run_parallel)
+from numba_kernels.cpu._attention_common import (FASTMATH, _head_dot, _scalars, finalize, init_state,
+                                                 output_delta, run_parallel)
 
 __all__ = ["init_state", "accumulate", "finalize", "output_delta", "backward_dst", "backward_src"]
 
@@ -49,16 +49,21 @@ def _codes_or_dummy(codes):
     return codes, True
 
 
+@njit(inline="always")
+def _score(q, k, i, j, h, scale, zero, bias, has_bias, codes, has_codes, e):
+    """``scale * q[i,h,:] . k[j,h,:]`` plus the bias of edge ``e`` (its code's row with ``codes``)."""
+    s = _head_dot(q, i, k, j, h, zero) * scale
+    if has_bias:
+        s += bias[codes[e] if has_codes else e, h]
+    return s
+
+
 @njit(parallel=True, cache=True, fastmath=FASTMATH)
 def _accumulate(bounds, indptr, indices, q, k, v, bias, has_bias, codes, has_codes, scale64, m, l, acc):
     H = q.shape[1]
-    Dk = q.shape[2]
     Dv = v.shape[2]
     for c in prange(bounds.shape[0] - 1):
-        consts = np.zeros(2, dtype=q.dtype)  # scalars in the array dtype: float32 math stays float32
-        consts[0] = scale64
-        scale = consts[0]
-        zero = consts[1]
+        scale, _, zero, _ = _scalars(q, scale64, 0.0)
         maxdeg = 0
         for i in range(bounds[c], bounds[c + 1]):
             maxdeg = max(maxdeg, indptr[i + 1] - indptr[i])
@@ -74,12 +79,7 @@ def _accumulate(bounds, indptr, indices, q, k, v, bias, has_bias, codes, has_cod
             for e in range(lo, hi):
                 j = indices[e]
                 for h in range(H):
-                    s = zero
-                    for d in range(Dk):
-                        s += q[i, h, d] * k[j, h, d]
-                    s *= scale
-                    if has_bias:
-                        s += bias[codes[e] if has_codes else e, h]
+                    s = _score(q, k, i, j, h, scale, zero, bias, has_bias, codes, has_codes, e)
                     scores[e - lo, h] = s
                     if s > mnew[h]:
                         mnew[h] = s
@@ -125,26 +125,15 @@ def _backward_dst(bounds, indptr, indices, q, k, v, bias, has_bias, codes, has_c
                   delta, grad_q, grad_bias, grad_table):
     H = q.shape[1]
     Dk = q.shape[2]
-    Dv = v.shape[2]
     for c in prange(bounds.shape[0] - 1):
-        consts = np.zeros(2, dtype=q.dtype)  # scalars in the array dtype: float32 math stays float32
-        consts[0] = scale64
-        scale = consts[0]
-        zero = consts[1]
+        scale, _, zero, _ = _scalars(q, scale64, 0.0)
         for i in range(bounds[c], bounds[c + 1]):
             for e in range(indptr[i], indptr[i + 1]):
                 j = indices[e]
                 for h in range(H):
-                    s = zero
-                    for d in range(Dk):
-                        s += q[i, h, d] * k[j, h, d]
-                    s *= scale
-                    if has_bias:
-                        s += bias[codes[e] if has_codes else e, h]
+                    s = _score(q, k, i, j, h, scale, zero, bias, has_bias, codes, has_codes, e)
                     prob = np.exp(s - m[i, h]) / l[i, h]
-                    dot = zero
-                    for d in range(Dv):
-                        dot += grad_out[i, h, d] * v[j, h, d]
+                    dot = _head_dot(grad_out, i, v, j, h, zero)
                     gs = prob * (dot - delta[i, h])
                     if has_bias:
                         if has_codes:
@@ -189,20 +178,12 @@ def _backward_src(bounds, indptr_t, indices_t, perm, q, k, v, bias, has_bias, co
     Dk = q.shape[2]
     Dv = v.shape[2]
     for c in prange(bounds.shape[0] - 1):
-        consts = np.zeros(2, dtype=q.dtype)  # scalars in the array dtype: float32 math stays float32
-        consts[0] = scale64
-        scale = consts[0]
-        zero = consts[1]
+        scale, _, zero, _ = _scalars(q, scale64, 0.0)
         for j in range(bounds[c], bounds[c + 1]):
             for t in range(indptr_t[j], indptr_t[j + 1]):
                 i = indices_t[t]
                 for h in range(H):
-                    s = zero
-                    for d in range(Dk):
-                        s += q[i, h, d] * k[j, h, d]
-                    s *= scale
-                    if has_bias:
-                        s += bias[codes[perm[t]] if has_codes else perm[t], h]
+                    s = _score(q, k, i, j, h, scale, zero, bias, has_bias, codes, has_codes, perm[t])
                     prob = np.exp(s - m[i, h]) / l[i, h]
                     dot = zero
                     for d in range(Dv):

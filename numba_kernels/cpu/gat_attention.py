@@ -37,8 +37,8 @@ from __future__ import annotations
 import numpy as np
 from numba import njit, prange
 
-from numba_kernels.cpu._attention_common import (FASTMATH, LOCAL_IDS, _gid, _small, finalize, init_state,
-                                                 output_delta, run_parallel)
+from numba_kernels.cpu._attention_common import (FASTMATH, _edge_hash, _gid, _head_dot, _leaky, _scalars, _small,
+                                                 finalize, global_ids, init_state, output_delta, run_parallel)
 from numba_kernels.cpu._hash import _keep, _mix
 
 __all__ = ["init_state", "accumulate", "finalize", "output_delta", "backward_dst", "backward_src"]
@@ -51,13 +51,7 @@ def _accumulate(bounds, indptr, indices, z, s_src, s_dst, src_gid, dst_gid, slop
     use_drop = p > 0.0
     seed_hash = _mix(np.uint64(0), seed)
     for c in prange(bounds.shape[0] - 1):
-        # per-chunk scratch in the array dtype: float32 math stays float32 (vectorises)
-        consts = np.ones(3, dtype=z.dtype)
-        consts[0] = slope64
-        consts[1] = 1.0 / (1.0 - p)
-        slope = consts[0]
-        inv_keep = consts[1]
-        one = consts[2]
+        slope, inv_keep, _, one = _scalars(z, slope64, 1.0 / (1.0 - p))
         mnew = np.empty(H, dtype=z.dtype)
         sdi = np.empty(H, dtype=z.dtype)
         rl = np.empty(H, dtype=z.dtype)
@@ -74,9 +68,7 @@ def _accumulate(bounds, indptr, indices, z, s_src, s_dst, src_gid, dst_gid, slop
             for e in range(lo, hi):
                 j = indices[e]
                 for h in range(H):
-                    a = sdi[h] + s_src[j, h]
-                    if a < 0:
-                        a = a * slope
+                    a = _leaky(sdi[h] + s_src[j, h], slope)
                     if a > mnew[h]:
                         mnew[h] = a
             # rescale what earlier blocks accumulated (exp(-inf) = 0 on the first block)
@@ -89,12 +81,9 @@ def _accumulate(bounds, indptr, indices, z, s_src, s_dst, src_gid, dst_gid, slop
             dst_hash = _mix(seed_hash, _gid(dst_gid, i)) if use_drop else np.uint64(0)
             for e in range(lo, hi):
                 j = indices[e]
-                edge_hash = _mix(dst_hash, _gid(src_gid, j)) if use_drop else np.uint64(0)
+                edge_hash = _edge_hash(dst_hash, src_gid, j, use_drop)
                 for h in range(H):
-                    a = sdi[h] + s_src[j, h]
-                    if a < 0:
-                        a = a * slope
-                    w = np.exp(a - mnew[h])
+                    w = np.exp(_leaky(sdi[h] + s_src[j, h], slope) - mnew[h])
                     rl[h] += w
                     if use_drop:
                         if not _keep(edge_hash, h, p):
@@ -121,11 +110,9 @@ def accumulate(indptr, indices, z, s_src, s_dst, src_gid, dst_gid, negative_slop
         negative_slope: LeakyReLU slope; attn_dropout: drop probability in [0, 1); seed: int >= 0.
         m, l: float[num_dst, H]; acc: float[num_dst, H, D]: state, updated in place.
     """
-    n = indptr.shape[0] - 1
-    if n == 0 or indices.shape[0] == 0:
+    if indptr.shape[0] == 1 or indices.shape[0] == 0:
         return
-    src_gid = LOCAL_IDS if src_gid is None else src_gid
-    dst_gid = LOCAL_IDS if dst_gid is None else dst_gid
+    src_gid, dst_gid = global_ids(src_gid, dst_gid)
     work = indices.shape[0] * z.shape[1] * (z.shape[2] + 4)
     run_parallel(_accumulate, indptr, work, indices, z, s_src, s_dst, src_gid, dst_gid,
                 float(negative_slope), float(attn_dropout), int(seed), m, l, acc)
@@ -135,16 +122,10 @@ def accumulate(indptr, indices, z, s_src, s_dst, src_gid, dst_gid, negative_slop
 def _backward_dst(bounds, indptr, indices, z, s_src, s_dst, src_gid, dst_gid, slope64, p, seed,
                   m, l, grad_out, delta, grad_s_dst):
     H = z.shape[1]
-    D = z.shape[2]
     use_drop = p > 0.0
     seed_hash = _mix(np.uint64(0), seed)
     for c in prange(bounds.shape[0] - 1):
-        consts = np.zeros(3, dtype=z.dtype)
-        consts[0] = slope64
-        consts[1] = 1.0 / (1.0 - p)
-        slope = consts[0]
-        inv_keep = consts[1]
-        zero = consts[2]
+        slope, inv_keep, zero, _ = _scalars(z, slope64, 1.0 / (1.0 - p))
         gsum = np.empty(H, dtype=z.dtype)
         for i in range(bounds[c], bounds[c + 1]):
             lo = indptr[i]
@@ -156,18 +137,14 @@ def _backward_dst(bounds, indptr, indices, z, s_src, s_dst, src_gid, dst_gid, sl
             dst_hash = _mix(seed_hash, _gid(dst_gid, i)) if use_drop else np.uint64(0)
             for e in range(lo, hi):
                 j = indices[e]
-                edge_hash = _mix(dst_hash, _gid(src_gid, j)) if use_drop else np.uint64(0)
+                edge_hash = _edge_hash(dst_hash, src_gid, j, use_drop)
                 for h in range(H):
                     pre = s_dst[i, h] + s_src[j, h]
-                    a = pre if pre >= 0 else pre * slope
-                    prob = np.exp(a - m[i, h]) / l[i, h]
+                    prob = np.exp(_leaky(pre, slope) - m[i, h]) / l[i, h]
                     kept = inv_keep
                     if use_drop and not _keep(edge_hash, h, p):
                         kept = zero
-                    dot = zero
-                    if kept != 0:
-                        for d in range(D):
-                            dot += grad_out[i, h, d] * z[j, h, d]
+                    dot = _head_dot(grad_out, i, z, j, h, zero) if kept != 0 else zero
                     ge = prob * (kept * dot - delta[i, h])
                     if pre < 0:
                         ge = ge * slope
@@ -184,11 +161,9 @@ def backward_dst(indptr, indices, z, s_src, s_dst, src_gid, dst_gid, negative_sl
     output gradient and ``delta`` float[num_dst, H] from :func:`output_delta`.
     Other arguments as in :func:`accumulate`.
     """
-    n = indptr.shape[0] - 1
-    if n == 0 or indices.shape[0] == 0:
+    if indptr.shape[0] == 1 or indices.shape[0] == 0:
         return
-    src_gid = LOCAL_IDS if src_gid is None else src_gid
-    dst_gid = LOCAL_IDS if dst_gid is None else dst_gid
+    src_gid, dst_gid = global_ids(src_gid, dst_gid)
     work = indices.shape[0] * z.shape[1] * (z.shape[2] + 4)
     run_parallel(_backward_dst, indptr, work, indices, z, s_src, s_dst, src_gid, dst_gid,
                  float(negative_slope), float(attn_dropout), int(seed), m, l, grad_out, delta, grad_s_dst)
@@ -213,12 +188,7 @@ def _backward_src(bounds, indptr_t, indices_t, z, s_src, aux, src_gid, dst_gid, 
     use_drop = p > 0.0
     seed_hash = _mix(np.uint64(0), seed)
     for c in prange(bounds.shape[0] - 1):
-        consts = np.zeros(3, dtype=z.dtype)
-        consts[0] = slope64
-        consts[1] = 1.0 / (1.0 - p)
-        slope = consts[0]
-        inv_keep = consts[1]
-        zero = consts[2]
+        slope, inv_keep, zero, _ = _scalars(z, slope64, 1.0 / (1.0 - p))
         gs = np.empty(H, dtype=z.dtype)
         gz = np.empty((H, D), dtype=z.dtype)
         for j in range(bounds[c], bounds[c + 1]):
@@ -232,13 +202,11 @@ def _backward_src(bounds, indptr_t, indices_t, z, s_src, aux, src_gid, dst_gid, 
                     gz[h, d] = zero
             for t in range(lo, hi):
                 i = indices_t[t]
-                edge_hash = np.uint64(0)
-                if use_drop:
-                    edge_hash = _mix(_mix(seed_hash, _gid(dst_gid, i)), _gid(src_gid, j))
+                dst_hash = _mix(seed_hash, _gid(dst_gid, i)) if use_drop else seed_hash
+                edge_hash = _edge_hash(dst_hash, src_gid, j, use_drop)
                 for h in range(H):
                     pre = aux[i, h, 0] + s_src[j, h]
-                    a = pre if pre >= 0 else pre * slope
-                    prob = np.exp(a - aux[i, h, 1]) * aux[i, h, 2]
+                    prob = np.exp(_leaky(pre, slope) - aux[i, h, 1]) * aux[i, h, 2]
                     ge = -prob * aux[i, h, 3]
                     if not (use_drop and not _keep(edge_hash, h, p)):
                         w = prob * inv_keep
@@ -266,11 +234,9 @@ def backward_src(indptr_t, indices_t, z, s_src, s_dst, src_gid, dst_gid, negativ
     ``grad_z`` float[num_src, H, D] and ``grad_s_src`` float[num_src, H].
     Other arguments as in :func:`backward_dst`.
     """
-    n = indptr_t.shape[0] - 1
-    if n == 0 or indices_t.shape[0] == 0:
+    if indptr_t.shape[0] == 1 or indices_t.shape[0] == 0:
         return
-    src_gid = LOCAL_IDS if src_gid is None else src_gid
-    dst_gid = LOCAL_IDS if dst_gid is None else dst_gid
+    src_gid, dst_gid = global_ids(src_gid, dst_gid)
     work = indices_t.shape[0] * z.shape[1] * (2 * z.shape[2] + 4)
     aux = np.empty((s_dst.shape[0], s_dst.shape[1], 4), dtype=s_dst.dtype)
     _small(_pack_dst, work, s_dst, m, l, delta, aux)

@@ -1,10 +1,13 @@
 """Private helpers shared by the CUDA attention kernels (twins of ``numba_kernels/cpu/_attention_common.py``).
 
-Device function ``_gid`` (the global id keying the attention-dropout hash of
-:mod:`numba_kernels.cuda._hash`), a launcher, and the state functions
-``init_state``/``finalize``/``output_delta``.
+Device functions ``_gid`` (the global id keying the attention-dropout hash of
+:mod:`numba_kernels.cuda._hash`), ``_leaky`` and ``_raise_max`` (the online-softmax rescale that every
+forward kernel applies when a block raises a row's max), a launcher, ``global_ids``, and the state
+functions ``init_state``/``finalize``/``output_delta``.
 """
 from __future__ import annotations
+
+import math
 
 import numpy as np
 from numba import cuda
@@ -17,6 +20,27 @@ THREADS_PER_BLOCK = 128
 @cuda.jit(device=True, inline=True)
 def _gid(ids, k):
     return ids[k] if ids[0] >= 0 else k
+
+
+@cuda.jit(device=True, inline=True)
+def _leaky(pre, slope):
+    return pre if pre >= 0 else pre * slope
+
+
+@cuda.jit(device=True, inline=True)
+def _raise_max(i, h, mx, m, l, acc):
+    """Rescale row ``i``, head ``h`` of the state ``(m, l, acc)`` to the new max ``mx`` (when it grew).
+
+    Returns the running sum and the stored max (in the state's precision: backward divides by the same).
+    """
+    run_l = l[i, h]
+    if mx > m[i, h]:
+        r = math.exp(m[i, h] - mx)
+        run_l *= r
+        for d in range(acc.shape[2]):
+            acc[i, h, d] *= r
+        m[i, h] = mx
+    return run_l, m[i, h]
 
 
 _LOCAL_IDS: dict = {}
@@ -34,6 +58,11 @@ def local_ids():
     if key not in _LOCAL_IDS:
         _LOCAL_IDS[key] = cuda.to_device(np.full(1, -1, dtype=np.int64))  # synchronous: shared by all streams
     return _LOCAL_IDS[key]
+
+
+def global_ids(src_gid, dst_gid):
+    """``(src_gid, dst_gid)`` with ``None`` (global id = local id) given as :func:`local_ids`."""
+    return (local_ids() if src_gid is None else src_gid), (local_ids() if dst_gid is None else dst_gid)
 
 
 def launch(kernel, num_threads: int, *args) -> None:

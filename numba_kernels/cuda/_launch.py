@@ -25,7 +25,7 @@ from contextlib import contextmanager
 from typing import Callable, Iterator
 
 import numpy as np
-from numba import config, cuda
+from numba import config, cuda, float32, float64
 
 _local = threading.local()
 _EXTERNAL: dict = {}
@@ -90,6 +90,27 @@ def _install_simulator_swap() -> None:
 
 if _SIMULATED:
     _install_simulator_swap()
+
+
+def compiled(what: str, build: Callable) -> Callable:
+    """A per-dtype compile cache for kernels made by a factory.
+
+    ``build(nbtype, *params)`` compiles the kernels of one element type (``numba.float32`` or ``numba.float64``)
+    and integer parameters (tile widths, slot counts); the returned ``get(dtype, *params)`` compiles each
+    combination once per process and refuses any other dtype with a ``ValueError`` naming ``what``.
+    """
+    cache: dict = {}
+
+    def get(dtype, *params):
+        key = (np.dtype(dtype).name,) + tuple(params)
+        kernels = cache.get(key)
+        if kernels is None:
+            if key[0] not in ("float32", "float64"):
+                raise ValueError(f"{what} CUDA kernels support float32/float64, got {key[0]}")
+            kernels = cache[key] = build(float32 if key[0] == "float32" else float64, *params)
+        return kernels
+
+    return get
 
 
 def stream():

@@ -15,7 +15,7 @@ import numpy as np
 from numba import cuda
 
 
-from numba_kernels.cuda._attention_common import device_key, finalize, init_state, launch, output_delta
+from numba_kernels.cuda._attention_common import _raise_max, device_key, finalize, init_state, launch, output_delta
 
 __all__ = ["init_state", "accumulate", "finalize", "output_delta", "backward_dst", "backward_src"]
 
@@ -71,14 +71,7 @@ def _accumulate(indptr, indices, q, k, v, bias, has_bias, codes, has_codes, scal
     mx = m[i, h]
     for e in range(lo, hi):
         mx = max(mx, _score(i, indices[e], e, h, q, k, bias, has_bias, codes, has_codes, scale))
-    run_l = l[i, h]
-    if mx > m[i, h]:
-        r = math.exp(m[i, h] - mx)
-        run_l *= r
-        for d in range(v.shape[2]):
-            acc[i, h, d] *= r
-        m[i, h] = mx
-        mx = m[i, h]
+    run_l, mx = _raise_max(i, h, mx, m, l, acc)
     for e in range(lo, hi):
         j = indices[e]
         w = math.exp(_score(i, j, e, h, q, k, bias, has_bias, codes, has_codes, scale) - mx)

@@ -9,10 +9,9 @@ from __future__ import annotations
 
 import math
 
-import numpy as np
-from numba import cuda, float32, float64
+from numba import cuda
 
-from numba_kernels.cuda._launch import stream
+from numba_kernels.cuda._launch import compiled, stream
 
 _THREADS = 128  # fixed: the shared-memory reduction buffers have this size
 _MAX_BLOCKS = 65535 * 4
@@ -100,16 +99,7 @@ def _build(nbtype):
     return forward, backward
 
 
-_CACHE: dict = {}
-
-
-def _kernels(dtype):
-    key = np.dtype(dtype).name
-    if key not in _CACHE:
-        if key not in ("float32", "float64"):
-            raise ValueError(f"edge_softmax CUDA kernels support float32/float64, got {key}")
-        _CACHE[key] = _build(float32 if key == "float32" else float64)
-    return _CACHE[key]
+_kernels = compiled("edge_softmax", _build)
 
 
 def _check_heads(h: int) -> None:

@@ -28,12 +28,13 @@ from __future__ import annotations
 import math
 
 import numpy as np
-from numba import cuda, float32, float64
+from numba import cuda
 
-from numba_kernels.cuda._attention_common import _gid, finalize, init_state, launch, local_ids, output_delta
+from numba_kernels.cuda._attention_common import (_gid, _leaky, _raise_max, finalize, global_ids, init_state, launch,
+                                                  output_delta)
 from numba_kernels.cuda._hash import _keep, _mix
 from numba_kernels.cuda._chunks import chunk_kernels, launch_chunks, sum_parts
-from numba_kernels.cuda._launch import scratch, stream
+from numba_kernels.cuda._launch import compiled, scratch, stream
 
 __all__ = ["init_state", "accumulate", "finalize", "output_delta", "backward_dst", "backward_src", "MAX_SLOTS"]
 
@@ -245,7 +246,7 @@ def _head_reduce(indptr, rowbuf, rowtt, scale, out, D):
     out[i, h] += s - tt
 
 
-_CHUNKED: dict = {}
+_chunked = compiled("gat_attention", _build_chunked)
 
 
 def _chunked_kernels(dtype, features: int):
@@ -253,12 +254,7 @@ def _chunked_kernels(dtype, features: int):
     C = (features + 31) // 32
     if C > MAX_SLOTS or features == 0:
         return None
-    key = (np.dtype(dtype).name, C)
-    if key not in _CHUNKED:
-        if key[0] not in ("float32", "float64"):
-            raise ValueError(f"gat_attention CUDA kernels support float32/float64, got {key[0]}")
-        _CHUNKED[key] = _build_chunked(float32 if key[0] == "float32" else float64, C)
-    return _CHUNKED[key]
+    return _chunked(dtype, C)
 
 
 def _flat(a):
@@ -291,27 +287,14 @@ def _accumulate(indptr, indices, z, s_src, s_dst, src_gid, dst_gid, slope, p, se
     sd = s_dst[i, h]
     mx = m[i, h]
     for e in range(lo, hi):
-        a = sd + s_src[indices[e], h]
-        if a < 0:
-            a = a * slope
-        mx = max(mx, a)
-    run_l = l[i, h]
-    if mx > m[i, h]:
-        r = math.exp(m[i, h] - mx)
-        run_l *= r
-        for d in range(z.shape[2]):
-            acc[i, h, d] *= r
-        m[i, h] = mx
-        mx = m[i, h]  # the stored (possibly float32) max: backward divides by the same
+        mx = max(mx, _leaky(sd + s_src[indices[e], h], slope))
+    run_l, mx = _raise_max(i, h, mx, m, l, acc)
     use_drop = p > 0.0
     inv_keep = 1.0 / (1.0 - p) if use_drop else 1.0
     dst_hash = _mix(_mix(np.uint64(0), seed), _gid(dst_gid, i)) if use_drop else np.uint64(0)
     for e in range(lo, hi):
         j = indices[e]
-        a = sd + s_src[j, h]
-        if a < 0:
-            a = a * slope
-        w = math.exp(a - mx)
+        w = math.exp(_leaky(sd + s_src[j, h], slope) - mx)
         run_l += w
         if use_drop:
             if not _keep(_mix(dst_hash, _gid(src_gid, j)), h, p):
@@ -327,8 +310,7 @@ def accumulate(indptr, indices, z, s_src, s_dst, src_gid, dst_gid, negative_slop
     """Fold one block of sources into the state ``(m, l, acc)`` in place (see the CPU twin)."""
     if indices.shape[0] == 0:
         return
-    src_gid = local_ids() if src_gid is None else src_gid
-    dst_gid = local_ids() if dst_gid is None else dst_gid
+    src_gid, dst_gid = global_ids(src_gid, dst_gid)
     ks = _chunked_kernels(acc.dtype, z.shape[1] * z.shape[2])
     if ks is not None:
         m0, l0 = scratch(m.shape, m.dtype), scratch(l.shape, l.dtype)  # the old state, read while m, l change
@@ -346,8 +328,7 @@ def accumulate(indptr, indices, z, s_src, s_dst, src_gid, dst_gid, negative_slop
 def _edge_grad(i, j, h, z, s_src, s_dst, edge_hash, slope, p, m, l, grad_out, delta):
     """(grad wrt the pre-activation score, weight p_ij * keep / (1-p)) of edge (i, j), head h."""
     pre = s_dst[i, h] + s_src[j, h]
-    a = pre if pre >= 0 else pre * slope
-    prob = math.exp(a - m[i, h]) / l[i, h]
+    prob = math.exp(_leaky(pre, slope) - m[i, h]) / l[i, h]
     kept = 1.0 / (1.0 - p) if p > 0.0 else 1.0
     if p > 0.0 and not _keep(edge_hash, h, p):
         kept = 0.0
@@ -385,8 +366,7 @@ def backward_dst(indptr, indices, z, s_src, s_dst, src_gid, dst_gid, negative_sl
     """Row pass of one block's backward: ``grad_s_dst += sum_j grad_e_ij`` (see the CPU twin)."""
     if indices.shape[0] == 0:
         return
-    src_gid = local_ids() if src_gid is None else src_gid
-    dst_gid = local_ids() if dst_gid is None else dst_gid
+    src_gid, dst_gid = global_ids(src_gid, dst_gid)
     ks = _chunked_kernels(grad_out.dtype, z.shape[1] * z.shape[2])
     if ks is not None:
         n, H, D = indptr.shape[0] - 1, z.shape[1], z.shape[2]
@@ -427,8 +407,7 @@ def backward_src(indptr_t, indices_t, z, s_src, s_dst, src_gid, dst_gid, negativ
     """Column pass of one block's backward over the transposed CSR (see the CPU twin)."""
     if indices_t.shape[0] == 0:
         return
-    src_gid = local_ids() if src_gid is None else src_gid
-    dst_gid = local_ids() if dst_gid is None else dst_gid
+    src_gid, dst_gid = global_ids(src_gid, dst_gid)
     ks = _chunked_kernels(grad_z.dtype, z.shape[1] * z.shape[2])
     if ks is not None:
         n, H, D = indptr_t.shape[0] - 1, z.shape[1], z.shape[2]

@@ -38,7 +38,7 @@ import math
 import numpy as np
 from numba import config, cuda, float32, float64, int32, uint32
 
-from numba_kernels.cuda._launch import stream
+from numba_kernels.cuda._launch import compiled, stream
 
 from numba_kernels.cpu.quant import BITS, group_layout, key_hash  # noqa: F401  (same helpers in both twins)
 from numba_kernels.cuda._hash import _mix
@@ -214,16 +214,7 @@ def _build(nbtype):
     return unpack_kernel
 
 
-_UNPACK: dict = {}
-
-
-def _unpack_kernel(dtype):
-    key = np.dtype(dtype).name
-    if key not in _UNPACK:
-        if key not in ("float32", "float64"):
-            raise ValueError(f"quant CUDA kernels support float32/float64 output, got {key}")
-        _UNPACK[key] = _build(float32 if key == "float32" else float64)
-    return _UNPACK[key]
+_unpack_kernel = compiled("quant", _build)
 
 
 def row_range(x, rows, lo, hi) -> None:

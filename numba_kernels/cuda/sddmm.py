@@ -6,10 +6,9 @@ of length ``D``. Same arguments and semantics as the CPU twin.
 """
 from __future__ import annotations
 
-import numpy as np
-from numba import cuda, float32, float64
+from numba import cuda
 
-from numba_kernels.cuda._launch import stream
+from numba_kernels.cuda._launch import compiled, stream
 
 _THREADS = 128
 _MAX_BLOCKS = 65535 * 4
@@ -37,16 +36,7 @@ def _build(nbtype):
     return kernel
 
 
-_CACHE: dict = {}
-
-
-def _kernel(dtype):
-    key = np.dtype(dtype).name
-    if key not in _CACHE:
-        if key not in ("float32", "float64"):
-            raise ValueError(f"sddmm CUDA kernel supports float32/float64, got {key}")
-        _CACHE[key] = _build(float32 if key == "float32" else float64)
-    return _CACHE[key]
+_kernel = compiled("sddmm", _build)
 
 
 def sddmm(indptr, indices, a, b, out) -> None:

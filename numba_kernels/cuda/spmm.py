@@ -27,10 +27,10 @@ atomics); its weight gradient uses ``cuda.atomic.add`` within a row's own edges.
 from __future__ import annotations
 
 import numpy as np
-from numba import cuda, float32, float64
+from numba import cuda
 
 from numba_kernels.cuda._chunks import chunk_kernels, launch_chunks, sum_parts
-from numba_kernels.cuda._launch import device_array, scratch, stream
+from numba_kernels.cuda._launch import compiled, device_array, scratch, stream
 
 _THREADS = 128  # threads per block
 _MAX_BLOCKS = 65535 * 4
@@ -237,10 +237,6 @@ def _build_chunked(nbtype, G: int, C: int):
     return chunk_kernels(nbtype, G, C, 1, reset, segment, store, merge)
 
 
-_CACHE: dict = {}
-_CHUNKED: dict = {}
-
-
 def _chunked_kernels(dtype, features: int):
     """``(sum_chunks, sum_fixup, G)`` for rows of ``features`` values, or None when wider than the slots."""
     G = 8
@@ -249,11 +245,7 @@ def _chunked_kernels(dtype, features: int):
     C = (features + G - 1) // G
     if C > MAX_SLOTS:
         return None
-    key = (np.dtype(dtype).name, G, C)
-    if key not in _CHUNKED:
-        _kernels(dtype)  # validates the dtype
-        _CHUNKED[key] = _build_chunked(float32 if key[0] == "float32" else float64, G, C) + (G,)
-    return _CHUNKED[key]
+    return _chunked(dtype, G, C)
 
 
 def _flat(a, rows: int):
@@ -261,13 +253,8 @@ def _flat(a, rows: int):
     return a.reshape(rows, int(np.prod(a.shape[1:])) if len(a.shape) > 1 else 1)
 
 
-def _kernels(dtype):
-    key = np.dtype(dtype).name
-    if key not in _CACHE:
-        if key not in ("float32", "float64"):
-            raise ValueError(f"spmm CUDA kernels support float32/float64, got {key}")
-        _CACHE[key] = _build(float32 if key == "float32" else float64)
-    return _CACHE[key]
+_kernels = compiled("spmm", _build)
+_chunked = compiled("spmm", lambda nbtype, G, C: _build_chunked(nbtype, G, C) + (G,))
 
 
 def spmm_sum(indptr, indices, eids, weight, col_scale, x, out, mean: bool, epilogue=None) -> None:

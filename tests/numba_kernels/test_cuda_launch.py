@@ -1,4 +1,4 @@
-"""``numba_kernels/cuda/_launch.py``: the thread-safe CUDA-simulator swap.
+"""``numba_kernels/cuda/_launch.py``: the per-dtype compile cache and the thread-safe CUDA-simulator swap.
 
 The simulator runs a block's GPU threads as Python threads and swaps a fake
 ``cuda`` module into a device function's globals for each call; its own swap
@@ -19,9 +19,31 @@ import threading
 import types
 from pathlib import Path
 
-from numba_kernels.cuda._launch import thread_safe_swap
+import numpy as np
+import pytest
+from numba import float32, float64
+
+from numba_kernels.cuda._launch import compiled, thread_safe_swap
 
 ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_compiled_builds_each_dtype_and_parameters_once_and_refuses_other_dtypes():
+    built = []
+
+    def build(nbtype, *params):
+        built.append((nbtype, params))
+        return object()
+
+    get = compiled("toy", build)
+    a = get(np.float32)
+    assert get("float32") is a and get(np.dtype(np.float32)) is a
+    b = get(np.float64, 4)
+    assert get(np.float64, 4) is b and get(np.float64, 8) is not b
+    assert built == [(float32, ()), (float64, (4,)), (float64, (8,))]
+    with pytest.raises(ValueError, match="toy CUDA kernels support float32/float64, got float16"):
+        get(np.float16)
+    assert len(built) == 3
 
 
 def _device_fn(real):
