@@ -351,3 +351,40 @@ class Engine(ABC):
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restore what :meth:`state_dict` returned."""
+
+
+class SeedEngine(Engine):
+    """The epoch protocol of the engines that train on sampled mini-batches of seed nodes (``kind = "sampled"``).
+
+    A subclass sets ``schedule`` (a :class:`hpc_graph.graph.sampler.SeedSchedule`, made on every rank) and
+    ``batch_size`` in its constructor and provides :meth:`batch`; the iterations per epoch, the batch sizes and
+    each iteration's seeds come from the schedule here. An override of :meth:`begin_epoch` calls this one.
+    """
+
+    kind = "sampled"
+    schedule: Any
+    batch_size: int
+    _epoch: int | None = None
+
+    def iterations(self, epoch: int) -> int:
+        """Iterations of every rank in ``epoch``: the smallest ``ceil(train nodes / batch_size)``."""
+        return self.schedule.iterations()
+
+    def batch_sizes(self, epoch: int, iterations: int) -> tuple[list[int], list[float]]:
+        """This rank's seeds per iteration and the global (all-reduced) batch of every iteration."""
+        return self.schedule.batch_sizes(iterations)
+
+    def begin_epoch(self, epoch: int) -> None:
+        self._epoch = int(epoch)
+        self._seeds = self.schedule.order(epoch)
+
+    def seeds(self, epoch: int, iteration: int) -> torch.Tensor:
+        """int64[<= batch_size] local ids of this rank's seeds at ``iteration`` of ``epoch`` (starts the epoch when
+        it is not the current one)."""
+        if self._epoch != epoch:
+            self.begin_epoch(epoch)
+        return self._seeds[iteration * self.batch_size:(iteration + 1) * self.batch_size]
+
+    def batch(self, epoch: int, iteration: int) -> Batch:
+        """Iteration ``iteration`` of ``epoch``: the sampled blocks, their input rows and the seeds' labels."""
+        raise NotImplementedError

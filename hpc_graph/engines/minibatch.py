@@ -47,7 +47,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from hpc_graph.engines.base import Batch, Engine
+from hpc_graph.engines.base import Batch, SeedEngine
 from hpc_graph.graph.block import Block, BlockStack
 from hpc_graph.graph.dist_graph import load_sampled_engine_data
 from hpc_graph.graph.halo_graph import HaloGraph
@@ -94,7 +94,7 @@ class _Push:
         self.sends, self.counts, self.iteration = sends, counts, iteration
 
 
-class MinibatchEngine(Engine):
+class MinibatchEngine(SeedEngine):
     """Sampled mini-batch engine (module docstring). ``source``: a partition directory, or a dataset file
     on one process.
 
@@ -106,7 +106,6 @@ class MinibatchEngine(Engine):
     name = "minibatch"
     summary = ("sampled mini-batches; remote neighbours exact, dropped or from DistGNN-MB's historical embedding cache "
                "(sections `sampler`, `hec`; docs/minibatch.md).")
-    kind = "sampled"
     data_source = "partition_or_file"
     Options = MinibatchOptions
     malloc_mmap_threshold = 0  # per-batch tensors of changing sizes: reuse the heap's pages
@@ -196,17 +195,8 @@ class MinibatchEngine(Engine):
         return out
 
     # -- epochs and iterations ----------------------------------------------------------------------
-    def iterations(self, epoch: int) -> int:
-        """Iterations of every rank in ``epoch``: the smallest ``ceil(train nodes / batch_size)`` (collective)."""
-        return self.schedule.iterations()
-
-    def batch_sizes(self, epoch: int, iterations: int) -> tuple[list[int], list[float]]:
-        """This rank's seeds per iteration and the global (all-reduced) batch of every iteration."""
-        return self.schedule.batch_sizes(iterations)
-
     def begin_epoch(self, epoch: int) -> None:
-        self._epoch = int(epoch)
-        self._seeds = self.schedule.order(epoch)
+        super().begin_epoch(epoch)
         self._iters = self.iterations(epoch)
         self._iteration = 0
         for cache in self.caches.values():
@@ -224,14 +214,12 @@ class MinibatchEngine(Engine):
     # -- one iteration ------------------------------------------------------------------------------
     def batch(self, epoch: int, iteration: int) -> Batch:
         """Sample iteration ``iteration`` of ``epoch`` (collective in modes ``exact`` and ``hec``)."""
-        if getattr(self, "_epoch", None) != epoch:
-            self.begin_epoch(epoch)
+        seeds = self.seeds(epoch, iteration)
         self._iteration = iteration
         s = self._s
         s["iterations"] += 1
         if self.mode == "hec":
             self._arrive(iteration)
-        seeds = self._seeds[iteration * self.batch_size:(iteration + 1) * self.batch_size]
         s["seeds"] += int(seeds.numel())
         t0 = time.perf_counter()
         fetch0 = s["fetch_seconds"]

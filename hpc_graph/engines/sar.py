@@ -22,33 +22,28 @@ import torch
 from hpc_graph.engines.base import Engine
 from hpc_graph.graph.base import GraphContext
 from hpc_graph.graph.dist_graph import DistGraph, load_dist_graph, partition_tensors
-from hpc_graph.graph.halo_graph import partition_model_problem
-from hpc_graph.ops.all_reduce import all_reduce_sum
+from hpc_graph.graph.halo_graph import PartitionGraph, partition_model_problem
 from hpc_graph.options import BOOL, option
 
 log = logging.getLogger(__name__)
 
 
-class _SARGraph(GraphContext):
+class _SARGraph(PartitionGraph):
     """GraphContext of one rank whose aggregations run block by block."""
 
     def __init__(self, dg: DistGraph, comm: Any, prefetch: bool):
-        self.dg, self.comm, self.prefetch = dg, comm, prefetch
-        self.num_nodes = dg.num_owned
-        self.global_num_nodes = dg.global_num_nodes
-        self.num_relations = dg.num_relations
+        super().__init__(dg, comm)
+        self.prefetch = prefetch
 
     def aggregate(self, x: torch.Tensor, reduce: str = "sum") -> torch.Tensor:
-        if reduce not in ("sum", "mean"):
-            raise ValueError(f"aggregate: reduce must be 'sum' or 'mean', got {reduce!r}")
+        self.check_reduce("aggregate", reduce)
         from hpc_graph.ops.sar_aggregate import sar_aggregate
         return sar_aggregate(x, self.dg, self.comm, reduce, self.prefetch)
 
     def aggregate_relations(self, x: torch.Tensor, reduce: str = "mean") -> torch.Tensor:
         if self.num_relations == 1:
             return super().aggregate_relations(x, reduce)
-        if reduce not in ("sum", "mean"):
-            raise ValueError(f"aggregate_relations: reduce must be 'sum' or 'mean', got {reduce!r}")
+        self.check_reduce("aggregate_relations", reduce)
         from hpc_graph.ops.sar_aggregate import sar_aggregate
         # the relation-expanded blocks have num_owned * R rows: one rotation serves all relations
         out = sar_aggregate(x, self.dg.relational(), self.comm, reduce, self.prefetch)
@@ -79,21 +74,6 @@ class _SARGraph(GraphContext):
 
         check_partial_attention(self, mode, bias, global_token, q)
         return sar_dot_attention(q, k, v, bias, self.dg, self.comm, self.prefetch)
-
-    def in_degree(self) -> torch.Tensor:
-        return self.dg.in_degree
-
-    def global_ids(self) -> torch.Tensor:
-        return self.dg.gid
-
-    def dataset_ids(self) -> torch.Tensor:
-        return self.dg.orig_id
-
-    def row_ids(self, output: bool = False) -> torch.Tensor:
-        return self.dg.orig_id
-
-    def all_reduce_sum(self, t: torch.Tensor) -> torch.Tensor:
-        return all_reduce_sum(t, self.comm)
 
 
 @dataclasses.dataclass

@@ -1,4 +1,8 @@
-"""``HaloGraph``: the ``GraphContext`` of engines that fetch halo rows, then run one kernel.
+"""``PartitionGraph`` and ``HaloGraph``: the ``GraphContext`` of a rank that holds one partition of the graph.
+
+:class:`PartitionGraph` is what every partition-holding engine's context shares (sizes, ids, degrees, the
+all-reduce, the argument checks); subclasses say how an aggregation reaches the remote rows: a
+``HaloGraph`` fetches them, then runs one kernel (below), SAR's context walks the remote blocks one at a time.
 
 Full-batch domain parallelism (``dp``) and its variants (``sylvie``, which
 sends the halo rows quantised or one epoch stale) share everything but *how*
@@ -18,11 +22,11 @@ from hpc_graph.ops.all_reduce import all_reduce_sum
 from hpc_graph.ops.halo_exchange import halo_exchange
 
 
-class HaloGraph(GraphContext):
-    """GraphContext of one rank: halo exchange, then one kernel call over ``[owned | halo]``.
+class PartitionGraph(GraphContext):
+    """GraphContext of one rank holding one partition of the graph.
 
     Args:
-        dg: the rank's :class:`DistGraph` (its ``local`` CSR is used).
+        dg: the rank's :class:`DistGraph`.
         comm: the job's communicator.
     """
 
@@ -31,6 +35,32 @@ class HaloGraph(GraphContext):
         self.num_nodes = dg.num_owned
         self.global_num_nodes = dg.global_num_nodes
         self.num_relations = dg.num_relations
+
+    @staticmethod
+    def check_reduce(what: str, reduce: str) -> None:
+        """``ValueError`` unless ``reduce`` is a reduction the partition engines run (``sum``, ``mean``)."""
+        if reduce not in ("sum", "mean"):
+            raise ValueError(f"{what}: reduce must be 'sum' or 'mean', got {reduce!r}")
+
+    def in_degree(self) -> torch.Tensor:
+        return self.dg.in_degree
+
+    def global_ids(self) -> torch.Tensor:
+        return self.dg.gid
+
+    def dataset_ids(self) -> torch.Tensor:
+        return self.dg.orig_id
+
+    def row_ids(self, output: bool = False) -> torch.Tensor:
+        return self.dg.orig_id
+
+    def all_reduce_sum(self, t: torch.Tensor) -> torch.Tensor:
+        return all_reduce_sum(t, self.comm)
+
+
+class HaloGraph(PartitionGraph):
+    """GraphContext of one rank: halo exchange, then one kernel call over ``[owned | halo]`` (the rank's
+    :class:`DistGraph` ``local`` CSR)."""
 
     def halo(self, x: torch.Tensor, extra: torch.Tensor | None = None
              ) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -50,8 +80,7 @@ class HaloGraph(GraphContext):
         return packed[:, :width], packed[:, width:]
 
     def aggregate(self, x: torch.Tensor, reduce: str = "sum") -> torch.Tensor:
-        if reduce not in ("sum", "mean"):
-            raise ValueError(f"aggregate: reduce must be 'sum' or 'mean', got {reduce!r}")
+        self.check_reduce("aggregate", reduce)
         from hpc_graph.ops.spmm import spmm
 
         shape = x.shape
@@ -70,8 +99,7 @@ class HaloGraph(GraphContext):
     def aggregate_relations(self, x: torch.Tensor, reduce: str = "mean") -> torch.Tensor:
         if self.num_relations == 1:
             return super().aggregate_relations(x, reduce)
-        if reduce not in ("sum", "mean"):
-            raise ValueError(f"aggregate_relations: reduce must be 'sum' or 'mean', got {reduce!r}")
+        self.check_reduce("aggregate_relations", reduce)
         from hpc_graph.ops.spmm import spmm
 
         halo, _ = self.halo(x)  # one exchange for all relations
@@ -106,21 +134,6 @@ class HaloGraph(GraphContext):
         v_all = torch.cat([v, halo[:, H * dk:].reshape(-1, H, v.shape[2])], 0)
         g = self.dg.local_self_loops()
         return dot_attention(g, q, k_all, v_all, bias, codes=None if bias is None else self_loop_codes(g))
-
-    def in_degree(self) -> torch.Tensor:
-        return self.dg.in_degree
-
-    def global_ids(self) -> torch.Tensor:
-        return self.dg.gid
-
-    def dataset_ids(self) -> torch.Tensor:
-        return self.dg.orig_id
-
-    def row_ids(self, output: bool = False) -> torch.Tensor:
-        return self.dg.orig_id
-
-    def all_reduce_sum(self, t: torch.Tensor) -> torch.Tensor:
-        return all_reduce_sum(t, self.comm)
 
 
 def self_loop_codes(g) -> torch.Tensor:

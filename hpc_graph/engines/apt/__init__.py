@@ -45,7 +45,7 @@ from typing import Any, Iterator
 import numpy as np
 import torch
 
-from hpc_graph.engines.base import Batch, Engine
+from hpc_graph.engines.base import Batch, SeedEngine
 from hpc_graph.graph.block import Block, BlockStack
 from hpc_graph.graph.dist_graph import load_sampled_engine_data
 from hpc_graph.graph.halo_graph import HaloGraph
@@ -123,7 +123,7 @@ def _rounds_mean(seconds: list[float]) -> float:
     return sum(fastest) / len(fastest)
 
 
-class APTEngine(Engine):
+class APTEngine(SeedEngine):
     """APT's four strategies on one model definition (module docstring). ``source``: a partition
     directory, or a dataset file on one process.
 
@@ -142,7 +142,6 @@ class APTEngine(Engine):
     summary = ("sampled mini-batches with APT's four parallel strategies for the input layer (`engine.strategy`, "
                "docs/apt.md).")
     shared_rng = True
-    kind = "sampled"
     data_source = "partition_or_file"
     Options = APTOptions
     malloc_mmap_threshold = 0  # per-batch tensors of changing sizes: reuse the heap's pages
@@ -573,23 +572,10 @@ class APTEngine(Engine):
             self.use_strategy(strategy)
 
     # -- epochs and iterations ----------------------------------------------------------------------
-    def iterations(self, epoch: int) -> int:
-        return self.schedule.iterations()
-
-    def batch_sizes(self, epoch: int, iterations: int) -> tuple[list[int], list[float]]:
-        return self.schedule.batch_sizes(iterations)
-
     def begin_epoch(self, epoch: int) -> None:
-        self._epoch = int(epoch)
-        self._seeds = self.schedule.order(epoch)
+        super().begin_epoch(epoch)
         if self._presampled:  # the dry run's batches of epochs already past are not needed any more
             self._presampled = {k: v for k, v in self._presampled.items() if k[0] >= epoch}
-
-    def seeds(self, epoch: int, iteration: int) -> torch.Tensor:
-        """Local ids of this rank's seeds at ``iteration`` of ``epoch``."""
-        if self._epoch != epoch:
-            self.begin_epoch(epoch)
-        return self._seeds[iteration * self.batch_size:(iteration + 1) * self.batch_size]
 
     def batch(self, epoch: int, iteration: int) -> Batch:
         """Sample and lay out iteration ``iteration`` of ``epoch`` (collective)."""
