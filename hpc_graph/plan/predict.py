@@ -451,3 +451,67 @@ def train_estimate(config: Any, engine: str, rank: int, size: int) -> tuple[int,
     text = (f"{engine} {spec.name}, rank {rank}: peak {format_bytes(mem.peak)} at {mem.where} + "
             f"{format_bytes(KERNEL_ALLOWANCE_BYTES)} of kernels")
     return int(need), text
+
+
+def train_estimate_apart(config: Any, engine: str, rank: int, size: int,
+                         timeout: float = 600.0) -> tuple[int, str] | None:
+    """:func:`train_estimate` in a forked child process, for a process about to train.
+
+    Running the step on shapes imports torch's tracing stack and leaves ~100 MiB resident in the process that
+    ran it: in the training process that memory would stay beside the training it was meant to predict. The
+    child inherits everything imported and registered (engines and models added at run time included), runs
+    the estimate alone on one thread, sends the result back through a pipe and exits without running the
+    parent's exit handlers (no MPI call: it is not part of the job). Where ``os.fork`` does not exist the
+    estimate runs in this process.
+
+    Raises:
+        PlanError: the estimate failed, the child died, or it gave no answer within ``timeout`` seconds.
+    """
+    import json
+    import select
+    import time
+
+    if not hasattr(os, "fork"):
+        return train_estimate(config, engine, rank, size)
+    rfd, wfd = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: never returns
+        code = 0
+        try:
+            os.close(rfd)
+            try:
+                out: dict[str, Any] = {"estimate": train_estimate(config, engine, rank, size)}
+            except PlanError as exc:
+                out = {"error": str(exc)}
+            except BaseException as exc:  # noqa: BLE001 - reported to the parent, which refuses
+                out = {"error": f"{type(exc).__name__}: {exc}"}
+            with os.fdopen(wfd, "wb") as fh:
+                fh.write(json.dumps(out).encode())
+        except BaseException:  # noqa: BLE001 - the parent sees an empty answer and a non-zero exit
+            code = 1
+        finally:
+            os._exit(code)
+    os.close(wfd)
+    chunks: list[bytes] = []
+    deadline = time.monotonic() + timeout
+    try:
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0 or not select.select([rfd], [], [], left)[0]:
+                os.kill(pid, 9)
+                raise PlanError(f"the estimate gave no answer in {timeout:.0f} s")
+            chunk = os.read(rfd, 1 << 16)
+            if not chunk:
+                break
+            chunks.append(chunk)
+    finally:
+        os.close(rfd)
+        _, status = os.waitpid(pid, 0)
+    try:
+        out = json.loads(b"".join(chunks).decode())
+    except ValueError:
+        raise PlanError(f"the estimate's process ended without an answer (wait status {status})") from None
+    if "error" in out:
+        raise PlanError(out["error"])
+    est = out["estimate"]
+    return None if est is None else (int(est[0]), str(est[1]))

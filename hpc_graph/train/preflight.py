@@ -170,7 +170,8 @@ def check_memory(tr: Any, force: bool) -> None:
     """Refuse to start when the ranks of a host would need more memory than it has (collective).
 
     Each rank predicts what it will still allocate (:func:`hpc_graph.plan.predict.train_estimate`: its step run
-    on shapes; nothing to check for an engine without a planning path, e.g. the sampled engines); the ranks of a
+    on shapes, in a forked child so that the estimate's own imports stay out of the training process; nothing to
+    check for an engine without a planning path, e.g. the sampled engines); the ranks of a
     host add theirs up and compare the sum with the memory available there
     (:func:`data_io.memory.require_memory`); if any rank refuses, every rank raises the same
     :class:`~data_io.memory.MemoryRefusal` (one line; ``force`` only warns). An estimate that fails for an
@@ -178,13 +179,13 @@ def check_memory(tr: Any, force: bool) -> None:
     planner that falls behind the code never turns the check off silently.
     """
     from data_io.memory import MemoryRefusal, available_bytes, require_memory
-    from hpc_graph.plan.predict import KERNEL_ALLOWANCE_BYTES, PlanError, train_estimate
+    from hpc_graph.plan.predict import KERNEL_ALLOWANCE_BYTES, PlanError, train_estimate_apart
 
     failure = None
     if _plainly_fits(str(tr.config.data.path), KERNEL_ALLOWANCE_BYTES, available_bytes()):
         return  # agreed without a message: every rank sees the same data and the same bound
     try:
-        est = train_estimate(tr.config, tr.engine_name, tr.rank, tr.size)
+        est = train_estimate_apart(tr.config, tr.engine_name, tr.rank, tr.size)
     except PlanError as exc:
         est, failure = None, str(exc)
     if failure is not None:

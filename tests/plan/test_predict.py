@@ -9,6 +9,10 @@ from __future__ import annotations
 import dataclasses
 import importlib
 import json
+import os
+import subprocess
+import sys
+import time
 
 import numpy as np
 import pytest
@@ -463,7 +467,7 @@ def test_the_memory_check_fails_closed_and_skips_only_plainly_small_jobs(tmp_pat
     def broken(*args, **kwargs):
         raise pr.PlanError("RuntimeError: a planner bug")
 
-    monkeypatch.setattr(pr, "train_estimate", broken)
+    monkeypatch.setattr(pr, "train_estimate", broken)  # inherited by the forked child that runs the estimate
     monkeypatch.setenv("HPC_GRAPH_MEMORY_LIMIT", "100MB")  # not plainly enough: the estimate is needed
     with pytest.raises(MemoryRefusal, match=r"memory check: cannot estimate train \(single gcn, rank 0\): "
                                             r"RuntimeError: a planner bug; pass --force to start anyway"):
@@ -475,3 +479,41 @@ def test_the_memory_check_fails_closed_and_skips_only_plainly_small_jobs(tmp_pat
     assert _plainly_fits(str(graphs / "u.h5"), 0, 2 * 64 * size) and not _plainly_fits(str(graphs / "u.h5"), 1,
                                                                                          2 * 64 * size)
     assert not _plainly_fits(str(tmp_path / "missing.h5"), 0, 1 << 40)
+
+
+def test_the_estimate_apart_answers_as_in_process_and_leaves_the_tracing_stack_out(tmp_path, graphs):
+    """The training process's memory check runs the estimate in a forked child: the same answer, and the child's
+    imports (torch's tracing stack) never reach the parent (checked in a fresh interpreter)."""
+    cfg_path = tmp_path / "c.yaml"
+    cfg_path.write_text(yaml.safe_dump({"data": {"path": str(graphs / "u-3")}, "engine": {"name": "sar"},
+                                        "model": {"name": "gat", "hidden": 8, "heads": 2}}))
+    cfg = load_config(cfg_path)
+    assert fb.train_estimate_apart(cfg, "sar", 2, 3) == fb.train_estimate(cfg, "sar", 2, 3)
+    assert fb.train_estimate_apart(cfg, "minibatch", 2, 3) is None
+    code = ("import sys\nfrom hpc_graph.train.config import load_config\nfrom hpc_graph.plan.predict import "
+            f"train_estimate, train_estimate_apart\ncfg = load_config({str(cfg_path)!r})\n"
+            "before = 'torch._dynamo' in sys.modules\nneed, text = train_estimate_apart(cfg, 'sar', 1, 3)\n"
+            "print(before, 'torch._dynamo' in sys.modules, need > 0)\n"
+            "train_estimate(cfg, 'sar', 1, 3)\nprint('torch._dynamo' in sys.modules)\n")  # in process: it does
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.split() == ["False", "False", "True", "True"]
+
+
+def test_the_estimate_apart_fails_closed_when_its_child_dies_or_hangs(tmp_path, graphs, monkeypatch):
+    import hpc_graph.plan.predict as pr
+
+    cfg_path = tmp_path / "c.yaml"
+    cfg_path.write_text(yaml.safe_dump({"data": {"path": str(graphs / "u-3")}, "model": {"name": "gcn"}}))
+    cfg = load_config(cfg_path)
+    monkeypatch.setattr(pr, "train_estimate", lambda *a: os._exit(3))
+    with pytest.raises(pr.PlanError, match="ended without an answer"):
+        pr.train_estimate_apart(cfg, "dp", 0, 3)
+    monkeypatch.setattr(pr, "train_estimate", lambda *a: time.sleep(60))
+    t0 = time.monotonic()
+    with pytest.raises(pr.PlanError, match="no answer in 1 s"):
+        pr.train_estimate_apart(cfg, "dp", 0, 3, timeout=1.0)
+    assert time.monotonic() - t0 < 30
+    monkeypatch.setattr(pr, "train_estimate", lambda *a: 1 / 0)
+    with pytest.raises(pr.PlanError, match="ZeroDivisionError"):
+        pr.train_estimate_apart(cfg, "dp", 0, 3)
