@@ -788,7 +788,8 @@ def _run_planned(args: argparse.Namespace, config: Any) -> int:
         out = {"engines": engines, "ranks": shown, "memory_per_rank": memory, "floor_bytes": floor,
                "smallest_fitting": smallest, "assumptions": assumptions,
                "rates": None if rates is None else {k: v for k, v in rates.__dict__.items() if k not in ("link",)},
-               "model": {**spec.__dict__, "model": vars(spec.model)}, "graph": graph.__dict__,
+               "model": {**spec.__dict__, "model": vars(spec.model), "attention": spec.attention},
+               "graph": graph.__dict__,
                "predictions": [p.as_dict() for p in preds]}
         try:
             with open(args.json, "w", encoding="utf-8") as fh:

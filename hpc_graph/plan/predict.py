@@ -14,6 +14,7 @@ See docs/plan.md for what is assumed and how close the predictions came to measu
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
 import os
 from typing import Any
@@ -57,7 +58,12 @@ class StepSpec:
     label_aug: float = 0.0
     layers: int = 1
     parameters: int = 0
-    attention: bool = False  # the model runs the fused attention kernels (their rates are then measured)
+
+    @functools.cached_property
+    def attention(self) -> bool:
+        """Whether the model's step runs the fused attention kernels (their rates are then measured): its step
+        planned on a small graph, once per spec and only when asked."""
+        return _uses_attention(self)
 
     @property
     def name(self) -> str:
@@ -97,7 +103,7 @@ def step_spec(model: Any, num_features: int, num_classes: int, *, dtype: str = "
     spec = StepSpec(model=model, in_dim=in_dim, classes=classes, dtype=dtype, optimizer=str(optimizer),
                     momentum=float(momentum), feature_norm=str(feature_norm), label_aug=float(label_aug or 0.0),
                     layers=max(int(layers), 1), parameters=sum(p.numel() for p in net.parameters()))
-    return dataclasses.replace(spec, attention=_uses_attention(spec))
+    return spec
 
 
 def _uses_attention(spec: StepSpec) -> bool:
