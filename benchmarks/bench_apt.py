@@ -371,9 +371,9 @@ def report(args) -> None:
 
 
 def _warm_plan_seconds(r: dict, ch: str) -> float:
-    """The warm plan's cost, its timing iterations charged beyond the choice's mean iteration (``run`` since
-    session 41: ``tune_baseline``); records made before it charged them beyond the median one: rebased here
-    on rank 0's mean where the record keeps its iterations."""
+    """The warm plan's cost, its timing iterations charged beyond the choice's mean iteration (records with
+    ``tune_baseline: mean``); older records charged them beyond the median one: rebased here on rank 0's mean
+    where the record keeps its iterations."""
     got = r["warm_plan_seconds"]
     if r.get("tune_baseline") != "mean" and ch in r.get("measured_iteration_seconds", {}) and ch in r["measured"]:
         got += len(r.get("warm_tune_seconds") or []) * (r["measured"][ch] / r["iterations"]

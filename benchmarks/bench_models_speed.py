@@ -1,4 +1,4 @@
-"""Benchmark: time and memory per training epoch of GCNII-64 and APPNP-10 against PyG (issue 15).
+"""Benchmark: time and memory per training epoch of GCNII-64 and APPNP-10 against PyG.
 
     python benchmarks/bench_models_speed.py run --out results/bench_models_speed.json
     python benchmarks/bench_models_speed.py run --models appnp-10 --frameworks ours pyg-sparse --epochs 5
@@ -54,7 +54,7 @@ resident. ``--malloc-mmap-threshold BYTES`` fixes the threshold
 (``MALLOC_MMAP_THRESHOLD_``) for every framework's process alike; the default leaves
 glibc's dynamic behaviour.
 
-Targets (issue 15): ours >= 2x faster than PyG and <= 0.5x its memory, per model.
+Targets: ours >= 2x faster than PyG and <= 0.5x its memory, per model.
 """
 from __future__ import annotations
 

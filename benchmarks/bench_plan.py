@@ -46,7 +46,7 @@ predicted epochs with the median of its N measured ones; every round's own plan,
 each round's measured epoch taken as the prediction of another round's (what a perfect planner would score
 against single runs).
 
-``--papers100m`` also plans ogbn-papers100M (111,059,956 nodes; 1,615,685,872 edges as the issue gives
+``--papers100m`` also plans ogbn-papers100M (111,059,956 nodes; 1,615,685,872 edges as OGB counts
 them, and 3,231,371,744 as SAR trains it, symmetrised; 128 features, 172 classes, 1.1 % training
 nodes; 3-layer SAGE hidden 256, SAR's setup) at 192 GB per rank, with every assumption printed.
 
@@ -426,7 +426,7 @@ def papers100m(args: argparse.Namespace, work: Path) -> list[dict[str, Any]]:
                    "model: {name: sage, hidden: 256, num_layers: 3, dropout: 0.5}\n"
                    "optim: {name: adam, lr: 0.01}\ntrain: {dtype: float32}\n")
     out = []
-    for edges, what in ((1_615_685_872, "1.6B edges (the issue's count, one direction)"),
+    for edges, what in ((1_615_685_872, "1.6B edges (OGB's count, one direction)"),
                         (3_231_371_744, "3.2B edges (symmetrised, as SAR trains it)")):
         for cut in ("0.3", "0.5"):
             pj = work / f"plan-papers100m-{edges}-{cut}.json"

@@ -30,7 +30,7 @@ steps, alpha 0.5 / 0.8, autoscale):
 * ``gcn``: 2 GCN layers, hidden 16, dropout 0.5;
 * ``gcn-la``: the same with ``recipes.label_aug: 0.5``.
 
-Target (issue 15): C&S on top of an MLP or linear model >= 0.85 test accuracy on Cora.
+Target: C&S on top of an MLP or linear model >= 0.85 test accuracy on Cora.
 """
 from __future__ import annotations
 

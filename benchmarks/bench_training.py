@@ -56,7 +56,7 @@ the fastest attempt kept (the others are listed in its record).
 Results are merged into ``--out`` (one JSON record per run, keyed by scale,
 model, engine, prefetch and ranks; re-running a configuration replaces its
 record; ``--skip-done`` keeps finished ones), written after every run. The
-``targets`` section checks the issue's goals (PyG and DGL: ours against each on one
+``targets`` section checks the targets of the training benchmark (PyG and DGL: ours against each on one
 process, epoch time and peak RSS, raw and above the floor); ``comparison`` holds
 the 1-rank table printed at the end (ours vs DGL vs PyG per scale and model); plots go to
 ``<out stem>_s<S>_<model>/scaling.png`` (median epoch time and peak memory per
@@ -471,7 +471,7 @@ def run_one(cfg: dict[str, Any], args: argparse.Namespace, configs: dict[str, Pa
     return rec
 
 
-# -- evaluation against the issue's targets -----------------------------------------------------
+# -- evaluation against the targets ----------------------------------------------------------------
 def _find(records: list[dict[str, Any]], **kw) -> dict[str, Any] | None:
     for r in records:
         if r.get("status") == "ok" and all(r.get(k) == v for k, v in kw.items()):
@@ -492,7 +492,8 @@ def _net(records: list[dict[str, Any]], rec: dict[str, Any], floor_scale: int | 
 
 
 def targets(records: list[dict[str, Any]], floor_scale: int | None = None) -> list[dict[str, Any]]:
-    """The issue's goals, checked on whatever has been measured (memory also net of the floor)."""
+    """The targets (SAR's memory against dp, ours against PyG and DGL), checked on whatever has been measured (memory
+    also net of the floor)."""
     out = []
     scales = sorted({r["scale"] for r in records} - {floor_scale})
     ranks_all = sorted({r["ranks"] for r in records})
@@ -532,7 +533,7 @@ def targets(records: list[dict[str, Any]], floor_scale: int | None = None) -> li
                 m = _ratio(one["max_peak_rss_mb"], pyg["max_peak_rss_mb"])
                 out.append({"goal": f"s{s} {model.upper()}: single peak RSS < PyG", "value": m,
                             "met": m is not None and m < 1.0})
-        for model in MODELS:  # issue 17: beat DGL 2.1 on CPU full-batch training
+        for model in MODELS:  # full-batch CPU training: ours against DGL 2.1
             one = _find(records, scale=s, model=model, engine="single", ranks=1)
             dgl = _find(records, scale=s, model=model, engine="dgl", ranks=1)
             if one and dgl:

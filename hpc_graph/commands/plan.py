@@ -421,8 +421,8 @@ def calibration_epochs(predicted: float) -> int:
     """Epochs of a calibration run whose epoch the kernels predict at ``predicted`` seconds: CALIBRATION_EPOCHS,
     or more, up to 4x as many, until epochs 2.. span CALIBRATION_SECONDS. The median epoch of a run is what the
     plan adds to; on a machine whose speed moves by 1.5-2x for seconds at a time, a run of a few short epochs
-    sees one of those phases (plans of the same configuration then spread 1.2-2.2x, section 12 of
-    docs/benchmarks.md, session 49)."""
+    sees one of those phases (plans of the same configuration made with six-epoch calibration runs spread
+    1.2-2.2x on this machine)."""
     want = math.ceil(CALIBRATION_SECONDS / max(float(predicted), 1e-3)) + 1
     return int(min(max(CALIBRATION_EPOCHS, want), 4 * CALIBRATION_EPOCHS))
 

@@ -1,4 +1,4 @@
-"""The layer-1 contexts of the ``apt`` engine's parallel strategies (APT, Sun et al.).
+"""The layer-1 contexts of the ``apt`` engine's parallel strategies (APT: Ma, Liu, Yan et al., PPoPP'25).
 
 A model runs unchanged on every strategy: only the input-most message-passing
 layer (block 0, the largest) is laid out differently, and the rows it writes
