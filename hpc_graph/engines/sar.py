@@ -2,7 +2,7 @@
 
 Same partitions and results as ``dp``, but each aggregation walks the remote
 blocks G_{p,q} one at a time (a rotation over peers) with autograd off, so a
-rank never holds all halo rows of a layer: ~2/N of the graph per rank, 3/N with
+rank never holds all halo rows of a layer: at most two blocks resident, three with
 ``prefetch``. Sum/mean aggregations (GCN, SAGE) send the remote rows'
 gradients straight back in the backward pass; GAT re-fetches each block and
 recomputes its attention (see :mod:`hpc_graph.ops.sar_aggregate`); a GAT layer's
