@@ -8,11 +8,16 @@ torch is required but not pinned here: install a CPU build first on a machine
 without a GPU (``scripts/quickstart.sh`` does), so that pip does not pull a
 multi-GB CUDA wheel.
 """
+import re
+
 from setuptools import find_packages, setup
+
+with open("hpc_graph/version.py", encoding="utf-8") as fh:  # one place for the version
+    VERSION = re.search(r'^__version__ = "([^"]+)"', fh.read(), re.M).group(1)
 
 setup(
     name="hpc_graph",
-    version="0.1.0",
+    version=VERSION,
     description="MPI-native training of graph neural networks on graphs too large for one machine",
     long_description=open("README.md", encoding="utf-8").read(),
     long_description_content_type="text/markdown",

@@ -10,14 +10,14 @@ import os
 # Large CPU tensors on transparent huge pages. torch reads this once, at its first CPU
 # allocation, so it is set here, before this package creates any tensor (a value the
 # user set, "0" included, is kept). Without it every fresh 128 MiB activation or gradient
-# costs ~33k page faults to write and its rows miss the TLB when gathered at random:
-# a 3-layer GCN epoch on R-MAT scale 18 takes ~1.7 s instead of ~1.25 s (docs/benchmarks.md §8).
+# takes 32,768 page faults to write (64 with 2 MiB pages) and its rows miss the TLB when
+# gathered at random.
 os.environ.setdefault("THP_MEM_ALLOC_ENABLE", "1")
 
 from hpc_graph.comm.env import select_mpi_library as _select_mpi_library  # noqa: E402
 
 _select_mpi_library()  # ranks started by Open MPI's mpiexec load Open MPI (before anything imports mpi4py)
 
-__version__ = "0.1.0"
+from hpc_graph.version import __version__  # noqa: E402,F401
 
 logging.getLogger(__name__).addHandler(logging.NullHandler())

@@ -39,6 +39,16 @@ def add_threads_option(parser: argparse.ArgumentParser) -> None:
                              "else OMP_NUM_THREADS, else this rank's share of the CPUs in its affinity mask)")
 
 
+class _Version(argparse.Action):
+    """``--version``: asks git for the commit only when given (not on every start of every rank)."""
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        from hpc_graph.version import version_string
+
+        sys.stdout.write(version_string() + "\n")
+        parser.exit()
+
+
 def _build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="hpc-graph",
@@ -47,6 +57,8 @@ def _build_parser() -> argparse.ArgumentParser:
     parser.add_argument("-v", "--verbose", action="count", default=0,
                         help="more log output (-vv for debug)")
     parser.add_argument("-q", "--quiet", action="store_true", help="only warnings and errors")
+    parser.add_argument("--version", action=_Version, nargs=0,
+                        help="print the version (and the git commit when run from a clone) and exit")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     sub.required = True
     seen = set()
