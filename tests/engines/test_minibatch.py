@@ -95,9 +95,10 @@ def test_blocks_sample_exactly_min_fanout_degree_distinct_real_neighbours(graph_
             true = indices[indptr[v]:indptr[v + 1]]
             assert len(nbrs) == min(fanout, len(true))
             assert len(set(nbrs.tolist())) == len(nbrs) and set(nbrs.tolist()) <= set(true.tolist())
-        assert np.array_equal(gid[:block.num_nodes], gid[:block.num_nodes])  # destinations first
-    # the input layer's destinations are the next layer's sources, in order
+    # destinations first: the output layer's are the seeds, in the batch's order; the input layer's are the next
+    # layer's sources, in order
     b0, b1 = batch.graph.blocks
+    assert np.array_equal(b1.src_gid[:b1.num_nodes].numpy(), (batch.seeds + mb.first).numpy())
     assert np.array_equal(b0.src_gid[:b0.num_nodes].numpy(), b1.src_gid.numpy())
 
 
