@@ -8,4 +8,4 @@ install_hpc_graph dev
 install_parmetis_api
 python3 -m ruff check .  # pyflakes and pycodestyle (pyproject.toml [tool.ruff]): a finding fails the command
 # no thread variables: every process decides its threads as a user's would (hpc_graph.comm.threads)
-python3 -m pytest -q tests "$@"
+python3 -m pytest -q --durations=30 tests "$@"  # the 30 slowest, to keep the suite well inside its budget

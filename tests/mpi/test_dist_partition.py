@@ -67,6 +67,18 @@ def test_distributed_random(graphs, tmp_path, ranks, name, parts):
     assert meta["distributed"]["ranks"] == ranks and meta["method"] == "random"
 
 
+#: the distributed METIS path's edge cut at most this times serial METIS' on the test graphs
+SERIAL_CUT_FACTOR = 1.1
+
+
+def _serial_metis_cut(graphs, name: str, parts: int, tmp_path: Path) -> int:
+    from hpc_graph.cli import main
+
+    out = tmp_path / f"serial-{name}-{parts}"
+    assert main(["-q", "partition", str(graphs[name]), "-o", str(out), "-n", str(parts), "--method", "metis"]) == 0
+    return json.loads((out / "partition.json").read_text())["edge_cut"]
+
+
 @pytest.mark.parametrize("ranks", [2, 4])
 @pytest.mark.parametrize("name,parts", [("cora", 4), ("rmat14", 5)])
 def test_distributed_parmetis(graphs, tmp_path, ranks, name, parts):
@@ -91,12 +103,10 @@ def test_distributed_parmetis(graphs, tmp_path, ranks, name, parts):
     assert meta["balance"]["nodes"] <= tol + 1.0 / mean_nodes
     mean_train = meta["num_train"] / parts
     assert meta["balance"]["train"] <= tol + 1.0 / mean_train
-    # a real partitioner: far fewer cut edges than a random assignment of the same graph
-    rnd = tmp_path / "r"
-    run_mpi(CLI + ["partition", str(graphs[name]), "-o", str(rnd), "-n", str(parts), "--distributed",
-                   "--method", "random"], 2, timeout=TIMEOUT)
-    cut_random = json.loads((rnd / "partition.json").read_text())["edge_cut"]
-    assert meta["edge_cut"] < 0.8 * cut_random
+    # as good as serial METIS on the same graph and part count (docs/partitioning.md: 0.51-0.59x of its cut on
+    # R-MAT 16-22; on these small graphs the coarsest level is the whole graph)
+    serial = _serial_metis_cut(graphs, name, parts, tmp_path)
+    assert meta["edge_cut"] <= SERIAL_CUT_FACTOR * serial, (meta["edge_cut"], serial)
 
 
 @pytest.mark.parametrize("ranks", [2, 4])
@@ -110,7 +120,7 @@ def test_multilevel_steps(ranks):
 @pytest.mark.parametrize("ranks", [2, 4])
 def test_distributed_coarsened(graphs, tmp_path, ranks):
     """R-MAT 14's connected nodes coarsened to at most 2000 before the library sees them: a valid, balanced partition,
-    the candidate with the smaller cut kept, and well below a random assignment's cut."""
+    the candidate with the smaller cut kept, and a cut as small as serial METIS' (SERIAL_CUT_FACTOR)."""
     out = tmp_path / "p"
     run_mpi(CLI + ["partition", str(graphs["rmat14"]), "-o", str(out), "-n", "5", "--distributed",
                    "--coarsen-to", "2000"], ranks, timeout=TIMEOUT, launcher=openmpi_launcher())
@@ -120,10 +130,8 @@ def test_distributed_coarsened(graphs, tmp_path, ranks):
     assert all(a["nodes"] > b["nodes"] for a, b in zip(ml["levels"], ml["levels"][1:]))
     assert ml["chosen"] == min(ml["cut"], key=ml["cut"].get)
     assert meta["balance"]["nodes"] <= 1.05 + 5.0 / meta["global_num_nodes"]
-    rnd = tmp_path / "r"
-    run_mpi(CLI + ["partition", str(graphs["rmat14"]), "-o", str(rnd), "-n", "5", "--distributed",
-                   "--method", "random"], 2, timeout=TIMEOUT)
-    assert meta["edge_cut"] < 0.6 * json.loads((rnd / "partition.json").read_text())["edge_cut"]
+    serial = _serial_metis_cut(graphs, "rmat14", 5, tmp_path)
+    assert meta["edge_cut"] <= SERIAL_CUT_FACTOR * serial, (meta["edge_cut"], serial)
 
 
 def test_parmetis_under_mpich_refused(graphs, tmp_path):
