@@ -53,6 +53,12 @@ from hpc_graph.engines import create_engine
 from hpc_graph.nn import build_model
 
 RTOL = 1e-10  # float64, exact algorithms: only the summation order differs
+#: the reversible blocks recompute their inputs from their outputs in backward (x = y - f(.)): the subtraction
+#: cancels leading digits, so their gradients and weights carry ~100x the rounding of a stored activation
+RTOL_BY_MODEL = {"revgcn": 1e-8, "revgat": 1e-8}
+#: a tensor whose largest entry is below this is compared in absolute terms (RTOL * SCALE_FLOOR): a gradient that
+#: is zero up to rounding (e.g. a score vector no training node's loss reaches) has no digits to compare
+SCALE_FLOOR = 1e-6
 DROPOUT = 0.3
 FORWARD_SEED = 4321  # torch's stream at the first forward pass of the reference and of every engine
 ITEM = 8  # float64 bytes
@@ -102,11 +108,11 @@ def _dataset(path: Path, seed: int, n: int = 70, e: int = 320, isolated: int = 6
     write_dataset(path, data)
 
 
-def _close(what: str, got: torch.Tensor, want: torch.Tensor) -> None:
+def _close(what: str, got: torch.Tensor, want: torch.Tensor, rtol: float = RTOL) -> None:
     got, want = got.detach().cpu(), want.detach().cpu()
     scale = float(want.abs().max()) if want.numel() else 0.0
     err = float((got - want).abs().max()) if want.numel() else 0.0
-    if got.shape != want.shape or not err <= RTOL * max(scale, 1e-8):
+    if got.shape != want.shape or not err <= rtol * max(scale, SCALE_FLOOR):
         raise AssertionError(f"{what}: max abs error {err:.3e} vs scale {scale:.3e} "
                              f"(shapes {tuple(got.shape)} / {tuple(want.shape)})")
 
@@ -279,7 +285,7 @@ def _reference(ds_path: Path, model_name: str, options: dict, local_comm, device
     out = model(eng.graph, eng.feat)
     loss = _loss(out, eng, train_count)
     loss.backward()
-    ref = {"out": out.detach(), "loss": loss.detach(), "model": start,
+    ref = {"out": out.detach(), "loss": loss.detach(), "model": start, "rtol": RTOL_BY_MODEL.get(model_name, RTOL),
            "grads": {k: p.grad.detach().clone() for k, p in model.named_parameters()}}
     for _ in range(5):
         model.zero_grad()
@@ -300,7 +306,8 @@ def _check_engine(tag: str, engine_name: str, options: dict, pdir: Path, ref: di
     probe = _ExchangeProbe(comm)
     torch.manual_seed(FORWARD_SEED)
     out = model(eng.graph, eng.feat)
-    _close(f"{tag} forward", out.detach(), ref["out"][rows])
+    rtol = ref["rtol"]
+    _close(f"{tag} forward", out.detach(), ref["out"][rows], rtol)
     loss = _loss(out, eng, train_count)
     loss.backward()
     probe.close()
@@ -322,11 +329,11 @@ def _check_engine(tag: str, engine_name: str, options: dict, pdir: Path, ref: di
         raise AssertionError(f"{tag}: comm_seconds not counted")
     total = loss.detach().clone()
     comm.allreduce_(total)
-    _close(f"{tag} loss", total, ref["loss"])
+    _close(f"{tag} loss", total, ref["loss"], rtol)
     grads = [p.grad for p in model.parameters()]
     comm.allreduce_bucketed_(grads)
     for k, p in model.named_parameters():
-        _close(f"{tag} grad {k}", p.grad, ref["grads"][k])
+        _close(f"{tag} grad {k}", p.grad, ref["grads"][k], rtol)
     first = (total, {k: p.grad.detach().clone() for k, p in model.named_parameters()})
     for _ in range(5):
         model.zero_grad()
@@ -334,7 +341,7 @@ def _check_engine(tag: str, engine_name: str, options: dict, pdir: Path, ref: di
         comm.allreduce_bucketed_([p.grad for p in model.parameters()])
         _sgd_step(model)
     for k, p in model.named_parameters():
-        _close(f"{tag} weights after 5 steps {k}", p.detach(), ref["weights"][k])
+        _close(f"{tag} weights after 5 steps {k}", p.detach(), ref["weights"][k], rtol)
     # evaluation mode under no_grad goes through the same ops
     model.eval()
     with torch.no_grad():
