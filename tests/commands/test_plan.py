@@ -215,9 +215,10 @@ def test_plan_flow_holds_the_whole_graph_on_every_stage(tmp_path, fb_data, capsy
 
 def test_plan_papers100m_description(tmp_path, fb_data, capsys):
     cfg = _fb_cfg(tmp_path, fb_data / "g.h5", hidden=256, num_layers=3)
-    rc = main(["-q", "plan", "--config", cfg, "--engines", "all", "--nodes", "111059956", "--edges", "1615685872",
-               "--features", "128", "--classes", "172", "--cut-fraction", "0.3", "--train-fraction", "0.01",
-               "--memory-per-rank", "24GB", "--ranks", "1-100", "--rates", "none", "--floor", "480MiB"])
+    rc = main(["-q", "plan", "--config", cfg, "--engines", "single,dp,sar", "--nodes", "111059956",
+               "--edges", "1615685872", "--features", "128", "--classes", "172", "--cut-fraction", "0.3",
+               "--train-fraction", "0.01", "--memory-per-rank", "24GB", "--ranks", "1-100", "--rates", "none",
+               "--floor", "480MiB"])
     out = capsys.readouterr().out
     assert rc == 0
     rows = _rows(out)
