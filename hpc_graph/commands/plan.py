@@ -102,9 +102,10 @@ def add_parser(subparsers) -> None:
     fb.add_argument("--calibration", default="measure", metavar="measure|none|SECONDS",
                     help="seconds an epoch takes beyond its kernels, added to every rank's compute: 'measure' "
                          "(default) times a few real training epochs of the model on an R-MAT calibration graph in "
-                         "a subprocess (10-90 s on 2 cores) and subtracts what the kernel rates predict for them, and "
-                         "where the ranks planned oversubscribe this host's cores, runs as many copies at once to "
-                         "measure how much slower they run; 'none': 0; or a number of seconds (one measured before)")
+                         "a subprocess (most of a plan's 50-130 s on 2 cores) and subtracts what the kernel rates "
+                         "predict for them, and where the ranks planned oversubscribe this host's cores, runs as many "
+                         "copies at once to measure how much slower they run; 'none': 0; or a number of seconds (one "
+                         "measured before)")
     add_threads_option(parser)
     parser.set_defaults(func=run)
 
