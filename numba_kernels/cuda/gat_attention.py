@@ -64,10 +64,6 @@ def _build_chunked(nbtype, C: int):
     # given, as the CPU twin does.
 
     @cuda.jit(device=True, inline=True)
-    def leaky(a, slope):
-        return a if a >= 0 else a * slope
-
-    @cuda.jit(device=True, inline=True)
     def keep_scale(p):
         return nbtype(1.0 / (1.0 - p)) if p > 0.0 else one
 
@@ -90,7 +86,7 @@ def _build_chunked(nbtype, C: int):
         for e in range(k0, k1):
             j = indices[e]
             for c in range(C):
-                a = leaky(tmp[0, c] + s_src[j, slots[0, c]], slope)
+                a = _leaky(tmp[0, c] + s_src[j, slots[0, c]], slope)
                 if a > acc[0, c]:
                     acc[0, c] = a
         use_drop = p > 0.0
@@ -100,7 +96,7 @@ def _build_chunked(nbtype, C: int):
             j = indices[e]
             edge_hash = _mix(dst_hash, _gid(src_gid, j)) if use_drop else np.uint64(0)
             for c in range(C):
-                w = math.exp(leaky(tmp[0, c] + s_src[j, slots[0, c]], slope) - acc[0, c])
+                w = math.exp(_leaky(tmp[0, c] + s_src[j, slots[0, c]], slope) - acc[0, c])
                 acc[1, c] += w
                 if use_drop:
                     w = w * inv_keep if _keep(edge_hash, slots[0, c], p) else zero
@@ -158,7 +154,7 @@ def _build_chunked(nbtype, C: int):
             edge_hash = _mix(dst_hash, _gid(src_gid, j)) if use_drop else np.uint64(0)
             for c in range(C):
                 pre = tmp[0, c] + s_src[j, slots[0, c]]
-                prob = math.exp(leaky(pre, slope) - tmp[1, c]) / tmp[2, c]
+                prob = math.exp(_leaky(pre, slope) - tmp[1, c]) / tmp[2, c]
                 slf = one if pre >= 0 else slope
                 acc[1, c] += prob * slf
                 kept = inv_keep
@@ -196,7 +192,7 @@ def _build_chunked(nbtype, C: int):
             for c in range(C):
                 h = slots[0, c]
                 pre = s_dst[i, h] + tmp[0, c]
-                prob = math.exp(leaky(pre, slope) - m[i, h]) / l[i, h]
+                prob = math.exp(_leaky(pre, slope) - m[i, h]) / l[i, h]
                 slf = one if pre >= 0 else slope
                 acc[2, c] += prob * slf * delta[i, h]
                 kept = inv_keep
