@@ -8,7 +8,7 @@ training mode under ``torch.autograd.graph.saved_tensors_hooks`` and counts ever
 distinct storage autograd saves, once, grouped by the code that saved it (the
 innermost frames in hpc_graph / torch.nn). Rank ``--rank`` (default 0) prints the
 table; with ``--json OUT`` every rank's totals are written too. This is how the
-memory breakdown in docs/benchmarks.md ("Where a rank's memory goes") was measured.
+memory breakdown of docs/benchmarks.md, history §3 ("Where a rank's memory goes"), was measured.
 """
 from __future__ import annotations
 

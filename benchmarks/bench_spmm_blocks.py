@@ -3,7 +3,7 @@
     python benchmarks/bench_spmm_blocks.py results/rmat20-directed.h5 --feat 128 --ranges 0 2 8 16 32
 
 ``hpc_graph.ops.spmm`` cuts the sources of a large ``x`` into ``min(round(|x| / BLOCK_BYTES),
-MAX_BLOCKS)`` column ranges (docs/benchmarks.md, section 8.1: on one machine 8 ranges were 1.5x faster
+MAX_BLOCKS)`` column ranges (docs/benchmarks.md, history §8.1: on one machine 8 ranges were 1.5x faster
 than none, on another 11 % slower). Calls alternate between the variants (one warm-up each, then
 ``--repeat`` rounds), into one preallocated output, so every variant sees the same machine state;
 prints the median and the fastest call of each. ``--from-commit-dir DIR`` also times the kernel module of

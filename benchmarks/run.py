@@ -33,7 +33,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -688,9 +688,10 @@ def _timing_table(results: dict[str, dict], cells: list[tuple[str, dict]]) -> li
         for i, comp in enumerate(cell["comparisons"]):
             ours, base = cell["sides"][comp["side"]], cell["sides"][comp["reference"]]
             speed = f"{comp['speed']:.2f}x ({_pct(comp.get('speed_spread'))})" if "speed" in comp else "n/a"
+            noise = _quick_noise(results, cell["key"], i) or "-"
             lines.append(f"| {cell['title'] if i == 0 else ''} | {comp['side']}: {_side_text(ours)} | "
                          f"{comp['reference']}: {_side_text(base)} | {speed} | {_f(comp.get('memory'), '.2f', 'x')} "
-                         f"| {_f(comp.get('memory_net'), '.2f', 'x')} | {_quick_noise(results, cell['key'], i) or '-'} |")
+                         f"| {_f(comp.get('memory_net'), '.2f', 'x')} | {noise} |")
     return lines
 
 
@@ -704,9 +705,9 @@ def _accuracy_table(cells: list[tuple[str, dict]]) -> list[str]:
             s = cell["sides"][label]
             acc = (f"{s['test_acc_mean']:.3f} +- {s['test_acc_std']:.3f}" if "test_acc_mean" in s else
                    _side_text(s))
-            refs = f"{ref[0]:.3f} +- {ref[1]:.3f} ({ref[2]})" if ref else ""
-            lines.append(f"| {cell['title'] if label == cell['side_order'][0] else ''} | {label} | {acc} | "
-                         f"{len(cell['seeds'])} | {refs} |")
+            first = label == cell["side_order"][0]
+            refs = f"{ref[0]:.3f} +- {ref[1]:.3f} ({ref[2]})" if ref and first else ""
+            lines.append(f"| {cell['title'] if first else ''} | {label} | {acc} | {len(cell['seeds'])} | {refs} |")
     return lines
 
 
@@ -786,18 +787,34 @@ def render(results: dict[str, dict]) -> str:
             lines += ["Targets:", ""] + tg + [""]
         keys = " ".join(c["key"] for _n, c in cells)
         lines += [f"Cells: `{keys}` (`python benchmarks/run.py run --full --only {keys}`).", ""]
-    lines += ["## What this report does not cover", "",
-              "* `hpc-graph plan` against measured runs (36 configurations, hours of runs): "
-              "`python benchmarks/bench_plan.py --scales 16 18 --ranks 1 2 4 --models gcn sage gat --engines dp sar`; "
-              "the accuracy it reached is in [plan.md](plan.md#accuracy).",
-              "* The GPU path: `bash benchmarks/gpu/run_gpu_checks.sh` on a machine with an NVIDIA GPU "
-              "([benchmarks/gpu/README.md](../benchmarks/gpu/README.md)).",
-              "* Scripts for single questions (kernels against DGL, the APT strategy matrix, `sylvie` over a "
-              "modelled link, partitioning, thread settings, memory breakdowns): the table in "
-              "[benchmarks/README.md](../benchmarks/README.md); each prints its own numbers and is not part of "
-              "this report.", ""]
+    lines += ["## History", "",
+              "Measurements this suite does not repeat on every run, and those of earlier versions, are in the "
+              f"report's history, which the other documents cite as *history §N*: `git show {HISTORY_COMMIT}:"
+              "docs/benchmarks.md`. Each section there gives the script and command that measured it "
+              "([benchmarks/README.md](../benchmarks/README.md) lists the scripts).", "",
+              "| § | capability | script |", "|---|---|---|"]
+    lines += [f"| {i} | {what} | `{script}` |" for i, (what, script) in enumerate(HISTORY, start=1)]
+    lines += ["", "Not part of any run of the suite: `hpc-graph plan` against measured runs (36 configurations, "
+              "hours; [plan.md](plan.md), records in `benchmarks/measured/scripts/bench_plan.json`), and the GPU "
+              "path (`bash benchmarks/gpu/run_gpu_checks.sh` on a machine with an NVIDIA GPU).", ""]
     return "\n".join(lines).rstrip() + "\n"
 
+
+HISTORY_COMMIT = "823dcba"
+HISTORY = (("data pipeline: generation, conversion, HDF5 reads", "bench_generate.py"),
+           ("kernels: SpMM, SDDMM, edge softmax, gathers", "hpc-graph bench kernels"),
+           ("full-batch training: equivalence, speed and memory per rank, memory breakdown", "bench_training.py"),
+           ("threads per rank", "bench_threads.py"),
+           ("`sylvie`: accuracy, bytes, modelled links, bit policy", "bench_sylvie.py"),
+           ("`minibatch`: accuracy, peers, `hec`/`exact`/`drop` on 2 and 4 ranks", "bench_minibatch.py"),
+           ("model zoo: accuracy, speed, RevGCN memory, R-GCN", "bench_models.py"),
+           ("against DGL: epochs and kernels", "bench_training.py --dgl"),
+           ("graph transformers: attention, `seqpar`, accuracy, graph tasks, cluster layout", "bench_attention.py"),
+           ("`apt`: strategy matrices, cost model, dry run", "bench_apt.py"),
+           ("distributed partitioning", "bench_dist_partition.py"),
+           ("`hpc-graph plan` against measured runs", "bench_plan.py"),
+           ("`flow`: memory per stage, idle fraction, accuracy, LM co-training", "bench_flow.py"),
+           ("the GPU path", "gpu/run_gpu_checks.sh"))
 
 README_BEGIN = "<!-- peers table: generated by `python benchmarks/run.py render` from benchmarks/measured/full.json -->"
 README_END = "<!-- end of generated peers table -->"
@@ -817,7 +834,8 @@ def readme_table(results: dict[str, dict]) -> str:
         dgl, pyg = by_ref.get("DGL", {}), by_ref.get("PyG", {})
         rows.append(f"| {cell['title'].split(', R-MAT')[0]} | "
                     f"{_f(dgl.get('speed'), '.2f', 'x faster')} ({_pct(dgl.get('speed_spread'))}) | "
-                    f"{_f(dgl.get('memory_net'), '.2f', 'x')} | {_f(pyg.get('speed'), '.2f', 'x faster')} |")
+                    f"{_f(dgl.get('memory_net'), '.2f', 'x')} | "
+                    f"{_f(pyg.get('speed'), '.2f', 'x faster') if pyg else 'not run'} |")
     return "\n".join([README_BEGIN, *rows, README_END])
 
 

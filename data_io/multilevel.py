@@ -2,7 +2,7 @@
 
 PT-Scotch's ParMETIS API partitions R-MAT graphs about as well as serial METIS, but its time grows far
 faster than the graph (80-92 s at R-MAT scale 18 where scale 16 takes 5 s; scale 20 on 2 ranks did not
-finish in 25 minutes; docs/benchmarks.md section 11). So the distributed partitioner hands it a small
+finish in 25 minutes; docs/benchmarks.md, history §11). So the distributed partitioner hands it a small
 graph instead: the multilevel scheme of ParHIP (Meyerhenke, Sanders and Schulz, "Parallel graph
 partitioning for complex networks"), with the ParMETIS API as its initial partitioner:
 

@@ -9,14 +9,14 @@ Which policy is right depends on how a rank allocates, so each engine declares t
 
 * **fixed at 1 MiB** (the full-graph, pipeline and sequence engines): a step allocates the same large tensors
   every time, in changing orders. With the adaptive threshold those of 1-32 MiB land on the heap after the
-  first step and fragment it: a ``seqpar`` rank grew from 1.7 to 2.9 GB over four steps (benchmarks.md,
-  §9.2). Fixed, the rank's memory is its live tensors; the page faults of a fresh block are paid once per
+  first step and fragment it: a ``seqpar`` rank grew from 1.7 to 2.9 GB over four steps (docs/benchmarks.md,
+  history §9.2). Fixed, the rank's memory is its live tensors; the page faults of a fresh block are paid once per
   tensor per step, small beside a full-graph step.
 * **glibc's adaptive default** (the sampled engines, ``minibatch`` and ``apt``): an epoch is hundreds of
   short iterations, each allocating tensors of 1-100 MiB whose sizes change with the sampled batch. Served
   from fresh pages, every one of them is page-faulted in and unmapped again each iteration: a ``minibatch``
   epoch on R-MAT 18 ran 1.43x slower fixed at 1 MiB than with the default, for 13 % less peak RSS
-  (benchmarks.md, §6). From the heap their pages are reused.
+  (docs/benchmarks.md, history §6). From the heap their pages are reused.
 
 A fixed threshold cannot be undone in a running process (glibc then stops adapting), so it is applied once
 the engine is known: by the :class:`~hpc_graph.train.trainer.Trainer` before it loads anything, or by the CLI

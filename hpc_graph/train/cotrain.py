@@ -28,7 +28,7 @@ The GNN's input is ``features | LM embedding | encoded flag`` (fixed width; the 
 for nodes not encoded yet). With ``lm.standardize`` (default) each exit's embedding columns are standardised
 over that exit's nodes at every sync: the exits (different depths) and the syncs (a fine-tuned LM moves its
 embeddings) then give the GNN inputs on one scale -- without it a sync throws the GNN's loss back up and a
-lazy-tuned LM costs tens of points (measured in benchmarks.md). This goes beyond UniTG, which feeds the raw
+lazy-tuned LM costs tens of points (docs/benchmarks.md, history §13). This goes beyond UniTG, which feeds the raw
 exit embeddings.
 """
 from __future__ import annotations
