@@ -83,15 +83,38 @@ def _run_kernels(args: argparse.Namespace) -> int:
     return 0
 
 
+def _add_suite(p: argparse.ArgumentParser) -> None:
+    p.add_argument("suite_args", nargs=argparse.REMAINDER, metavar="ARGS",
+                   help="arguments of benchmarks/run.py: run --quick|--full --out FILE, or render [--check]")
+
+
+def _run_suite(args: argparse.Namespace) -> int:
+    """``benchmarks/run.py`` of the clone this package runs from (the suite and its peers' scripts are not
+    installed with the package)."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from hpc_graph.cli import CLIError
+
+    script = Path(__file__).resolve().parents[2] / "benchmarks" / "run.py"
+    if not script.is_file():
+        raise CLIError(f"bench suite: {script} not found: the benchmark suite runs from a clone of the "
+                       "repository (pip install -e .)")
+    return subprocess.call([sys.executable, str(script), *args.suite_args])
+
+
 #: benchmark kinds: name -> (add its arguments to a parser, run it)
 KINDS = {
     "kernels": (_add_kernels, _run_kernels,
                 "SpMM / SAGE / GAT kernels vs torch.sparse and PyG on an R-MAT graph"),
+    "suite": (_add_suite, _run_suite,
+              "the benchmark suite of docs/benchmarks.md (benchmarks/run.py: run --quick|--full, render)"),
 }
 
 
 def add_parser(subparsers) -> None:
-    parser = subparsers.add_parser("bench", help="run a benchmark (kernels)",
+    parser = subparsers.add_parser("bench", help="run a benchmark (kernels, suite)",
                                    description="Run a benchmark; records go to JSON Lines, plots to PNG.")
     kinds = parser.add_subparsers(dest="bench_kind", metavar="KIND")
     kinds.required = True
