@@ -346,6 +346,9 @@ def _env(threads: int) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if k not in THREAD_VARS and k != "HPC_GRAPH_EXPORTED_THREADS"}
     for var in THREAD_VARS:
         env[var] = str(threads)
+    # torch's large CPU tensors on transparent huge pages: hpc_graph turns it on for itself; the peers get it too
+    # (the stricter comparison: without it their large allocations page-fault 4 KiB at a time)
+    env["THP_MEM_ALLOC_ENABLE"] = "1"
     env["PYTHONPATH"] = str(REPO) + os.pathsep + env.get("PYTHONPATH", "")
     return env
 
@@ -768,7 +771,9 @@ def render(results: dict[str, dict]) -> str:
              "**Method.** A cell compares sides on the same data and model. Each round runs every side once, the "
              "order rotating between rounds, so the machine's slow spells fall on all sides; a side's epoch is the "
              "median over rounds of one run's median epoch (epochs 2 and later; the slowest rank), its memory the "
-             "median over rounds of its largest per-rank peak RSS. *speed* is the reference's epoch over the "
+             "median over rounds of its largest per-rank peak RSS. Every side runs with the same threads "
+             "(`OMP_NUM_THREADS` and its kin) and with `THP_MEM_ALLOC_ENABLE=1`, torch's huge-page switch that "
+             "hpc_graph turns on for itself, given to the peers too. *speed* is the reference's epoch over the "
              "side's (above 1: the side is faster), *round spread* the (max - min) / median of the per-round "
              "ratios, and *quick runs* the same ratio in each run of the quick profile with their spread: the "
              "measurement's own noise on this machine. A ratio inside its spread is no difference.", ""]
