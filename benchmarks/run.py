@@ -225,8 +225,8 @@ CELLS: tuple[Cell, ...] = (
     _apt_cell(15, _QF),
     _flow_cell(14, _QF),
     _seqpar_cell(12, _QF),
-    _accuracy_cell("gcn", (0, 1, 2), _Q, "-3seeds"),
     _accuracy_cell("gcn", (0, 1, 2, 3, 4), _F, ""),
+    _accuracy_cell("gcn", (0, 1, 2), _Q, "-3seeds"),
     _accuracy_cell("gat", (0, 1, 2, 3, 4), _F, ""),
 )
 
