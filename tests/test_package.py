@@ -1,4 +1,5 @@
-"""Importing ``hpc_graph``: process-wide settings it makes before any tensor exists."""
+"""Importing ``hpc_graph`` changes nothing in the process; ``hpc_graph.init()`` makes the process-wide settings
+before any tensor exists."""
 import os
 import subprocess
 import sys
@@ -6,10 +7,16 @@ import time
 
 import pytest
 
-_PROBE = ("import os, hpc_graph, torch\n"
+_PROBE = ("import os, sys, hpc_graph\n"
+          "before = dict(os.environ)\n"
+          "import hpc_graph.nn, hpc_graph.engines\n"
+          "assert dict(os.environ) == before and 'mpi4py' not in sys.modules\n"
+          "comm = hpc_graph.init()\n"
+          "import torch\n"
           "from hpc_graph.ops._kernel_args import torch_huge_pages\n"
-          "print(os.environ.get('THP_MEM_ALLOC_ENABLE'), torch_huge_pages())\n")
-_CASES = [(None, "1 True"), ("0", "0 False"), ("1", "1 True")]
+          "print(before.get('THP_MEM_ALLOC_ENABLE'), os.environ.get('THP_MEM_ALLOC_ENABLE'), torch_huge_pages(), "
+          "comm.rank, comm.size)\n")
+_CASES = [(None, "None 1 True 0 1"), ("0", "0 0 False 0 1"), ("1", "1 1 True 0 1")]
 # a whole CLI run (generate, train with Adam and a schedule, evaluate, checkpoint), then the LM's AdamW: nothing
 # imports torch._dynamo (torch.optim would, ~2 s on every rank: hpc_graph.nn.optim)
 _TRAIN_PROBE = ("import sys, torch\n"
@@ -55,7 +62,7 @@ def probes(tmp_path_factory):
 
 
 @pytest.mark.parametrize("preset, expected", _CASES)
-def test_import_turns_on_huge_pages_unless_user_chose(probes, preset, expected):
+def test_import_changes_nothing_and_init_turns_on_huge_pages_unless_user_chose(probes, preset, expected):
     out = probes[preset]
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip().splitlines()[-1] == expected
@@ -65,3 +72,14 @@ def test_training_never_imports_dynamo(probes):
     out = probes["train"]
     assert out.returncode == 0, out.stderr[-3000:]
     assert out.stdout.strip().splitlines()[-1] == "dynamo False", out.stdout[-2000:]
+
+
+def test_public_names_exist_and_nothing_else_shows():
+    import hpc_graph as hg
+
+    assert set(dir(hg)) == set(hg.__all__)
+    for name in hg.__all__:
+        assert getattr(hg, name) is not None, name
+    assert hg.nn.GCNConv and callable(hg.init) and callable(hg.create_engine)
+    with pytest.raises(AttributeError, match="no attribute 'os'"):
+        hg.os  # noqa: B018

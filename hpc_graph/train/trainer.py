@@ -64,6 +64,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import dataclasses
 import json
 import logging
 import math
@@ -77,6 +78,7 @@ from typing import Any, Iterator
 
 import numpy as np
 import torch
+from torch import nn
 
 from data_io.errors import DataError, atomic_output
 from hpc_graph.comm.malloc import malloc_policy
@@ -84,7 +86,7 @@ from hpc_graph.engines import create_engine
 from hpc_graph.engines.base import Engine
 from hpc_graph.graph.dist_graph import row_normalize
 from hpc_graph.nn import optim
-from hpc_graph.nn.models import build_from_config
+from hpc_graph.nn.models import ModelSpec, build_from_config, check_forward, register_model, spec_for
 from hpc_graph.train import checkpoint as ckpt
 from hpc_graph.train.config import Config, ConfigError, config_to_dict, validate_config
 from hpc_graph.train.faults import DEBUG_FAIL_ENV  # noqa: F401 - documented here, re-exported
@@ -147,6 +149,13 @@ class Trainer:
         config: a :class:`~hpc_graph.train.config.Config` (validated again here).
         comm: a :class:`hpc_graph.comm.Communicator`; default
             ``get_communicator(config.train.comm_backend)``.
+        model: a model of one's own instead of ``config.model.name``'s: a ``torch.nn.Module`` whose
+            ``forward(graph, x)`` asks ``graph`` (a :class:`~hpc_graph.graph.base.GraphContext`) to aggregate,
+            a factory ``model(in_dim, out_dim, model_section) -> nn.Module``, or a
+            :class:`~hpc_graph.nn.models.ModelSpec`. It is registered under a name of its own
+            (``config.model.name`` becomes ``"<module.Name>"``), so that the memory check and ``plan`` build it
+            too; the config's other ``model`` fields reach a factory as ``model_section``. A module given as
+            such is trained in place (its parameters are broadcast from rank 0 first).
 
     Attributes: ``model``, ``engine``, ``graph`` (``engine.graph``), ``feat``
     (possibly row-normalised; sparse CSR per ``data.feature_layout``), ``optimizer``, ``scheduler``, ``comm``, ``rank``,
@@ -155,8 +164,11 @@ class Trainer:
     Raises ConfigError (a ValueError naming the field) for settings that cannot work here.
     """
 
-    def __init__(self, config: Config, comm: Any = None, *, resume: str | os.PathLike | None = None,
-                 force_memory: bool = False):
+    def __init__(self, config: Config, comm: Any = None, *, model: Any = None,
+                 resume: str | os.PathLike | None = None, force_memory: bool = False):
+        self._given_model: nn.Module | None = None
+        if model is not None:
+            config, self._given_model = _adopt_model(config, model)
         self.config = config = validate_config(config)
         if comm is None:
             from hpc_graph.comm import get_communicator
@@ -218,13 +230,25 @@ class Trainer:
         in_dim = self.engine.num_features + (self.engine.num_classes if self.label_aug is not None else 0)
         if self.cotrain is not None:
             in_dim += self.cotrain.extra_dim
-        self.model = build_from_config(mc, in_dim, self.engine.num_classes, num_relations=self.graph.num_relations,
-                                       graph_level=self.graph.num_graphs > 0).to(device=self.device, dtype=self.dtype)
+        if self._given_model is not None:
+            self.model = self._given_model.to(device=self.device, dtype=self.dtype)
+        else:
+            self.model = build_from_config(mc, in_dim, self.engine.num_classes,
+                                           num_relations=self.graph.num_relations,
+                                           graph_level=self.graph.num_graphs > 0).to(device=self.device,
+                                                                                     dtype=self.dtype)
+        try:
+            check_forward(self.model, mc.name)
+        except ValueError as exc:
+            raise agreed(ConfigError(str(exc))) from None
         if self.size > 1:
             for t in self.model.state_dict().values():
                 comm.bcast(t, 0)
-            if not self.engine.shared_rng:  # replicas are equal now; decorrelate the ranks' dropout streams
-                torch.manual_seed(tc.seed + 1_000_003 * self.rank)
+        # The training stream (dropout keys, sampling) starts here, after the weights were drawn, so that a
+        # model given as a module trains as the same model built here does. Engines without a shared stream
+        # decorrelate their ranks' dropout (the replicas are equal now).
+        shared = self.size == 1 or self.engine.shared_rng
+        torch.manual_seed(tc.seed if shared else tc.seed + 1_000_003 * self.rank)
         if state is not None:  # before the model is handed over: a pipeline keeps its checkpoint's stage split
             engine_state = state.get("engine_state") or {}
             self.engine.load_state_dict(engine_state[self.rank] if isinstance(engine_state, list) else engine_state)
@@ -606,6 +630,27 @@ class Trainer:
 
 
 # -- module helpers ------------------------------------------------------------------------------
+def _adopt_model(config: Config, model: Any) -> tuple[Config, nn.Module | None]:
+    """``config`` naming ``model`` (registered under ``"<module.Name>"``), and the module to train when
+    ``model`` is one."""
+    given = model if isinstance(model, nn.Module) else None
+    target = type(model) if given is not None or isinstance(model, ModelSpec) else model
+    name = (model.name if isinstance(model, ModelSpec) else
+            f"<{getattr(target, '__module__', '?')}.{getattr(target, '__qualname__', type(model).__name__)}>")
+    if given is not None:
+        check_forward(given, name)
+        factory = ModelSpec(name=name, build=lambda in_dim, out_dim, mc: copy.deepcopy(given))
+        traits = spec_for(name, type(given))  # traits a class declares as attributes
+        spec = dataclasses.replace(traits, build=factory.build)
+    else:
+        try:
+            spec = spec_for(name, model)
+        except ValueError as exc:
+            raise ConfigError(f"Trainer(model=...): {exc}") from None
+    register_model(spec)
+    return dataclasses.replace(config, model=dataclasses.replace(config.model, name=name)), given
+
+
 def _fmt_acc(x: float | None) -> str:
     return "n/a" if x is None else f"{x:.4f}"
 
