@@ -34,6 +34,7 @@ _EXPORTS = {
     "open_dataset": "data_io.dataset", "write_dataset": "data_io.dataset", "GraphData": "data_io.dataset",
     "read_partition": "data_io.partition", "read_partition_meta": "data_io.partition",
     "partition_dataset": "data_io.partitioner",
+    "from_pyg": "data_io.converters.pyg", "to_pyg": "data_io.converters.pyg",
     # engines and the graph interface layers use
     "create_engine": "hpc_graph.engines", "engine_names": "hpc_graph.engines", "register_engine": "hpc_graph.engines",
     "Engine": "hpc_graph.engines.base", "GraphContext": "hpc_graph.graph.base",

@@ -83,3 +83,32 @@ def test_public_names_exist_and_nothing_else_shows():
     assert hg.nn.GCNConv and callable(hg.init) and callable(hg.create_engine)
     with pytest.raises(AttributeError, match="no attribute 'os'"):
         hg.os  # noqa: B018
+
+
+def test_pyg_data_round_trip(tmp_path):
+    """A PyG ``Data`` into a dataset file and back: the same edge multiset, features, labels, masks and weights."""
+    import numpy as np
+    import torch
+    from torch_geometric.data import Data
+
+    import hpc_graph as hg
+
+    rng = np.random.default_rng(4)
+    n, e = 57, 300
+    ei = torch.from_numpy(rng.integers(0, n, (2, e)))
+    data = Data(edge_index=ei, x=torch.from_numpy(rng.standard_normal((n, 5)).astype(np.float32)),
+                y=torch.from_numpy(rng.integers(0, 4, n)), edge_weight=torch.rand(e),
+                train_mask=torch.from_numpy(rng.random(n) < 0.5), val_mask=torch.from_numpy(rng.random(n) < 0.2),
+                test_mask=torch.from_numpy(rng.random(n) < 0.3), num_nodes=n)
+    hg.write_dataset(tmp_path / "g.h5", hg.from_pyg(data, name="g"))
+    with hg.open_dataset(tmp_path / "g.h5") as ds:
+        back = hg.to_pyg(ds.load())
+    assert back.num_nodes == n
+    for key in ("x", "y", "train_mask", "val_mask", "test_mask"):
+        assert torch.equal(back[key], data[key]), key
+
+    def edges(d):
+        rows = np.concatenate([d.edge_index.numpy().T, d.edge_weight.numpy()[:, None].view(np.int32)], 1)
+        return sorted(map(tuple, rows.tolist()))
+
+    assert edges(back) == edges(data)
