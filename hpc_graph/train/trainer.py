@@ -96,6 +96,7 @@ from hpc_graph.train.preflight import (agreed, check_memory, choose_engine, fail
                                        preflight)
 from hpc_graph.train.recipes import CorrectAndSmooth, LabelAugmentation, dataset_node_ids
 from hpc_graph.train.signals import Preempted, StopSignal
+from hpc_graph.train.steps import broadcast_parameters, global_count, seed_stream
 
 log = logging.getLogger(__name__)
 
@@ -241,14 +242,11 @@ class Trainer:
             check_forward(self.model, mc.name)
         except ValueError as exc:
             raise agreed(ConfigError(str(exc))) from None
-        if self.size > 1:
-            for t in self.model.state_dict().values():
-                comm.bcast(t, 0)
+        broadcast_parameters(self.model, comm)
         # The training stream (dropout keys, sampling) starts here, after the weights were drawn, so that a
         # model given as a module trains as the same model built here does. Engines without a shared stream
         # decorrelate their ranks' dropout (the replicas are equal now).
-        shared = self.size == 1 or self.engine.shared_rng
-        torch.manual_seed(tc.seed if shared else tc.seed + 1_000_003 * self.rank)
+        seed_stream(tc.seed, comm, self.engine)
         if state is not None:  # before the model is handed over: a pipeline keeps its checkpoint's stage split
             engine_state = state.get("engine_state") or {}
             self.engine.load_state_dict(engine_state[self.rank] if isinstance(engine_state, list) else engine_state)
@@ -262,10 +260,7 @@ class Trainer:
         self.optimizer = self._optimizer()
         self.scheduler = self._scheduler()
 
-        counts = torch.tensor([float(self.train_idx.numel())], dtype=torch.float64)
-        if not self.engine.replicated:  # every rank holds every node: nothing to add up
-            comm.allreduce_(counts)
-        self.num_train = float(counts.item())
+        self.num_train = global_count(self.train_idx.numel(), comm, self.engine)
         if self.num_train == 0:
             what = ("graphs (/graphs/train_mask)" if self.graph.num_graphs else "nodes (/node/train_mask)")
             raise agreed(ConfigError(f"data.path: {config.data.path} has no labelled training {what}"))

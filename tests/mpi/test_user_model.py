@@ -49,3 +49,9 @@ def test_cli_model_option_on_two_ranks_matches_one_process(tmp_path):
     want, got = _losses(tmp_path / "one"), _losses(tmp_path / "two")
     assert len(got) == len(want) == 4
     assert all(abs(g - w) <= 1e-10 * max(1.0, abs(w)) for g, w in zip(got, want)), (got, want)
+
+
+@pytest.mark.timeout(300)
+def test_custom_loop_example_reproduces_the_trainer_bit_for_bit(tmp_path):
+    proc = run_mpi([SCRIPTS / "custom_loop_checks.py", tmp_path / "work"], 2, timeout=280)
+    assert "custom_loop_checks: 2 ranks OK" in proc.stdout, proc.stdout
