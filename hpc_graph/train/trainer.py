@@ -455,6 +455,76 @@ class Trainer:
                 pred = self.model(self.graph, self.eval_inputs()).argmax(1)
         return self._accuracies(pred)
 
+    @contextlib.contextmanager
+    def _weights(self, use_best: bool) -> Iterator[None]:
+        """The best-validation parameters in the model for the block (when ``use_best`` and an evaluation kept
+        them), the current ones restored after it."""
+        current = None
+        if use_best and self.best_state is not None:
+            current = _cpu(self.model.state_dict())
+            self.model.load_state_dict(copy.deepcopy(self.best_state))
+        try:
+            yield
+        finally:
+            if current is not None:
+                self.model.load_state_dict(current)
+
+    @torch.no_grad()
+    def predict(self, use_best: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
+        """The model's output for the nodes this rank holds, in evaluation mode: ``(ids, out)`` with ``ids``
+        int64[num_nodes] their dataset ids and ``out`` float[num_nodes, C] the model's output rows (a classifier's
+        logits; a model that returns embeddings, its embeddings). Collective: every rank calls it. ``use_best``:
+        with the best-validation parameters when an evaluation kept them (the current ones are restored)."""
+        with self._weights(use_best):
+            self.model.eval()
+            with self.engine.evaluation():
+                if self.pipeline:
+                    from hpc_graph.train.pipeline import predict
+
+                    out = predict(self.engine, self.model, self.eval_inputs(), outputs=True)
+                else:
+                    out = self.model(self.graph, self.eval_inputs())
+        return dataset_node_ids(self.engine).to(torch.int64), out
+
+    def write_predictions(self, path: str | os.PathLike, use_best: bool = True) -> Path:
+        """Every node's model output (:meth:`predict`) into the HDF5 file ``path``: ``/node/output`` float32[N, C],
+        row i the node of dataset id i (rows no rank holds stay NaN), attributes ``engine``, ``model``, ``epoch``.
+        Collective; the ranks write in turn into one file, which appears at ``path`` only when complete (a
+        temporary beside it until then). Returns the path."""
+        import h5py
+        import numpy as np
+
+        ids, out = self.predict(use_best)
+        path = Path(path)
+        tmp = path.with_name(f".{path.name}.tmp")
+        n, c = int(self.graph.global_num_nodes), int(out.shape[1])
+        if self.rank == 0:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            with h5py.File(tmp, "w") as f:
+                ds = f.create_dataset("node/output", shape=(n, c), dtype="float32", fillvalue=np.nan,
+                                      chunks=(max(1, min(n, (1 << 20) // max(c, 1))), c))
+                ds.attrs.update({"engine": self.engine_name, "model": self.config.model.name,
+                                 "epoch": int(self.best["epoch"] if use_best and self.best_state is not None
+                                              else self.epoch)})
+        writers = [0] if self.engine.replicated else range(self.size)
+        order = torch.argsort(ids)
+        rows, values = ids[order].cpu().numpy(), out[order].float().cpu().numpy()
+        breaks = np.flatnonzero(np.diff(rows) != 1) + 1  # runs of consecutive ids: one slice write each
+        for writer in writers:
+            if self.size > 1:
+                self.comm.barrier()
+            if writer == self.rank:
+                with h5py.File(tmp, "r+") as f:
+                    ds = f["node/output"]
+                    for lo, hi in zip(np.r_[0, breaks], np.r_[breaks, len(rows)]):
+                        if hi > lo:
+                            ds[rows[lo]:rows[hi - 1] + 1] = values[lo:hi]
+        if self.size > 1:
+            self.comm.barrier()
+        if self.rank == 0:
+            os.replace(tmp, path)
+        return path
+
     def _accuracies(self, pred: torch.Tensor) -> dict[str, float | None]:
         """Global accuracy of the owned nodes' predictions ``pred`` int64[N] on each split (one all-reduce)."""
         counts = []

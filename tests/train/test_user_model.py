@@ -117,3 +117,26 @@ def test_cli_bad_model_path_is_one_line(cora, tmp_path):
     assert lines == ["hpc-graph train: error: model.name: cannot import module 'nowhere_pkg.mod' of "
                      "'nowhere_pkg.mod:Net': ModuleNotFoundError: No module named 'nowhere_pkg'"], run.stderr
     assert not (tmp_path / "x").exists()
+
+
+def test_predict_and_write_predictions(cora, tmp_path):
+    import h5py
+    import numpy as np
+
+    trainer = hg.Trainer(_config(cora, tmp_path / "t", epochs=4), model=MeanSAGE)
+    trainer.fit()
+    ids, out = trainer.predict(use_best=False)
+    trainer.model.eval()
+    with torch.no_grad():
+        want = trainer.model(trainer.graph, trainer.feat)
+    assert torch.equal(ids, torch.arange(2708)) and torch.equal(out, want)
+    best_ids, best = trainer.predict()  # the best-validation weights, the current ones back afterwards
+    assert trainer.best["epoch"] is not None
+    with torch.no_grad():
+        assert torch.equal(trainer.model(trainer.graph, trainer.feat), want)
+    path = trainer.write_predictions(tmp_path / "out" / "pred.h5")
+    with h5py.File(path, "r") as f:
+        got = f["node/output"][:]
+        assert f["node/output"].attrs["epoch"] == trainer.best["epoch"]
+    assert np.array_equal(got, best.float().numpy())
+    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["pred.h5"]

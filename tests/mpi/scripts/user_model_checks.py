@@ -78,6 +78,23 @@ def main() -> int:
                 if err > RTOL * max(1.0, float(w.abs().max())):
                     raise AssertionError(f"{where}: {key} differs by {err:g} after {STEPS} steps")
             cases += 1
+    # predictions written by every rank into one file equal one process's
+    import h5py
+    import numpy as np
+    one = hg.Trainer(_config(data, "single", work / f"p-ref-{comm.rank}"), local, model=MeanSAGE)
+    one.fit()
+    want_ids, want_out = one.predict()
+    assert torch.equal(want_ids, torch.arange(want_out.shape[0])), want_ids
+    dist = hg.Trainer(_config(pdir, "sar", work / "p-sar"), comm, model=MeanSAGE)
+    dist.fit()
+    path = dist.write_predictions(work / "pred.h5")
+    comm.barrier()
+    with h5py.File(path, "r") as f:
+        got = f["node/output"][:]
+    assert got.shape == tuple(want_out.shape) and not np.isnan(got).any()
+    err = float(np.abs(got - want_out.float().numpy()).max())
+    assert err <= 1e-5 * max(1.0, float(want_out.abs().max())), err  # float32 storage of float64 outputs
+    assert not list(work.glob(".pred.h5.tmp"))
     comm.barrier()
     if comm.rank == 0:
         print(f"user_model_checks: {comm.size} ranks, {cases} cases OK", flush=True)
