@@ -4,8 +4,10 @@ Layers: ``GCNConv``, ``SAGEConv``, ``GATConv``, ``RGCNConv``, ``DistBatchNorm``.
 GAT stacks), ``GCNII``, ``JKNet``, ``APPNP``, ``SGC``, ``DAGNN``, ``MLPNet``, ``RGCN``, ``RevGCN``, ``RevGAT``, and
 the graph transformers ``GT`` and ``Graphormer``; ``build_model`` builds any of them by name. For layers and models
 of one's own: ``dropout`` (the mask keyed on the rows' dataset ids, so every engine and rank count drops what one
-process drops), ``ModelSpec`` / ``register_model`` (a model by name, for configs and ``hpc-graph plan``).
+process drops), ``ModelSpec`` / ``register_model`` (a model by name, for configs and ``hpc-graph plan``), ``optim``
+(the optimisers and schedules the trainer uses: ``optim.Adam``, ``optim.SGD``, ...).
 """
+from hpc_graph.nn import optim
 from hpc_graph.nn._dropout import dropout
 from hpc_graph.nn.appnp import APPNP
 from hpc_graph.nn.dagnn import DAGNN
@@ -25,4 +27,4 @@ from hpc_graph.nn.sgc import SGC
 
 __all__ = ["GCNConv", "SAGEConv", "GATConv", "RGCNConv", "DistBatchNorm", "GNN", "GCNII", "JKNet", "APPNP", "SGC",
            "DAGNN", "MLPNet", "RGCN", "RevGCN", "RevGAT", "GT", "Graphormer", "MODELS", "ModelSpec", "build_model",
-           "dropout", "message_passing_layers", "register_model"]
+           "dropout", "message_passing_layers", "optim", "register_model"]
