@@ -492,7 +492,6 @@ class Trainer:
         Collective; the ranks write in turn into one file, which appears at ``path`` only when complete (a
         temporary beside it until then). Returns the path."""
         import h5py
-        import numpy as np
 
         ids, out = self.predict(use_best)
         path = Path(path)
