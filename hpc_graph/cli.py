@@ -38,6 +38,25 @@ def add_threads_option(parser: argparse.ArgumentParser) -> None:
                         help="CPU threads per rank for numba, torch and BLAS (default: NUMBA_NUM_THREADS, "
                              "else OMP_NUM_THREADS, else this rank's share of the CPUs in its affinity mask)")
 
+def add_model_option(parser: argparse.ArgumentParser) -> None:
+    """``--model PACKAGE.MODULE:FACTORY``: a model of one's own (``model.name``), importable from the current
+    directory or ``PYTHONPATH``."""
+    parser.add_argument("--model", default=None, metavar="PACKAGE.MODULE:FACTORY",
+                        help="a model of your own instead of model.name's: FACTORY(in_dim, out_dim, model_section) "
+                             "returns a torch.nn.Module whose forward(graph, x) aggregates through graph "
+                             "(importable from the current directory or PYTHONPATH; docs/extending.md)")
+
+
+def model_overrides(args: argparse.Namespace) -> list[str]:
+    """``args.overrides`` with ``--model`` as ``model.name`` (the current directory importable for it)."""
+    if not getattr(args, "model", None):
+        return list(args.overrides)
+    import os
+    import sys
+    if os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())
+    return [*args.overrides, f"model.name={args.model}"]
+
 
 class _Version(argparse.Action):
     """``--version``: asks git for the commit only when given (not on every start of every rank)."""
@@ -105,6 +124,9 @@ def _setup_logging(verbose: int, quiet: bool) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from hpc_graph.comm.env import prepare_process
+
+    prepare_process()  # huge pages for torch's tensors, Open MPI's library under its launcher: before either loads
     parser = _build_parser()
     args = parser.parse_args(argv)
     _setup_logging(args.verbose, args.quiet)

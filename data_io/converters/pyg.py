@@ -112,3 +112,33 @@ def from_pyg(data: Any, name: str = "graph", num_classes: int | None = None) -> 
                       **masks)
     graph.validate(_SOURCE)
     return graph
+
+
+def to_pyg(graph: GraphData) -> Any:
+    """A :class:`GraphData` (e.g. ``open_dataset(path).load()``) as a ``torch_geometric.data.Data``.
+
+    ``edge_index`` long[2, E] (row 0 source, row 1 destination) in the CSR's order (grouped by destination),
+    ``x`` float32[N, F], ``y`` long[N], the masks bool[N], ``edge_weight`` float32[E] when the graph has weights,
+    ``num_nodes`` N. :func:`from_pyg` of the result gives ``graph`` back.
+
+    Raises:
+        ImportError: torch_geometric is not installed.
+    """
+    try:
+        import torch
+        from torch_geometric.data import Data
+    except ImportError as exc:
+        raise ImportError("data_io.converters.to_pyg needs torch_geometric (pip install torch_geometric)") from exc
+    src, dst = graph.edge_sources_destinations()
+    fields: dict[str, Any] = {"edge_index": torch.from_numpy(np.stack([src, dst])), "num_nodes": graph.num_nodes}
+    if graph.feat is not None:
+        fields["x"] = torch.from_numpy(np.asarray(graph.feat, dtype=np.float32))
+    if graph.label is not None:
+        fields["y"] = torch.from_numpy(np.asarray(graph.label, dtype=np.int64))
+    for m in MASKS:
+        v = getattr(graph, m)
+        if v is not None:
+            fields[m] = torch.from_numpy(np.asarray(v, dtype=bool))
+    if graph.edge_weight is not None:
+        fields["edge_weight"] = torch.from_numpy(np.asarray(graph.edge_weight, dtype=np.float32))
+    return Data(**fields)

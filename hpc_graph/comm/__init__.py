@@ -14,7 +14,7 @@ import importlib
 _EXPORTS = {
     "install_abort_handler": "abort",
     "MAX_MESSAGE_BYTES": "communicator", "Communicator": "communicator", "Request": "communicator",
-    "get_communicator": "factory",
+    "get_communicator": "factory", "init": "factory",
     "describe_environment": "env", "detect_local_rank": "env", "detect_local_size": "env",
     "detect_rank_size": "env", "launcher_name": "env", "local_device": "env",
 }

@@ -17,6 +17,26 @@ _CACHE: dict[str, Communicator] = {}
 _BACKENDS = ("mpi", "torch", "local")
 
 
+def init(backend: str = "mpi", **options: Any) -> Communicator:
+    """Start this process as one rank of a job: the process-wide settings
+    (:func:`~hpc_graph.comm.env.prepare_process`: huge pages for torch's large tensors, the MPI library Open
+    MPI's launcher needs), the communicator (:func:`get_communicator`: rank and size from the launcher --
+    ``mpiexec``, ``srun``, ``torchrun`` -- or one process without one), and on more than one rank the abort
+    handler (:func:`~hpc_graph.comm.abort.install_abort_handler`: an exception on any rank ends the whole job
+    instead of leaving the others waiting). Call it first, before creating tensors.
+
+    Returns the communicator: ``comm.rank``, ``comm.size``, ``comm.local_rank``.
+    """
+    from hpc_graph.comm.env import prepare_process
+
+    prepare_process()
+    comm = get_communicator(backend, **options)
+    if comm.size > 1:
+        from hpc_graph.comm.abort import install_abort_handler
+        install_abort_handler(comm)
+    return comm
+
+
 def get_communicator(backend: str = "mpi", **options: Any) -> Communicator:
     """The communicator of this process.
 

@@ -67,6 +67,8 @@ class MPICommunicator(Communicator):
 
     def __init__(self, comm: Any = None, max_message_bytes: int = MAX_MESSAGE_BYTES,
                  cuda_aware: bool | None = None):
+        from hpc_graph.comm.env import select_mpi_library
+        select_mpi_library()  # before mpi4py loads a library: Open MPI's under its launcher
         from mpi4py import MPI
 
         self._MPI = MPI

@@ -32,7 +32,7 @@ import os
 import sys
 from typing import Any
 
-from hpc_graph.cli import CLIError, add_threads_option
+from hpc_graph.cli import CLIError, add_model_option, add_threads_option, model_overrides
 
 log = logging.getLogger(__name__)
 
@@ -54,6 +54,7 @@ def add_parser(subparsers) -> None:
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.KEY=VALUE",
                         help="override one config field (repeatable)")
     parser.add_argument("--json", default=None, metavar="FILE", help="also write the predictions as JSON")
+    add_model_option(parser)
     fb = parser.add_argument_group("engines planned on shapes (single, dp, sar, sylvie, flow)")
     fb.add_argument("--data", default=None, metavar="DATASET.h5|PARTITION_DIR",
                     help="the graph to plan for (default: the config's data.path)")
@@ -115,6 +116,7 @@ def run(args: argparse.Namespace) -> int:
     from hpc_graph.train.config import ConfigError, config_from_dict, read_config, train_section
 
     try:
+        args.overrides = model_overrides(args)
         raw = read_config(args.config, args.overrides)
         tc = train_section(raw)  # the threads are decided before torch and the engines are imported
         threads = parse_threads(args.threads, "--threads") if args.threads is not None else tc.threads

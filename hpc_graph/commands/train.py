@@ -22,7 +22,7 @@ import argparse
 import os
 import sys
 
-from hpc_graph.cli import CLIError, add_threads_option
+from hpc_graph.cli import CLIError, add_model_option, add_threads_option, model_overrides
 
 #: the CLI leaves the thread decision to this command: ``train.threads`` takes part in it
 CONFIGURES_THREADS = True
@@ -48,6 +48,7 @@ def add_parser(subparsers) -> None:
     parser.add_argument("--force", action="store_true",
                         help="start even when the predicted peak memory exceeds what is available "
                              "(HPC_GRAPH_MEMORY_LIMIT, the cgroup limit or the free memory)")
+    add_model_option(parser)
     add_threads_option(parser)
     parser.set_defaults(func=run)
 
@@ -63,14 +64,14 @@ def run(args: argparse.Namespace) -> int:
                 raise ConfigError(f"--run-dir {args.run_dir} and --resume {args.resume} name different "
                                   "directories (a resumed run continues in its own directory)")
             if args.config is not None:
-                raw = read_config(args.config, args.overrides)
+                raw = read_config(args.config, model_overrides(args))
             else:
                 from hpc_graph.train.checkpoint import checkpoint_config
-                raw = checkpoint_config(args.resume, args.overrides, validate=False)
+                raw = checkpoint_config(args.resume, model_overrides(args), validate=False)
         else:
             if args.config is None:
                 raise ConfigError("--config: required (or --resume RUN_DIR to continue a run)")
-            raw = read_config(args.config, args.overrides)
+            raw = read_config(args.config, model_overrides(args))
             if args.run_dir is not None and not args.run_dir.strip():
                 raise ConfigError("--run-dir: must be a non-empty path")
         tc = train_section(raw)  # the process-wide settings, before torch and the engines are imported

@@ -207,13 +207,75 @@ def models_with(trait: str) -> tuple[str, ...]:
 
 
 def model_spec(name: str) -> ModelSpec:
-    """The :class:`ModelSpec` of ``model.name`` ``name`` (``ValueError`` naming the choices otherwise)."""
+    """The :class:`ModelSpec` of ``model.name`` ``name``: a registered model, or ``"package.module:attr"``
+    imported (:func:`import_model`). ``ValueError`` naming the choices, or what failed to import, otherwise."""
     if name not in MODEL_SPECS:
         discover_models()
+    if isinstance(name, str) and name not in MODEL_SPECS and ":" in name:
+        return import_model(name)
     try:
         return MODEL_SPECS[name]
     except (KeyError, TypeError):
-        raise ValueError(f"model.name: must be one of {', '.join(map(repr, MODELS))}, got {name!r}") from None
+        raise ValueError(f"model.name: must be one of {', '.join(map(repr, MODELS))}, or 'package.module:Factory', "
+                         f"got {name!r}") from None
+
+
+def check_forward(model: nn.Module, name: str) -> None:
+    """``ValueError`` naming model ``name`` when its ``forward`` cannot be called as ``forward(graph, x)``."""
+    import inspect
+
+    try:
+        sig = inspect.signature(model.forward)
+    except (TypeError, ValueError):
+        return  # a builtin or C forward: nothing to inspect
+    try:
+        sig.bind(None, None)
+    except TypeError:
+        raise ValueError(f"model {name}: {type(model).__name__}.forward{sig} cannot be called as forward(graph, x) "
+                         f"(graph: the engine's GraphContext, x: the input features)") from None
+
+
+def spec_for(name: str, obj: Any) -> ModelSpec:
+    """A :class:`ModelSpec` named ``name`` for ``obj``: a ModelSpec (renamed), or a factory
+    ``obj(in_dim, out_dim, mc) -> nn.Module`` (a class or a function; ``mc``: the config's ``model`` section)
+    with the default traits (sampled over ``mc.num_layers`` blocks; not a pipeline, not a sequence model).
+    A factory may declare traits as attributes of the same names as ModelSpec's (``sampled = False`` ...)."""
+    if isinstance(obj, ModelSpec):
+        if obj.build is None:
+            raise ValueError(f"model.name: {name!r} is a ModelSpec without a build function")
+        return dataclasses.replace(obj, name=name)
+    if isinstance(obj, nn.Module) or not callable(obj):
+        raise ValueError(f"model.name: {name!r} must be a factory (in_dim, out_dim, model_section) -> nn.Module "
+                         f"or a ModelSpec, got {type(obj).__name__}")
+    traits: dict[str, Any] = {}
+    for f in dataclasses.fields(ModelSpec):
+        value = getattr(obj, f.name, None) if f.name not in ("name", "build") else None
+        if isinstance(value, bool) or (f.name in ("partition_problem", "layers") and callable(value)):
+            traits[f.name] = value
+    return ModelSpec(name=name, build=lambda in_dim, out_dim, mc: obj(in_dim, out_dim, mc), **traits)
+
+
+def import_model(path: str) -> ModelSpec:
+    """Register and return the model at ``"package.module:attr"`` (:func:`spec_for`): what ``model.name`` and
+    ``hpc-graph train --model`` name for a model of one's own. ``ValueError`` naming the path when the module
+    does not import or has no such attribute."""
+    import importlib
+
+    module, _, attr = path.partition(":")
+    if not module or not attr or not all(p.isidentifier() for p in module.split(".") + attr.split(".")):
+        raise ValueError(f"model.name: {path!r} is not 'package.module:Factory'")
+    try:
+        obj: Any = importlib.import_module(module)
+    except Exception as exc:  # noqa: BLE001 - any import error is the user's module's, reported in one line
+        raise ValueError(f"model.name: cannot import module {module!r} of {path!r}: "
+                         f"{type(exc).__name__}: {exc}") from None
+    for part in attr.split("."):
+        if not hasattr(obj, part):
+            raise ValueError(f"model.name: module {module!r} has no attribute {attr!r} ({path!r})")
+        obj = getattr(obj, part)
+    spec = spec_for(path, obj)
+    MODEL_SPECS[path] = spec
+    return spec
 
 
 def message_passing_layers(name: str, num_layers: int = 2, hops: int | None = None) -> int:

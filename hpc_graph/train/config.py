@@ -395,8 +395,14 @@ def _check(where: str, value: Any, spec: dict) -> Any:
             from hpc_graph.engines import engine_names
             choices = ("auto",) + engine_names()
         else:
-            from hpc_graph.nn.models import discover_models
+            from hpc_graph.nn.models import discover_models, model_spec
             choices = discover_models()
+            if isinstance(value, str) and value not in choices and ":" in value:
+                try:
+                    model_spec(value)  # a model of one's own, "package.module:Factory"
+                except ValueError as exc:
+                    raise ConfigError(str(exc).replace("model.name", where, 1)) from None
+                return value
         return _check_value(where, value, {"kind": "choice", "choices": choices})
     return _check_value(where, value, spec)
 

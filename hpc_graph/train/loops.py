@@ -24,6 +24,7 @@ import torch
 from torch.nn import functional as F
 
 from hpc_graph.train.preflight import agreed
+from hpc_graph.train.steps import sampled_batches, sync_gradients
 
 log = logging.getLogger(__name__)
 
@@ -52,15 +53,12 @@ def full_epoch(tr: Any, epoch: int) -> tuple[float, bool]:
 def sampled_epoch(tr: Any, epoch: int) -> tuple[float, bool]:
     """Every iteration of a sampling engine's epoch (the same number on every rank); the loss is the mean of the
     iterations' global losses."""
-    eng = tr.engine
-    iters = eng.iterations(epoch)
-    _, global_sizes = eng.batch_sizes(epoch, iters)
     losses, ok = [], True
-    for it in range(iters):
+    # sampling engines build batches on the CPU; gathered rows are dense
+    for it, (batch, global_size) in enumerate(sampled_batches(tr.engine, epoch, tr.device)):
         tr.optimizer.zero_grad(set_to_none=False)
-        batch = eng.batch(epoch, it).to(tr.device)  # sampling engines build batches on the CPU
-        logits = tr.model(batch.graph, batch.feat)  # gathered rows: dense
-        loss = F.cross_entropy(logits, batch.label, reduction="sum") / max(global_sizes[it], 1.0)
+        logits = tr.model(batch.graph, batch.feat)
+        loss = F.cross_entropy(logits, batch.label, reduction="sum") / max(global_size, 1.0)
         if tr.step_hooks:
             loss = _hooked(tr, epoch, it, loss)
         value, step_ok = apply_gradients(tr, loss, epoch, f"iteration {it + 1} of ")
@@ -108,8 +106,7 @@ def apply_gradients(tr: Any, loss: torch.Tensor, epoch: int, where: str = "",
     flags[1] = float(tr.stop.requested)
     flags[2 + tr.rank] = float(not loss_ok)
     flags[2 + n + tr.rank] = float(not grads_ok)
-    if n > 1:
-        tr.comm.allreduce_bucketed_(([] if tr.pipeline else [p.grad for p in tr.params]) + [flags])
+    sync_gradients(tr.params, tr.comm, flags, gradients=not tr.pipeline)
     flags = flags.cpu()
     tr._stop_agreed = bool(flags[1] > 0)
     bad_loss = [r for r in range(n) if flags[2 + r] != 0]

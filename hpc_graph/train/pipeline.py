@@ -111,19 +111,21 @@ def _forward_groups(engine, model, x, label, loss_mask, count, kept) -> None:
 
 
 @torch.no_grad()
-def predict(engine, model: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
-    """The forward half without autograd; returns int64[N] class predictions on every rank."""
+def predict(engine, model: torch.nn.Module, x: torch.Tensor, outputs: bool = False) -> torch.Tensor:
+    """The forward half without autograd; returns int64[N] class predictions on every rank, or with ``outputs``
+    the model's outputs float[N, num_classes]."""
     x = _dense(x)
     start, stop = engine.units
     engine.begin_step(x, training=False)
-    pred = torch.zeros(x.shape[0], dtype=torch.int64, device=x.device)
+    pred = (torch.zeros(x.shape[0], engine.num_classes, dtype=x.dtype, device=x.device) if outputs else
+            torch.zeros(x.shape[0], dtype=torch.int64, device=x.device))
     try:
         for group in engine.groups(training=False):
             lo, hi = engine.group_rows(group)
             h_in = x[lo:hi] if engine.first else torch.cat([engine.recv("forward", m) for m in group])
             out = model.forward_units(engine.context(group, False), h_in, start, stop)
             if engine.last:
-                pred[lo:hi] = out.argmax(1)
+                pred[lo:hi] = out if outputs else out.argmax(1)
             else:
                 for m, rows in _split(out, engine, group, lo):
                     engine.send("forward", m, rows)

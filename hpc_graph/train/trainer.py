@@ -64,6 +64,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import dataclasses
 import json
 import logging
 import math
@@ -77,6 +78,7 @@ from typing import Any, Iterator
 
 import numpy as np
 import torch
+from torch import nn
 
 from data_io.errors import DataError, atomic_output
 from hpc_graph.comm.malloc import malloc_policy
@@ -84,7 +86,7 @@ from hpc_graph.engines import create_engine
 from hpc_graph.engines.base import Engine
 from hpc_graph.graph.dist_graph import row_normalize
 from hpc_graph.nn import optim
-from hpc_graph.nn.models import build_from_config
+from hpc_graph.nn.models import ModelSpec, build_from_config, check_forward, register_model, spec_for
 from hpc_graph.train import checkpoint as ckpt
 from hpc_graph.train.config import Config, ConfigError, config_to_dict, validate_config
 from hpc_graph.train.faults import DEBUG_FAIL_ENV  # noqa: F401 - documented here, re-exported
@@ -94,6 +96,7 @@ from hpc_graph.train.preflight import (agreed, check_memory, choose_engine, fail
                                        preflight)
 from hpc_graph.train.recipes import CorrectAndSmooth, LabelAugmentation, dataset_node_ids
 from hpc_graph.train.signals import Preempted, StopSignal
+from hpc_graph.train.steps import broadcast_parameters, global_count, seed_stream
 
 log = logging.getLogger(__name__)
 
@@ -147,6 +150,13 @@ class Trainer:
         config: a :class:`~hpc_graph.train.config.Config` (validated again here).
         comm: a :class:`hpc_graph.comm.Communicator`; default
             ``get_communicator(config.train.comm_backend)``.
+        model: a model of one's own instead of ``config.model.name``'s: a ``torch.nn.Module`` whose
+            ``forward(graph, x)`` asks ``graph`` (a :class:`~hpc_graph.graph.base.GraphContext`) to aggregate,
+            a factory ``model(in_dim, out_dim, model_section) -> nn.Module``, or a
+            :class:`~hpc_graph.nn.models.ModelSpec`. It is registered under a name of its own
+            (``config.model.name`` becomes ``"<module.Name>"``), so that the memory check and ``plan`` build it
+            too; the config's other ``model`` fields reach a factory as ``model_section``. A module given as
+            such is trained in place (its parameters are broadcast from rank 0 first).
 
     Attributes: ``model``, ``engine``, ``graph`` (``engine.graph``), ``feat``
     (possibly row-normalised; sparse CSR per ``data.feature_layout``), ``optimizer``, ``scheduler``, ``comm``, ``rank``,
@@ -155,8 +165,11 @@ class Trainer:
     Raises ConfigError (a ValueError naming the field) for settings that cannot work here.
     """
 
-    def __init__(self, config: Config, comm: Any = None, *, resume: str | os.PathLike | None = None,
-                 force_memory: bool = False):
+    def __init__(self, config: Config, comm: Any = None, *, model: Any = None,
+                 resume: str | os.PathLike | None = None, force_memory: bool = False):
+        self._given_model: nn.Module | None = None
+        if model is not None:
+            config, self._given_model = _adopt_model(config, model)
         self.config = config = validate_config(config)
         if comm is None:
             from hpc_graph.comm import get_communicator
@@ -218,13 +231,22 @@ class Trainer:
         in_dim = self.engine.num_features + (self.engine.num_classes if self.label_aug is not None else 0)
         if self.cotrain is not None:
             in_dim += self.cotrain.extra_dim
-        self.model = build_from_config(mc, in_dim, self.engine.num_classes, num_relations=self.graph.num_relations,
-                                       graph_level=self.graph.num_graphs > 0).to(device=self.device, dtype=self.dtype)
-        if self.size > 1:
-            for t in self.model.state_dict().values():
-                comm.bcast(t, 0)
-            if not self.engine.shared_rng:  # replicas are equal now; decorrelate the ranks' dropout streams
-                torch.manual_seed(tc.seed + 1_000_003 * self.rank)
+        if self._given_model is not None:
+            self.model = self._given_model.to(device=self.device, dtype=self.dtype)
+        else:
+            self.model = build_from_config(mc, in_dim, self.engine.num_classes,
+                                           num_relations=self.graph.num_relations,
+                                           graph_level=self.graph.num_graphs > 0).to(device=self.device,
+                                                                                     dtype=self.dtype)
+        try:
+            check_forward(self.model, mc.name)
+        except ValueError as exc:
+            raise agreed(ConfigError(str(exc))) from None
+        broadcast_parameters(self.model, comm)
+        # The training stream (dropout keys, sampling) starts here, after the weights were drawn, so that a
+        # model given as a module trains as the same model built here does. Engines without a shared stream
+        # decorrelate their ranks' dropout (the replicas are equal now).
+        seed_stream(tc.seed, comm, self.engine)
         if state is not None:  # before the model is handed over: a pipeline keeps its checkpoint's stage split
             engine_state = state.get("engine_state") or {}
             self.engine.load_state_dict(engine_state[self.rank] if isinstance(engine_state, list) else engine_state)
@@ -238,10 +260,7 @@ class Trainer:
         self.optimizer = self._optimizer()
         self.scheduler = self._scheduler()
 
-        counts = torch.tensor([float(self.train_idx.numel())], dtype=torch.float64)
-        if not self.engine.replicated:  # every rank holds every node: nothing to add up
-            comm.allreduce_(counts)
-        self.num_train = float(counts.item())
+        self.num_train = global_count(self.train_idx.numel(), comm, self.engine)
         if self.num_train == 0:
             what = ("graphs (/graphs/train_mask)" if self.graph.num_graphs else "nodes (/node/train_mask)")
             raise agreed(ConfigError(f"data.path: {config.data.path} has no labelled training {what}"))
@@ -436,6 +455,75 @@ class Trainer:
                 pred = self.model(self.graph, self.eval_inputs()).argmax(1)
         return self._accuracies(pred)
 
+    @contextlib.contextmanager
+    def _weights(self, use_best: bool) -> Iterator[None]:
+        """The best-validation parameters in the model for the block (when ``use_best`` and an evaluation kept
+        them), the current ones restored after it."""
+        current = None
+        if use_best and self.best_state is not None:
+            current = _cpu(self.model.state_dict())
+            self.model.load_state_dict(copy.deepcopy(self.best_state))
+        try:
+            yield
+        finally:
+            if current is not None:
+                self.model.load_state_dict(current)
+
+    @torch.no_grad()
+    def predict(self, use_best: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
+        """The model's output for the nodes this rank holds, in evaluation mode: ``(ids, out)`` with ``ids``
+        int64[num_nodes] their dataset ids and ``out`` float[num_nodes, C] the model's output rows (a classifier's
+        logits; a model that returns embeddings, its embeddings). Collective: every rank calls it. ``use_best``:
+        with the best-validation parameters when an evaluation kept them (the current ones are restored)."""
+        with self._weights(use_best):
+            self.model.eval()
+            with self.engine.evaluation():
+                if self.pipeline:
+                    from hpc_graph.train.pipeline import predict
+
+                    out = predict(self.engine, self.model, self.eval_inputs(), outputs=True)
+                else:
+                    out = self.model(self.graph, self.eval_inputs())
+        return dataset_node_ids(self.engine).to(torch.int64), out
+
+    def write_predictions(self, path: str | os.PathLike, use_best: bool = True) -> Path:
+        """Every node's model output (:meth:`predict`) into the HDF5 file ``path``: ``/node/output`` float32[N, C],
+        row i the node of dataset id i (rows no rank holds stay NaN), attributes ``engine``, ``model``, ``epoch``.
+        Collective; the ranks write in turn into one file, which appears at ``path`` only when complete (a
+        temporary beside it until then). Returns the path."""
+        import h5py
+
+        ids, out = self.predict(use_best)
+        path = Path(path)
+        tmp = path.with_name(f".{path.name}.tmp")
+        n, c = int(self.graph.global_num_nodes), int(out.shape[1])
+        if self.rank == 0:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            with h5py.File(tmp, "w") as f:
+                ds = f.create_dataset("node/output", shape=(n, c), dtype="float32", fillvalue=np.nan,
+                                      chunks=(max(1, min(n, (1 << 20) // max(c, 1))), c))
+                ds.attrs.update({"engine": self.engine_name, "model": self.config.model.name,
+                                 "epoch": int(self.best["epoch"] if use_best and self.best_state is not None
+                                              else self.epoch)})
+        writers = [0] if self.engine.replicated else range(self.size)
+        order = torch.argsort(ids)
+        rows, values = ids[order].cpu().numpy(), out[order].float().cpu().numpy()
+        breaks = np.flatnonzero(np.diff(rows) != 1) + 1  # runs of consecutive ids: one slice write each
+        for writer in writers:
+            if self.size > 1:
+                self.comm.barrier()
+            if writer == self.rank:
+                with h5py.File(tmp, "r+") as f:
+                    ds = f["node/output"]
+                    for lo, hi in zip(np.r_[0, breaks], np.r_[breaks, len(rows)]):
+                        if hi > lo:
+                            ds[rows[lo]:rows[hi - 1] + 1] = values[lo:hi]
+        if self.size > 1:
+            self.comm.barrier()
+        if self.rank == 0:
+            os.replace(tmp, path)
+        return path
+
     def _accuracies(self, pred: torch.Tensor) -> dict[str, float | None]:
         """Global accuracy of the owned nodes' predictions ``pred`` int64[N] on each split (one all-reduce)."""
         counts = []
@@ -606,6 +694,27 @@ class Trainer:
 
 
 # -- module helpers ------------------------------------------------------------------------------
+def _adopt_model(config: Config, model: Any) -> tuple[Config, nn.Module | None]:
+    """``config`` naming ``model`` (registered under ``"<module.Name>"``), and the module to train when
+    ``model`` is one."""
+    given = model if isinstance(model, nn.Module) else None
+    target = type(model) if given is not None or isinstance(model, ModelSpec) else model
+    name = (model.name if isinstance(model, ModelSpec) else
+            f"<{getattr(target, '__module__', '?')}.{getattr(target, '__qualname__', type(model).__name__)}>")
+    if given is not None:
+        check_forward(given, name)
+        factory = ModelSpec(name=name, build=lambda in_dim, out_dim, mc: copy.deepcopy(given))
+        traits = spec_for(name, type(given))  # traits a class declares as attributes
+        spec = dataclasses.replace(traits, build=factory.build)
+    else:
+        try:
+            spec = spec_for(name, model)
+        except ValueError as exc:
+            raise ConfigError(f"Trainer(model=...): {exc}") from None
+    register_model(spec)
+    return dataclasses.replace(config, model=dataclasses.replace(config.model, name=name)), given
+
+
 def _fmt_acc(x: float | None) -> str:
     return "n/a" if x is None else f"{x:.4f}"
 
