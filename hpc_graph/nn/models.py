@@ -92,6 +92,8 @@ class ModelSpec:
             returns the module (``forward(graph, x)``), ``mc`` being the config's ``model`` section; None for
             the built-in models (:func:`build_model`).
         layers: for such a model, its message-passing layers under ``mc`` (default ``mc.num_layers``).
+        sparse_input: its input layer takes the features as a sparse CSR tensor (``data.feature_layout: auto``
+            gives sparse bag-of-words features so; other models get them dense).
     """
 
     name: str
@@ -104,6 +106,7 @@ class ModelSpec:
     node_classifier: bool = True
     build: Callable[..., nn.Module] | None = None
     layers: Callable[[Any], int] | None = None
+    sparse_input: bool = False
 
     def message_passing_layers(self, mc: Any) -> int:
         """Message-passing layers (blocks of a sampled mini-batch) of this model under the ``model`` section
@@ -125,6 +128,8 @@ _SPECS = [
     ModelSpec("gt", sampled=False, sequence=True, partition_problem=_gt_partition_problem, node_classifier=False),
     ModelSpec("graphormer", sampled=False, sequence=True, partition_problem=_needs_sequence, node_classifier=False),
 ]
+# every built-in model's input layer takes sparse CSR features (hpc_graph.nn._linear.input_linear)
+_SPECS = [dataclasses.replace(s, sparse_input=True) for s in _SPECS]
 #: every model :func:`build_model` builds, by name (``model.name``)
 MODEL_SPECS: dict[str, ModelSpec] = {s.name: s for s in _SPECS}
 MODELS = tuple(MODEL_SPECS)
@@ -231,8 +236,9 @@ def check_forward(model: nn.Module, name: str) -> None:
     try:
         sig.bind(None, None)
     except TypeError:
-        raise ValueError(f"model {name}: {type(model).__name__}.forward{sig} cannot be called as forward(graph, x) "
-                         f"(graph: the engine's GraphContext, x: the input features)") from None
+        params = ", ".join(p.name for p in sig.parameters.values())
+        raise ValueError(f"model {name}: {type(model).__name__}.forward({params}) cannot be called as "
+                         f"forward(graph, x) (graph: the engine's GraphContext, x: the input features)") from None
 
 
 def spec_for(name: str, obj: Any) -> ModelSpec:

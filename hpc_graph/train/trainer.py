@@ -135,6 +135,17 @@ def trainer_inputs(feat: torch.Tensor, label: torch.Tensor, masks: dict[str, tor
     return x, label, masks, train_idx
 
 
+def input_layout(config: Any) -> str:
+    """``data.feature_layout``, with ``auto`` resolved to ``dense`` for a model that does not declare sparse CSR
+    input (:attr:`~hpc_graph.nn.models.ModelSpec.sparse_input`; the built-in models take it)."""
+    from hpc_graph.nn.models import model_spec
+
+    layout = config.data.feature_layout
+    if layout == "auto" and not model_spec(config.model.name).sparse_input:
+        return "dense"
+    return layout
+
+
 def engine_options_from_config(config: Any, engine_name: str) -> dict[str, Any]:
     """The options engine ``engine_name`` takes from a config (:meth:`Engine.options_from_config
     <hpc_graph.engines.base.Engine.options_from_config>`)."""
@@ -212,7 +223,7 @@ class Trainer:
         self.graph = self.engine.graph
         self.feat, self.label, self.masks, self.train_idx = trainer_inputs(
             self.engine.feat, self.engine.label, self.engine.masks, config.data.feature_norm,
-            config.data.feature_layout)
+            input_layout(config))
         rc = config.recipes
         self.label_aug: LabelAugmentation | None = None
         if rc.label_aug > 0:
