@@ -529,7 +529,7 @@ def judge(cell_result: dict[str, Any], target: Target) -> dict[str, Any]:
 
 # -- a cell, a profile ----------------------------------------------------------------------------------------
 def run_cell(cell: Cell, work: Path, rounds: int, cores: int, scale_shift: int, epochs: int | None,
-             skip_peers: bool = False) -> dict[str, Any]:
+             skip_peers: bool = False, floors_too: bool = True) -> dict[str, Any]:
     name = cell.data
     if name.startswith("rmat-s") and scale_shift:
         name = f"rmat-s{max(6, int(name.removeprefix('rmat-s')) + scale_shift)}"
@@ -554,7 +554,7 @@ def run_cell(cell: Cell, work: Path, rounds: int, cores: int, scale_shift: int, 
                 + (f", test acc {rec['test_acc']:.3f}" if seeds and rec.get("test_acc") is not None else ""))
             _log(f"{cell.key} round {r + 1}/{n} {side.label}: {what}")
     floors: dict[str, dict[str, Any]] = {}
-    if cell.floor:
+    if cell.floor and floors_too:
         tiny = f"rmat-s{FLOOR_SCALE}"
         for side in cell.sides:
             if skip_peers and side.kind != "train":
@@ -600,7 +600,7 @@ def run_profile(args: argparse.Namespace) -> dict[str, Any]:
     for i, cell in enumerate(cells):
         _log(f"cell {i + 1}/{len(cells)}: {cell.key} ({cell.title})")
         doc["cells"].append(run_cell(cell, work, args.rounds, args.cores, args.scale_shift, args.epochs,
-                                     skip_peers=args.no_peers))
+                                     skip_peers=args.no_peers, floors_too=not args.no_floors))
         _save(Path(args.out), doc)
     doc["seconds"] = time.time() - t0
     doc["environment"]["loadavg_after"] = list(os.getloadavg())
@@ -931,6 +931,7 @@ def main(argv: list[str] | None = None) -> int:
     r.add_argument("--scale-shift", type=int, default=0, help="add to every R-MAT scale (negative: a smoke run)")
     r.add_argument("--epochs", type=int, default=None, help="epochs of every run (default: each cell's)")
     r.add_argument("--no-peers", action="store_true", help="record the DGL / PyG sides as skipped")
+    r.add_argument("--no-floors", action="store_true", help="no process-floor runs (no net memory; a smoke run)")
     rd = sub.add_parser("render", help="docs/benchmarks.md (and README's table) from results files")
     rd.add_argument("--measured", default=str(MEASURED), help="folder of committed results files")
     rd.add_argument("--results", nargs="+", default=None, help="render these files instead (README untouched)")

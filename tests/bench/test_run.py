@@ -99,32 +99,39 @@ def test_profiles_and_only():
         run.select("quick", ["nope"])
 
 
+def test_peer_sides_are_skipped_without_running(tmp_path):
+    cell = run.Cell("k", "peers", "t", "rmat-s8", (run.Side("DGL", kind="dgl"), run.Side("PyG", kind="pyg")),
+                    (("DGL", "PyG"),), floor=True)
+    res = run.run_cell(cell, tmp_path, 2, 2, 0, None, skip_peers=True)
+    assert res["sides"]["DGL"] == {"runs": 0, "failed": 0, "skipped": "--no-peers"} and res["floors"] == {}
+    assert res["comparisons"] == [{"side": "DGL", "reference": "PyG"}]
+    assert [p.name for p in tmp_path.iterdir()] == ["rmat-s8.h5"]  # the cell's data, no run
+
+
 def test_quick_profile_smoke_run_renders(tmp_path):
-    """The quick profile's first two cells on tiny graphs, peers off: one round of each side, every field of
-    the schema, and a report with their tables."""
+    """The quick profile's engines cell on a tiny graph: one round of each side (2-rank runs under mpiexec), every
+    field of the schema, and a report with its table."""
     out = tmp_path / "quick.json"
-    proc = subprocess.run([sys.executable, str(_SCRIPT), "run", "--quick", "--only", "peers-gcn-s15", "engines-s15",
-                           "--rounds", "1", "--scale-shift", "-7", "--epochs", "2", "--no-peers", "--work",
+    proc = subprocess.run([sys.executable, str(_SCRIPT), "run", "--quick", "--only", "engines-s15", "--rounds", "1",
+                           "--scale-shift", "-7", "--epochs", "2", "--no-peers", "--no-floors", "--work",
                            str(tmp_path / "work"), "--out", str(out)], capture_output=True, text=True, timeout=600,
                           cwd=tmp_path)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     doc = json.loads(out.read_text())
     run.validate(doc, str(out))
-    assert doc["profile"] == "quick" and [c["key"] for c in doc["cells"]] == ["peers-gcn-s15", "engines-s15"]
+    assert doc["profile"] == "quick" and [c["key"] for c in doc["cells"]] == ["engines-s15"]
     assert doc["environment"]["commit"] and doc["environment"]["logical_cpus"] >= 1
-    peers, engines = doc["cells"]
-    assert peers["sides"]["DGL"]["skipped"] == "--no-peers" and "speed" not in peers["comparisons"][0]
-    ours = peers["sides"]["hpc_graph"]
-    assert ours["runs"] == 1 and ours["epoch_seconds"] > 0 and ours["floor_rss_mb"] > 0
-    run_rec = peers["runs"]["hpc_graph"][0]
+    (engines,) = doc["cells"]
+    ours = engines["sides"]["single"]
+    assert ours["runs"] == 1 and ours["epoch_seconds"] > 0 and "floor_rss_mb" not in ours
+    run_rec = engines["runs"]["single"][0]
     assert ours["epoch_seconds"] == statistics.median(run_rec["epoch_seconds"][1:])
     for label in ("dp, 2 ranks", "sar, 2 ranks", "sylvie 2-bit, 2 ranks"):
         side = engines["sides"][label]
         assert side["runs"] == 1 and side["bytes_per_epoch"] > 0, (label, side)
     assert {(c["side"], c["reference"]) for c in engines["comparisons"]} >= {("sar, 2 ranks", "dp, 2 ranks")}
     report = run.render({"quick": doc})
-    assert "## 1. Full-batch training against DGL and PyG" in report and "## 2. Full-graph engines" in report
-    assert "skipped (--no-peers)" in report and "sar, 2 ranks" in report
+    assert "## 1. Full-graph engines across ranks" in report and "sar, 2 ranks" in report
     rendered = tmp_path / "r.md"
     assert run.main(["render", "--results", str(out), "--out", str(rendered)]) == 0
     assert rendered.read_text() == report
