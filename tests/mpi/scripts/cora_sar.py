@@ -13,7 +13,6 @@ from __future__ import annotations
 import json
 import sys
 import time
-import traceback
 from pathlib import Path
 
 from hpc_graph.comm import get_communicator
@@ -70,10 +69,5 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    try:
-        sys.exit(main())
-    except Exception:
-        traceback.print_exc()
-        sys.stdout.flush()
-        sys.stderr.flush()
-        get_communicator("mpi").abort(1)
+    from _rank_main import run
+    run(main)

@@ -7,7 +7,6 @@ Usage: custom_loop_checks.py WORKDIR
 from __future__ import annotations
 
 import sys
-import traceback
 from pathlib import Path
 
 import hpc_graph as hg
@@ -47,10 +46,5 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    try:
-        sys.exit(main())
-    except Exception:
-        traceback.print_exc()
-        sys.stdout.flush()
-        sys.stderr.flush()
-        hg.init().abort(1)
+    from _rank_main import run
+    run(main)

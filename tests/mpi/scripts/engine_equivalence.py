@@ -39,7 +39,6 @@ import copy
 import os
 import sys
 import time
-import traceback
 from pathlib import Path
 
 import numpy as np
@@ -429,10 +428,5 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    try:
-        sys.exit(main())
-    except Exception:
-        traceback.print_exc()
-        sys.stdout.flush()
-        sys.stderr.flush()
-        get_communicator("mpi").abort(1)
+    from _rank_main import run
+    run(main)

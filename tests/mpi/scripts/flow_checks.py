@@ -25,7 +25,6 @@ Usage: flow_checks.py WORKDIR
 from __future__ import annotations
 
 import sys
-import traceback
 from pathlib import Path
 
 import numpy as np
@@ -123,7 +122,6 @@ def main() -> None:
     import logging
 
     logging.basicConfig(level=logging.WARNING, format="rank %(process)d %(name)s: %(message)s")
-    from hpc_graph.comm import get_communicator
     from hpc_graph.comm.local import LocalCommunicator
     from hpc_graph.comm.threads import configure_threads
     from hpc_graph.train.trainer import Trainer
@@ -218,10 +216,5 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    try:
-        main()
-    except Exception:
-        traceback.print_exc()
-        sys.stdout.flush()
-        sys.stderr.flush()
-        get_communicator("mpi").abort(1)
+    from _rank_main import run
+    run(main)

@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import json
 import sys
-import traceback
 from pathlib import Path
 
 import torch
@@ -157,10 +156,5 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    try:
-        sys.exit(main())
-    except Exception:  # noqa: BLE001 - any failure must end every rank, not hang the others
-        traceback.print_exc()
-        sys.stdout.flush()
-        sys.stderr.flush()
-        get_communicator("mpi").abort(1)
+    from _rank_main import run
+    run(main)

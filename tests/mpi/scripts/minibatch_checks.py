@@ -27,7 +27,6 @@ from __future__ import annotations
 import copy
 import json
 import sys
-import traceback
 from pathlib import Path
 
 import numpy as np
@@ -253,10 +252,5 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    try:
-        sys.exit(main())
-    except Exception:
-        traceback.print_exc()
-        sys.stdout.flush()
-        sys.stderr.flush()
-        get_communicator("mpi").abort(1)
+    from _rank_main import run
+    run(main)

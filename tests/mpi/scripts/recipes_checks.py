@@ -23,7 +23,6 @@ Usage: recipes_checks.py WORKDIR
 from __future__ import annotations
 
 import sys
-import traceback
 from pathlib import Path
 
 import numpy as np
@@ -171,10 +170,5 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    try:
-        sys.exit(main())
-    except Exception:
-        traceback.print_exc()
-        sys.stdout.flush()
-        sys.stderr.flush()
-        get_communicator("mpi").abort(1)
+    from _rank_main import run
+    run(main)

@@ -13,7 +13,6 @@ Usage: user_model_checks.py WORKDIR
 from __future__ import annotations
 
 import sys
-import traceback
 from pathlib import Path
 
 import torch
@@ -102,10 +101,5 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    try:
-        sys.exit(main())
-    except Exception:
-        traceback.print_exc()
-        sys.stdout.flush()
-        sys.stderr.flush()
-        hg.init().abort(1)
+    from _rank_main import run
+    run(main)
