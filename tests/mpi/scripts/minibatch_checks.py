@@ -5,7 +5,8 @@ parts (METIS). Every rank then checks, in float64:
 
 1. **exact, all neighbours** (fan-outs -1): every batch's output rows, loss and
    (un-reduced) gradients equal the ``single`` engine's full-graph model on
-   the same seeds; GCN, SAGE and GAT.
+   the same seeds; GCN, SAGE and GAT, and two models written against the public API
+   (tests/plugins/user_model.py's MeanSAGE, examples/custom_layer.py's GIN).
 2. **placement independence** (exact, fan-outs [3, 2]): every sampled
    neighbourhood equals what one process holding the whole graph samples for
    that node (same seed, epoch and layer).
@@ -24,6 +25,7 @@ Usage: minibatch_checks.py WORKDIR
 """
 from __future__ import annotations
 
+import argparse
 import copy
 import json
 import sys
@@ -75,9 +77,19 @@ def check_exact_all_neighbours(data: Path, pdir: Path, comm) -> int:
     # global id of a seed -> row of the single engine: partitions relabel, orig_id maps back
     orig = mb.dg.orig_id
     checked = 0
-    for model_name in ("gcn", "sage", "gat"):
+    # the built-in stacks, and models written by users against the public API (tests/plugins/user_model.py,
+    # examples/custom_layer.py's GIN): the same blocks, the same rows as one process
+    repo = Path(__file__).resolve().parents[3]
+    sys.path[:0] = [str(repo / "tests" / "plugins"), str(repo / "examples")]
+    from custom_layer import GIN
+    from user_model import MeanSAGE
+    mc = argparse.Namespace(hidden=4, dropout=0.0)
+    builders = {name: (lambda n=name: build_model(n, 5, 4, 3, num_layers=2, dropout=0.0, heads=2))
+                for name in ("gcn", "sage", "gat")}
+    builders.update({"user MeanSAGE": lambda: MeanSAGE(5, 3, mc), "user GIN": lambda: GIN(5, 3, mc)})
+    for model_name, build in builders.items():
         torch.manual_seed(4)
-        model = build_model(model_name, 5, 4, 3, num_layers=2, dropout=0.0, heads=2).double()
+        model = build().double()
         twin = copy.deepcopy(model)
         full = model(single.graph, single.feat)
         mb.begin_epoch(1)
