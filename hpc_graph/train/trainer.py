@@ -722,7 +722,10 @@ def _adopt_model(config: Config, model: Any) -> tuple[Config, nn.Module | None]:
             spec = spec_for(name, model)
         except ValueError as exc:
             raise ConfigError(f"Trainer(model=...): {exc}") from None
-    register_model(spec)
+    try:
+        register_model(spec)
+    except ValueError as exc:  # a built-in model's name
+        raise ConfigError(f"Trainer(model=...): {exc}") from None
     return dataclasses.replace(config, model=dataclasses.replace(config.model, name=name)), given
 
 

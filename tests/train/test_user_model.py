@@ -140,3 +140,10 @@ def test_predict_and_write_predictions(cora, tmp_path):
         assert f["node/output"].attrs["epoch"] == trainer.best["epoch"]
     assert np.array_equal(got, best.float().numpy())
     assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["pred.h5"]
+
+
+def test_a_spec_named_like_a_built_in_model_is_refused(cora, tmp_path):
+    from hpc_graph.train.config import ConfigError
+
+    with pytest.raises(ConfigError, match="Trainer\\(model=...\\): register_model: 'gcn' is a built-in model name"):
+        hg.Trainer(_config(cora, tmp_path / "r"), model=hg.ModelSpec(name="gcn", build=MeanSAGE))
