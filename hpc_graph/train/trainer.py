@@ -427,19 +427,12 @@ class Trainer:
         ``test_acc`` each). The corrected and smoothed scores of the owned nodes are kept in
         ``cs_probs`` (float[N, C]) and the result in ``cs_result``.
         """
-        current = None
-        if use_best and self.best_state is not None:
-            current = _cpu(self.model.state_dict())
-            self.model.load_state_dict(copy.deepcopy(self.best_state))
-        try:
+        with self._weights(use_best):
             self.model.eval()
             with self.engine.evaluation():
                 probs = self.model(self.graph, self.eval_inputs()).softmax(1)
                 cs = CorrectAndSmooth.from_config(self.config.recipes)
                 out = cs(self.graph, probs, self.label, self.masks["train"])
-        finally:
-            if current is not None:
-                self.model.load_state_dict(current)
         self.cs_probs = out
         self.cs_result = {"before": self._accuracies(probs.argmax(1)), "after": self._accuracies(out.argmax(1))}
         if self.rank == 0:
@@ -712,19 +705,16 @@ def _adopt_model(config: Config, model: Any) -> tuple[Config, nn.Module | None]:
     target = type(model) if given is not None or isinstance(model, ModelSpec) else model
     name = (model.name if isinstance(model, ModelSpec) else
             f"<{getattr(target, '__module__', '?')}.{getattr(target, '__qualname__', type(model).__name__)}>")
-    if given is not None:
-        check_forward(given, name)
-        factory = ModelSpec(name=name, build=lambda in_dim, out_dim, mc: copy.deepcopy(given))
-        traits = spec_for(name, type(given))  # traits a class declares as attributes
-        spec = dataclasses.replace(traits, build=factory.build)
-    else:
-        try:
-            spec = spec_for(name, model)
-        except ValueError as exc:
-            raise ConfigError(f"Trainer(model=...): {exc}") from None
     try:
-        register_model(spec)
-    except ValueError as exc:  # a built-in model's name
+        if given is not None:
+            check_forward(given, name)
+            # the traits its class declares; the planner and the memory check build copies of the module
+            spec = dataclasses.replace(spec_for(name, type(given)),
+                                       build=lambda in_dim, out_dim, mc: copy.deepcopy(given))
+        else:
+            spec = spec_for(name, model)
+        register_model(spec)  # refuses a built-in model's name
+    except ValueError as exc:
         raise ConfigError(f"Trainer(model=...): {exc}") from None
     return dataclasses.replace(config, model=dataclasses.replace(config.model, name=name)), given
 
