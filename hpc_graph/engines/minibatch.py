@@ -51,8 +51,9 @@ from hpc_graph.engines.base import Batch, SeedEngine
 from hpc_graph.graph.block import Block, BlockStack
 from hpc_graph.graph.dist_graph import load_sampled_engine_data
 from hpc_graph.graph.halo_graph import HaloGraph
-from hpc_graph.graph.sampler import (NeighborSampler, SamplerOptions, SeedSchedule, block_csr, check_fanouts,
-                                    check_fanouts_for_model, sample_key, sampled_model_problem)
+from hpc_graph.graph.sampler import (NOT_CARRIED, NeighborSampler, SamplerOptions, SeedSchedule, block_csr,
+                                     block_fields, check_fanouts, check_fanouts_for_model, sample_key,
+                                     sampled_model_problem)
 from hpc_graph.options import choice_spec, int_spec, option
 from hpc_graph.store.feature_store import FeatureStore
 from hpc_graph.store.hec import HistoricalEmbeddingCache
@@ -118,6 +119,15 @@ class MinibatchEngine(SeedEngine):
     def check_config(cls, config: Any, model: Any) -> None:
         check_fanouts_for_model(config.sampler.fanouts, model, config.model)
 
+    def check_model(self, model: torch.nn.Module) -> None:
+        """Carry the per-edge fields the model's messages read (its ``edge_fields``, e.g. ``("weight",)``)
+        with every sampled edge; nothing extra is sampled or sent for a model that reads none."""
+        names = tuple(getattr(model, "edge_fields", ()) or ())
+        if names:
+            missing = self.sampler.carry(names)
+            self._edge_missing = {k: why for k, why in NOT_CARRIED.items() if k not in names}
+            self._edge_missing.update({k: f"message function: no edge {k}s: {why}" for k, why in missing.items()})
+
     def __init__(self, source: str, comm: Any, device: torch.device, dtype: torch.dtype,
                  options: dict[str, Any] | None = None):
         super().__init__(source, comm, device, dtype, options)
@@ -137,6 +147,7 @@ class MinibatchEngine(SeedEngine):
         self.num_classes, self.num_features = data["num_classes"], data["num_features"]
         self.first, self.num_owned = dg.first_gid, dg.num_owned
         self.sampler = NeighborSampler(dg, comm)
+        self._edge_missing = dict(NOT_CARRIED)  # why a block has no per-edge field (check_model may carry them)
         self.owned_degree = dg.in_degree.to(torch.int64)
         self.halo_degree = self._halo_degrees()
         self.store = FeatureStore(self.host_feat, self.owned_degree, dg.node_ranges, comm)
@@ -243,8 +254,8 @@ class MinibatchEngine(SeedEngine):
         for hop, fanout in enumerate(self.fanouts):
             layer = L - 1 - hop
             b0 = self.sampler.bytes_sent
-            counts, nbrs, dst_deg = self.sampler.hop(dst, fanout, sample_key(self.seed, epoch, layer),
-                                                     exact=self.mode == "exact")
+            counts, nbrs, dst_deg, fields = self.sampler.hop(dst, fanout, sample_key(self.seed, epoch, layer),
+                                                             exact=self.mode == "exact", fields=True)
             self._s["bytes"]["sample"] += self.sampler.bytes_sent - b0
             self._s["sampled_edges"] += int(nbrs.size)
             remote = (nbrs < first) | (nbrs >= last)
@@ -258,6 +269,7 @@ class MinibatchEngine(SeedEngine):
                 self._s["dropped_edges"] += int((~keep).sum())
                 counts = np.bincount(np.repeat(np.arange(dst.size), counts)[keep], minlength=dst.size).astype(np.int64)
                 nbrs = nbrs[keep]
+                fields = {k: v[keep] for k, v in fields.items()}
             src = np.empty(dst.size + nbrs.size, dtype=np.int64)
             col = np.empty(nbrs.size, dtype=np.int64)
             src = src[:unique_relabel(dst, nbrs, src, col)]
@@ -272,13 +284,13 @@ class MinibatchEngine(SeedEngine):
                 inv[perm] = np.arange(perm.size)
                 src, col = src[perm], inv[col]
                 n_local = dst.size + int((~far).sum())
-            hops.append((layer, dst, dst_deg, counts, col, src, n_local))
+            hops.append((layer, dst, dst_deg, counts, col, src, n_local, fields))
             dst = src[:n_local]
         feat, in_deg = self._input_rows(hops[-1][5])
         blocks_rev: list[Block] = []
         next_deg = in_deg.numpy()  # degrees of block 0's sources
         prev_dst_deg = None  # degrees of the previous (lower) block's destinations: this block's owned sources
-        for layer, dst_, dst_deg, counts, col, src, n_local in reversed(hops):
+        for layer, dst_, dst_deg, counts, col, src, n_local, fields in reversed(hops):
             if layer == 0:
                 src_deg = next_deg
             else:
@@ -291,7 +303,8 @@ class MinibatchEngine(SeedEngine):
             complete = self._completer(layer, src[:n_local], src[n_local:]) if self.mode == "hec" and layer > 0 \
                 else None
             blocks_rev.append(Block(csr, src_t, self.dg.orig_ids_of(src_t), torch.from_numpy(src_deg), self.comm,
-                                    complete))
+                                    complete, edge_fields=block_fields(fields, self.dtype),
+                                    missing=self._edge_missing))
             prev_dst_deg = dst_deg
         return blocks_rev, feat
 

@@ -66,6 +66,15 @@ class _SARGraph(PartitionGraph):
                                  negative_slope=negative_slope, attn_dropout=attn_dropout, seed=seed,
                                  add_self_loops=add_self_loops, prefetch=self.prefetch, ids=self.row_ids())
 
+    def message_sources(self, src: dict, reduce: str, self_loops: bool):
+        """The local block, then the remote partitions' rows one at a time (:class:`~hpc_graph.ops.sar_aggregate.
+        SARSources`): the halo of all layers' messages is never resident at once."""
+        from hpc_graph.ops.message import check_rows
+        from hpc_graph.ops.sar_aggregate import SARSources
+
+        check_rows(src, self.num_nodes, "one per owned node")
+        return SARSources(self.dg, self.comm, self.prefetch, self_loops), src, self.dg.in_degree + int(self_loops)
+
     def attention(self, q, k, v, *, bias=None, mode="sparse", global_token=False, far_prior=True):
         """Sparse graph-transformer attention over self loops + in-edges, remote k/v blocks fetched one at a
         time (forward and again in backward); equals ``single`` with ``engine.attention_chain: false``."""

@@ -93,7 +93,8 @@ class SingleEngine(Engine):
             if not ds.has("feat"):
                 raise FormatError(self.source, "/node/feat", "missing (training needs node features)")
             n = ds.num_nodes
-            csr = CSR(ds.indptr(), ds.indices().astype(column_dtype(n), copy=False), n, validate=False)
+            csr = CSR(ds.indptr(), ds.indices().astype(column_dtype(n), copy=False), n, ds.edge_weight(),
+                      validate=False)
             edge_type = ds.edge_type()
             lap_pe = ds.lap_pe() if ds.has("lap_pe") else None
             feat = ds.feat_rows(0, n)

@@ -229,6 +229,55 @@ class GraphContext(ABC):
         return self.gat(z, (z * att_src).sum(-1), (self.dst(z) * att_dst).sum(-1), negative_slope=negative_slope,
                         attn_dropout=attn_dropout, seed=seed, add_self_loops=add_self_loops)
 
+    def message_passing(self, message, src, dst=None, *, reduce: str = "sum", self_loops: bool = False,
+                        params=None) -> torch.Tensor:
+        """Reduce a message function of one's own over each output node's in-edges (DGL's ``update_all``,
+        PyG's ``MessagePassing``): the seam for layers the built-in primitives do not cover (GATv2, edge-weighted
+        or relational messages, ...). Runs on every engine that holds edges: ``single``, ``dp``, ``sylvie``,
+        ``sar`` (remote partitions one at a time, fetched again in backward) and the sampled blocks of
+        ``minibatch``; the messages are never kept for the backward pass but recomputed
+        (:mod:`hpc_graph.ops.message`).
+
+        Args:
+            message: ``f(edges) -> float[E, ...]`` for ``sum``/``mean``, or ``(score float[E, H], value
+                float[E, H, ...])`` for ``softmax``; ``edges`` (:class:`~hpc_graph.ops.message.Edges`) has
+                ``src[name]``/``dst[name]`` float[E, ...] (the rows of both ends), ``weight`` float[E]
+                (``/graph/edge_weight``), ``type`` int64[E] (``/graph/edge_type``) and ``loop``. It must be
+                deterministic (it runs again in backward) and its trainable tensors must be the parameters of
+                the module it belongs to (a module or a bound method) or be given in ``params``.
+            src: float[input rows, ...] (:meth:`layer_input`'s rows), or ``{name: tensor}`` of such; a single
+                tensor is named ``"x"``.
+            dst: float[num_nodes, ...] or ``{name: tensor}`` for the destination ends; None: ``dst(t)`` of each
+                ``src`` tensor, under the same names.
+            reduce: ``"sum"``, ``"mean"`` (over the in-edges in the whole graph, the self loop counted) or
+                ``"softmax"`` (``sum_j softmax_j(score_ij) value_ij``). On a sampled block ``sum`` is scaled by
+                ``degree / sampled`` and ``mean``/``softmax`` run over the sampled edges, as :meth:`aggregate`.
+            self_loops: add the edge ``i -> i`` to every output node (``edges.loop`` is True on that batch).
+            params: the trainable tensors ``message`` uses, when it is not a module's method.
+        Returns:
+            float[num_nodes, ...] (``softmax``: float[num_nodes, H, ...]); differentiable in ``src``, ``dst``
+            and the parameters.
+        """
+        from hpc_graph.ops.message import REDUCES, as_fields, message_passing
+
+        if reduce not in REDUCES:
+            raise ValueError(f"message_passing: reduce must be one of {', '.join(REDUCES)}, got {reduce!r}")
+        src_f = as_fields("src", src, None)
+        if not src_f:
+            raise ValueError("message_passing: src needs at least one tensor")
+        dst_f = {k: self.dst(v) for k, v in src_f.items()} if dst is None else as_fields("dst", dst, self.num_nodes)
+        sources, rows, degree = self.message_sources(src_f, reduce, bool(self_loops))
+        return message_passing(sources, message, rows, dst_f, num_out=self.num_nodes, reduce=reduce,
+                               degree=degree, params=params)
+
+    def message_sources(self, src: dict, reduce: str, self_loops: bool):
+        """The engine's side of :meth:`message_passing`: ``(sources, src rows, degree)``, where ``sources``
+        (:class:`~hpc_graph.ops.message.Sources`) yields the blocks of edges and the source rows they index,
+        ``src rows`` are the tensors the op differentiates (``src`` itself, or with halo rows appended) and
+        ``degree`` float[num_nodes] the mean's divisor. Contexts that hold edges override it."""
+        raise NotImplementedError(f"{type(self).__name__}: message_passing (a layer's own message function) is not "
+                                  "available on this engine; it runs on single, dp, sylvie, sar and minibatch")
+
     def layer(self, index: int) -> "GraphContext":
         """The context of message-passing layer ``index`` (0 = the input layer); a full graph is every layer's."""
         return self

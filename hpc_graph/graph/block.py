@@ -42,11 +42,17 @@ class Block(GraphContext):
         src_degree: int64[num_src] in-degree of each source in the whole graph.
         comm: communicator for :meth:`all_reduce_sum` (batch statistics over all ranks).
         complete: optional ``f(h) -> h'`` for :meth:`layer_input` (cached remote rows).
+        edge_fields: ``{"weight": float[E], "type": int64[E]}`` of the sampled edges in ``csr``'s order, the
+            fields the sampler was asked to carry (:meth:`message_passing` reads them); ``missing`` says, per
+            field, why one is absent.
     """
 
     def __init__(self, csr: CSR, src_gid: torch.Tensor, src_orig_id: torch.Tensor, src_degree: torch.Tensor,
-                 comm: Any, complete: Callable[[torch.Tensor], torch.Tensor] | None = None):
+                 comm: Any, complete: Callable[[torch.Tensor], torch.Tensor] | None = None,
+                 edge_fields: dict[str, torch.Tensor] | None = None, missing: dict[str, str] | None = None):
         self.csr = csr
+        self.edge_fields = dict(edge_fields or {})
+        self.missing = dict(missing or {})
         self.num_nodes = int(csr.num_dst)
         self.num_src = int(csr.num_src)
         if src_gid.shape[0] != self.num_src or src_degree.shape[0] != self.num_src:
@@ -71,6 +77,7 @@ class Block(GraphContext):
         out.src_gid, out.src_orig_id, out.src_degree, out._scale64 = (
             t.to(device) for t in (self.src_gid, self.src_orig_id, self.src_degree, self._scale64))
         out._scale = {}
+        out.edge_fields = {k: v.to(device) for k, v in self.edge_fields.items()}
         return out
 
     def _sum_scale(self, dtype: torch.dtype) -> torch.Tensor:
@@ -96,6 +103,17 @@ class Block(GraphContext):
             scale = self._sum_scale(x.dtype)
             out = out * (scale if out.dim() == 2 else scale.unsqueeze(2))
         return out
+
+    def message_sources(self, src: dict, reduce: str, self_loops: bool):
+        """The sampled edges (``sum`` scaled by ``degree / sampled`` per row; ``mean`` over the sampled edges and
+        the self loop), the self loops over the first ``num_nodes`` sources."""
+        from hpc_graph.ops.message import LocalSources, check_rows
+
+        check_rows(src, self.num_src, "one per source of the block, graph.layer_input(h)")
+        scale = self._scale64 if reduce == "sum" else None
+        sources = LocalSources(self.csr, self.edge_fields.get("weight"), self.edge_fields.get("type"), self_loops,
+                               scale=scale, missing=self.missing)
+        return sources, src, self.csr.in_degree() + int(self_loops)
 
     def gat(self, z: torch.Tensor, s_src: torch.Tensor, s_dst: torch.Tensor, *,
             negative_slope: float = 0.2, attn_dropout: float = 0.0, seed: int = 0,
@@ -148,6 +166,9 @@ class BlockStack(GraphContext):
 
     def aggregate(self, x, reduce="sum"):
         self._whole("aggregate")
+
+    def message_sources(self, src, reduce, self_loops):
+        self._whole("message_passing")
 
     def gat(self, z, s_src, s_dst, **kw):
         self._whole("gat")

@@ -106,6 +106,19 @@ class HaloGraph(PartitionGraph):
         out = spmm(self.dg.relational().local, torch.cat([x, halo], 0), reduce)
         return out.view(self.num_nodes, self.num_relations, *x.shape[1:])
 
+    def message_sources(self, src: dict, reduce: str, self_loops: bool):
+        """The halo rows of every ``src`` tensor in one exchange (:meth:`halo`, differentiable), then one local
+        block over ``[owned | halo]`` columns."""
+        from hpc_graph.ops.message import LocalSources, check_rows, edge_types, pack_rows, unpack_rows
+
+        check_rows(src, self.num_nodes, "one per owned node")
+        halo, _ = self.halo(pack_rows(src))
+        rows = {k: torch.cat([v, h], 0) for (k, v), h in zip(src.items(), unpack_rows(halo, src).values())}
+        g = self.dg.local
+        etype = edge_types(g._cache, self.dg.edge_type)
+        sources = LocalSources(g, g.edge_weight, None if etype is None else etype.to(g.device), self_loops)
+        return sources, rows, self.dg.in_degree + int(self_loops)
+
     def gat(self, z: torch.Tensor, s_src: torch.Tensor, s_dst: torch.Tensor, *,
             negative_slope: float = 0.2, attn_dropout: float = 0.0, seed: int = 0,
             add_self_loops: bool = True) -> torch.Tensor:

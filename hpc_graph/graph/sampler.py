@@ -50,6 +50,16 @@ def check_fanouts(fanouts: Any, engine: str, min_layers: int = 1) -> tuple[int, 
     return tuple(int(f) for f in fanouts)
 
 
+#: why a sampled block has no per-edge field the model did not ask for
+NOT_CARRIED = {k: (f"message function: the sampled blocks carry no edge {k}s; declare edge_fields = ('{k}',) on the "
+                   "model (the sampler carries only the per-edge fields a model asks for)") for k in ("weight", "type")}
+
+
+def block_fields(fields: dict[str, np.ndarray], dtype: torch.dtype) -> dict[str, torch.Tensor]:
+    """A block's per-edge fields as tensors: weights in the training dtype, types int64."""
+    return {k: torch.from_numpy(v).to(dtype) if k == "weight" else torch.from_numpy(v) for k, v in fields.items()}
+
+
 def block_csr(counts: np.ndarray, col: np.ndarray, num_src: int) -> Any:
     """The CSR of a sampled block: ``counts[i]`` sampled in-edges of destination ``i``, columns ``col``."""
     from hpc_graph.ops.csr import CSR
@@ -97,6 +107,32 @@ class NeighborSampler:
         # ranks (in the order asked, every asking rank's in turn; None until then)
         self.keep_served = False
         self.served: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None
+        # per-edge dataset fields carried with the sampled edges (:meth:`carry`), in ``nbrs``' order
+        self.edge_data: dict[str, np.ndarray] = {}
+        self._pos: np.ndarray | None = None
+
+    def carry(self, names: tuple[str, ...]) -> dict[str, str]:
+        """Carry the per-edge fields ``names`` (``"weight"``: ``/graph/edge_weight``, ``"type"``:
+        ``/graph/edge_type``) with every sampled edge from now on (:meth:`hop` with ``fields``); remote
+        answers grow by 8 bytes per edge and field. Returns ``{name: why}`` for the fields this partition lacks
+        (not carried)."""
+        dg, g = self.dg, self.dg.local
+        indptr = g.indptr.cpu().numpy().astype(np.int64)
+        rows = np.repeat(np.arange(self.num_owned, dtype=np.int64), np.diff(indptr))
+        order = np.lexsort((dg.local_orig_id.cpu().numpy()[g.indices.cpu().numpy()], rows))  # as ``nbrs``
+        missing, data = {}, {}
+        for name in names:
+            if name == "weight" and g.edge_weight is not None:
+                data[name] = g.edge_weight.cpu().numpy().astype(np.float64)[order]
+            elif name == "type" and dg.edge_type is not None:
+                data[name] = dg.edge_type.astype(np.int64)[order]
+            elif name in ("weight", "type"):
+                missing[name] = f"the dataset has no /graph/edge_{name}"
+            else:
+                raise ValueError(f"edge_fields: unknown per-edge field {name!r} (known: weight, type)")
+        self.edge_data = data
+        self._pos = np.arange(len(self.nbrs), dtype=np.int64) if data else None
+        return missing
 
     def owner(self, gids: np.ndarray) -> np.ndarray:
         """int64 owning rank of each global id."""
@@ -110,26 +146,35 @@ class NeighborSampler:
         rows = gids - self.first
         return self.indptr[rows + 1] - self.indptr[rows]
 
-    def local(self, gids: np.ndarray, fanout: int, key: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """``(counts, nbrs, degree)`` of owned nodes ``gids`` (neighbours as global ids, flat, node by node)."""
+    def local(self, gids: np.ndarray, fanout: int, key: int, fields: bool = False) -> tuple:
+        """``(counts, nbrs, degree)`` of owned nodes ``gids`` (neighbours as global ids, flat, node by node);
+        with ``fields`` a fourth item, ``{name: per-edge values}`` of the carried fields (:meth:`carry`)."""
         from numba_kernels.cpu.sample import sample_neighbors, sample_width
 
+        carried = fields and self._pos is not None
         if gids.size == 0:
-            return np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros(0, np.int64)
+            empty = np.zeros(0, np.int64)
+            out = (empty, empty, empty)
+            return out + ({k: v[:0] for k, v in self.edge_data.items()},) if fields else out
         rows = gids - self.first
         width = sample_width(self.indptr, rows, fanout)
         counts = np.empty(rows.shape[0], dtype=np.int64)
         slots = np.empty(rows.shape[0] * max(width, 1), dtype=np.int64)
-        sample_neighbors(self.indptr, self.nbrs, rows, np.ascontiguousarray(self.orig[rows]), fanout,
-                         np.uint64(key), counts, slots)
+        # the chosen positions depend on (key, node, degree, fanout) only: sampling positions picks the same edges
+        sample_neighbors(self.indptr, self._pos if carried else self.nbrs, rows,
+                         np.ascontiguousarray(self.orig[rows]), fanout, np.uint64(key), counts, slots)
         keep = (np.arange(max(width, 1))[None, :] < counts[:, None]).reshape(-1)
-        return counts, slots[keep], self.indptr[rows + 1] - self.indptr[rows]
+        deg = self.indptr[rows + 1] - self.indptr[rows]
+        if not carried:
+            return (counts, slots[keep], deg) + (({},) if fields else ())
+        pos = slots[keep]
+        return counts, self.nbrs[pos], deg, {k: v[pos] for k, v in self.edge_data.items()}
 
-    def remote(self, gids: np.ndarray, fanout: int, key: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    def remote(self, gids: np.ndarray, fanout: int, key: int, fields: bool = False) -> tuple:
         """Sample other ranks' nodes at their owners (collective: one alltoallv of ids, one of answers).
 
-        The answer to each asking rank is ``[degrees, counts, neighbours]`` of the nodes it asked (2 + count
-        int64 per node).
+        The answer to each asking rank is ``[degrees, counts, neighbours, carried fields]`` of the nodes it asked
+        (2 + count * (1 + fields) int64 per node). ``fields``: as for :meth:`local`.
         """
         comm, size = self.comm, int(self.comm.size)
         owner = self.owner(gids)
@@ -137,73 +182,94 @@ class NeighborSampler:
         b0 = comm.bytes_sent
         ask = np.bincount(owner, minlength=size).astype(np.int64)
         asked, asked_counts = comm.alltoallv(torch.from_numpy(gids[order]), ask)
-        c, nbrs, deg = self.local(asked.numpy(), fanout, key)
+        c, nbrs, deg, carried = self.local(asked.numpy(), fanout, key, fields=True)
+        if not fields:
+            carried = {}
         if self.keep_served:
             self.served = (asked.numpy(), c, nbrs)
-        answer, sizes = _pack_answers(deg, c, nbrs, asked_counts)
+        names = sorted(carried)
+        answer, sizes = _pack_answers(deg, c, [nbrs] + [carried[k].view(np.int64) for k in names], asked_counts)
         got, got_sizes = comm.alltoallv(torch.from_numpy(answer), sizes)
         self.bytes_sent += int(comm.bytes_sent - b0)
         self.messages += 2
-        d_o, c_o, n_o = _unpack_answers(got.numpy(), ask, got_sizes)
+        d_o, c_o, per_edge = _unpack_answers(got.numpy(), ask, got_sizes, 1 + len(names))
+        n_o = per_edge[0]
         out_c = np.empty(gids.size, np.int64)
         out_d = np.empty(gids.size, np.int64)
         out_c[order], out_d[order] = c_o, d_o
         src_start = np.cumsum(c_o) - c_o  # answer j's neighbours in n_o
         dst_start = np.cumsum(out_c) - out_c  # node i's neighbours in the result
         flat = np.empty(int(out_c.sum()), np.int64)
+        at = np.repeat(dst_start[order] - src_start, c_o) + np.arange(flat.size)
         if flat.size:
-            flat[np.repeat(dst_start[order] - src_start, c_o) + np.arange(flat.size)] = n_o
-        return out_c, flat, out_d
+            flat[at] = n_o
+        if not fields:
+            return out_c, flat, out_d
+        got_fields = {}
+        for name, values in zip(names, per_edge[1:]):
+            arr = np.empty(flat.size, self.edge_data[name].dtype)
+            arr[at] = values.view(arr.dtype)
+            got_fields[name] = arr
+        return out_c, flat, out_d, got_fields
 
-    def hop(self, dst: np.ndarray, fanout: int, key: int, exact: bool = True
-            ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """Sampled in-neighbours of every node of ``dst`` (``counts``, flat ``nbrs`` in dst order, degrees).
+    def hop(self, dst: np.ndarray, fanout: int, key: int, exact: bool = True, fields: bool = False) -> tuple:
+        """Sampled in-neighbours of every node of ``dst`` (``counts``, flat ``nbrs`` in dst order, degrees;
+        with ``fields`` a fourth item, the carried per-edge fields in ``nbrs``' order).
 
         ``exact``: remote nodes are sampled by their owners (collective); otherwise every node of
         ``dst`` must be owned.
         """
         if not exact or self.comm.size == 1:
-            return self.local(dst, fanout, key)
+            return self.local(dst, fanout, key, fields)
         mine = self.is_owned(dst)
-        lc, ln, ld = self.local(dst[mine], fanout, key)
-        rc, rn, rd = self.remote(dst[~mine], fanout, key)
+        lc, ln, ld, lf = self.local(dst[mine], fanout, key, fields=True)
+        rc, rn, rd, rf = self.remote(dst[~mine], fanout, key, fields=True)
         counts = np.empty(dst.size, np.int64)
         deg = np.empty(dst.size, np.int64)
         counts[mine], counts[~mine], deg[mine], deg[~mine] = lc, rc, ld, rd
         nbrs = np.empty(int(counts.sum()), np.int64)
+        out_f = {k: np.empty(nbrs.size, v.dtype) for k, v in lf.items()} if fields else {}
         starts = np.cumsum(counts) - counts
-        for sel, flat, cnt in ((np.flatnonzero(mine), ln, lc), (np.flatnonzero(~mine), rn, rc)):
+        for sel, flat, cnt, per in ((np.flatnonzero(mine), ln, lc, lf), (np.flatnonzero(~mine), rn, rc, rf)):
             if sel.size:
-                nbrs[np.repeat(starts[sel] - (np.cumsum(cnt) - cnt), cnt) + np.arange(int(cnt.sum()))] = flat
-        return counts, nbrs, deg
+                at = np.repeat(starts[sel] - (np.cumsum(cnt) - cnt), cnt) + np.arange(int(cnt.sum()))
+                nbrs[at] = flat
+                for k in out_f:
+                    out_f[k][at] = per[k]
+        return (counts, nbrs, deg, out_f) if fields else (counts, nbrs, deg)
 
 
-def _pack_answers(deg: np.ndarray, counts: np.ndarray, nbrs: np.ndarray, per_rank: np.ndarray
+def _pack_answers(deg: np.ndarray, counts: np.ndarray, per_edge: list[np.ndarray], per_rank: np.ndarray
                   ) -> tuple[np.ndarray, np.ndarray]:
-    """The answers to each asking rank ``p`` (``per_rank[p]`` nodes, in order): ``[degrees, counts,
-    neighbours]`` of its nodes, concatenated over ``p``; int64 sizes per asking rank (``2 + count`` per node)."""
+    """The answers to each asking rank ``p`` (``per_rank[p]`` nodes, in order): ``[degrees, counts, then each
+    per-edge int64 array (neighbours, carried fields)]`` of its nodes, concatenated over ``p``; int64 sizes per
+    asking rank (``2 + count * len(per_edge)`` per node)."""
     bounds = np.concatenate([[0], np.cumsum(per_rank)]).astype(np.int64)
     edge_bounds = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)[bounds]
     parts = []
     for p in range(per_rank.size):
         lo, hi = bounds[p], bounds[p + 1]
-        parts += [deg[lo:hi], counts[lo:hi], nbrs[edge_bounds[p]:edge_bounds[p + 1]]]
+        parts += [deg[lo:hi], counts[lo:hi]] + [a[edge_bounds[p]:edge_bounds[p + 1]] for a in per_edge]
     out = np.concatenate(parts).astype(np.int64) if parts else np.zeros(0, np.int64)
-    return out, (2 * np.diff(bounds) + np.diff(edge_bounds)).astype(np.int64)
+    return out, (2 * np.diff(bounds) + len(per_edge) * np.diff(edge_bounds)).astype(np.int64)
 
 
-def _unpack_answers(buf: np.ndarray, asked: np.ndarray, sizes: np.ndarray) -> tuple[np.ndarray, ...]:
+def _unpack_answers(buf: np.ndarray, asked: np.ndarray, sizes: np.ndarray, arrays: int = 1
+                    ) -> tuple[np.ndarray, np.ndarray, list[np.ndarray]]:
     """Inverse of :func:`_pack_answers` at the asking rank: ``asked[q]`` nodes asked of rank ``q`` and the
-    ``sizes[q]`` int64 received from it -> ``(degrees, counts, flat neighbours)`` in the order asked."""
-    degs, cnts, nbrs, off = [], [], [], 0
+    ``sizes[q]`` int64 received from it -> ``(degrees, counts, [each of the ``arrays`` per-edge arrays])``, in
+    the order asked."""
+    degs, cnts, per, off = [], [], [[] for _ in range(arrays)], 0
     for q in range(asked.size):
         n, seg = int(asked[q]), buf[off:off + int(sizes[q])]
         degs.append(seg[:n])
         cnts.append(seg[n:2 * n])
-        nbrs.append(seg[2 * n:])
+        e = (seg.size - 2 * n) // arrays
+        for i in range(arrays):
+            per[i].append(seg[2 * n + i * e:2 * n + (i + 1) * e])
         off += int(sizes[q])
     cat = lambda xs: np.concatenate(xs) if xs else np.zeros(0, np.int64)  # noqa: E731
-    return cat(degs), cat(cnts), cat(nbrs)
+    return cat(degs), cat(cnts), [cat(xs) for xs in per]
 
 
 class SeedSchedule:

@@ -127,6 +127,15 @@ class WholeGraph(GraphContext):
         layout = None if self.clusters is None else self.clusters.layout_in(pat, self.sequence()[1], mode)
         return attend(pat, q, k, v, bias=bias, mode=mode, layout=layout, far_prior=far_prior)
 
+    def message_sources(self, src: dict, reduce: str, self_loops: bool):
+        from hpc_graph.ops.message import LocalSources, check_rows, edge_types
+
+        check_rows(src, self.num_nodes, "one per node")
+        g = self.csr
+        etype = edge_types(g._cache, self.edge_type)
+        sources = LocalSources(g, g.edge_weight, None if etype is None else etype.to(g.device), self_loops)
+        return sources, src, g.in_degree() + int(self_loops)
+
     def with_self_loops(self) -> CSR:
         """The CSR with an edge ``i -> i`` appended to every row (after its in-edges), built once."""
         return self.csr.with_self_loops()

@@ -21,6 +21,7 @@ tensor is ever stored, and all halo rows are never resident at once.
 """
 from __future__ import annotations
 
+import math
 from typing import Any, Iterator
 
 import torch
@@ -486,3 +487,76 @@ def sar_dot_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, table: 
                       comm: Any, prefetch: bool = False) -> torch.Tensor:
     """float[n, H, Dv]: sparse graph-transformer attention run block by block (see :class:`SARDotAttention`)."""
     return SARDotAttention.apply(q, k, v, table, dg, comm, prefetch)
+
+
+# -- a layer's own message function, block by block ---------------------------------------------------
+class SARSources:
+    """The source blocks of :func:`hpc_graph.ops.message.message_passing` under SAR: the local block (and the
+    self loops), then each remote partition's rows in the rotation, all ``src`` tensors in one message per peer.
+    The backward pass fetches each remote block again and returns the gradients of its rows to their owner, as
+    GAT's case-2 backward does; at most one remote block (two with ``prefetch``) is resident at a time."""
+
+    def __init__(self, dg: Any, comm: Any, prefetch: bool, self_loops: bool):
+        from hpc_graph.ops.message import edge_types
+
+        self.dg, self.comm, self.prefetch, self.self_loops = dg, comm, prefetch, self_loops
+        self.missing: dict[str, str] = {}
+        self._types = {q: edge_types(dg.blocks[q]._cache, dg._block_types.get(q)) for q in dg.blocks}
+
+    def _block(self, q: int, rows: dict):
+        from hpc_graph.ops.message import SourceBlock
+
+        b = self.dg.blocks[q]
+        t = self._types[q]
+        return SourceBlock(rows, b, b.edge_weight, None if t is None else t.to(b.device))
+
+    def _local(self, src: dict) -> list:
+        from hpc_graph.ops.message import SourceBlock
+
+        out = [self._block(self.dg.part_id, src)]
+        if self.self_loops:
+            out.append(SourceBlock(src, self.dg.identity(), loop=True))
+        return out
+
+    def _rotation(self, src: dict):
+        from hpc_graph.ops.message import pack_rows, unpack_rows
+
+        dg = self.dg
+        width = sum(math.prod(v.shape[1:]) for v in src.values())
+        dtype = next(iter(src.values())).dtype
+        for send_to, q, rows in _fetch_rotation(dg, self.comm, lambda p: pack_rows(src, dg.send_lid[p]), (width,),
+                                                dtype, self.prefetch):
+            yield send_to, q, (None if rows is None else unpack_rows(rows, src)), width, dtype
+
+    def forward(self, src: dict):
+        yield from self._local(src)
+        for _, q, rows, _, _ in self._rotation(src):
+            if rows is not None:
+                yield self._block(q, rows)
+
+    def backward(self, src: dict, grad_src: dict):
+        from hpc_graph.ops.message import pack_rows, unpack_rows
+
+        dg = self.dg
+        for block in self._local(src):
+            yield block, None
+
+        def add(q: int, packed: torch.Tensor) -> None:  # gradients of the rows we sent to q
+            for name, g in unpack_rows(packed, src).items():
+                grad_src[name].index_add_(0, dg.send_lid[q], g)
+
+        returns = None
+        for send_to, q, rows, width, dtype in self._rotation(src):
+            if returns is None:
+                returns = _Returns(dg, self.comm, None, self.prefetch, feat=(width,), dtype=dtype, device=dg.device,
+                                   add=add)
+            grad_rows = None
+            if rows is not None:
+                got: list[dict] = []
+                yield self._block(q, rows), got.append
+                grad_rows = pack_rows(got[0])
+                del got
+            returns.push(send_to, q, grad_rows)
+            del grad_rows
+        if returns is not None:
+            returns.close()

@@ -1,6 +1,7 @@
 """The scripts of examples/ run as their docstrings say, on Cora, each checked against one process (``single``):
-a layer of one's own (GIN) on ``sar`` over 2 ranks, a PyG ``Data`` partitioned and trained with ``dp``, predictions
-written by 2 ranks into one file. examples/custom_loop.py: tests/mpi/test_user_model.py."""
+a layer of one's own (GIN) and a message function of one's own (GATv2) on ``sar`` over 2 ranks, a PyG ``Data``
+partitioned and trained with ``dp``, predictions written by 2 ranks into one file. examples/custom_loop.py:
+tests/mpi/test_user_model.py."""
 from __future__ import annotations
 
 import re
@@ -44,6 +45,16 @@ def test_custom_layer_on_sar_matches_single(cora, tmp_path):
                   timeout=300, cwd=tmp_path).stdout
     want, got = _losses(one), _losses(two)
     assert len(want) == len(got) == 6
+    assert all(abs(g - w) <= 1e-10 * max(1.0, abs(w)) for g, w in zip(got, want)), (got, want)
+
+
+@pytest.mark.timeout(400)
+def test_message_passing_layer_on_sar_matches_single(cora, tmp_path):
+    one = _one([EXAMPLES / "message_passing.py", cora / "cora.h5", "--engine", "single", "--epochs", "4"], tmp_path)
+    two = run_mpi([EXAMPLES / "message_passing.py", cora / "cora-2parts", "--engine", "sar", "--epochs", "4"], 2,
+                  timeout=300, cwd=tmp_path).stdout
+    want, got = _losses(one), _losses(two)
+    assert len(want) == len(got) == 4
     assert all(abs(g - w) <= 1e-10 * max(1.0, abs(w)) for g, w in zip(got, want)), (got, want)
 
 
