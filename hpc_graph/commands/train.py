@@ -109,6 +109,7 @@ def run(args: argparse.Namespace) -> int:
     import signal
 
     from hpc_graph.train.signals import EXIT_PREEMPTED, STOP_SIGNALS, Preempted, StopSignal
+    from hpc_graph.graph.base import UnsupportedOperation
     from hpc_graph.train.trainer import NonFiniteLossError
     trainer.stop = StopSignal(STOP_SIGNALS + (signal.SIGINT,))  # Ctrl-C: checkpoint and exit 75 too
     try:
@@ -121,6 +122,11 @@ def run(args: argparse.Namespace) -> int:
         if trainer.rank == 0:
             print(f"hpc-graph train: error: {exc}", file=sys.stderr)
         return 1
+    except UnsupportedOperation as exc:  # every rank runs the same model code: all stop here
+        if trainer.rank == 0:
+            print(f"hpc-graph train: error: engine.name: {trainer.engine_name!r} cannot run model "
+                  f"{config.model.name!r}: {exc}", file=sys.stderr)
+        return 2
     if trainer.rank == 0:
         best, test = summary["best_val_acc"], summary["test_acc"]
         med = summary["median_epoch_seconds"]

@@ -28,6 +28,11 @@ import torch
 from torch.nn import functional as F
 
 
+class UnsupportedOperation(NotImplementedError):
+    """A ``GraphContext`` primitive the engine running the model does not provide (``hpc-graph train`` reports it
+    in one line naming the engine and the model)."""
+
+
 class GraphContext(ABC):
     """Engine-neutral view of (this rank's part of) a graph.
 
@@ -124,7 +129,7 @@ class GraphContext(ABC):
         Returns:
             float[T, H, Dv]; differentiable in q, k, v and bias.
         """
-        raise NotImplementedError(f"{type(self).__name__}: graph-transformer attention runs on the 'single' and "
+        raise UnsupportedOperation(f"{type(self).__name__}: graph-transformer attention runs on the 'single' and "
                                   f"'seqpar' engines (sparse layers also on dp, sar, sylvie)")
 
     def node_field(self, name: str) -> torch.Tensor:
@@ -160,7 +165,7 @@ class GraphContext(ABC):
 
     def out_degree(self) -> torch.Tensor:
         """int64[num_nodes]: out-degree of each owned node in the whole graph."""
-        raise NotImplementedError(f"{type(self).__name__}: out_degree is not available on this engine")
+        raise UnsupportedOperation(f"{type(self).__name__}: out_degree is not available on this engine")
 
     def aggregate_relations(self, x: torch.Tensor, reduce: str = "mean") -> torch.Tensor:
         """Aggregate source rows over each owned node's in-edges, one result per edge type.
@@ -178,7 +183,7 @@ class GraphContext(ABC):
         """
         if self.num_relations == 1:
             return self.aggregate(x, reduce).unsqueeze(1)
-        raise NotImplementedError(f"{type(self).__name__}: relation-wise aggregation is not supported here")
+        raise UnsupportedOperation(f"{type(self).__name__}: relation-wise aggregation is not supported here")
 
     @abstractmethod
     def gat(self, z: torch.Tensor, s_src: torch.Tensor, s_dst: torch.Tensor, *,
@@ -275,7 +280,7 @@ class GraphContext(ABC):
         (:class:`~hpc_graph.ops.message.Sources`) yields the blocks of edges and the source rows they index,
         ``src rows`` are the tensors the op differentiates (``src`` itself, or with halo rows appended) and
         ``degree`` float[num_nodes] the mean's divisor. Contexts that hold edges override it."""
-        raise NotImplementedError(f"{type(self).__name__}: message_passing (a layer's own message function) is not "
+        raise UnsupportedOperation(f"{type(self).__name__}: message_passing (a layer's own message function) is not "
                                   "available on this engine; it runs on single, dp, sylvie, sar and minibatch")
 
     def layer(self, index: int) -> "GraphContext":

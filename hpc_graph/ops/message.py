@@ -154,28 +154,37 @@ class LocalSources(Sources):
             yield block, None  # its rows are src: the op adds their gradients into grad_src itself
 
 
-def _chunks(csr: CSR, limit: int) -> list[tuple[int, int]]:
-    """Row ranges ``[lo, hi)`` of ``csr`` holding at most ``limit`` edges each (a row with more is one range);
-    at least one range."""
+def _chunks(csr: CSR, limit: int) -> list[tuple[int, int, int, int]]:
+    """``(lo, hi, e0, e1)``: row ranges ``[lo, hi)`` of ``csr`` holding at most ``limit`` edges each (a row with
+    more is one range), their edges ``[e0, e1)``; at least one range. A CSR of sizes only (planning) is cut into
+    as many even ranges as its edge count needs."""
     key = ("message_chunks", limit)
     if key not in csr._cache:
-        ptr = csr.indptr.cpu()
-        n = csr.num_dst
-        bounds = [0]
-        while bounds[-1] < n:
-            lo = bounds[-1]
-            hi = int(torch.searchsorted(ptr, ptr[lo] + limit, right=True)) - 1
-            bounds.append(min(n, max(hi, lo + 1)))
-        csr._cache[key] = list(zip(bounds[:-1], bounds[1:])) or [(0, 0)]
+        n, e = csr.num_dst, csr.num_edges
+        if csr.is_shape_only:
+            k = max(1, -(-e // limit))
+            out = [(n * i // k, n * (i + 1) // k, e * i // k, e * (i + 1) // k) for i in range(k)]
+        else:
+            ptr = csr.indptr.cpu()
+            bounds = [0]
+            while bounds[-1] < n:
+                lo = bounds[-1]
+                hi = int(torch.searchsorted(ptr, ptr[lo] + limit, right=True)) - 1
+                bounds.append(min(n, max(hi, lo + 1)))
+            out = [(lo, hi, int(ptr[lo]), int(ptr[hi])) for lo, hi in zip(bounds[:-1], bounds[1:])] or [(0, 0, 0, 0)]
+        csr._cache[key] = out
     return csr._cache[key]
 
 
-def _edge_rows(csr: CSR, lo: int, hi: int) -> tuple[torch.Tensor, torch.Tensor, int, int]:
-    """``(rows int64[e], cols int64[e], e0, e1)``: destination and source of the edges of rows ``[lo, hi)``."""
-    e0, e1 = int(csr.indptr[lo]), int(csr.indptr[hi])
+def _edge_rows(csr: CSR, lo: int, hi: int, e0: int, e1: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(rows int64[e], cols int64[e])``: destination and source of the edges ``[e0, e1)`` of rows ``[lo, hi)``
+    (meta tensors of those sizes on a CSR of sizes only)."""
+    if csr.is_shape_only:
+        return (torch.empty(e1 - e0, dtype=torch.int64, device="meta"),
+                torch.empty(e1 - e0, dtype=torch.int64, device="meta"))
     deg = csr.indptr[lo + 1:hi + 1] - csr.indptr[lo:hi]
     rows = torch.repeat_interleave(torch.arange(lo, hi, device=csr.device), deg, output_size=e1 - e0)
-    return rows, csr.indices[e0:e1].to(torch.int64), e0, e1
+    return rows, csr.indices[e0:e1].to(torch.int64)
 
 
 @dataclasses.dataclass
@@ -237,8 +246,8 @@ class _MessagePassing(torch.autograd.Function):
         out = m = den = None
         with torch.no_grad():
             for block in spec.sources.forward(src):
-                for lo, hi in _chunks(block.csr, spec.chunk):  # each chunk is a range of output rows
-                    rows, cols, e0, e1 = _edge_rows(block.csr, lo, hi)
+                for lo, hi, e0, e1 in _chunks(block.csr, spec.chunk):  # each chunk: a range of output rows
+                    rows, cols = _edge_rows(block.csr, lo, hi, e0, e1)
                     r = rows - lo
                     msg = spec.message(Edges({k: v[cols] for k, v in block.rows.items()},
                                              {k: v[rows] for k, v in dst.items()},
@@ -301,8 +310,8 @@ class _MessagePassing(torch.autograd.Function):
             # a block over src itself adds straight into grad_src (give is then not called)
             own = block.rows is src
             grad_rows = grad_src if own else {k: torch.zeros_like(v) for k, v in block.rows.items()}
-            for lo, hi in _chunks(block.csr, spec.chunk):
-                rows, cols, e0, e1 = _edge_rows(block.csr, lo, hi)
+            for lo, hi, e0, e1 in _chunks(block.csr, spec.chunk):
+                rows, cols = _edge_rows(block.csr, lo, hi, e0, e1)
                 if rows.numel() == 0:
                     continue
                 with torch.enable_grad():

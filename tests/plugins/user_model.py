@@ -47,3 +47,19 @@ class NoGraph(nn.Module):
 
 
 NOT_A_FACTORY = 3
+
+
+class OutDegreeScaled(nn.Module):
+    """A model using a primitive the sampled engines do not provide (``graph.out_degree()``): refused in one line
+    on ``minibatch``, naming the engine, the model and the primitive."""
+
+    message_passing_layers = 1
+
+    def __init__(self, in_dim: int, out_dim: int, mc) -> None:
+        super().__init__()
+        self.lin = nn.Linear(in_dim, out_dim)
+
+    def forward(self, graph: hg.GraphContext, x: torch.Tensor) -> torch.Tensor:
+        g = graph.layer(0)
+        h = g.aggregate(g.layer_input(x), "mean") / g.out_degree().clamp(min=1).unsqueeze(1)
+        return self.lin(h)

@@ -119,6 +119,21 @@ def test_cli_bad_model_path_is_one_line(cora, tmp_path):
     assert not (tmp_path / "x").exists()
 
 
+def test_a_primitive_the_engine_lacks_is_one_line_naming_engine_model_and_primitive(cora, tmp_path):
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text(f"data: {{path: {cora}}}\nengine: {{name: minibatch}}\nmodel: {{num_layers: 1}}\n"
+                   "sampler: {fanouts: [5]}\ntrain: {epochs: 1, progress: false}\n")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), str(PLUGINS)])}
+    run = subprocess.run([sys.executable, "-m", "hpc_graph.cli", "-q", "train", "--config", str(cfg), "--model",
+                          "user_model:OutDegreeScaled", "--run-dir", str(tmp_path / "x")], capture_output=True,
+                         text=True, timeout=300, env=env)
+    assert run.returncode == 2, run.stderr
+    assert run.stderr.strip().splitlines()[-1] == (
+        "hpc-graph train: error: engine.name: 'minibatch' cannot run model 'user_model:OutDegreeScaled': Block: "
+        "out_degree is not available on this engine"), run.stderr
+    assert "Traceback" not in run.stderr
+
+
 def test_predict_and_write_predictions(cora, tmp_path):
     import h5py
     import numpy as np
