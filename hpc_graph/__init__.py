@@ -35,6 +35,7 @@ _EXPORTS = {
     "read_partition": "data_io.partition", "read_partition_meta": "data_io.partition",
     "partition_dataset": "data_io.partitioner",
     "from_pyg": "data_io.converters.pyg", "to_pyg": "data_io.converters.pyg",
+    "from_dgl": "data_io.converters.dgl", "to_dgl": "data_io.converters.dgl",
     # engines and the graph interface layers use
     "create_engine": "hpc_graph.engines", "engine_names": "hpc_graph.engines", "register_engine": "hpc_graph.engines",
     "Engine": "hpc_graph.engines.base", "GraphContext": "hpc_graph.graph.base",

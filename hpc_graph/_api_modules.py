@@ -6,7 +6,7 @@ which a generator cannot follow). Everything else is internal and may change wit
 pattern ("!") that leaves out its internal ones."""
 SPECS = (
     "hpc_graph.comm.communicator", "hpc_graph.comm.factory", "hpc_graph.comm.env",
-    "hpc_graph.graph.base",
+    "hpc_graph.graph.base", "hpc_graph.ops.message",
     "hpc_graph.nn", "!hpc_graph\\.nn\\..*",
     "hpc_graph.engines", "!hpc_graph\\.engines\\..*", "hpc_graph.engines.base",
     "hpc_graph.train.trainer", "hpc_graph.train.config", "hpc_graph.train.steps",

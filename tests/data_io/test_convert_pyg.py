@@ -91,3 +91,20 @@ def test_import_error_without_torch_geometric(monkeypatch):
     monkeypatch.setitem(sys.modules, "torch_geometric.data", None)  # import now fails
     with pytest.raises(ImportError, match="pip install torch_geometric"):
         from_pyg(object())
+
+
+def test_edge_types_follow_their_edges_both_ways():
+    from data_io.converters import to_pyg
+
+    data = _random_data(5)
+    data.edge_type = torch.randint(0, 4, (data.edge_index.shape[1],), generator=torch.Generator().manual_seed(5))
+    graph = from_pyg(data)
+    ei = data.edge_index.numpy()
+    order = np.lexsort((ei[0], ei[1]))
+    np.testing.assert_array_equal(graph.edge_type, data.edge_type.numpy()[order])
+    np.testing.assert_array_equal(graph.edge_weight, data.edge_weight.numpy()[order])
+    back = to_pyg(graph)
+    np.testing.assert_array_equal(back.edge_type.numpy(), data.edge_type.numpy()[order])
+    data.edge_type = torch.rand(data.edge_index.shape[1])
+    with pytest.raises(FormatError, match=": edge_type: expected integer"):
+        from_pyg(data)
