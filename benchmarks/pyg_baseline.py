@@ -3,15 +3,19 @@
     python benchmarks/pyg_baseline.py DATA.h5 --model gcn --hidden 128 --epochs 5 --run-dir DIR
     python benchmarks/pyg_baseline.py DATA.h5 --model sage --hidden 128 --epochs 5 --run-dir DIR
     python benchmarks/pyg_baseline.py DATA.h5 --model gat --hidden 32 --heads 4 --epochs 5 --run-dir DIR
+    python benchmarks/pyg_baseline.py DATA.h5 --model gin --hidden 128 --epochs 5 --run-dir DIR
+    python benchmarks/pyg_baseline.py DATA.h5 --model gatv2 --hidden 32 --heads 4 --epochs 5 --run-dir DIR
 
-The same model as ``hpc-graph train`` builds (``hpc_graph.nn.build_model``):
+The same model as ``hpc-graph train`` builds (``hpc_graph.nn.build_model``; ``gin`` and ``gatv2``: the
+user-written models of examples/custom_layer.py and examples/message_passing.py):
 ``num_layers`` convolutions, dropout before every layer (input features too),
-ReLU (GCN, SAGE) or ELU (GAT) between layers; GAT hidden layers concatenate
-``heads`` heads of ``hidden`` features and the output layer has one head.
+ReLU (GCN, SAGE, GIN) or ELU (GAT, GATv2) between layers; GAT and GATv2 hidden layers concatenate
+``heads`` heads of ``hidden`` features and the output layer has one head; a GIN layer is ``GINConv`` with
+a learnable epsilon over the MLP ``Linear(in, hidden), ReLU, Linear(hidden, out)``.
 Adam, cross entropy over the training nodes, the whole graph every step.
 torch_geometric's ``GCNConv`` (default normalisation: self loops added, symmetric
 ``deg^-1/2`` with the in-degree + 1, ``cached=False`` so every forward normalises
-again), ``SAGEConv`` (mean) / ``GATConv`` (self loops added) run on ``edge_index``
+again), ``SAGEConv`` (mean) / ``GATConv`` / ``GATv2Conv`` (self loops added) / ``GINConv`` run on ``edge_index``
 (int64 [2, E], PyG's default input) or, with ``--adj csr``, on a transposed
 ``torch.sparse_csr`` adjacency (SAGE only: PyG's fused sparse path).
 The DGL twin of this script is ``benchmarks/dgl_baseline.py``.
@@ -73,7 +77,7 @@ class _Net:
               dropout: float):
         import torch
         from torch.nn import functional as F
-        from torch_geometric.nn import GATConv, GCNConv, SAGEConv
+        from torch_geometric.nn import GATConv, GATv2Conv, GCNConv, GINConv, SAGEConv
 
         class Net(torch.nn.Module):
             def __init__(self):
@@ -82,18 +86,25 @@ class _Net:
                 width = in_dim
                 for layer in range(num_layers):
                     last = layer == num_layers - 1
+                    attention = {"gat": GATConv, "gatv2": GATv2Conv}.get(model)
                     if model in ("gcn", "sage"):
                         out = out_dim if last else hidden
                         self.convs.append(GCNConv(width, out, cached=False) if model == "gcn"
                                           else SAGEConv(width, out, aggr="mean"))
                         width = out
+                    elif model == "gin":  # sum aggregation, a 2-layer MLP, a learnable epsilon
+                        out = out_dim if last else hidden
+                        mlp = torch.nn.Sequential(torch.nn.Linear(width, hidden), torch.nn.ReLU(),
+                                                  torch.nn.Linear(hidden, out))
+                        self.convs.append(GINConv(mlp, train_eps=True))
+                        width = out
                     elif last:
-                        self.convs.append(GATConv(width, out_dim, heads=1, concat=False))
+                        self.convs.append(attention(width, out_dim, heads=1, concat=False))
                         width = out_dim
                     else:
-                        self.convs.append(GATConv(width, hidden, heads=heads, concat=True))
+                        self.convs.append(attention(width, hidden, heads=heads, concat=True))
                         width = hidden * heads
-                self.act = F.elu if model == "gat" else F.relu
+                self.act = F.elu if attention is not None else F.relu
 
             def forward(self, x, adj):
                 h = x
@@ -109,7 +120,7 @@ class _Net:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("data", help="dataset file (hpc-graph generate|convert)")
-    ap.add_argument("--model", choices=("gcn", "sage", "gat"), required=True)
+    ap.add_argument("--model", choices=("gcn", "sage", "gat", "gin", "gatv2"), required=True)
     ap.add_argument("--hidden", type=int, default=128, help="hidden width (per head for GAT)")
     ap.add_argument("--heads", type=int, default=4, help="GAT heads in hidden layers")
     ap.add_argument("--num-layers", type=int, default=3)

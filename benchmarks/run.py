@@ -123,6 +123,28 @@ def _peer_cell(model: str, scale: int, peers: tuple[str, ...], profiles: tuple[s
                 compare, epochs=4, floor=True, profiles=profiles)
 
 
+def _layers_cell(scale: int, profiles: tuple[str, ...]) -> Cell:
+    """Layers written by a user from the public API (examples/custom_layer.py's GIN through ``graph.aggregate``,
+    examples/message_passing.py's GATv2 through ``graph.message_passing``) against PyG's own, and GATv2 against
+    the built-in GAT's fused kernels (what the generic path costs)."""
+    env = (("PYTHONPATH", os.pathsep.join([str(REPO), str(REPO / "examples")])),)
+    common = ("--num-layers", "3", "--dropout", "0.5", "--lr", "0.01")
+    sides = (Side("GIN of one's own", sets=_FULL + _sets(engine__name="single", model__name="custom_layer:GIN",
+                                                         model__hidden=128), env=env),
+             Side("PyG GINConv", kind="pyg", args=("--model", "gin", "--hidden", "128", *common)),
+             Side("GATv2 of one's own", sets=_FULL + _sets(engine__name="single", model__name="message_passing:GATv2",
+                                                           model__hidden=128), env=env),
+             Side("PyG GATv2Conv", kind="pyg", args=("--model", "gatv2", "--hidden", "32", "--heads", "4", *common)),
+             Side("built-in GAT", sets=_FULL + _sets(engine__name="single", model__name="gat", model__hidden=32)))
+    pairs = (("GIN of one's own", "PyG GINConv"), ("GATv2 of one's own", "PyG GATv2Conv"),
+             ("GATv2 of one's own", "built-in GAT"))
+    targets = tuple(t for i in (0, 1) for t in (
+        Target(f"{pairs[i][0]}: at least 2x the speed of {pairs[i][1]}", "speed", ">=", 2.0, pair=i),
+        Target(f"{pairs[i][0]}: at most 0.5x its memory above the process floor", "memory_net", "<=", 0.5, pair=i)))
+    return Cell(f"layers-s{scale}", "layers", f"3 layers (GIN 128 wide; GATv2 and GAT 4 heads x 32), R-MAT scale "
+                f"{scale}", f"rmat-s{scale}", sides, pairs, epochs=4, floor=True, profiles=profiles, targets=targets)
+
+
 def _engines_cell(scale: int, profiles: tuple[str, ...], four: bool) -> Cell:
     base = _FULL + _sets(model__name="gcn", model__hidden=128)
     sides = [Side("single", sets=base + _sets(engine__name="single")),
@@ -216,6 +238,7 @@ CELLS: tuple[Cell, ...] = (
     _peer_cell("gcn", 18, ("dgl", "pyg"), _F),
     _peer_cell("sage", 18, ("dgl", "pyg"), _F),
     _peer_cell("gat", 18, ("dgl",), _F),
+    _layers_cell(18, _F),
     _peer_cell("gcn", 18, ("dgl-plain",), _F),
     _peer_cell("sage", 18, ("dgl-plain",), _F),
     _peer_cell("gat", 18, ("dgl-plain",), _F),
@@ -239,6 +262,13 @@ SECTIONS = {
               "faster). *memory*: our peak RSS over the peer's; *net*: both above their own process floor (the "
               "same program on a 1,024-node graph: Python, torch, kernels; a peer's floor includes its "
               "framework), the share that grows with the graph."),
+    "layers": ("Layers of one's own against PyG's, one process",
+               "Models written from the public API only: a GIN (sum aggregation through `graph.aggregate`, an MLP, "
+               "a learnable epsilon; examples/custom_layer.py) and a GATv2 (scores from both ends of every edge "
+               "through `graph.message_passing`, which recomputes the messages in backward instead of keeping "
+               "them; examples/message_passing.py), against PyG's `GINConv` and `GATv2Conv` in the same 3-layer "
+               "model, and the GATv2 against the built-in GAT's fused kernels: what the generic path costs. Same "
+               "settings as the section above."),
     "engines": ("Full-graph engines across ranks",
                 "Every engine here computes what `single` computes (the tests check it to 1e-10 in float64, "
                 "dropout included); what changes is the memory per rank, the epoch and the bytes sent. "

@@ -37,22 +37,24 @@ class GINConv(nn.Module):
 
 
 class GIN(nn.Module):
-    """Two GIN layers, dropout keyed on the nodes' dataset ids: built by the Trainer as ``GIN(in_dim, out_dim, mc)``
-    (``mc.hidden``, ``mc.dropout`` from the config)."""
-
-    message_passing_layers = 2
+    """``mc.num_layers`` GIN layers (2 when the section has none), ReLU between them, dropout keyed on the nodes'
+    dataset ids: built by the Trainer as ``GIN(in_dim, out_dim, mc)`` (``mc.hidden``, ``mc.dropout`` from the
+    config)."""
 
     def __init__(self, in_dim: int, out_dim: int, mc) -> None:
         super().__init__()
         self.p = float(mc.dropout)
-        self.convs = nn.ModuleList([GINConv(in_dim, mc.hidden, mc.hidden), GINConv(mc.hidden, out_dim, mc.hidden)])
+        layers = int(getattr(mc, "num_layers", 2) or 2)
+        widths = [in_dim] + [mc.hidden] * (layers - 1) + [out_dim]
+        self.convs = nn.ModuleList(GINConv(a, b, mc.hidden) for a, b in zip(widths[:-1], widths[1:]))
+        self.message_passing_layers = layers  # the blocks a sampled mini-batch needs
 
     def forward(self, graph: hg.GraphContext, x: torch.Tensor) -> torch.Tensor:
         for i, conv in enumerate(self.convs):
             g = graph.layer(i)
             h = hg.nn.dropout(g.layer_input(x), self.p, self.training, g.row_ids())
             x = conv(g, h)
-            if i == 0:
+            if i < len(self.convs) - 1:
                 x = torch.relu(x)
         return x
 

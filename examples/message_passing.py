@@ -83,23 +83,26 @@ class WeightedRelConv(nn.Module):
 
 
 class GATv2(nn.Module):
-    """Two GATv2 layers (``mc.heads`` heads of ``mc.hidden // heads`` features, then one head of the classes), ELU
-    between them, dropout keyed on the nodes' dataset ids. Built by the Trainer as ``GATv2(in_dim, out_dim, mc)``."""
-
-    message_passing_layers = 2
+    """``mc.num_layers`` GATv2 layers (2 when the section has none): ``mc.heads`` heads of ``mc.hidden // heads``
+    features concatenated, then one head of the classes; ELU between them, dropout keyed on the nodes' dataset ids.
+    Built by the Trainer as ``GATv2(in_dim, out_dim, mc)``."""
 
     def __init__(self, in_dim: int, out_dim: int, mc) -> None:
         super().__init__()
         heads = int(getattr(mc, "heads", 1) or 1)
+        width = max(1, mc.hidden // heads)
+        layers = int(getattr(mc, "num_layers", 2) or 2)
         self.p = float(mc.dropout)
-        self.convs = nn.ModuleList([GATv2Conv(in_dim, max(1, mc.hidden // heads), heads),
-                                    GATv2Conv(max(1, mc.hidden // heads) * heads, out_dim, 1)])
+        self.convs = nn.ModuleList([GATv2Conv(in_dim if i == 0 else width * heads, width, heads)
+                                    for i in range(layers - 1)] + [GATv2Conv(width * heads if layers > 1 else in_dim,
+                                                                             out_dim, 1)])
+        self.message_passing_layers = layers  # the blocks a sampled mini-batch needs
 
     def forward(self, graph: hg.GraphContext, x: torch.Tensor) -> torch.Tensor:
         for i, conv in enumerate(self.convs):
             g = graph.layer(i)
             x = conv(g, hg.nn.dropout(g.layer_input(x), self.p, self.training, g.row_ids()))
-            if i == 0:
+            if i < len(self.convs) - 1:
                 x = F.elu(x)
         return x
 

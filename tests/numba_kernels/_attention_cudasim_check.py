@@ -30,7 +30,7 @@ warnings.simplefilter("ignore", RuntimeWarning)  # uint64 hash arithmetic wraps 
 TOL = {np.float32: dict(rtol=3e-4, atol=3e-5), np.float64: dict(rtol=1e-10, atol=1e-12)}
 SIM = os.environ.get("NUMBA_ENABLE_CUDASIM") == "1"
 if SIM:  # simulated threads hand the GIL over at every syncthreads and poll: a short switch interval
-    sys.setswitchinterval(5e-4)
+    sys.setswitchinterval(3e-5)
 #: awkward_graph(rng, num_dst, num_src, num_edges): 24-27 edges; hub row 1 with 13-16 of them, rows of 1-5
 #: edges, empty rows 0 and 5, isolated sources 5-7 (so split_blocks(g, 3)'s last block has no edges: the early
 #: return), self-loops, duplicate edges
