@@ -25,6 +25,7 @@ glibc's own knob, wins over both.
 """
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import ctypes.util
 import logging
@@ -32,7 +33,9 @@ import os
 
 log = logging.getLogger(__name__)
 
-M_MMAP_THRESHOLD = -3  # glibc's mallopt parameter number
+M_MMAP_THRESHOLD = -3  # glibc's mallopt parameter numbers
+M_TRIM_THRESHOLD = -1
+TRIM_DEFAULT = 128 << 10  # glibc's trim threshold once the mmap threshold is fixed (it stops adapting both)
 MAX_THRESHOLD = 32 << 20  # glibc's largest mmap threshold on 64-bit systems
 ENV = "MALLOC_MMAP_THRESHOLD_"
 
@@ -81,6 +84,33 @@ def configure_malloc(threshold: int) -> bool:
     _applied = threshold
     log.debug("malloc: mmap threshold fixed at %d bytes", threshold)
     return True
+
+
+@contextlib.contextmanager
+def heap_blocks(limit: int = 8 << 20):
+    """Within the block, serve allocations below ``limit`` bytes from the heap even where the process fixed a
+    lower mmap threshold: for code that allocates many short-lived temporaries of a few MiB in a loop (a
+    chunked op), which would otherwise page-fault fresh pages in and unmap them again for every one; the heap's
+    freed top is kept for them too (trim threshold ``4 * limit``). On exit the fixed threshold and glibc's trim
+    threshold come back, and the next free returns the heap's top as before. Nothing changes under glibc's
+    adaptive default, ``MALLOC_MMAP_THRESHOLD_`` or another C library."""
+    libc = _libc() if _applied is not None and _applied < limit and not os.environ.get(ENV) else None
+    if libc is not None:  # and keep the freed top of the heap for the next temporaries instead of trimming it
+        libc.mallopt(ctypes.c_int(M_MMAP_THRESHOLD), ctypes.c_int(int(limit)))
+        libc.mallopt(ctypes.c_int(M_TRIM_THRESHOLD), ctypes.c_int(4 * int(limit)))
+    try:
+        yield
+    finally:
+        if libc is not None:
+            libc.mallopt(ctypes.c_int(M_MMAP_THRESHOLD), ctypes.c_int(_applied))
+            libc.mallopt(ctypes.c_int(M_TRIM_THRESHOLD), ctypes.c_int(_trim_threshold()))
+
+
+def _trim_threshold() -> int:
+    try:
+        return int(os.environ.get("MALLOC_TRIM_THRESHOLD_", TRIM_DEFAULT))
+    except ValueError:
+        return TRIM_DEFAULT
 
 
 def malloc_policy() -> str:

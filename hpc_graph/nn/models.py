@@ -135,6 +135,11 @@ MODEL_SPECS: dict[str, ModelSpec] = {s.name: s for s in _SPECS}
 MODELS = tuple(MODEL_SPECS)
 ENTRY_POINT_GROUP = "hpc_graph.models"
 _BUILTIN_MODELS = frozenset(MODELS)
+
+
+def is_builtin_model(name: str) -> bool:
+    """Whether ``name`` is one of the model zoo's own models (not a path or a registered model of one's own)."""
+    return name in _BUILTIN_MODELS
 _discovered = False
 
 

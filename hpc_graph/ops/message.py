@@ -15,7 +15,7 @@ the same chunks again, recomputes each chunk's messages with autograd on and dif
 rematerialisation SAR applies to its remote blocks, here applied to every edge): a layer keeps its inputs and
 output (plus the softmax's running max and denominator, float[n, H]) instead of E x F messages, at the price of
 computing the messages twice. The largest transient is one chunk's messages and their gradients
-(:data:`CHUNK_EDGES` edges).
+(:func:`chunk_edges`: a few MiB, so that they stay in the cache from one op to the next).
 
 Rules for the message function: it must be deterministic (it runs again in the backward pass: a random draw inside
 it must be keyed, not drawn from a stream), and the trainable tensors it uses must reach the op, as the
@@ -34,10 +34,23 @@ from typing import Any, Callable, Iterator, Mapping, Sequence
 
 import torch
 
+from hpc_graph.comm.malloc import heap_blocks
 from hpc_graph.ops.csr import CSR
 
-#: edges per chunk: bounds the transient messages (and, in backward, their gradients) of one call
-CHUNK_EDGES = 1 << 17
+#: bytes of gathered end-point rows per chunk (the chunk's edges times the bytes of one edge's source and destination
+#: rows): a few MiB keep a chunk's messages and their temporaries in the cache between the ops that make them
+CHUNK_BYTES = 8 << 20
+#: edges per chunk when set (tests use tiny chunks); None: from :data:`CHUNK_BYTES`, within [1024, 131072]
+CHUNK_EDGES: int | None = None
+
+
+def chunk_edges(src: dict[str, torch.Tensor], dst: dict[str, torch.Tensor]) -> int:
+    """Edges per chunk for these end-point tensors (:data:`CHUNK_EDGES`, else :data:`CHUNK_BYTES` over the bytes
+    one edge gathers)."""
+    if CHUNK_EDGES is not None:
+        return int(CHUNK_EDGES)
+    row = sum(math.prod(t.shape[1:]) * t.element_size() for t in (*src.values(), *dst.values()))
+    return int(min(1 << 17, max(1024, CHUNK_BYTES // max(1, row))))
 
 REDUCES = ("sum", "mean", "softmax")
 
@@ -244,13 +257,13 @@ class _MessagePassing(torch.autograd.Function):
         dtype = next((t.dtype for t in tensors if t.is_floating_point()), torch.get_default_dtype())
         n, soft = spec.num_out, spec.reduce == "softmax"
         out = m = den = None
-        with torch.no_grad():
+        with torch.no_grad(), heap_blocks():
             for block in spec.sources.forward(src):
                 for lo, hi, e0, e1 in _chunks(block.csr, spec.chunk):  # each chunk: a range of output rows
                     rows, cols = _edge_rows(block.csr, lo, hi, e0, e1)
                     r = rows - lo
-                    msg = spec.message(Edges({k: v[cols] for k, v in block.rows.items()},
-                                             {k: v[rows] for k, v in dst.items()},
+                    msg = spec.message(Edges({k: v.index_select(0, cols) for k, v in block.rows.items()},
+                                             {k: v.index_select(0, rows) for k, v in dst.items()},
                                              *_edge_fields(block, e0, e1, rows, dtype), block.loop,
                                              spec.sources.missing))
                     if soft:
@@ -265,7 +278,7 @@ class _MessagePassing(torch.autograd.Function):
                         keep = torch.where(torch.isinf(ms), torch.zeros_like(ms), torch.exp(ms - new))
                         ls.mul_(keep)
                         os_.mul_(_expand(keep, os_))
-                        e = torch.exp(score - new[r])
+                        e = torch.exp(score - new.index_select(0, r))
                         ls.index_add_(0, r, e)
                         os_.index_add_(0, r, _expand(e, value) * value)
                         ms.copy_(new)
@@ -297,16 +310,32 @@ class _MessagePassing(torch.autograd.Function):
         params = [p for p in inputs[ns + nd:]]
         trainable = [p for p in params if p.requires_grad]
         soft = spec.reduce == "softmax"
+        g = grad_out.contiguous()
         if soft:
             m, den = saved[ns + nd + npar + 1:]
             safe_l = torch.where(den > 0, den, torch.ones_like(den))
-        g = grad_out.contiguous()
+            # g_i . out_i per row and head, float[n, H]: each edge of row i reads it (d score = a (g.v - g.out))
+            g_out = (g * out).reshape(out.shape[0], out.shape[1], -1).sum(-1)
         if spec.reduce == "mean":
             g = g / _expand(spec.degree.clamp(min=1).to(g.dtype), g)
         grad_src = {k: torch.zeros_like(v) for k, v in src.items()}
         grad_dst = {k: torch.zeros_like(v) for k, v in dst.items()}
         grad_par: list[torch.Tensor | None] = [None] * len(trainable)
-        for block, give in spec.sources.backward(src, grad_src):
+        with heap_blocks():
+            _backward_blocks(spec, src, dst, grad_src, grad_dst, grad_par, trainable, g, out,
+                             (m, safe_l, g_out) if soft else None)
+        it = iter(grad_par)
+        par = [next(it) if p.requires_grad else None for p in params]
+        return (None, *[grad_src[k] for k in spec.src_names], *[grad_dst[k] for k in spec.dst_names], *par)
+
+
+def _backward_blocks(spec: _Spec, src: dict, dst: dict, grad_src: dict, grad_dst: dict, grad_par: list,
+                     trainable: list, g: torch.Tensor, out: torch.Tensor, soft: tuple | None) -> None:
+    """Walk the sources again, recompute each chunk's messages with autograd on and add their gradients into
+    ``grad_src``, ``grad_dst`` and ``grad_par`` (``soft``: the softmax's ``(max, denominator, g . out)``)."""
+    if soft is not None:
+        m, safe_l, g_out = soft
+    for block, give in spec.sources.backward(src, grad_src):
             # a block over src itself adds straight into grad_src (give is then not called)
             own = block.rows is src
             grad_rows = grad_src if own else {k: torch.zeros_like(v) for k, v in block.rows.items()}
@@ -315,19 +344,18 @@ class _MessagePassing(torch.autograd.Function):
                 if rows.numel() == 0:
                     continue
                 with torch.enable_grad():
-                    src_e = {k: v[cols].requires_grad_() for k, v in block.rows.items()}
-                    dst_e = {k: v[rows].requires_grad_() for k, v in dst.items()}
+                    src_e = {k: v.index_select(0, cols).requires_grad_() for k, v in block.rows.items()}
+                    dst_e = {k: v.index_select(0, rows).requires_grad_() for k, v in dst.items()}
                     msg = spec.message(Edges(src_e, dst_e, *_edge_fields(block, e0, e1, rows, out.dtype),
                                              block.loop, spec.sources.missing))
-                    g_rows = g[rows]
-                    if soft:
+                    g_rows = g.index_select(0, rows)
+                    if soft is not None:
                         score, value = _check_softmax(msg)
                         with torch.no_grad():  # d score = a (g . v - g . out), d value = a g
-                            a = torch.exp(score - m[rows]) / safe_l[rows]
-                            flat = (value.shape[0], value.shape[1], -1)
-                            gv = (g_rows * value).reshape(flat).sum(-1)
-                            go = (g_rows * out[rows]).reshape(flat).sum(-1)
-                        outs, grads = (score, value), (a * (gv - go), _expand(a, value) * g_rows)
+                            a = torch.exp(score - m.index_select(0, rows)) / safe_l.index_select(0, rows)
+                            gv = (g_rows * value).reshape(value.shape[0], value.shape[1], -1).sum(-1)
+                            gv -= g_out.index_select(0, rows)
+                        outs, grads = (score, value), (a * gv, _expand(a, value) * g_rows)
                     else:
                         msg = _check_message(msg)
                         if block.scale is not None:
@@ -353,9 +381,6 @@ class _MessagePassing(torch.autograd.Function):
             if not own:
                 give(grad_rows)
             del grad_rows
-        it = iter(grad_par)
-        par = [next(it) if p.requires_grad else None for p in params]
-        return (None, *[grad_src[k] for k in spec.src_names], *[grad_dst[k] for k in spec.dst_names], *par)
 
 
 def as_fields(what: str, tensors: torch.Tensor | Mapping[str, torch.Tensor] | None, rows: int | None
@@ -437,7 +462,7 @@ def message_passing(sources: Sources, message: Callable[[Edges], Any], src: dict
         reduce: ``"sum"``, ``"mean"`` or ``"softmax"``.
         degree: float/int[num_out] the mean's divisor (``mean`` only).
         params: trainable tensors ``message`` uses (default: its module's parameters, :func:`message_params`).
-        chunk: edges per chunk (default :data:`CHUNK_EDGES`).
+        chunk: edges per chunk (default :func:`chunk_edges`).
     Returns:
         float[num_out, ...]; differentiable in ``src``, ``dst`` and ``params``.
     """
@@ -449,5 +474,5 @@ def message_passing(sources: Sources, message: Callable[[Edges], Any], src: dict
         raise ValueError("message_passing: reduce='mean' needs the in-degree")
     plist = message_params(message, params)
     spec = _Spec(message, tuple(src), tuple(dst), len(plist), reduce, sources, int(num_out), degree,
-                 int(chunk or CHUNK_EDGES))
+                 int(chunk or chunk_edges(src, dst)))
     return _MessagePassing.apply(spec, *src.values(), *dst.values(), *plist)

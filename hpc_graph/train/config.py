@@ -440,8 +440,13 @@ def config_from_dict(raw: Any) -> Config:
 
 
 def _check_model_fields(config: Config) -> None:
-    """A model field that only some models use must keep its default under any other model."""
+    """A model field that only some built-in models use must keep its default under any other built-in model (a
+    model of one's own receives the whole section and may read any field)."""
+    from hpc_graph.nn.models import is_builtin_model
+
     name = config.model.name
+    if not is_builtin_model(name):
+        return
     for f in dataclasses.fields(ModelConfig):
         models = f.metadata.get("models")
         if models and name not in models and getattr(config.model, f.name) != f.default:

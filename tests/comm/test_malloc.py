@@ -63,6 +63,43 @@ def test_a_fixed_threshold_serves_large_blocks_from_fresh_pages():
     assert _probe(configure=True) == {"applied": True, "mmapped": 1}
 
 
+HEAP_PROBE = textwrap.dedent("""
+    import ctypes, json, sys
+    sys.path.insert(0, {root!r})
+    from hpc_graph.comm.malloc import configure_malloc, heap_blocks
+    configure_malloc(1 << 20)
+    libc = ctypes.CDLL("libc.so.6")
+    class Info(ctypes.Structure):
+        _fields_ = [(n, ctypes.c_size_t) for n in
+                    "arena ordblks smblks hblks hblkhd usmblks fsmblks uordblks fordblks keepcost".split()]
+    libc.mallinfo2.restype = Info
+    libc.malloc.restype, libc.malloc.argtypes = ctypes.c_void_p, [ctypes.c_size_t]
+    libc.free.argtypes = [ctypes.c_void_p]
+    def mmapped(size):
+        before = libc.mallinfo2().hblks
+        block = libc.malloc(size)
+        n = libc.mallinfo2().hblks - before
+        libc.free(block)
+        return n
+    with heap_blocks(8 << 20):
+        inside = [mmapped(4 << 20), mmapped(16 << 20)]
+        kept = libc.mallinfo2().arena  # the freed 4 MiB stays in the heap for the next temporary
+    libc.free(libc.malloc(4 << 20))  # after: the next free of a large block returns the heap's top
+    print(json.dumps({{"inside": inside, "kept_mib": kept >> 20, "after_mib": libc.mallinfo2().arena >> 20}}))
+""")
+
+
+def test_heap_blocks_serves_temporaries_from_the_heap_and_restores_the_fixed_threshold():
+    import os
+    env = {k: v for k, v in os.environ.items() if k != "MALLOC_MMAP_THRESHOLD_"}
+    out = subprocess.run([sys.executable, "-c", HEAP_PROBE.format(root=str(ROOT))], env=env, capture_output=True,
+                         text=True, timeout=120, check=True)
+    # a 4 MiB block from the heap inside, a 16 MiB one (above the limit) still mmapped; the heap kept the freed
+    # 4 MiB inside and gave it back after
+    got = json.loads(out.stdout.strip().splitlines()[-1])
+    assert got["inside"] == [0, 1] and got["kept_mib"] >= 4 and got["after_mib"] < 4, got
+
+
 def test_the_environment_variable_wins():
     got = _probe(configure=True, env_extra={"MALLOC_MMAP_THRESHOLD_": "8388608"})
     assert got == {"applied": False, "mmapped": 0}  # glibc honours the user's 8 MiB: a 2 MiB block stays home

@@ -36,7 +36,7 @@ def _close(got, want, tol=TOL):
     assert float((got - want).abs().max()) <= tol * max(1.0, float(want.abs().max()))
 
 
-@pytest.fixture(params=[7, 1 << 17], ids=["chunks-of-7-edges", "one-chunk"])
+@pytest.fixture(params=[7, 1 << 17, None], ids=["chunks-of-7-edges", "one-chunk", "chunks-by-bytes"])
 def chunk(request, monkeypatch):
     monkeypatch.setattr(message_op, "CHUNK_EDGES", request.param)
     return request.param
