@@ -628,11 +628,19 @@ def read_config(path: str | os.PathLike, overrides: Iterable[str] = ()) -> dict:
 
 
 def check_paths(config: Config) -> None:
-    """Check that ``data.path`` exists (ConfigError naming it otherwise)."""
+    """Check that ``data.path`` exists and that ``train.run_dir`` can be a directory: neither it nor a folder
+    above it is a file (ConfigError naming the option otherwise)."""
     if config.data.path is None:
         raise ConfigError("data.path: required (a dataset file or partition directory), but not given")
     if not os.path.exists(config.data.path):
         raise ConfigError(f"data.path: no such file or directory: {config.data.path}")
+    if config.train.run_dir:
+        path = os.path.abspath(config.train.run_dir)
+        while not os.path.exists(path) and os.path.dirname(path) != path:
+            path = os.path.dirname(path)
+        if not os.path.isdir(path):
+            what = "is" if path == os.path.abspath(config.train.run_dir) else f"is inside {path}, which is"
+            raise ConfigError(f"train.run_dir: {config.train.run_dir} {what} a file, not a directory")
 
 
 # -- reference documentation (docs/configuration.md) ---------------------------------------------

@@ -291,3 +291,15 @@ def test_gt_encodings_check_leaves_an_unreadable_file_to_the_loader(tmp_path):
     cfg = load_config(_write(tmp_path, {"data": {"path": str(path)}, "engine": {"name": "single"},
                                         "model": {"name": "gt", "pe_dim": 8}}))
     assert cfg.model.pe_dim == 8  # no claim about /node/lap_pe of a file that is not HDF5
+
+
+@pytest.mark.parametrize("inside", [False, True], ids=["is-a-file", "inside-a-file"])
+def test_a_run_dir_that_cannot_be_a_directory_is_refused_before_loading(tmp_path, inside):
+    blocker = tmp_path / "runs"
+    blocker.write_text("not a folder")
+    run_dir = blocker / "a" / "b" if inside else blocker
+    config = config_from_dict({"data": {"path": str(tmp_path)}, "train": {"run_dir": str(run_dir)}})
+    with pytest.raises(ConfigError, match=f"^train.run_dir: {run_dir} (is inside {blocker}, which )?is a file, "
+                                          "not a directory$"):
+        check_paths(config)
+    check_paths(config_from_dict({"data": {"path": str(tmp_path)}, "train": {"run_dir": str(tmp_path / "new" / "x")}}))
