@@ -12,7 +12,6 @@ CONFIG=${2:?usage: local.sh NRANKS CONFIG.yaml [RUN_DIR] [args...]}
 RUN_DIR=${3:-runs/local}
 shift $(($# < 3 ? $# : 3))
 
-RESUME=()
-if [ -d "$RUN_DIR/checkpoints" ]; then RESUME=(--resume "$RUN_DIR"); fi
+RESUME=(--resume-if-possible)  # continue from RUN_DIR's newest checkpoint, or start afresh when it has none
 
 exec mpiexec -n "$NRANKS" hpc-graph train --config "$CONFIG" --run-dir "$RUN_DIR" "${RESUME[@]}" "$@"

@@ -48,13 +48,20 @@ def test_local_sh_runs_and_resumes_a_tiny_job(tmp_path):
                                "--set", f"train.epochs={epochs}"], capture_output=True, text=True, env=env,
                               timeout=240, cwd=tmp_path)
 
-    first = local(2)
+    # what a job killed while writing its first checkpoint leaves: no checkpoint, a temporary file, a pid file
+    orphan = run_dir / "checkpoints" / ".ckpt-1.pt.tmp-99999999"  # above any pid_max: not running
+    orphan.parent.mkdir(parents=True)
+    orphan.write_bytes(b"partial")
+    (run_dir / "pids").mkdir()
+    (run_dir / "pids" / "rank7").write_text("4194303\n")
+    first = local(2)  # --resume-if-possible: nothing to resume, a fresh start
     assert first.returncode == 0, first.stdout + first.stderr
+    assert not orphan.exists() and not (run_dir / "pids" / "rank7").exists()
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["epochs"] == 2 and summary["world_size"] == 2 and summary["engine"] == "dp"
     assert first.stdout.startswith("best val acc") and (run_dir / "checkpoints" / "ckpt-2.pt").exists()
 
-    again = local(3)  # RUN_DIR/checkpoints exists: local.sh adds --resume; one more epoch
+    again = local(3)  # a checkpoint now: --resume-if-possible continues from it; one more epoch
     assert again.returncode == 0, again.stdout + again.stderr
     rows = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
     assert [(r["epoch"], r["rank"]) for r in rows] == [(e, r) for e in (1, 2, 3) for r in (0, 1)]

@@ -45,6 +45,10 @@ def add_parser(subparsers) -> None:
     parser.add_argument("--resume", default=None, metavar="RUN_DIR",
                         help="continue the run in RUN_DIR from its newest valid checkpoint; the config comes "
                              "from the checkpoint (a --config given too must match it)")
+    parser.add_argument("--resume-if-possible", action="store_true",
+                        help="with --run-dir: continue from the run directory's newest checkpoint when it has "
+                             "one, else start afresh from --config (what the job scripts use, so that a job "
+                             "killed before its first checkpoint starts again)")
     parser.add_argument("--force", action="store_true",
                         help="start even when the predicted peak memory exceeds what is available "
                              "(HPC_GRAPH_MEMORY_LIMIT, the cgroup limit or the free memory)")
@@ -57,6 +61,10 @@ def run(args: argparse.Namespace) -> int:
     from hpc_graph.train.config import ConfigError, config_from_dict, read_config, train_section
 
     try:
+        if args.resume_if_possible:
+            if args.resume is not None or not args.run_dir or args.config is None:
+                raise ConfigError("--resume-if-possible: give it with --run-dir RUN_DIR and --config, without "
+                                  "--resume (it starts afresh from the config when RUN_DIR has no checkpoint)")
         if args.resume is not None:
             if not args.resume.strip():
                 raise ConfigError("--resume: must be a non-empty path")
@@ -96,7 +104,10 @@ def run(args: argparse.Namespace) -> int:
         from numba_kernels import cpu_cache_state
         warm, cache_dir = cpu_cache_state()  # before anything compiles
         from hpc_graph.train.trainer import Trainer
-        trainer = Trainer(config, resume=args.resume, force_memory=args.force)
+        if args.resume_if_possible:
+            trainer = Trainer(config, resume=args.run_dir, force_memory=args.force, resume_if_possible=True)
+        else:
+            trainer = Trainer(config, resume=args.resume, force_memory=args.force)
     except ConfigError as exc:
         err = CLIError(str(exc))
         err.collective = getattr(exc, "collective", False)  # every rank refused alike: printed once

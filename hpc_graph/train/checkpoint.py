@@ -132,6 +132,37 @@ def load_checkpoint(path: str | os.PathLike) -> dict[str, Any]:
     return state
 
 
+def clean_orphans(run_dir: str | os.PathLike, ranks: int) -> list[Path]:
+    """Remove what killed jobs left in ``run_dir``: temporary checkpoint files (``checkpoints/.ckpt-N.pt.tmp-PID``)
+    whose writing process no longer runs on this host, and ``pids/rank<R>`` files of ranks this job does not
+    have (``R >= ranks``; its own ranks rewrite theirs). Returns the removed paths (each logged)."""
+    removed = []
+    for tmp in checkpoint_dir(run_dir).glob(".ckpt-*.pt.tmp-*"):
+        try:
+            pid = int(tmp.name.rsplit("-", 1)[1])
+        except ValueError:
+            continue
+        if not _running(pid):
+            removed.append(tmp)
+    for pid_file in (Path(run_dir) / "pids").glob("rank*"):
+        if pid_file.name[4:].isdigit() and int(pid_file.name[4:]) >= ranks:
+            removed.append(pid_file)
+    for path in removed:
+        path.unlink(missing_ok=True)
+        log.info("checkpoint: removed %s, left by an earlier job", path)
+    return removed
+
+
+def _running(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # someone else's process
+        return True
+    return True
+
+
 def latest_checkpoint(run_dir: str | os.PathLike) -> tuple[Path, dict[str, Any]]:
     """The newest checkpoint of ``run_dir`` that loads and verifies: ``(path, state)``.
 

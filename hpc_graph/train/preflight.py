@@ -115,10 +115,11 @@ def check_resume(tr: Any, path: Path, state: dict[str, Any]) -> None:
         raise ConfigError(f"--resume: {path} does not match this run: " + "; ".join(probs))
 
 
-def preflight(tr: Any, resume: str | os.PathLike | None) -> dict[str, Any] | None:
+def preflight(tr: Any, resume: str | os.PathLike | None, optional: bool = False) -> dict[str, Any] | None:
     """Check config, data and checkpoint on every rank, then agree: on any rank's problem every rank raises
     (its own error, or one naming the failing rank). Sets ``tr.engine_name``, ``tr.device`` and the
-    allocator policy; returns the checkpoint state to resume from (None for a new run)."""
+    allocator policy; returns the checkpoint state to resume from (None for a new run: also with ``optional``
+    when ``resume`` holds no checkpoint file, the same on every rank)."""
     from hpc_graph.train.faults import FaultInjector
 
     config = tr.config
@@ -140,7 +141,9 @@ def preflight(tr: Any, resume: str | os.PathLike | None) -> dict[str, Any] | Non
         except ValueError as exc:
             raise ConfigError(str(exc)) from None
         configure_malloc(malloc_threshold(config, tr.engine_name))  # before a checkpoint or the data comes in
-        if resume is not None:
+        if resume is not None and optional and not ckpt.list_checkpoints(resume):
+            log.info("%s: no checkpoint yet, starting afresh", resume)
+        elif resume is not None:
             path, state = ckpt.latest_checkpoint(resume)
             found = (str(path), int(state.get("epoch", -1)))
             check_resume(tr, path, state)

@@ -168,6 +168,10 @@ class Trainer:
             (``config.model.name`` becomes ``"<module.Name>"``), so that the memory check and ``plan`` build it
             too; the config's other ``model`` fields reach a factory as ``model_section``. A module given as
             such is trained in place (its parameters are broadcast from rank 0 first).
+        resume: a run directory to continue from its newest valid checkpoint (the run continues there).
+        force_memory: start even when the predicted peak exceeds the memory available.
+        resume_if_possible: with ``resume``: start afresh from ``config`` when that directory holds no
+            checkpoint file yet (every rank must see the same), instead of refusing.
 
     Attributes: ``model``, ``engine``, ``graph`` (``engine.graph``), ``feat``
     (possibly row-normalised; sparse CSR per ``data.feature_layout``), ``optimizer``, ``scheduler``, ``comm``, ``rank``,
@@ -177,7 +181,8 @@ class Trainer:
     """
 
     def __init__(self, config: Config, comm: Any = None, *, model: Any = None,
-                 resume: str | os.PathLike | None = None, force_memory: bool = False):
+                 resume: str | os.PathLike | None = None, force_memory: bool = False,
+                 resume_if_possible: bool = False):
         self._given_model: nn.Module | None = None
         if model is not None:
             config, self._given_model = _adopt_model(config, model)
@@ -201,7 +206,8 @@ class Trainer:
         #: objects with ``before_step(trainer, epoch)`` and ``on_loss(trainer, epoch, iteration, loss) -> loss``
         #: (:mod:`hpc_graph.train.faults`); empty unless a test or ``HPC_GRAPH_DEBUG_FAIL`` installs one
         self.step_hooks: list[Any] = []
-        state = preflight(self, resume)  # every rank checks its inputs; all agree before anything collective
+        # every rank checks its inputs; all agree before anything collective
+        state = preflight(self, resume, optional=resume_if_possible)
         check_memory(self, force_memory)  # refuse (on every rank) what cannot fit, before loading anything
         if resume is not None:
             tc.run_dir = str(resume)
@@ -553,6 +559,8 @@ class Trainer:
         """
         tc = self.config.train
         self.run_dir.mkdir(parents=True, exist_ok=True)
+        if self.rank == 0:
+            ckpt.clean_orphans(self.run_dir, self.size)
         with fail_fast(self), self.stop, self._pid_file():
             return self._fit(tc)
 
