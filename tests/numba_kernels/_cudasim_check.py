@@ -45,7 +45,7 @@ from numba_kernels import get_kernel  # noqa: E402
 
 SIM = os.environ.get("NUMBA_ENABLE_CUDASIM") == "1"
 if SIM:  # simulated threads hand the GIL over at every syncthreads and poll: a short switch interval
-    sys.setswitchinterval(3e-5)
+    sys.setswitchinterval(5e-4)
 
 
 @contextmanager

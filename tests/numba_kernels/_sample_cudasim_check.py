@@ -36,7 +36,7 @@ from numba_kernels.cuda import sample as G  # noqa: E402
 
 warnings.simplefilter("ignore", RuntimeWarning)  # uint64 hash arithmetic wraps on purpose
 if os.environ.get("NUMBA_ENABLE_CUDASIM") == "1":  # simulated threads hand the GIL over at every syncthreads
-    sys.setswitchinterval(3e-5)
+    sys.setswitchinterval(5e-4)
 
 FILL = -7
 

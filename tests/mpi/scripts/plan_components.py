@@ -23,7 +23,7 @@ process (the commands' ``main``, what ``hpc-graph`` runs): ``hpc-graph train --c
 these ranks; kernel rates in one round on a scale-10 synthetic graph), and rank 0 prints every rank's exit
 statuses: ``plan_components: cli exit statuses [[train, train --force, plan], ...]``.
 
-Usage: plan_components.py WORKDIR [DATADIR] [--cli CFG]   (the graphs in DATADIR, default WORKDIR)
+Usage: plan_components.py WORKDIR [DATADIR] [--cli CFG] [--graphs ud|u|d]   (the graphs in DATADIR, default WORKDIR)
 """
 from __future__ import annotations
 
@@ -113,6 +113,7 @@ def main() -> int:
     parser.add_argument("work", type=Path)
     parser.add_argument("data", type=Path, nargs="?")
     parser.add_argument("--cli", default=None)
+    parser.add_argument("--graphs", default="ud", help="u (undirected), d (directed) or both")
     args = parser.parse_args()
     work, data = args.work, args.data or args.work
     comm = get_communicator("mpi")
@@ -132,7 +133,7 @@ def main() -> int:
     variants = (("dp", {"prefetch": True}, 1), ("sar", {"prefetch": True}, 1), ("sar", {"prefetch": False}, 1),
                 ("sylvie", {"bits": 2}, 1), ("sylvie", {"bits": 4, "pipeline": "on", "scale_dtype": "float16"}, 2),
                 ("flow", {"stage_split": "count"}, 1), ("flow", {"stage_split": "count", "microbatches": 3}, 1))
-    for graph in ("u", "d"):
+    for graph in args.graphs:
         for engine, opts, steps in variants:
             prefetch = opts.get("prefetch", True)
             for model in ("gcn", "sage", "gat"):
