@@ -39,22 +39,14 @@ def _losses(text):
 
 
 @pytest.mark.timeout(400)
-def test_custom_layer_on_sar_matches_single(cora, tmp_path):
-    one = _one([EXAMPLES / "custom_layer.py", cora / "cora.h5", "--engine", "single", "--epochs", "6"], tmp_path)
-    two = run_mpi([EXAMPLES / "custom_layer.py", cora / "cora-2parts", "--engine", "sar", "--epochs", "6"], 2,
-                  timeout=300, cwd=tmp_path).stdout
+@pytest.mark.parametrize("script,epochs", [("custom_layer.py", 6), ("message_passing.py", 4)])
+def test_layer_of_ones_own_on_sar_matches_single(cora, tmp_path, script, epochs):
+    args = ["--epochs", str(epochs)]
+    one = _one([EXAMPLES / script, cora / "cora.h5", "--engine", "single", *args], tmp_path)
+    two = run_mpi([EXAMPLES / script, cora / "cora-2parts", "--engine", "sar", *args], 2, timeout=300,
+                  cwd=tmp_path).stdout
     want, got = _losses(one), _losses(two)
-    assert len(want) == len(got) == 6
-    assert all(abs(g - w) <= 1e-10 * max(1.0, abs(w)) for g, w in zip(got, want)), (got, want)
-
-
-@pytest.mark.timeout(400)
-def test_message_passing_layer_on_sar_matches_single(cora, tmp_path):
-    one = _one([EXAMPLES / "message_passing.py", cora / "cora.h5", "--engine", "single", "--epochs", "4"], tmp_path)
-    two = run_mpi([EXAMPLES / "message_passing.py", cora / "cora-2parts", "--engine", "sar", "--epochs", "4"], 2,
-                  timeout=300, cwd=tmp_path).stdout
-    want, got = _losses(one), _losses(two)
-    assert len(want) == len(got) == 4
+    assert len(want) == len(got) == epochs
     assert all(abs(g - w) <= 1e-10 * max(1.0, abs(w)) for g, w in zip(got, want)), (got, want)
 
 
