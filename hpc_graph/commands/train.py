@@ -10,9 +10,10 @@ on shapes, every engine that can be planned) and the job stops, on every rank, w
 a host would need more than it has (``data_io.memory.available_bytes``), or when the estimate fails;
 ``--force`` starts it anyway.
 
-Exit status: 0 done; 1 failed (non-finite loss with ``train.on_nonfinite: stop``;
-a crash on any rank aborts the job with MPI_Abort); 2 bad config, data or resume, or a job that
-would not fit in memory;
+Exit status: 0 done; 1 failed (a crash on any rank aborts the job with MPI_Abort); 2 bad config, data or
+resume, a job that would not fit in memory, or a model the engine cannot run; 3 diverged (a non-finite loss
+with ``train.on_nonfinite: stop``, a loss above ``train.diverge_factor`` times the first epoch's, or
+``train.nonfinite_streak`` skipped steps in a row);
 75 preempted by SIGTERM/SIGUSR1 (or a first Ctrl-C) after writing a checkpoint
 (resume with ``--resume RUN_DIR``). See docs/configuration.md.
 """
@@ -121,7 +122,7 @@ def run(args: argparse.Namespace) -> int:
 
     from hpc_graph.train.signals import EXIT_PREEMPTED, STOP_SIGNALS, Preempted, StopSignal
     from hpc_graph.graph.base import UnsupportedOperation
-    from hpc_graph.train.trainer import NonFiniteLossError
+    from hpc_graph.train.loops import EXIT_DIVERGED, DivergedError
     trainer.stop = StopSignal(STOP_SIGNALS + (signal.SIGINT,))  # Ctrl-C: checkpoint and exit 75 too
     try:
         summary = trainer.fit()
@@ -129,10 +130,10 @@ def run(args: argparse.Namespace) -> int:
         if trainer.rank == 0:
             print(f"hpc-graph train: {exc}", file=sys.stderr)
         return EXIT_PREEMPTED
-    except NonFiniteLossError as exc:
+    except DivergedError as exc:  # a non-finite loss (on_nonfinite: stop), a blown-up loss, a streak of skips
         if trainer.rank == 0:
             print(f"hpc-graph train: error: {exc}", file=sys.stderr)
-        return 1
+        return EXIT_DIVERGED
     except UnsupportedOperation as exc:  # every rank runs the same model code: all stop here
         if trainer.rank == 0:
             print(f"hpc-graph train: error: engine.name: {trainer.engine_name!r} cannot run model "

@@ -41,6 +41,7 @@ _NAME = re.compile(r"^ckpt-(\d+)\.pt$")
 
 # train.* fields that may differ between a checkpoint's config and the config of the resumed run
 RESUMABLE_FIELDS = ("train.epochs", "train.eval_every", "train.checkpoint_every", "train.on_nonfinite",
+                    "train.diverge_factor", "train.nonfinite_streak",
                     "train.progress", "train.comm_backend", "train.run_dir", "train.threads",
                     # Correct & Smooth runs after training: changing it does not change the trained weights
                     "recipes.correct_smooth", "recipes.cs_correct_layers", "recipes.cs_correct_alpha",

@@ -178,6 +178,12 @@ class TrainConfig:
     on_nonfinite: str = _field("stop", _choice("stop", "skip"),
                                "A NaN/Inf loss or gradient on any rank: `stop` raises on every rank naming the "
                                "epoch and ranks; `skip` skips that optimiser step on every rank with a warning.")
+    diverge_factor: float = _field(1000.0, _float(0.0),
+                                   "Stop with exit status 3 when an epoch's loss exceeds this many times the run's "
+                                   "first epoch loss (a blown-up run, e.g. too high a learning rate); 0: never.")
+    nonfinite_streak: int = _field(10, _int(0),
+                                   "With `on_nonfinite: skip`: stop with exit status 3 after this many optimiser "
+                                   "steps in a row were skipped for non-finite values; 0: never.")
     progress: bool = _field(True, _BOOL, "Show a progress bar on rank 0 (stderr).")
     threads: int | None = _field(None, _int(1, optional=True),
                                  "CPU threads per rank for numba, torch and BLAS (`--threads` overrides it). "
@@ -693,9 +699,11 @@ epoch, the ranks agree
 | status | meaning |
 |---|---|
 | 0 | training finished; `RUN_DIR/summary.json` written |
-| 1 | training failed: non-finite loss with `train.on_nonfinite: stop`, or a crash on some rank (MPI_Abort; \
-the log names the rank and the reason) |
+| 1 | a crash on some rank (MPI_Abort; the log names the rank and the reason) |
 | 2 | bad config, data, rank count or resume (one line naming the field or file) |
+| 3 | diverged: a non-finite loss or gradient with `train.on_nonfinite: stop`, an epoch loss above \
+`train.diverge_factor` times the first epoch's, or `train.nonfinite_streak` skipped steps in a row (one line naming \
+the epoch and the loss) |
 | 75 | preempted (SIGTERM/SIGUSR1); a checkpoint was written: resume with `--resume RUN_DIR` |
 
 The debugging variable `HPC_GRAPH_DEBUG_FAIL="rank=R,epoch=E,kind=exception|nan|exit"`

@@ -29,8 +29,44 @@ from hpc_graph.train.steps import sampled_batches, sync_gradients
 log = logging.getLogger(__name__)
 
 
-class NonFiniteLossError(RuntimeError):
+EXIT_DIVERGED = 3  # hpc-graph train's exit status for a run that diverged
+
+
+class DivergedError(RuntimeError):
+    """Training diverged (raised on every rank alike; ``hpc-graph train`` exits 3 with its one line)."""
+
+
+class NonFiniteLossError(DivergedError):
     """A NaN/Inf loss or gradient with ``train.on_nonfinite: stop`` (raised on every rank; names epoch and ranks)."""
+
+
+class DivergenceWatch:
+    """Stops a run whose loss blows up: an epoch's global loss above ``factor`` times the run's first epoch loss
+    (``train.diverge_factor``; 0: off), or ``streak`` optimiser steps in a row skipped for non-finite values under
+    ``train.on_nonfinite: skip`` (``train.nonfinite_streak``; 0: off). Every rank sees the same global loss and
+    flags, so every rank raises alike."""
+
+    def __init__(self, factor: float, streak: int):
+        self.factor, self.streak = float(factor), int(streak)
+        self.first: float | None = None
+        self.skipped = 0
+
+    def update(self, epoch: int, loss: float, ok: bool) -> None:
+        """Raise :class:`DivergedError` naming the epoch and the loss when the run diverged."""
+        if not ok:
+            self.skipped += 1
+            if self.streak and self.skipped >= self.streak:
+                raise agreed(DivergedError(
+                    f"diverged: epoch {epoch}: {self.skipped} optimiser steps in a row skipped for non-finite "
+                    f"values (train.nonfinite_streak: {self.streak}; try a lower optim.lr)"))
+            return
+        self.skipped = 0
+        if self.first is None:
+            self.first = abs(loss)
+        elif self.factor and loss > self.factor * max(self.first, 1e-12):
+            raise agreed(DivergedError(
+                f"diverged: epoch {epoch}: loss {loss:.4g} is more than {self.factor:g}x the first epoch's "
+                f"{self.first:.4g} (train.diverge_factor; try a lower optim.lr)"))
 
 
 def _hooked(tr: Any, epoch: int, iteration: int, loss: torch.Tensor) -> torch.Tensor:
@@ -124,4 +160,5 @@ def apply_gradients(tr: Any, loss: torch.Tensor, epoch: int, where: str = "",
     return float(flags[0]), True
 
 
-__all__ = ["LOOPS", "NonFiniteLossError", "apply_gradients", "full_epoch", "pipeline_epoch", "sampled_epoch"]
+__all__ = ["EXIT_DIVERGED", "LOOPS", "DivergedError", "DivergenceWatch", "NonFiniteLossError", "apply_gradients",
+           "full_epoch", "pipeline_epoch", "sampled_epoch"]

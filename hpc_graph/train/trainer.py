@@ -90,7 +90,7 @@ from hpc_graph.nn.models import ModelSpec, build_from_config, check_forward, reg
 from hpc_graph.train import checkpoint as ckpt
 from hpc_graph.train.config import Config, ConfigError, config_to_dict, validate_config
 from hpc_graph.train.faults import DEBUG_FAIL_ENV  # noqa: F401 - documented here, re-exported
-from hpc_graph.train.loops import LOOPS, NonFiniteLossError  # noqa: F401 - re-exported
+from hpc_graph.train.loops import LOOPS, DivergedError, DivergenceWatch, NonFiniteLossError  # noqa: F401
 from hpc_graph.train.metrics import MERGED_METRICS, MetricsWriter, ProgressBar, merge_metrics, peak_rss_mb
 from hpc_graph.train.preflight import (agreed, check_memory, choose_engine, fail_fast, malloc_threshold,  # noqa: F401
                                        preflight)
@@ -287,6 +287,7 @@ class Trainer:
         self.epoch = 0
         self._last_eval: dict[str, Any] = {}
         self._last_loss = float("nan")
+        self._divergence = DivergenceWatch(tc.diverge_factor, tc.nonfinite_streak)
         if state is not None:
             ckpt.restore_trainer(self, state)
         log.info("trainer: engine %s, %d rank(s), model %s, %d parameters, %d training "
@@ -388,6 +389,7 @@ class Trainer:
         for hook in self.step_hooks:
             hook.before_step(self, epoch)
         loss, ok = LOOPS[self.engine.kind](self, epoch)
+        self._divergence.update(epoch, loss, ok)  # DivergedError on every rank alike
         if self.scheduler is not None:
             self.scheduler.step()
         if self.cotrain is not None and self.cotrain.end_epoch(epoch, loss if ok else float("nan")):

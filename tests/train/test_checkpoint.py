@@ -209,3 +209,31 @@ def test_correct_and_smooth_settings_may_change_on_resume():
     saved, current = config_to_dict(Config()), config_to_dict(Config())
     current["recipes"].update(correct_smooth=True, cs_smooth_alpha=0.7, cs_correct_layers=10)
     assert ckpt.config_problems(saved, current) == []
+
+
+def test_a_blown_up_loss_stops_the_run_naming_epoch_and_loss(graphs, tmp_path):
+    from hpc_graph.train.loops import DivergedError
+
+    cfg = _config(graphs[0], tmp_path / "lr", diverge_factor=50.0)
+    cfg.optim.lr, cfg.optim.schedule = 1e6, "none"  # Adam at lr 1e6: the logits explode after the first step
+    t = Trainer(cfg)
+    first = t.step()
+    with pytest.raises(DivergedError, match=r"^diverged: epoch \d+: loss \S+ is more than 50x the first epoch's"):
+        for _ in range(5):
+            assert t.step() <= 50 * first
+    calm = Trainer(_config(graphs[0], tmp_path / "calm", diverge_factor=50.0))
+    for _ in range(7):  # a run that learns never comes near the factor
+        calm.step()
+
+
+def test_a_streak_of_skipped_steps_stops_the_run(graphs, tmp_path, monkeypatch):
+    from hpc_graph.train.loops import DivergedError, DivergenceWatch
+
+    watch = DivergenceWatch(factor=0.0, streak=3)
+    for epoch, ok in enumerate((True, False, False, True, False, False), start=1):  # a finite step resets it
+        watch.update(epoch, 1.0 if ok else float("nan"), ok)
+    with pytest.raises(DivergedError, match="epoch 7: 3 optimiser steps in a row skipped"):
+        watch.update(7, float("nan"), False)
+    off = DivergenceWatch(factor=0.0, streak=0)
+    for epoch in range(1, 50):
+        off.update(epoch, 1e30 * epoch, epoch % 2 == 0)
