@@ -12,6 +12,15 @@ from hpc_graph.train.config import ConfigError, load_config
 
 ROOT = Path(__file__).resolve().parents[2]
 
+# glibc's allocator and its accounting through ctypes, for the probes below (each one a fresh process)
+LIBC = "; ".join([
+    'libc = ctypes.CDLL("libc.so.6")',
+    'Info = type("Info", (ctypes.Structure,), {"_fields_": [(n, ctypes.c_size_t) for n in '
+    '"arena ordblks smblks hblks hblkhd usmblks fsmblks uordblks fordblks keepcost".split()]})',
+    "libc.mallinfo2.restype = Info",
+    "libc.malloc.restype, libc.malloc.argtypes = ctypes.c_void_p, [ctypes.c_size_t]",
+    "libc.free.argtypes = [ctypes.c_void_p]"])
+
 # A fresh process: a 4 MiB block is freed (glibc's adaptive threshold rises to 4 MiB), then a 2 MiB block is
 # allocated. mallinfo2().hblks counts the blocks served by mmap: with a fixed 1 MiB threshold the 2 MiB block
 # is one of them, with glibc's default it comes from the heap.
@@ -22,13 +31,7 @@ PROBE = textwrap.dedent("""
     if {configure}:
         from hpc_graph.comm.malloc import configure_malloc
         applied = configure_malloc(1 << 20)
-    libc = ctypes.CDLL("libc.so.6")
-    class Info(ctypes.Structure):
-        _fields_ = [(n, ctypes.c_size_t) for n in
-                    "arena ordblks smblks hblks hblkhd usmblks fsmblks uordblks fordblks keepcost".split()]
-    libc.mallinfo2.restype = Info
-    libc.malloc.restype, libc.malloc.argtypes = ctypes.c_void_p, [ctypes.c_size_t]
-    libc.free.argtypes = [ctypes.c_void_p]
+    {libc}
     libc.free(libc.malloc(4 << 20))
     before = libc.mallinfo2().hblks
     block = libc.malloc(2 << 20)
@@ -42,7 +45,8 @@ def _probe(configure: bool, env_extra: dict | None = None) -> dict:
     import os
     env = {k: v for k, v in os.environ.items() if k != "MALLOC_MMAP_THRESHOLD_"}
     env.update(env_extra or {})
-    out = subprocess.run([sys.executable, "-c", PROBE.format(root=str(ROOT), configure=configure)], env=env,
+    out = subprocess.run([sys.executable, "-c", PROBE.format(root=str(ROOT), configure=configure, libc=LIBC)],
+                         env=env,
                          capture_output=True, text=True, timeout=120, check=True)
     return json.loads(out.stdout.strip().splitlines()[-1])
 
@@ -68,13 +72,7 @@ HEAP_PROBE = textwrap.dedent("""
     sys.path.insert(0, {root!r})
     from hpc_graph.comm.malloc import configure_malloc, heap_blocks
     configure_malloc(1 << 20)
-    libc = ctypes.CDLL("libc.so.6")
-    class Info(ctypes.Structure):
-        _fields_ = [(n, ctypes.c_size_t) for n in
-                    "arena ordblks smblks hblks hblkhd usmblks fsmblks uordblks fordblks keepcost".split()]
-    libc.mallinfo2.restype = Info
-    libc.malloc.restype, libc.malloc.argtypes = ctypes.c_void_p, [ctypes.c_size_t]
-    libc.free.argtypes = [ctypes.c_void_p]
+    {libc}
     def mmapped(size):
         before = libc.mallinfo2().hblks
         block = libc.malloc(size)
@@ -92,8 +90,8 @@ HEAP_PROBE = textwrap.dedent("""
 def test_heap_blocks_serves_temporaries_from_the_heap_and_restores_the_fixed_threshold():
     import os
     env = {k: v for k, v in os.environ.items() if k != "MALLOC_MMAP_THRESHOLD_"}
-    out = subprocess.run([sys.executable, "-c", HEAP_PROBE.format(root=str(ROOT))], env=env, capture_output=True,
-                         text=True, timeout=120, check=True)
+    out = subprocess.run([sys.executable, "-c", HEAP_PROBE.format(root=str(ROOT), libc=LIBC)], env=env,
+                         capture_output=True, text=True, timeout=120, check=True)
     # a 4 MiB block from the heap inside, a 16 MiB one (above the limit) still mmapped; the heap kept the freed
     # 4 MiB inside and gave it back after
     got = json.loads(out.stdout.strip().splitlines()[-1])
@@ -183,13 +181,7 @@ TRAINER_PROBE = textwrap.dedent("""
                             "model": {{"name": "sage", "hidden": 8}}, **{extra!r},
                             "train": {{"epochs": 1, "progress": False, "run_dir": {run_dir!r}}}}})
     trainer = Trainer(cfg)
-    libc = ctypes.CDLL("libc.so.6")
-    class Info(ctypes.Structure):
-        _fields_ = [(n, ctypes.c_size_t) for n in
-                    "arena ordblks smblks hblks hblkhd usmblks fsmblks uordblks fordblks keepcost".split()]
-    libc.mallinfo2.restype = Info
-    libc.malloc.restype, libc.malloc.argtypes = ctypes.c_void_p, [ctypes.c_size_t]
-    libc.free.argtypes = [ctypes.c_void_p]
+    {libc}
     libc.free(libc.malloc(30 << 20))
     before = libc.mallinfo2().hblks
     block = libc.malloc(24 << 20)
@@ -214,7 +206,8 @@ def test_the_trainer_applies_the_engines_policy_before_loading(cora_file, tmp_pa
     import os
 
     env = {k: v for k, v in os.environ.items() if k != "MALLOC_MMAP_THRESHOLD_"}
-    code = TRAINER_PROBE.format(root=str(ROOT), data=str(cora_file), engine=engine, run_dir=str(tmp_path / "run"),
+    code = TRAINER_PROBE.format(root=str(ROOT), libc=LIBC, data=str(cora_file), engine=engine,
+                                run_dir=str(tmp_path / "run"),
                                 extra={"sampler": {"fanouts": [3, 3]}} if engine == "minibatch" else {})
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-3000:]
