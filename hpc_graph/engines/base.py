@@ -122,6 +122,9 @@ class Engine(ABC):
     idle_hook: Any = None
     shared_rng: ClassVar[bool] = False
     malloc_mmap_threshold: ClassVar[int] = 1 << 20
+    #: keys beside :data:`CONTEXT` that this engine's ``options_from_config`` adds from the rest of the config for
+    #: its own checks (``check_options``), accepted and left out of ``Options``
+    extra_context: ClassVar[tuple[str, ...]] = ()
 
     graph: GraphContext
     feat: torch.Tensor
@@ -168,7 +171,7 @@ class Engine(ABC):
             return options
         options = dict(options or {})
         fields = {f.name: f for f in cls.option_fields()}
-        unknown = sorted(k for k in options if k not in fields and k not in CONTEXT)
+        unknown = sorted(k for k in options if k not in fields and k not in CONTEXT and k not in cls.extra_context)
         if unknown:
             known = ", ".join(sorted(fields)) or "none"
             raise ConfigError(f"engine options: {', '.join(map(repr, unknown))} not an option of engine "

@@ -188,12 +188,25 @@ class SeqParEngine(Engine):
     data_source = "file"
     shared_rng = True
     Options = SequenceOptions
+    extra_context = ("heads",)
 
     @classmethod
     def model_problem(cls, model: Any, mc: Any) -> str | None:
         if not model.sequence:
             return f"engine.name: 'seqpar' runs the graph transformers (a token sequence), not {mc.name!r}"
         return None
+
+    @classmethod
+    def options_from_config(cls, config: Any) -> dict[str, Any]:
+        """The engine's options, plus the model's attention heads (split over the ranks: checked before loading)."""
+        return {**super().options_from_config(config), "heads": int(config.model.heads)}
+
+    @classmethod
+    def check_options(cls, options: dict[str, Any], size: int) -> None:
+        heads = options.get("heads")
+        if heads is not None and size > 1 and int(heads) % size:
+            raise ValueError(f"model.heads: {heads} heads cannot be split over {size} ranks of engine 'seqpar' "
+                             f"(heads must be a multiple of the number of ranks)")
 
     def __init__(self, source: str, comm: Any, device: torch.device, dtype: torch.dtype,
                  options: dict[str, Any] | None = None):

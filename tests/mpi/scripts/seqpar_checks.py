@@ -16,7 +16,8 @@ token), sparse, dense and interleaved attention:
 * the same with the sequence in RCM and METIS-cluster order (each rank then holds scattered nodes);
 * the cluster-sparse layout (``cluster_beta`` 0 and 0.05, METIS clusters of 8): the same results;
 * the beta tuner fed each rank's own epoch time: every rank takes the same decisions;
-* heads not divisible by P fails with a message naming ``model.heads``;
+* heads not divisible by P fails with a message naming ``model.heads`` (the model on the engine, and the Trainer
+  before it loads anything);
 * the Trainer on ``seqpar`` (each rank with its own random stream, as in a job) against the Trainer on
   ``single``: GT with encodings, 3 steps, losses and parameters (the encodings' random sign flips must be
   drawn alike on every rank).
@@ -158,6 +159,27 @@ def _tuner_agrees(comm, path) -> int:
     return 1
 
 
+def _trainer_refuses_heads(comm, path: Path, work: Path) -> int:
+    """Heads that do not split over the ranks: the Trainer refuses in preflight, before anything is loaded."""
+    from hpc_graph.train.config import ConfigError, config_from_dict
+    from hpc_graph.train.trainer import Trainer
+
+    heads = 6 * comm.size + 1
+    cfg = config_from_dict({"data": {"path": str(path)}, "engine": {"name": "seqpar"},
+                            "model": {"name": "gt", "hidden": heads, "heads": heads, "pe_dim": 0},
+                            "train": {"progress": False, "run_dir": str(work / "heads")}})
+    try:
+        Trainer(cfg, comm)
+    except ConfigError as exc:
+        if not str(exc).startswith(f"model.heads: {heads} heads cannot be split over {comm.size} ranks"):
+            raise AssertionError(f"heads refusal: {exc}") from None
+    else:
+        raise AssertionError("the Trainer accepted heads that do not split over the ranks")
+    if (work / "heads").exists():
+        raise AssertionError("the refused Trainer left a run directory")
+    return 1
+
+
 def _trainer_matches_single(comm, path: Path, work: Path) -> int:
     """The Trainer on ``seqpar`` (whose ranks keep the stream the model was built from) against the Trainer on
     ``single``: GT with encodings, whose random sign flips every rank must draw alike, and dropout, 3 steps,
@@ -238,6 +260,7 @@ def main() -> int:
             else:
                 raise AssertionError("heads not divisible by the ranks was accepted")
             cases += 1
+            cases += _trainer_refuses_heads(comm, path, work)
     except Exception:
         traceback.print_exc()
         sys.stdout.flush()
