@@ -115,8 +115,7 @@ class HaloGraph(PartitionGraph):
         halo, _ = self.halo(pack_rows(src))
         rows = {k: torch.cat([v, h], 0) for (k, v), h in zip(src.items(), unpack_rows(halo, src).values())}
         g = self.dg.local
-        etype = edge_types(g._cache, self.dg.edge_type)
-        sources = LocalSources(g, g.edge_weight, None if etype is None else etype.to(g.device), self_loops)
+        sources = LocalSources(g, g.edge_weight, edge_types(g, self.dg.edge_type), self_loops)
         return sources, rows, self.dg.in_degree + int(self_loops)
 
     def gat(self, z: torch.Tensor, s_src: torch.Tensor, s_dst: torch.Tensor, *,

@@ -93,13 +93,9 @@ class NeighborSampler:
         self.first, self.num_owned = int(dg.first_gid), int(dg.num_owned)
         self.node_ranges = np.asarray(dg.node_ranges, dtype=np.int64)
         g = dg.local
-        indptr = g.indptr.cpu().numpy().astype(np.int64)
-        cols = g.indices.cpu().numpy()
-        gid = dg.local_gid.cpu().numpy()[cols]
-        orig = dg.local_orig_id.cpu().numpy()[cols]
-        rows = np.repeat(np.arange(self.num_owned, dtype=np.int64), np.diff(indptr))
-        order = np.lexsort((orig, rows))  # each row's neighbours in source-dataset id order
-        self.indptr, self.nbrs = indptr, np.ascontiguousarray(gid[order])
+        self.indptr = g.indptr.cpu().numpy().astype(np.int64)
+        order = self._neighbour_order()
+        self.nbrs = np.ascontiguousarray(dg.local_gid.cpu().numpy()[g.indices.cpu().numpy()[order]])
         self.orig = dg.orig_id.cpu().numpy().astype(np.int64)
         self.bytes_sent = 0
         self.messages = 0
@@ -117,9 +113,7 @@ class NeighborSampler:
         answers grow by 8 bytes per edge and field. Returns ``{name: why}`` for the fields this partition lacks
         (not carried)."""
         dg, g = self.dg, self.dg.local
-        indptr = g.indptr.cpu().numpy().astype(np.int64)
-        rows = np.repeat(np.arange(self.num_owned, dtype=np.int64), np.diff(indptr))
-        order = np.lexsort((dg.local_orig_id.cpu().numpy()[g.indices.cpu().numpy()], rows))  # as ``nbrs``
+        order = self._neighbour_order()
         missing, data = {}, {}
         for name in names:
             if name == "weight" and g.edge_weight is not None:
@@ -133,6 +127,14 @@ class NeighborSampler:
         self.edge_data = data
         self._pos = np.arange(len(self.nbrs), dtype=np.int64) if data else None
         return missing
+
+    def _neighbour_order(self) -> np.ndarray:
+        """int64[E]: the local CSR's edges with each row's neighbours in source-dataset id order (``nbrs``'
+        order)."""
+        dg = self.dg
+        cols = dg.local.indices.cpu().numpy()
+        rows = np.repeat(np.arange(self.num_owned, dtype=np.int64), np.diff(self.indptr))
+        return np.lexsort((dg.local_orig_id.cpu().numpy()[cols], rows))
 
     def owner(self, gids: np.ndarray) -> np.ndarray:
         """int64 owning rank of each global id."""

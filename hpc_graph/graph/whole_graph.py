@@ -132,8 +132,7 @@ class WholeGraph(GraphContext):
 
         check_rows(src, self.num_nodes, "one per node")
         g = self.csr
-        etype = edge_types(g._cache, self.edge_type)
-        sources = LocalSources(g, g.edge_weight, None if etype is None else etype.to(g.device), self_loops)
+        sources = LocalSources(g, g.edge_weight, edge_types(g, self.edge_type), self_loops)
         return sources, src, g.in_degree() + int(self_loops)
 
     def with_self_loops(self) -> CSR:

@@ -307,7 +307,7 @@ class _MessagePassing(torch.autograd.Function):
         inputs, out = saved[:ns + nd + npar], saved[ns + nd + npar]
         src = dict(zip(spec.src_names, (t.detach() for t in inputs[:ns])))
         dst = dict(zip(spec.dst_names, (t.detach() for t in inputs[ns:ns + nd])))
-        params = [p for p in inputs[ns + nd:]]
+        params = list(inputs[ns + nd:])
         trainable = [p for p in params if p.requires_grad]
         soft = spec.reduce == "softmax"
         g = grad_out.contiguous()
@@ -428,13 +428,14 @@ def unpack_rows(packed: torch.Tensor, like: dict[str, torch.Tensor]) -> dict[str
     return out
 
 
-def edge_types(cache: dict, types) -> torch.Tensor | None:
-    """int64 tensor of NumPy edge types ``types`` (or None), converted once and kept in ``cache``."""
+def edge_types(csr: CSR, types) -> torch.Tensor | None:
+    """int64 tensor of the NumPy edge types ``types`` of ``csr``'s edges (or None), on its device, made once and
+    kept in its cache."""
     if types is None:
         return None
-    if "edge_type_t" not in cache:
-        cache["edge_type_t"] = torch.from_numpy(types.astype("int64"))
-    return cache["edge_type_t"]
+    if "edge_type_t" not in csr._cache:
+        csr._cache["edge_type_t"] = torch.from_numpy(types.astype("int64")).to(csr.device)
+    return csr._cache["edge_type_t"]
 
 
 def message_params(message: Callable, params: Sequence[torch.Tensor] | None) -> list[torch.Tensor]:

@@ -501,14 +501,13 @@ class SARSources:
 
         self.dg, self.comm, self.prefetch, self.self_loops = dg, comm, prefetch, self_loops
         self.missing: dict[str, str] = {}
-        self._types = {q: edge_types(dg.blocks[q]._cache, dg._block_types.get(q)) for q in dg.blocks}
+        self._types = {q: edge_types(b, dg._block_types.get(q)) for q, b in dg.blocks.items()}
 
     def _block(self, q: int, rows: dict):
         from hpc_graph.ops.message import SourceBlock
 
         b = self.dg.blocks[q]
-        t = self._types[q]
-        return SourceBlock(rows, b, b.edge_weight, None if t is None else t.to(b.device))
+        return SourceBlock(rows, b, b.edge_weight, self._types[q])
 
     def _local(self, src: dict) -> list:
         from hpc_graph.ops.message import SourceBlock
@@ -518,19 +517,23 @@ class SARSources:
             out.append(SourceBlock(src, self.dg.identity(), loop=True))
         return out
 
+    @staticmethod
+    def _message(src: dict) -> tuple[int, torch.dtype]:
+        """Width and dtype of one packed row of every ``src`` tensor (:func:`~hpc_graph.ops.message.pack_rows`)."""
+        return sum(math.prod(v.shape[1:]) for v in src.values()), next(iter(src.values())).dtype
+
     def _rotation(self, src: dict):
         from hpc_graph.ops.message import pack_rows, unpack_rows
 
         dg = self.dg
-        width = sum(math.prod(v.shape[1:]) for v in src.values())
-        dtype = next(iter(src.values())).dtype
+        width, dtype = self._message(src)
         for send_to, q, rows in _fetch_rotation(dg, self.comm, lambda p: pack_rows(src, dg.send_lid[p]), (width,),
                                                 dtype, self.prefetch):
-            yield send_to, q, (None if rows is None else unpack_rows(rows, src)), width, dtype
+            yield send_to, q, None if rows is None else unpack_rows(rows, src)
 
     def forward(self, src: dict):
         yield from self._local(src)
-        for _, q, rows, _, _ in self._rotation(src):
+        for _, q, rows in self._rotation(src):
             if rows is not None:
                 yield self._block(q, rows)
 
@@ -545,11 +548,9 @@ class SARSources:
             for name, g in unpack_rows(packed, src).items():
                 grad_src[name].index_add_(0, dg.send_lid[q], g)
 
-        returns = None
-        for send_to, q, rows, width, dtype in self._rotation(src):
-            if returns is None:
-                returns = _Returns(dg, self.comm, None, self.prefetch, feat=(width,), dtype=dtype, device=dg.device,
-                                   add=add)
+        width, dtype = self._message(src)
+        returns = _Returns(dg, self.comm, None, self.prefetch, feat=(width,), dtype=dtype, device=dg.device, add=add)
+        for send_to, q, rows in self._rotation(src):
             grad_rows = None
             if rows is not None:
                 got: list[dict] = []
@@ -558,5 +559,4 @@ class SARSources:
                 del got
             returns.push(send_to, q, grad_rows)
             del grad_rows
-        if returns is not None:
-            returns.close()
+        returns.close()
