@@ -57,5 +57,5 @@ setup(
             "transformers>=4.40",  # reference BERT for the text encoder's tests (tests/nn/test_text_encoder.py)
         ],
     },
-    entry_points={"console_scripts": ["hpc-graph=hpc_graph.cli:main"]},
+    entry_points={"console_scripts": ["hpc-graph=hpc_graph.cli:run"]},
 )

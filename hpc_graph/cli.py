@@ -11,6 +11,7 @@ import argparse
 import importlib
 import logging
 import sys
+from typing import NoReturn
 
 # sub-command name -> module under hpc_graph.commands
 COMMANDS = {
@@ -130,7 +131,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = _build_parser()
     args = parser.parse_args(argv)
     _setup_logging(args.verbose, args.quiet)
-    from data_io.errors import DataError  # local import keeps `--help` fast
+    from data_io.errors import DataError, is_disk_full  # local import keeps `--help` fast
     from hpc_graph.comm.threads import ThreadSettingError
 
     try:
@@ -140,9 +141,23 @@ def main(argv: list[str] | None = None) -> int:
         if not getattr(exc, "collective", False) or _launch_rank() == 0:  # a collective error: printed once
             _error_line(f"hpc-graph {args.command}: error: {exc}")
         return 2
+    except OSError as exc:  # a full disk is the user's to fix, like a bad input (exit 2); others are crashes
+        if not is_disk_full(exc):
+            raise
+        _error_line(f"hpc-graph {args.command}: error: {exc.filename or 'a write'}: write failed: disk full")
+        return 2
     except KeyboardInterrupt:
         _error_line(f"hpc-graph {args.command}: interrupted")
         return 130
+
+
+def run() -> NoReturn:
+    """The ``hpc-graph`` console script: :func:`main`, then a process exit that skips the interpreter's
+    teardown (:func:`hpc_graph.comm.abort.end_process`, about a second per rank with torch loaded)."""
+    status = main()
+    from hpc_graph.comm.abort import end_process
+
+    end_process(status)
 
 
 def _launch_rank() -> int:
@@ -164,6 +179,6 @@ def _error_line(text: str) -> None:
 if __name__ == "__main__":
     # Re-enter through the package module so that `python -m hpc_graph.cli` and the
     # console script share one CLIError class (commands import it from hpc_graph.cli).
-    from hpc_graph.cli import main as _main
+    from hpc_graph.cli import run as _run
 
-    sys.exit(_main())
+    _run()

@@ -13,7 +13,7 @@ import logging
 import sys
 import threading
 import traceback
-from typing import Any
+from typing import Any, NoReturn
 
 log = logging.getLogger(__name__)
 
@@ -64,3 +64,30 @@ def install_abort_handler(comm: Any) -> None:
     thread_hook._hpc_graph_previous = previous_thread
     sys.excepthook = sys_hook
     threading.excepthook = thread_hook
+
+
+def end_process(status: int) -> NoReturn:
+    """Exit with ``status`` after what a normal exit runs first (non-daemon threads joined, ``atexit``
+    handlers, log handlers, ``MPI_Finalize``, which mpi4py leaves to the interpreter's teardown) but without
+    the interpreter's module teardown, which takes about a second per process once torch is loaded: every rank
+    of every command would pay it. For the end of a command-line process only; never call it from a library."""
+    import atexit
+    import os
+
+    try:
+        main = threading.main_thread()
+        for t in threading.enumerate():
+            if t is not main and not t.daemon:
+                t.join()
+        atexit._run_exitfuncs()
+        mpi = sys.modules.get("mpi4py.MPI")
+        if mpi is not None and mpi.Is_initialized() and not mpi.Is_finalized():
+            mpi.Finalize()
+    finally:
+        logging.shutdown()
+        for stream in (sys.stdout, sys.stderr):
+            try:
+                stream.flush()
+            except Exception:  # a closed stream: nothing left to write
+                pass
+        os._exit(int(status))

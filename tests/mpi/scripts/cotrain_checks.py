@@ -18,7 +18,6 @@ Usage: cotrain_checks.py WORKDIR
 from __future__ import annotations
 
 import sys
-import traceback
 from pathlib import Path
 
 import numpy as np
@@ -145,12 +144,6 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    try:
-        main()
-    except BaseException:
-        traceback.print_exc()
-        sys.stdout.flush()
-        sys.stderr.flush()
-        from mpi4py import MPI
+    from _rank_main import run
 
-        MPI.COMM_WORLD.Abort(1)
+    run(main)

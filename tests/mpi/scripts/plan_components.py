@@ -175,4 +175,6 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from _rank_main import run
+
+    run(main)

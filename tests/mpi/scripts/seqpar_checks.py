@@ -272,4 +272,6 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from _rank_main import run
+
+    run(main)
