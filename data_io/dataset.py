@@ -37,6 +37,7 @@ import h5py
 import numpy as np
 
 from data_io.errors import DataError, FormatError, atomic_output, check_output
+from data_io.integrity import check_header, create_dataset, seal
 
 log = logging.getLogger(__name__)
 
@@ -53,6 +54,22 @@ def feat_chunk_shape(num_rows: int, feat_dim: int) -> tuple[int, int]:
     """HDF5 chunk shape for a row-chunked ``[num_rows, feat_dim]`` float32 array (~1 MiB)."""
     rows = max(1, min(num_rows, (1 << 20) // max(1, 4 * feat_dim)))
     return (rows, max(1, feat_dim))
+
+
+def check_finite(rows: np.ndarray, source: Any, field: str, start: int = 0) -> None:
+    """Raise :class:`FormatError` naming ``source``, ``field`` and the row range when ``rows`` (rows
+    ``start..`` of the field) hold a NaN or an infinity; scanned in blocks (no full-size mask)."""
+    n = rows.shape[0]
+    if not n:
+        return
+    step = max(1, _CHUNK_BYTES // 4 // max(1, rows.itemsize * int(np.prod(rows.shape[1:], dtype=np.int64))))
+    for s in range(0, n, step):
+        block = rows[s:s + step]
+        ok = np.isfinite(block)
+        if not ok.all():
+            first = start + s + int(np.flatnonzero(~ok.reshape(len(block), -1).all(axis=1))[0])
+            raise FormatError(source, field, f"NaN or Inf in row {first} (first found among rows "
+                                             f"[{start}, {start + n}) read): fix or regenerate the data")
 
 
 @dataclasses.dataclass
@@ -336,8 +353,8 @@ class DatasetWriter:
         self._tmp = tmp
         self._h5 = h5py.File(tmp, "w")
         if self.feat_dim:
-            self._h5.create_dataset("node/feat", shape=(self.num_nodes, self.feat_dim), dtype=np.float32,
-                                    chunks=feat_chunk_shape(self.num_nodes, self.feat_dim))
+            create_dataset(self._h5, "node/feat", shape=(self.num_nodes, self.feat_dim), dtype=np.float32,
+                           chunks=feat_chunk_shape(self.num_nodes, self.feat_dim))
         return self
 
     def write_graph(self, indptr: np.ndarray, indices: np.ndarray,
@@ -351,12 +368,12 @@ class DatasetWriter:
         indices = np.asarray(indices)
         if indices.dtype not in (np.int32, np.int64):
             indices = indices.astype(np.int64 if self.num_nodes >= 2**31 else np.int32)
-        self._h5.create_dataset("graph/indptr", data=indptr.astype(np.int64, copy=False))
-        self._h5.create_dataset("graph/indices", data=indices, chunks=True if len(indices) else None)
+        create_dataset(self._h5, "graph/indptr", data=indptr.astype(np.int64, copy=False))
+        create_dataset(self._h5, "graph/indices", data=indices)
         if edge_weight is not None:
-            self._h5.create_dataset("graph/edge_weight", data=np.asarray(edge_weight, dtype=np.float32))
+            create_dataset(self._h5, "graph/edge_weight", data=np.asarray(edge_weight, dtype=np.float32))
         if edge_type is not None:
-            self._h5.create_dataset("graph/edge_type", data=np.asarray(edge_type, dtype=np.int16))
+            create_dataset(self._h5, "graph/edge_type", data=np.asarray(edge_type, dtype=np.int16))
         self.attrs["num_edges"] = int(len(indices))
 
     def write_feat(self, start: int, rows: np.ndarray) -> None:
@@ -376,7 +393,7 @@ class DatasetWriter:
         dtype = np.int64 if field == "label" else np.bool_
         if field != "label" and field not in MASKS:
             raise ValueError(f"unknown node field {field!r}")
-        self._h5.create_dataset(f"node/{field}", data=np.asarray(values, dtype=dtype))
+        create_dataset(self._h5, f"node/{field}", data=np.asarray(values, dtype=dtype))
 
     def write_text(self, texts: Any) -> None:
         """Write ``/node/text``: one str per node (variable-length UTF-8, any length, empty allowed)."""
@@ -389,19 +406,19 @@ class DatasetWriter:
             raise FormatError(self.path, "/node/text", f"node {bad}: expected str, got {type(texts[bad]).__name__}")
         arr = np.empty(self.num_nodes, dtype=object)
         arr[:] = texts
-        self._h5.create_dataset("node/text", data=arr, dtype=h5py.string_dtype("utf-8"),
-                                chunks=(min(self.num_nodes, 16384),))
+        create_dataset(self._h5, "node/text", data=arr, dtype=h5py.string_dtype("utf-8"),
+                       chunks=(min(self.num_nodes, 16384),))
 
     def write_graphs(self, ptr: np.ndarray, label: np.ndarray, masks: dict[str, np.ndarray] | None = None) -> None:
         """Write the per-graph fields of a graph-level dataset: ``ptr`` int64[G+1], ``label`` int64[G],
         ``masks`` {"train_mask"|"val_mask"|"test_mask": bool[G]} (checked with the rest on exit)."""
         assert self._h5 is not None, "use DatasetWriter as a context manager"
-        self._h5.create_dataset("graphs/ptr", data=np.asarray(ptr, dtype=np.int64))
-        self._h5.create_dataset("graphs/label", data=np.asarray(label, dtype=np.int64))
+        create_dataset(self._h5, "graphs/ptr", data=np.asarray(ptr, dtype=np.int64))
+        create_dataset(self._h5, "graphs/label", data=np.asarray(label, dtype=np.int64))
         for m, v in (masks or {}).items():
             if m not in MASKS:
                 raise ValueError(f"unknown graph mask {m!r}; expected one of {MASKS}")
-            self._h5.create_dataset(f"graphs/{m}", data=np.asarray(v, dtype=np.bool_))
+            create_dataset(self._h5, f"graphs/{m}", data=np.asarray(v, dtype=np.bool_))
 
     def __exit__(self, exc_type, exc, tb) -> bool:
         assert self._h5 is not None and self._ctx is not None
@@ -419,6 +436,7 @@ class DatasetWriter:
                 probs = _check_arrays(arrays, str(self.path), self.attrs["num_classes"])
                 if probs:
                     raise probs[0]
+                seal(h5)  # digests last: the content is final
         except BaseException as err:
             self._h5.close()
             self._ctx.__exit__(type(err), err, err.__traceback__)
@@ -521,6 +539,7 @@ class Dataset:
             raise FormatError(self.path, None, f"corrupt or truncated HDF5 file ({exc})") from None
         if probs:
             raise probs[0]
+        check_header(self._h5, self.path)  # attributes only; HDF5 checks each chunk's checksum as it is read
         self._fields = fields
         self.num_nodes = int(fields["indptr"].shape[0] - 1)
         self.num_edges = int(fields["indices"].shape[0])
@@ -619,9 +638,11 @@ class Dataset:
     def feat_rows(self, start: int, stop: int) -> np.ndarray:
         """Feature rows ``[start, stop)`` as float32[stop-start, F]."""
         try:
-            return np.asarray(self.feat[start:stop])
+            rows = np.asarray(self.feat[start:stop])
         except (OSError, RuntimeError) as exc:
             raise FormatError(self.path, "/node/feat", f"unreadable ({exc})") from None
+        check_finite(rows, self.path, "/node/feat", start)  # one pass over the rows read
+        return rows
 
     def graph_rows(self, start: int, stop: int) -> tuple[np.ndarray, np.ndarray, np.ndarray | None,
                                                          np.ndarray | None]:
@@ -683,7 +704,7 @@ class Dataset:
         """Read the whole dataset into memory."""
         return GraphData(
             indptr=self.indptr(), indices=self.indices(),
-            feat=self._read("feat") if features and self.has("feat") else None,
+            feat=self.feat_rows(0, self.num_nodes) if features and self.has("feat") else None,
             label=self._read("label") if self.has("label") else None,
             train_mask=self._read("train_mask") if self.has("train_mask") else None,
             val_mask=self._read("val_mask") if self.has("val_mask") else None,
@@ -744,9 +765,10 @@ def validate_dataset(path: str | os.PathLike) -> list[str]:
                 # read every row once: catches truncated or corrupt chunks
                 step = max(1, _CHUNK_BYTES // max(1, 4 * ds.feat_dim))
                 for s in range(0, ds.num_nodes, step):
-                    rows = ds.feat_rows(s, s + step)
-                    if not np.isfinite(rows).all():
-                        probs.append(FormatError(path, "/node/feat", f"NaN or Inf in rows [{s}, {s + len(rows)})"))
+                    try:
+                        ds.feat_rows(s, s + step)  # checks the values are finite
+                    except FormatError as exc:
+                        probs.append(exc)
                         break
             return [str(p) for p in probs]
     except DataError as exc:

@@ -45,6 +45,7 @@ from data_io._arrays import _lookup, _sorted_unique, alltoallv
 from data_io.dataset import MASKS, open_dataset
 from data_io.errors import DataError, _remove, check_output
 from data_io.memory import peak_rss_mb, require_memory
+from data_io.integrity import FILE_DIGEST_ATTR, seal
 from data_io.partition import META_NAME, Partition, _write_part_h5, part_file_name
 
 log = logging.getLogger(__name__)
@@ -612,6 +613,14 @@ def _run(comm, ds, src, tmp, lo, hi, P, method, seed, lib, imbalance, feat_block
                                                    feat_block_bytes), "features")
         timings["features"] = time.perf_counter() - t
         _mark(peaks, "features")
+        t = time.perf_counter()
+
+        def seal_parts():  # digests last: every part's content is final
+            for p, f in files.items():
+                stats[p]["digest"] = seal(f)
+
+        _agree(comm, seal_parts, "checksums")
+        timings["checksums"] = time.perf_counter() - t
     finally:
         for f in files.values():
             f.close()
@@ -628,6 +637,8 @@ def _run(comm, ds, src, tmp, lo, hi, P, method, seed, lib, imbalance, feat_block
     lib_name = None if lib is None else lib.path
     meta = build_meta(ds, src, node_ranges, arr["edges"], arr["halo"], arr["send"], arr["train"], arr["cut"],
                       method, seed)
+    for p in range(P):
+        meta["parts"][p][FILE_DIGEST_ATTR] = st[p]["digest"]
     meta["balance_edges"] = False
     meta["distributed"] = {"ranks": R, "library": lib_name, "train_swaps": int(swaps), **lib_info,
                            "peak_rss_mb_per_rank": [round(x, 1) for x in peak],

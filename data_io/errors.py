@@ -46,6 +46,11 @@ class OutputExistsError(DataError):
         super().__init__(f"{path}: output exists (use --force to overwrite)")
 
 
+def is_disk_full(exc: BaseException) -> bool:
+    """Whether ``exc`` is a write that failed for lack of space (ENOSPC, or EDQUOT: a quota)."""
+    return isinstance(exc, OSError) and (exc.errno in (errno.ENOSPC, errno.EDQUOT) or "No space" in str(exc))
+
+
 def check_output(path: str | os.PathLike, force: bool) -> Path:
     """Fail early when ``path`` exists and ``force`` is false; check its folder exists."""
     path = Path(path)
@@ -92,7 +97,7 @@ def atomic_output(path: str | os.PathLike, force: bool = False, directory: bool 
         os.replace(tmp, path)
     except OSError as exc:
         _remove(tmp)
-        reason = "disk full" if exc.errno == errno.ENOSPC or "No space" in str(exc) else str(exc)
+        reason = "disk full" if is_disk_full(exc) else str(exc)
         raise DataError(f"{path}: write failed: {reason}") from exc
     except BaseException:
         _remove(tmp)

@@ -17,6 +17,7 @@ import numpy as np
 
 from data_io.dataset import MASKS, open_dataset, validate_dataset
 from data_io.errors import DataError, FormatError
+from data_io.integrity import FILE_DIGEST_ATTR
 from data_io.partition import (META_NAME, Partition, _read_part, meta_problems, part_file_name,
                                read_partition_meta)
 from data_io.partitioner import file_sha256
@@ -92,9 +93,34 @@ def info(path: str | os.PathLike) -> dict[str, Any]:
 
 
 def check_dataset(path: str | os.PathLike) -> dict[str, Any]:
-    """Full validation of a dataset file (every array, every feature row)."""
+    """Full validation of a dataset file (every array, every feature row) and of its checksums."""
     problems = validate_dataset(path)
-    return {"kind": "dataset", "path": str(path), "valid": not problems, "problems": problems, "notes": []}
+    notes: list[str] = []
+    _check_checksums(Path(path), problems, notes)
+    return {"kind": "dataset", "path": str(path), "valid": not problems, "problems": problems, "notes": notes}
+
+
+def _check_checksums(f: Path, probs: list[str], notes: list[str], expected: str | None = None) -> bool:
+    """Recompute every digest of file ``f`` (:func:`data_io.integrity.verify`, against ``expected`` from
+    ``partition.json``); problems and a note on an unprotected file are appended. Returns whether the
+    file carries checksums."""
+    import h5py
+
+    from data_io.integrity import verify
+
+    try:
+        with h5py.File(f, "r") as h5:
+            protected, found = verify(h5, f, expected)
+    except (OSError, KeyError, RuntimeError) as exc:
+        msg = f"{f}: not a readable HDF5 file ({exc})"
+        if msg not in probs:
+            probs.append(msg)
+        return False
+    probs += [str(x) for x in found if str(x) not in probs]
+    if not protected:
+        notes.append(f"{f}: unprotected: written without checksums (rewrite it with this version's "
+                     "convert/generate/partition to add them)")
+    return protected
 
 
 def check(path: str | os.PathLike) -> dict[str, Any]:
@@ -142,11 +168,16 @@ def check_partition(path: str | os.PathLike, compare_source: bool = True) -> dic
     ranges = np.asarray(meta["node_ranges"], dtype=np.int64)
     parts: dict[int, Partition] = {}
     for p in range(P):
-        part, pp = _read_part(d, meta, p, features=False)
+        part, pp = _read_part(d, meta, p, features=False, digests=False)  # digests: _check_checksums
         probs += [str(x) for x in pp]
         if part is not None:
             parts[p] = part
             _check_counts(d, meta, part, probs)
+    for p in range(P):
+        f = d / part_file_name(p)
+        if f.is_file() and _check_checksums(f, probs, res["notes"], meta["parts"][p].get(FILE_DIGEST_ATTR)) \
+                and not meta["parts"][p].get(FILE_DIGEST_ATTR):
+            res["notes"].append(f"{mf}: parts[{p}]: records no content digest (written by an older version)")
     for extra in sorted(set(x.name for x in d.glob("part-*.h5")) - {part_file_name(p) for p in range(P)}):
         res["notes"].append(f"{d / extra}: not listed in {META_NAME} (ignored)")
     # orig_id: a permutation of [0, N)

@@ -50,8 +50,9 @@ from typing import Any
 import h5py
 import numpy as np
 
-from data_io.dataset import MASKS, GraphData, feat_chunk_shape
+from data_io.dataset import MASKS, GraphData, check_finite, feat_chunk_shape
 from data_io.errors import DataError, FormatError, atomic_output
+from data_io.integrity import FILE_DIGEST_ATTR, check_header, create_dataset, seal
 
 log = logging.getLogger(__name__)
 
@@ -238,20 +239,22 @@ def _write_part_h5(h5: h5py.File, part: Partition, feat_dim: int | None = None) 
         value = getattr(part, field)
         if value is None:
             continue
-        h5.create_dataset(path, data=np.asarray(value, dtype=dtype))
+        create_dataset(h5, path, data=np.asarray(value, dtype=dtype))
     if feat_dim:
         n = part.num_owned
-        kw = {"chunks": feat_chunk_shape(n, feat_dim)} if n else {}
-        d = h5.create_dataset("/node/feat", shape=(n, feat_dim), dtype=np.float32, **kw)
+        d = create_dataset(h5, "/node/feat", shape=(n, feat_dim), dtype=np.float32,
+                           chunks=feat_chunk_shape(n, feat_dim) if n else None)
         if part.feat is not None and n:
             d[...] = np.asarray(part.feat, dtype=np.float32)
 
 
-def write_partition(path: str | os.PathLike, part: Partition, *, force: bool = False) -> None:
-    """Write one part file atomically (``partition.json`` is written by the partitioner)."""
+def write_partition(path: str | os.PathLike, part: Partition, *, force: bool = False) -> str:
+    """Write one part file atomically (``partition.json`` is written by the partitioner); return its
+    content digest (:func:`data_io.integrity.seal`), which ``partition.json`` records."""
     with atomic_output(path, force) as tmp:
         with h5py.File(tmp, "w") as h5:
             _write_part_h5(h5, part)
+            return seal(h5)
 
 
 # -- reading -----------------------------------------------------------------------------------
@@ -314,6 +317,8 @@ def meta_problems(meta: Any, source: str) -> list[FormatError]:
         for key in ("num_nodes", "num_edges", "num_halo", "num_train"):
             if not _is_int(e.get(key)) or e[key] < 0:
                 bad(f"{where}.{key}", f"expected a non-negative integer, got {e.get(key)!r}")
+        if e.get(FILE_DIGEST_ATTR) is not None and not isinstance(e[FILE_DIGEST_ATTR], str):
+            bad(f"{where}.{FILE_DIGEST_ATTR}", f"expected a hex string, got {e[FILE_DIGEST_ATTR]!r}")
         if _is_int(e.get("num_nodes")) and e["num_nodes"] != r[p + 1] - r[p]:
             bad(f"{where}.num_nodes", f"{e['num_nodes']} does not match node_ranges ({r[p + 1] - r[p]})")
         if _is_int(e.get("num_edges")):
@@ -341,9 +346,11 @@ def read_partition_meta(path: str | os.PathLike) -> dict:
     return meta
 
 
-def _read_part(d: Path, meta: dict, part_id: int, features: bool = True
+def _read_part(d: Path, meta: dict, part_id: int, features: bool = True, digests: bool = True
                ) -> tuple[Partition | None, list[FormatError]]:
-    """Read and check part ``part_id`` of directory ``d``; return (part or None, problems)."""
+    """Read and check part ``part_id`` of directory ``d``; return (part or None, problems). ``digests``:
+    compare the recorded file digest with the attributes and ``partition.json`` (``hpc-graph check``
+    verifies the digests itself and reads the part regardless)."""
     f = d / part_file_name(part_id)
     probs: list[FormatError] = []
 
@@ -397,9 +404,23 @@ def _read_part(d: Path, meta: dict, part_id: int, features: bool = True
                 arrays[field] = obj[...]
             except (OSError, RuntimeError, ValueError) as exc:
                 bad(path, f"unreadable (corrupt or truncated: {exc})")
+                continue
+            if field == "feat":
+                try:
+                    check_finite(arrays[field], f, path)  # the rank's own rows, one pass
+                except FormatError as exc:
+                    probs.append(exc)
         if probs:
             return None, probs
+        digest_problem: FormatError | None = None
+        try:  # attributes only; HDF5 checked each chunk's Fletcher32 checksum as the arrays were read
+            if digests:
+                check_header(h5, f, meta["parts"][part_id].get(FILE_DIGEST_ATTR))
+        except FormatError as exc:
+            digest_problem = exc
     probs += _array_problems(f, meta, part_id, arrays)
+    if not probs and digest_problem is not None:  # a field's own problem is the more precise report
+        probs.append(digest_problem)
     if probs:
         return None, probs
     part = Partition(part_id=part_id, num_parts=meta["num_parts"],

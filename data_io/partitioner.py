@@ -26,6 +26,7 @@ import numpy as np
 
 from data_io.dataset import MASKS, Dataset, open_dataset
 from data_io.errors import DataError, atomic_output, check_output
+from data_io.integrity import FILE_DIGEST_ATTR, seal
 from data_io.partition import FORMAT, META_NAME, VERSION, Partition, _write_part_h5, part_file_name
 
 log = logging.getLogger(__name__)
@@ -428,6 +429,8 @@ def _write_parts(tmp: Path, ds: Dataset, plan: _Plan, node: dict[str, np.ndarray
                 _write_part_h5(files[p], plan.part(p, node, meta), F)
             if F:
                 _scatter_features(ds, plan, files)
+            for p in group:  # digests last: every part's content is final
+                meta["parts"][p][FILE_DIGEST_ATTR] = seal(files[p])
         finally:
             for f in files.values():
                 f.close()

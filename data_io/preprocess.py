@@ -18,6 +18,7 @@ import h5py
 import numpy as np
 
 from data_io.errors import FormatError
+from data_io.integrity import FILE_DIGEST_ATTR, create_dataset, seal
 
 log = logging.getLogger(__name__)
 
@@ -125,7 +126,7 @@ def add_node_field(path: str | os.PathLike, name: str, values: np.ndarray, *, fo
         if tmp in h5:
             del h5[tmp]
         try:
-            h5.create_dataset(tmp, data=values)
+            create_dataset(h5, tmp, data=values)
             h5.flush()
         except BaseException:
             if tmp in h5:
@@ -134,3 +135,5 @@ def add_node_field(path: str | os.PathLike, name: str, values: np.ndarray, *, fo
         if f"node/{name}" in h5:
             del h5[f"node/{name}"]
         h5.move(tmp, f"node/{name}")
+        if FILE_DIGEST_ATTR in h5.attrs:  # a sealed file stays sealed: digest the new field, then the file
+            seal(h5, changed=(f"node/{name}",))

@@ -87,7 +87,9 @@ def test_check_reports_problems(tmp_path, src, capsys):
     assert "part-00001.h5: /graph/indices: local id" in err and "part-00002.h5: missing part file" in err
     assert main(["check", str(out), "--json"]) == 1
     res = json.loads(capsys.readouterr().out)
-    assert not res["valid"] and len(res["problems"]) == 2
+    assert not res["valid"] and len(res["problems"]) == 3, res["problems"]  # the edit shows in the digest too
+    assert any("part-00001.h5: /graph/indices: content differs from its recorded sha256" in p
+               for p in res["problems"])
 
 
 def test_missing_input(tmp_path, capsys):

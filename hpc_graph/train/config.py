@@ -209,6 +209,11 @@ class CommConfig:
     link_latency: Any = _field(0.0, _LATENCY,
                                "Latency per message of the modelled link: seconds, or a string with a unit "
                                "(`50us`, `1ms`). Only used with `link_bandwidth`.")
+    timeout: float = _field(600.0, _float(0.0),
+                            "Stall watchdog: when one collective or exchange on a rank makes no progress for "
+                            "this many seconds (a peer rank stopped, frozen or lost), that rank logs one line "
+                            "naming itself and the operation and aborts the whole job (exit status 1, or 75 "
+                            "when a stop signal had already arrived). 0: off (wait for ever).")
 
 
 @dataclasses.dataclass
@@ -498,12 +503,15 @@ def _check_engine_fields(config: Config, name: str | None = None) -> None:
             raise ConfigError(f"model.name: {mc.name!r} runs on engine.name {' or '.join(map(repr, able))}, "
                               f"not {name!r}: {problem}")
     if mc.name == "gt" and mc.pe_dim and os.path.isfile(str(config.data.path)):  # a partition: checked on load
-        from data_io.dataset import dataset_field_shape
+        from data_io.dataset import dataset_field_shape, open_dataset
 
         try:
             shape, readable = dataset_field_shape(config.data.path, "/node/lap_pe"), True
-        except OSError:  # not an HDF5 file: the loader names the problem
+        except (OSError, KeyError, RuntimeError, ValueError):  # not an HDF5 file: the loader names the problem
             shape, readable = None, False
+        if readable and shape is None:  # missing, or unreadable in a damaged file: a damaged file is named as
+            with open_dataset(config.data.path, check_values=False):  # such (DataError), never sent to preprocess
+                pass
         if readable and (shape is None or len(shape) != 2 or shape[1] < mc.pe_dim):
             have = "is missing" if shape is None else f"has {shape[1] if len(shape) == 2 else shape} column(s)"
             raise ConfigError(f"model.pe_dim: {mc.pe_dim} positional-encoding columns, but /node/lap_pe of "
@@ -696,15 +704,24 @@ epoch, the ranks agree
 
 ## Exit status of `hpc-graph train`
 
+The same on every engine and rank count; each error is one line (per rank that
+found it, prefixed `rank R:` in a multi-rank job), never a traceback, except a crash (1).
+
 | status | meaning |
 |---|---|
 | 0 | training finished; `RUN_DIR/summary.json` written |
-| 1 | a crash on some rank (MPI_Abort; the log names the rank and the reason) |
-| 2 | bad config, data, rank count or resume (one line naming the field or file) |
+| 1 | a crash on some rank (MPI_Abort; the log names the rank and the reason, with its traceback), or a rank that \
+made no progress for `comm.timeout` seconds (a stopped, frozen or lost peer; the line names the waiting rank and \
+the operation) |
+| 2 | bad input: config, data (a missing, unreadable or corrupt file; a checksum that fails; NaN or Inf features, \
+with file, field and row), rank count or resume, found before or while loading; or a full disk on any write (a \
+checkpoint, the metrics). One line naming the field or file; nothing is left half-written |
 | 3 | diverged: a non-finite loss or gradient with `train.on_nonfinite: stop`, an epoch loss above \
 `train.diverge_factor` times the first epoch's, or `train.nonfinite_streak` skipped steps in a row (one line naming \
 the epoch and the loss) |
-| 75 | preempted (SIGTERM/SIGUSR1); a checkpoint was written: resume with `--resume RUN_DIR` |
+| 75 | preempted (SIGTERM/SIGUSR1/Ctrl-C): after the first epoch began, a checkpoint was written (resume with \
+`--resume RUN_DIR`); before, there is nothing to resume and the line says so (`--resume-if-possible`, which every \
+job script uses, starts such a job afresh). Also a stall (see 1) after a stop signal had arrived |
 
 The debugging variable `HPC_GRAPH_DEBUG_FAIL="rank=R,epoch=E,kind=exception|nan|exit"`
 makes rank R fail in epoch E (raise, produce a NaN loss, or exit abruptly), to
