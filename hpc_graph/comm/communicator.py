@@ -49,13 +49,16 @@ import math
 import os
 import pickle
 import sys
+import threading
 import time
 from abc import ABC, abstractmethod
 from collections import defaultdict
-from typing import Any, Iterator, NoReturn, Sequence
+from typing import Any, Callable, Iterator, NoReturn, Sequence
 
 import numpy as np
 import torch
+
+log = logging.getLogger(__name__)
 
 MAX_MESSAGE_BYTES = 2**31 - 1
 """Largest single message (bytes) sent by default; larger payloads are chunked."""
@@ -199,6 +202,10 @@ class Communicator(ABC):
         self.max_message_bytes = int(max_message_bytes)
         self._timer_depth = 0
         self.link: Any = None  # a hpc_graph.comm.link.LinkModel, or None (no modelled link)
+        self._blocked: tuple[str, float] | None = None  # (operation, monotonic start) of the call in progress
+        self._watchdog: threading.Thread | None = None
+        self._timeout = 0.0
+        self._stall_status: Callable[[], int] = lambda: 1
         self.reset_counters()
 
     def __repr__(self) -> str:
@@ -250,9 +257,10 @@ class Communicator(ABC):
 
     @contextlib.contextmanager
     def _timed(self, op: str) -> Iterator[None]:
-        """Add the wall time of the outermost timed call to ``comm_seconds``."""
+        """Add the wall time of the outermost timed call to ``comm_seconds`` (and show it to the watchdog)."""
         if self._timer_depth == 0:
             self.calls[op] += 1
+            self._blocked = (op, time.monotonic())
         self._timer_depth += 1
         start = time.perf_counter()
         try:
@@ -261,6 +269,36 @@ class Communicator(ABC):
             self._timer_depth -= 1
             if self._timer_depth == 0:
                 self.comm_seconds += time.perf_counter() - start
+                self._blocked = None
+
+    # ------------------------------------------------------------------ watchdog
+    def set_timeout(self, seconds: float, status: Callable[[], int] | None = None) -> None:
+        """Abort the whole job when one blocking call (a collective, an exchange's wait) makes no progress for
+        ``seconds``: a peer rank is stopped, frozen or gone, and the job would otherwise wait for ever. A
+        watchdog thread logs one line naming this rank, the operation and the wait, then calls
+        :meth:`abort` with ``status()`` (default 1). ``seconds`` <= 0 turns it off. One process of one rank:
+        nothing to wait for, no watchdog."""
+        self._timeout = float(seconds)
+        if status is not None:
+            self._stall_status = status
+        if self._timeout <= 0 or self.size == 1 or self._watchdog is not None:
+            return
+        self._watchdog = threading.Thread(target=self._watch, name="hpc-graph-comm-watchdog", daemon=True)
+        self._watchdog.start()
+
+    def _watch(self) -> None:
+        while True:
+            timeout = self._timeout
+            time.sleep(min(1.0, timeout / 4) if timeout > 0 else 1.0)
+            blocked = self._blocked
+            if timeout <= 0 or blocked is None:
+                continue
+            waited = time.monotonic() - blocked[1]
+            if waited >= timeout:
+                log.critical("rank %d: %s made no progress for %.0f s (comm.timeout %g s): a peer rank is "
+                             "stopped, frozen or gone; aborting all %d ranks", self.rank, blocked[0], waited,
+                             timeout, self.size)
+                self.abort(self._stall_status())
 
     # ------------------------------------------------------- backend primitives
     @abstractmethod

@@ -58,7 +58,41 @@ def add_parser(subparsers) -> None:
     parser.set_defaults(func=run)
 
 
+def _stop_before_training(signum: int, _frame: object) -> None:
+    """A stop signal before the training loop: nothing to checkpoint yet; end at once with status 75 (the job
+    scripts resubmit, and ``--resume-if-possible`` starts afresh), one line from the first rank."""
+    import signal
+
+    from hpc_graph.cli import _error_line, _launch_rank
+    from hpc_graph.train.signals import EXIT_PREEMPTED
+
+    if _launch_rank() == 0:
+        _error_line(f"hpc-graph train: preempted by {signal.Signals(signum).name} before training started: no "
+                    f"checkpoint written (resubmit: --resume-if-possible starts afresh)")
+    mpi = sys.modules.get("mpi4py.MPI")
+    if mpi is not None and mpi.Is_initialized() and not mpi.Is_finalized():
+        mpi.COMM_WORLD.Abort(EXIT_PREEMPTED)
+    os._exit(EXIT_PREEMPTED)
+
+
 def run(args: argparse.Namespace) -> int:
+    import signal
+    import threading
+
+    from hpc_graph.train.signals import STOP_SIGNALS
+
+    if threading.current_thread() is not threading.main_thread():  # no handlers outside the main thread
+        return _train(args)
+    # until the training loop takes them over (it checkpoints first)
+    previous = {s: signal.signal(s, _stop_before_training) for s in STOP_SIGNALS}
+    try:
+        return _train(args)
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler)
+
+
+def _train(args: argparse.Namespace) -> int:
     from hpc_graph.train.config import ConfigError, config_from_dict, read_config, train_section
 
     try:

@@ -87,9 +87,13 @@ def save_checkpoint(run_dir: str | os.PathLike, epoch: int, state: dict[str, Any
                 "sha256": hashlib.sha256(payload).hexdigest(), "payload": payload}
     path = checkpoint_path(run_dir, epoch)
     path.parent.mkdir(parents=True, exist_ok=True)
-    with atomic_output(path, force=True) as tmp:
+    buf = io.BytesIO()
+    torch.save(envelope, buf)  # in memory: torch's own file writer reports a full disk as a RuntimeError
+    size = len(payload)
+    del envelope, payload
+    with atomic_output(path, force=True) as tmp:  # an OSError (disk full) becomes one DataError line
         with open(tmp, "wb") as fh:
-            torch.save(envelope, fh)
+            fh.write(buf.getbuffer())
             fh.flush()
             os.fsync(fh.fileno())
     for _, old in list_checkpoints(run_dir)[:-keep]:
@@ -97,7 +101,7 @@ def save_checkpoint(run_dir: str | os.PathLike, epoch: int, state: dict[str, Any
             old.unlink()
         except FileNotFoundError:
             pass
-    log.info("checkpoint: epoch %d written to %s (%.1f MiB)", epoch, path, len(payload) / 2**20)
+    log.info("checkpoint: epoch %d written to %s (%.1f MiB)", epoch, path, size / 2**20)
     return path
 
 
@@ -360,6 +364,8 @@ def save_trainer(tr: Any) -> Path:
         engine_state = [eng for _, _, eng in parts]  # e.g. each stage's stale history
         if best_state is not None:
             best_state = {k: v for own, _, _ in parts for k, v in (own or {}).items()}
+    elif tr.engine.rank_state and tr.size > 1:  # e.g. each rank's halo rows of a pipelined exchange
+        engine_state = tr.comm.allgather_object(engine_state)
     lm_state = None
     if tr.cotrain is not None:  # the LM is the same on every rank; its random stream is not
         lm_state = tr.cotrain.state_dict()

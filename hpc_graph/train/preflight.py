@@ -17,7 +17,7 @@ import sys
 from pathlib import Path
 from typing import Any, Iterator
 
-from data_io.errors import DataError
+from data_io.errors import DataError, is_disk_full
 from hpc_graph.comm.malloc import configure_malloc
 from hpc_graph.engines import engine_class, resolve_engine
 from hpc_graph.train import checkpoint as ckpt
@@ -242,16 +242,28 @@ def _plainly_fits(path: str, allowance: int, available: int) -> bool:
     return PLAINLY_FITS_FACTOR * size + allowance <= available // 2
 
 
+#: exit status of bad input, configuration or output location (a full disk included): the same on every engine
+EXIT_BAD_INPUT = 2
+
+
+def exit_status(exc: BaseException) -> int:
+    """The documented exit status of a job that ends with ``exc``: :data:`EXIT_BAD_INPUT` for a data or
+    configuration error or a full disk, 1 for anything else."""
+    return EXIT_BAD_INPUT if isinstance(exc, (DataError, ConfigError)) or is_disk_full(exc) else 1
+
+
 @contextlib.contextmanager
 def fail_fast(tr: Any) -> Iterator[None]:
     """In a multi-rank job, an exception that the other ranks do not raise too ends the job now
-    (logged as ``rank R: Type: message``, then ``comm.abort(1)``) instead of leaving them waiting."""
+    (logged as one line ``rank R: Type: message`` for an expected error, with the traceback for any other,
+    then ``comm.abort`` with :func:`exit_status`) instead of leaving them waiting."""
     try:
         yield
     except BaseException as exc:
         if tr.size > 1 and not getattr(exc, "_hpc_graph_agreed", False):
+            status = exit_status(exc)
             log.critical("rank %d: %s: %s (aborting all %d ranks)", tr.rank, type(exc).__name__, exc,
-                         tr.size, exc_info=not isinstance(exc, (DataError, ConfigError)))
+                         tr.size, exc_info=status != EXIT_BAD_INPUT)
             flush_logs()
-            tr.comm.abort(1)
+            tr.comm.abort(status)
         raise

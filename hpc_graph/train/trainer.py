@@ -95,7 +95,7 @@ from hpc_graph.train.metrics import MERGED_METRICS, MetricsWriter, ProgressBar, 
 from hpc_graph.train.preflight import (agreed, check_memory, choose_engine, fail_fast, malloc_threshold,  # noqa: F401
                                        preflight)
 from hpc_graph.train.recipes import CorrectAndSmooth, LabelAugmentation, dataset_node_ids
-from hpc_graph.train.signals import Preempted, StopSignal
+from hpc_graph.train.signals import EXIT_PREEMPTED, Preempted, StopSignal
 from hpc_graph.train.steps import broadcast_parameters, global_count, seed_stream
 
 log = logging.getLogger(__name__)
@@ -198,6 +198,8 @@ class Trainer:
         if self.size > 1:  # one process (tests, notebooks) keeps Python's own exception handling
             from hpc_graph.comm import install_abort_handler
             install_abort_handler(comm)
+        # a frozen peer ends the job instead of hanging it; preempted already: 75, the scripts resubmit
+        comm.set_timeout(config.comm.timeout, self._stall_status)
         tc = config.train
         self.stop = StopSignal()
         self._stop_agreed = False
@@ -213,6 +215,12 @@ class Trainer:
             tc.run_dir = str(resume)
         with fail_fast(self):
             self._build(state)
+
+    def _stall_status(self) -> int:
+        """Exit status of a job the stall watchdog ends: 75 when a stop signal had arrived (preempted; the job
+        scripts resubmit it and it resumes from its last checkpoint), else 1."""
+        stop = getattr(self, "stop", None)
+        return EXIT_PREEMPTED if stop is not None and stop.requested else 1
 
     def _build(self, state: dict[str, Any] | None) -> None:
         config, comm, tc = self.config, self.comm, self.config.train
@@ -505,6 +513,8 @@ class Trainer:
         temporary beside it until then). Returns the path."""
         import h5py
 
+        from data_io.integrity import create_dataset, seal
+
         ids, out = self.predict(use_best)
         path = Path(path)
         tmp = path.with_name(f".{path.name}.tmp")
@@ -512,8 +522,8 @@ class Trainer:
         if self.rank == 0:
             path.parent.mkdir(parents=True, exist_ok=True)
             with h5py.File(tmp, "w") as f:
-                ds = f.create_dataset("node/output", shape=(n, c), dtype="float32", fillvalue=np.nan,
-                                      chunks=(max(1, min(n, (1 << 20) // max(c, 1))), c))
+                ds = create_dataset(f, "node/output", shape=(n, c), dtype="float32", fillvalue=np.nan,
+                                    chunks=(max(1, min(n, (1 << 20) // max(c, 1))), c))
                 ds.attrs.update({"engine": self.engine_name, "model": self.config.model.name,
                                  "epoch": int(self.best["epoch"] if use_best and self.best_state is not None
                                               else self.epoch)})
@@ -533,6 +543,8 @@ class Trainer:
         if self.size > 1:
             self.comm.barrier()
         if self.rank == 0:
+            with h5py.File(tmp, "r+") as f:
+                seal(f)
             os.replace(tmp, path)
         return path
 

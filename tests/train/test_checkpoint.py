@@ -237,3 +237,45 @@ def test_a_streak_of_skipped_steps_stops_the_run(graphs, tmp_path, monkeypatch):
     off = DivergenceWatch(factor=0.0, streak=0)
     for epoch in range(1, 50):
         off.update(epoch, 1e30 * epoch, epoch % 2 == 0)
+
+
+def test_a_full_disk_while_writing_a_checkpoint_is_one_line_and_exit_2(graphs, tmp_path, monkeypatch, capsys):
+    import errno
+    import io
+
+    import yaml
+
+    from hpc_graph.cli import main
+
+    class FullDisk(io.BytesIO):  # the file system takes the first 100 bytes, then has no room left
+        def __init__(self, path):
+            super().__init__()
+            self.path = path
+            open(path, "wb").close()
+
+        def write(self, data):
+            if self.tell() + len(data) > 100:
+                raise OSError(errno.ENOSPC, "No space left on device", str(self.path))
+            return super().write(data)
+
+        def fileno(self):
+            raise OSError(errno.ENOSPC, "No space left on device", str(self.path))
+
+    monkeypatch.setattr(ckpt, "open", lambda path, mode="r": FullDisk(path), raising=False)
+    cfg = tmp_path / "cfg.yaml"
+    cfg.write_text(yaml.safe_dump({"data": {"path": graphs[0]}, "model": {"name": "gcn", "hidden": 8},
+                                   "train": {"epochs": 3, "checkpoint_every": 1, "progress": False}}))
+    rc = main(["-q", "train", "--config", str(cfg), "--run-dir", str(tmp_path / "run")])
+    err = capsys.readouterr().err.strip()
+    assert rc == 2, err
+    assert err.startswith("hpc-graph train: error: ") and err.endswith("ckpt-1.pt: write failed: disk full"), err
+    assert "\n" not in err
+    assert not list((tmp_path / "run" / "checkpoints").iterdir())  # no half-written checkpoint left
+
+
+def test_the_cli_leaves_no_startup_signal_handler_behind(graphs, tmp_path):
+    from hpc_graph.cli import main
+
+    before = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGUSR1)}
+    assert main(["-q", "train", "--config", "/nonexistent.yaml"]) == 2
+    assert {s: signal.getsignal(s) for s in before} == before

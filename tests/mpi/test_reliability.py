@@ -1,0 +1,146 @@
+"""Faults injected for real into 2-rank jobs of ``hpc-graph train``: each ends with its documented exit status
+and a line naming the cause, never a traceback or a hang.
+
+* a flipped byte in a feature chunk of one rank's part file (the value decodes finite; only the Fletcher32
+  checksum tells): exit 2, the part file and field named, no run folder;
+* NaN features in one rank's part: exit 2, file, field and row named;
+* a damaged dataset file that every rank reads (``flow``): exit 2;
+* a rank stopped with SIGSTOP mid-training: the stall watchdog (``comm.timeout``) ends the job within the
+  timeout and a few seconds, naming the waiting rank and the operation;
+* SIGTERM to every process while the job is still starting: exit 75 and one line, nothing to resume from.
+"""
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import time
+
+import h5py
+import numpy as np
+import pytest
+import yaml
+
+from _run import _command, run_mpi, REPO
+from data_io.generators.csbm import write_csbm
+from data_io.partitioner import partition_dataset
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory):
+    d = tmp_path_factory.mktemp("reliability")
+    write_csbm(d / "g.h5", num_nodes=240, num_classes=3, avg_degree=5.0, feat_dim=10, seed=3)
+    partition_dataset(d / "g.h5", d / "p2", 2, method="random")
+    return d
+
+
+def _config(data, tmp_path, engine, path, **train):
+    cfg = tmp_path / "cfg.yaml"
+    sampled = {"sampler": {"fanouts": [4, 4], "batch_size": 16}} if engine == "minibatch" else {}
+    cfg.write_text(yaml.safe_dump({"data": {"path": str(path)}, "engine": {"name": engine},
+                                   "model": {"name": "gcn", "hidden": 8},
+                                   "train": {"epochs": 20, "progress": False, **train}, **sampled}))
+    return ["-m", "hpc_graph.cli", "-q", "train", "--config", cfg, "--run-dir", tmp_path / "run"]
+
+
+def _flip_low_byte_of_a_feature(path):
+    """Flip the lowest byte of one float32 inside the first chunk of /node/feat: the value stays finite."""
+    with h5py.File(path, "r") as f:
+        off = f["node/feat"].id.get_chunk_info(0).byte_offset + 4 * 3
+    with open(path, "r+b") as fh:
+        fh.seek(off)
+        b = fh.read(1)
+        fh.seek(off)
+        fh.write(bytes([b[0] ^ 0x01]))
+
+
+def _one_line_error(proc, *needles):
+    assert "Traceback" not in proc.stderr, proc.stderr
+    assert any(all(n in line for n in needles) for line in proc.stderr.splitlines()), proc.stderr
+
+
+@pytest.mark.timeout(200)
+def test_a_flipped_byte_in_one_part_exits_2_naming_file_and_field(data, tmp_path):
+    parts = tmp_path / "p2"
+    shutil.copytree(data / "p2", parts)
+    _flip_low_byte_of_a_feature(parts / "part-00001.h5")
+    proc = run_mpi(_config(data, tmp_path, "sar", parts), 2, timeout=150, check=False)
+    assert proc.returncode == 2, (proc.stdout, proc.stderr)
+    _one_line_error(proc, "rank 1", "part-00001.h5: /node/feat: unreadable")
+    assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.timeout(200)
+def test_nan_features_in_one_part_exit_2_naming_the_row(data, tmp_path):
+    parts = tmp_path / "p2"
+    shutil.copytree(data / "p2", parts)
+    with h5py.File(parts / "part-00000.h5", "r+") as f:
+        f["node/feat"][5, 2] = np.nan
+    proc = run_mpi(_config(data, tmp_path, "minibatch", parts), 2, timeout=150, check=False)
+    assert proc.returncode == 2, (proc.stdout, proc.stderr)
+    _one_line_error(proc, "rank 0", "part-00000.h5: /node/feat: NaN or Inf in row 5 ")
+    assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.timeout(200)
+def test_a_damaged_dataset_file_read_by_every_rank_exits_2(data, tmp_path):
+    g = tmp_path / "g.h5"
+    shutil.copy(data / "g.h5", g)
+    _flip_low_byte_of_a_feature(g)
+    proc = run_mpi(_config(data, tmp_path, "flow", g), 2, timeout=150, check=False)
+    assert proc.returncode == 2, (proc.stdout, proc.stderr)
+    _one_line_error(proc, "g.h5: /node/feat: unreadable")
+
+
+def _popen(args, nprocs):
+    env = {**os.environ, "PYTHONUNBUFFERED": "1",
+           "PYTHONPATH": os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH", "")) if p)}
+    return subprocess.Popen(_command(args, nprocs), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env=env, start_new_session=True)
+
+
+@pytest.mark.timeout(200)
+def test_a_stopped_rank_ends_the_job_within_the_timeout(data, tmp_path):
+    timeout = 4.0
+    proc = _popen(_config(data, tmp_path, "dp", data / "p2", epochs=100000) + ["--set", f"comm.timeout={timeout}"],
+                  2)
+    pid_file = tmp_path / "run" / "pids" / "rank1"
+    try:
+        deadline = time.time() + 150
+        while not pid_file.is_file() and proc.poll() is None and time.time() < deadline:
+            time.sleep(0.05)
+        assert pid_file.is_file(), proc.communicate()
+        time.sleep(0.5)  # in the training loop
+        os.kill(int(pid_file.read_text()), signal.SIGSTOP)  # a frozen node: no error, no exit, no progress
+        stopped = time.time()
+        out, err = proc.communicate(timeout=60)
+        ended = time.time()
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+        else:  # the stopped rank must not outlive the job
+            try:
+                os.killpg(proc.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+    assert proc.returncode == 1, (out, err)
+    assert timeout <= ended - stopped < timeout + 15, (ended - stopped, err)
+    assert "rank 0: " in err and "made no progress for" in err and "comm.timeout" in err, err
+
+
+@pytest.mark.timeout(200)
+def test_sigterm_while_starting_exits_75_with_one_line(data, tmp_path):
+    proc = _popen(_config(data, tmp_path, "sar", data / "p2"), 2)
+    try:
+        time.sleep(2.0)  # the ranks are importing and loading: no training loop yet
+        assert proc.poll() is None
+        os.killpg(proc.pid, signal.SIGTERM)  # as a batch system does: every process of the job
+        out, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert proc.returncode == 75, (out, err)
+    lines = [x for x in err.splitlines() if "preempted by SIGTERM before training started" in x]
+    assert len(lines) == 1, err
+    assert not (tmp_path / "run" / "checkpoints").exists()
