@@ -121,6 +121,9 @@ class Engine(ABC):
     Options: ClassVar[type] = NoOptions
     idle_hook: Any = None
     shared_rng: ClassVar[bool] = False
+    #: True where :meth:`state_dict` differs between ranks (each rank's in-flight halo rows): a checkpoint keeps
+    #: every rank's, and each rank gets its own back
+    rank_state: ClassVar[bool] = False
     malloc_mmap_threshold: ClassVar[int] = 1 << 20
     #: keys beside :data:`CONTEXT` that this engine's ``options_from_config`` adds from the rest of the config for
     #: its own checks (``check_options``), accepted and left out of ``Options``
@@ -349,7 +352,7 @@ class Engine(ABC):
         """Training is over: complete anything still in flight (called on every rank)."""
 
     def state_dict(self) -> dict[str, Any]:
-        """Engine state to keep in a checkpoint (picklable; the same on every rank)."""
+        """Engine state to keep in a checkpoint (picklable; the same on every rank unless :attr:`rank_state`)."""
         return {}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:

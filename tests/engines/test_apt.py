@@ -318,7 +318,7 @@ def test_auto_times_gdp_snp_dnp_on_trainings_first_iterations(graph_file, caplog
         leader, picks = eng._leader, []
         eng._leader = lambda: picks.append(leader()) or picks[-1]
         assert eng.tuning and not plan.tuned and plan.timing == "training" and "provisional" in plan.table()
-        assert "<- chosen" not in caplog.text and eng.state_dict() == {"strategy": ""}
+        assert "<- chosen" not in caplog.text
         # NFP was timed in the dry run; the iterations training times are not kept (they sample as training does)
         assert not any(k[0] == 1 and k[1] < 9 for k in eng._presampled)
         models, opts = [], []
@@ -414,3 +414,26 @@ def test_rounds_mean_is_the_mean_of_each_rounds_fastest():
         xs = list(rng.random(rounds * TUNE_PAIR))
         want = sum(min(xs[r * TUNE_PAIR + j] for j in range(TUNE_PAIR)) for r in range(rounds)) / rounds
         assert _rounds_mean(xs) == pytest.approx(want, rel=1e-12)
+
+
+def test_a_checkpoint_while_training_times_the_strategies_records_a_choice(graph_file):
+    """A checkpoint cannot hold timings a resumed run would repeat: the state is the choice made from the
+    iterations timed so far (the plan finalized then), and training goes on with it, as a run resumed from
+    that checkpoint will."""
+    eng = _apt(graph_file, "auto", fanouts=(3, 2), dry_run_batches=4, batch_size=10)
+    assert eng.tuning
+    assert eng.state_dict() == {"strategy": "gdp"} and not eng.tuning  # nothing timed yet: GDP goes on
+
+    eng = _apt(graph_file, "auto", fanouts=(3, 2), dry_run_batches=4, batch_size=10)
+    torch.manual_seed(4)
+    model = build_model("sage", 7, 5, 3, num_layers=2, dropout=0.0).double()
+    _train_epoch(eng, model, torch.optim.Adam(model.parameters(), lr=0.01), 1)
+    assert eng.tuning and eng._tune["build"]  # some strategies timed, the timing not over
+    timed = set(eng._tune["build"])
+    state = eng.state_dict()
+    assert not eng.tuning and eng.plan.tuned and state == {"strategy": eng.strategy}
+    assert eng.strategy == eng.plan.choice
+    assert eng.plan.choice in timed or eng.plan.choice == "nfp"
+    other = _apt(graph_file, "auto", fanouts=(3, 2), dry_run_batches=4, batch_size=10)
+    other.load_state_dict(state)  # a resumed run times nothing again
+    assert not other.tuning and other.strategy == state["strategy"]

@@ -414,9 +414,22 @@ class APTEngine(SeedEngine):
             t["pos"] += 1
             self.strategy = s
             return s
+        self._finish_tuning()
+        return None
+
+    def _finish_tuning(self) -> None:
+        """Finalize the plan from the strategies timed so far and switch to its choice (collective). After the
+        last timing batch; or earlier, when a checkpoint is written meanwhile: the run then goes on with the
+        choice the checkpoint records, so that a run resumed from it continues exactly as this one."""
+        t = self._tune
+        self._tune_record()
         # every rank's batches of each strategy: the faster of each round, averaged over the rounds (its build
         # and its whole iteration); the slowest rank's
         names = list(t["build"])  # (NFP's too, where it led: trained for real)
+        if not names:  # nothing timed yet: the strategy in use stays
+            self._tune = None
+            self.use_strategy(self.strategy, reset=False)
+            return
         v = torch.tensor([_rounds_mean(t["build"][s]) for s in names]
                          + [_rounds_mean(t["iteration"][s]) for s in names], dtype=torch.float64)
         if self.size > 1:
@@ -432,10 +445,9 @@ class APTEngine(SeedEngine):
         self.plan.finalize(built, steps, trained=names)
         self.use_strategy(self.plan.choice, reset=False)
         if self.rank == 0:
-            log.info("apt: %d training iterations timed %s%s; training goes on with %s", len(t["order"]),
+            log.info("apt: %d training iterations timed %s%s; training goes on with %s", t["pos"],
                      ", ".join(names), " (and nfp between them)" if t["nfp"] and "nfp" not in names else "",
                      self.strategy)
-        return None
 
     def _time_nfp(self) -> None:
         """One NFP batch and step timed between the rounds of training's timing iterations (collective): on zero
@@ -561,13 +573,16 @@ class APTEngine(SeedEngine):
         return out
 
     def state_dict(self) -> dict[str, Any]:
-        """The strategy in use (a resumed run keeps it instead of planning again; none while the strategies
-        are still being timed: a resumed run times them again)."""
-        return {"strategy": "" if self._tune is not None else self.strategy}
+        """The strategy in use, which a resumed run keeps instead of planning again (collective). Strategies
+        still being timed by training are decided now from the timings so far (:meth:`_finish_tuning`): the
+        timings of a resumed run would differ, so only a decision recorded here lets it continue exactly."""
+        if self._tune is not None:
+            self._finish_tuning()
+        return {"strategy": self.strategy}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         strategy = state.get("strategy")
-        if strategy and strategy != self.strategy:
+        if strategy and (strategy != self.strategy or self._tune is not None):  # no timing again either
             log.info("apt: resuming with strategy %s (the checkpoint's)", strategy)
             self.use_strategy(strategy)
 

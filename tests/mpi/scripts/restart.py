@@ -1,12 +1,14 @@
 """Run under ``mpiexec -n 2``: a run stopped at epoch k and resumed equals an uninterrupted run.
 
-For ``dp``, ``sar``, ``sylvie`` (``bits: auto``, synchronous, a one-epoch LDR window so that
-the bit policy's state matters) and ``minibatch`` (``hec``; float64, dropout on, Adam + step schedule): an
-uninterrupted 6-epoch run; a run where only rank 1 asks to stop during epoch 3
-(both ranks must stop after epoch 3 with a checkpoint); that run resumed to the
+For ``dp``, ``sar``, ``sylvie`` (the shipped config's ``bits: auto`` and ``pipeline: adaptive``, a one-epoch
+LDR window so that the bit policy's state matters, stale epochs after the resume) and ``minibatch`` (``hec``;
+float64, dropout on, Adam + step schedule): an uninterrupted 6-epoch run; a run where only rank 1 asks to stop
+during epoch 3 (both ranks must stop after epoch 3 with a checkpoint); that run resumed to the
 end. Final parameters must be bitwise equal on every rank, and the metric lines
 of epochs 4..6 equal except timings. Then resumes that must be refused: another
-hidden size, another partition directory (same source, other partitioning).
+hidden size, another partition directory (same source, other partitioning). ``apt`` choosing its
+strategy by timing (``auto``): a run resumed from the checkpoint of epoch 4 of a 6-epoch run ends with that
+run's weights (two runs may time, and so choose, differently).
 
 Usage: restart.py PART_DIR OTHER_PART_DIR WORKDIR
 """
@@ -30,16 +32,25 @@ TIMING = {"epoch_seconds", "compute_seconds", "comm_seconds", "eval_seconds", "p
 EPOCHS, STOP = 6, 3
 
 
-def config(part_dir, engine, run_dir, **model):
+ENGINE = {  # the shipped sylvie config's policy and pipeline (a one-epoch window, so that its state matters),
+    # and an always-stale pipeline: the resumed epochs run on the checkpoint's halo rows
+    "sylvie": {"bits": "auto", "pipeline": "adaptive", "ldr_window": 1, "ldr_smoothing": 0.3},
+    "sylvie-on": {"bits": "auto", "pipeline": "on", "ldr_window": 1, "ldr_smoothing": 0.3},
+    "apt": {"strategy": "auto", "dry_run_batches": 4},
+}
+
+
+def config(part_dir, label, run_dir, **model):
+    engine = label.split("-")[0]
     extra = {}
     if engine == "minibatch":  # hec: pushes in flight between iterations, caches emptied per epoch
-        extra = {"sampler": {"fanouts": [4, 3], "batch_size": 16},
-                 "hec": {"mode": "hec", "size": 256, "push_limit": 8}}
+        extra = {"hec": {"mode": "hec", "size": 256, "push_limit": 8}}
+    if engine in ("minibatch", "apt"):
+        extra["sampler"] = {"fanouts": [4, 3], "batch_size": 16}
     return config_from_dict({
         **extra,
         "data": {"path": str(part_dir)},
-        "engine": {"name": engine, **({"bits": "auto", "ldr_window": 1, "ldr_smoothing": 0.3, "ldr_time": "epochs"}
-                                      if engine == "sylvie" else {})},
+        "engine": {"name": engine, **ENGINE.get(label, {})},
         "model": {"name": "sage", "hidden": 8, "dropout": 0.5, **model},
         "optim": {"lr": 0.05, "schedule": "step", "step_size": 2, "gamma": 0.8},
         "train": {"epochs": EPOCHS, "seed": 1, "dtype": "float64", "progress": False, "eval_every": 2,
@@ -64,7 +75,7 @@ def main() -> int:
     part, other, work = map(Path, sys.argv[1:4])
     comm = get_communicator()
     rank = comm.rank
-    for engine in ("dp", "sar", "sylvie", "minibatch"):
+    for engine in ("dp", "sar", "sylvie", "sylvie-on", "minibatch"):
         full = Trainer(config(part, engine, work / engine / "full"), comm)
         full.fit()
 
@@ -91,7 +102,28 @@ def main() -> int:
         a, b = lines(work / engine / "full", rank), lines(work / engine / "part", rank)
         assert [r["epoch"] for r in b] == list(range(1, EPOCHS + 1))
         assert a == b, (engine, rank, a, b)
+        if engine == "sylvie-on":  # the resumed epochs ran on the checkpoint's stale halo rows
+            assert any(h["mode"] == "async" for h in resumed.engine.history), resumed.engine.history
         print(f"restart[{engine}] rank {rank}: resumed run equals uninterrupted run", flush=True)
+
+    # apt choosing its strategy by timing training's first iterations: two runs may choose differently, but a run
+    # resumed from a checkpoint continues exactly as the run that wrote it (the choice is recorded)
+    full = Trainer(config(part, "apt", work / "apt" / "full"), comm)
+    full.fit()
+    comm.barrier()
+    mid = work / "apt" / "mid"
+    if rank == 0:
+        import shutil
+
+        shutil.copytree(work / "apt" / "full", mid)
+        (mid / "checkpoints" / f"ckpt-{EPOCHS}.pt").unlink()  # the newest left: epoch EPOCHS - 2
+    comm.barrier()
+    resumed = Trainer(config(part, "apt", "unused"), comm, resume=mid)
+    assert resumed.epoch == EPOCHS - 2 and not resumed.engine.tuning
+    resumed.fit()
+    for (name, p), q in zip(full.model.named_parameters(), resumed.model.parameters()):
+        assert torch.equal(p, q), ("apt", rank, name, (p - q).abs().max().item())
+    print(f"restart[apt] rank {rank}: run resumed from a checkpoint equals the run that wrote it", flush=True)
 
     run = work / "dp" / "part"
     expect_refused(lambda: Trainer(config(part, "dp", run, hidden=16), comm, resume=run),
@@ -105,4 +137,6 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from _rank_main import run
+
+    run(main)
