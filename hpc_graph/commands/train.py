@@ -12,7 +12,7 @@ a host would need more than it has (``data_io.memory.available_bytes``), or when
 
 Exit status: 0 done; 1 failed (a crash on any rank aborts the job with MPI_Abort); 2 bad config, data or
 resume, a job that would not fit in memory, or a model the engine cannot run; 3 diverged (a non-finite loss
-with ``train.on_nonfinite: stop``, a loss above ``train.diverge_factor`` times the first epoch's, or
+with ``train.on_nonfinite: stop``, a loss above ``train.diverge_factor`` times the first optimiser step's, or
 ``train.nonfinite_streak`` skipped steps in a row);
 75 preempted by SIGTERM/SIGUSR1 (or a first Ctrl-C) after writing a checkpoint
 (resume with ``--resume RUN_DIR``). See docs/configuration.md.
@@ -20,10 +20,13 @@ with ``train.on_nonfinite: stop``, a loss above ``train.diverge_factor`` times t
 from __future__ import annotations
 
 import argparse
+import logging
 import os
 import sys
 
 from hpc_graph.cli import CLIError, add_model_option, add_threads_option, model_overrides
+
+log = logging.getLogger(__name__)
 
 #: the CLI leaves the thread decision to this command: ``train.threads`` takes part in it
 CONFIGURES_THREADS = True
@@ -85,6 +88,7 @@ def run(args: argparse.Namespace) -> int:
         return _train(args)
     # until the training loop takes them over (it checkpoints first)
     previous = {s: signal.signal(s, _stop_before_training) for s in STOP_SIGNALS}
+    log.debug("train: a stop signal before the first epoch ends the job with status 75")
     try:
         return _train(args)
     finally:

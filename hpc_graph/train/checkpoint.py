@@ -383,6 +383,7 @@ def save_trainer(tr: Any) -> Path:
             "best_state": best_state,
             "last_eval": dict(tr._last_eval),
             "loss": tr._last_loss,
+            "diverge_reference": tr._divergence.first,
             "rng": states,
             "config": config_to_dict(tr.config),
             "data": tr._identity,
@@ -418,6 +419,7 @@ def restore_trainer(tr: Any, state: dict[str, Any]) -> None:
         tr.best_state = owned_state(tr, tr.best_state)
     tr._last_eval = dict(state.get("last_eval") or {})
     tr._last_loss = float(state.get("loss", float("nan")))
+    tr._divergence.first = state.get("diverge_reference")  # None in older checkpoints: the next step sets it
     set_rng_state(state["rng"][tr.rank], tr.device)
     if tr.cotrain is not None:
         lm_state = state.get("lm_state")

@@ -180,7 +180,8 @@ class TrainConfig:
                                "epoch and ranks; `skip` skips that optimiser step on every rank with a warning.")
     diverge_factor: float = _field(1000.0, _float(0.0),
                                    "Stop with exit status 3 when an epoch's loss exceeds this many times the run's "
-                                   "first epoch loss (a blown-up run, e.g. too high a learning rate); 0: never.")
+                                   "first optimiser step's loss (a blown-up run, e.g. too high a learning rate); "
+                                   "0: never.")
     nonfinite_streak: int = _field(10, _int(0),
                                    "With `on_nonfinite: skip`: stop with exit status 3 after this many optimiser "
                                    "steps in a row were skipped for non-finite values; 0: never.")
@@ -717,8 +718,8 @@ the operation) |
 with file, field and row), rank count or resume, found before or while loading; or a full disk on any write (a \
 checkpoint, the metrics). One line naming the field or file; nothing is left half-written |
 | 3 | diverged: a non-finite loss or gradient with `train.on_nonfinite: stop`, an epoch loss above \
-`train.diverge_factor` times the first epoch's, or `train.nonfinite_streak` skipped steps in a row (one line naming \
-the epoch and the loss) |
+`train.diverge_factor` times the first optimiser step's, or `train.nonfinite_streak` skipped steps in a row (one \
+line naming the epoch and the loss) |
 | 75 | preempted (SIGTERM/SIGUSR1/Ctrl-C): after the first epoch began, a checkpoint was written (resume with \
 `--resume RUN_DIR`); before, there is nothing to resume and the line says so (`--resume-if-possible`, which every \
 job script uses, starts such a job afresh). Also a stall (see 1) after a stop signal had arrived |

@@ -17,6 +17,7 @@ the stop request and the finiteness flags of every rank, then the optimiser step
 from __future__ import annotations
 
 import logging
+import math
 import statistics
 from typing import Any, Callable
 
@@ -41,15 +42,22 @@ class NonFiniteLossError(DivergedError):
 
 
 class DivergenceWatch:
-    """Stops a run whose loss blows up: an epoch's global loss above ``factor`` times the run's first epoch loss
-    (``train.diverge_factor``; 0: off), or ``streak`` optimiser steps in a row skipped for non-finite values under
-    ``train.on_nonfinite: skip`` (``train.nonfinite_streak``; 0: off). Every rank sees the same global loss and
-    flags, so every rank raises alike."""
+    """Stops a run whose loss blows up: an epoch's global loss above ``factor`` times the loss of the run's first
+    optimiser step (the untrained model's; ``train.diverge_factor``; 0: off), or ``streak`` optimiser steps in a
+    row skipped for non-finite values under ``train.on_nonfinite: skip`` (``train.nonfinite_streak``; 0: off).
+    The first step, not the first epoch: a sampled epoch takes many steps, and a learning rate that blows the
+    model up does so within the first. Every rank sees the same global loss and flags, so every rank raises
+    alike."""
 
     def __init__(self, factor: float, streak: int):
         self.factor, self.streak = float(factor), int(streak)
         self.first: float | None = None
         self.skipped = 0
+
+    def first_step(self, loss: float) -> None:
+        """The global loss of an optimiser step: the first finite one is the reference."""
+        if self.first is None and math.isfinite(loss):
+            self.first = abs(loss)
 
     def update(self, epoch: int, loss: float, ok: bool) -> None:
         """Raise :class:`DivergedError` naming the epoch and the loss when the run diverged."""
@@ -61,11 +69,10 @@ class DivergenceWatch:
                     f"values (train.nonfinite_streak: {self.streak}; try a lower optim.lr)"))
             return
         self.skipped = 0
-        if self.first is None:
-            self.first = abs(loss)
-        elif self.factor and loss > self.factor * max(self.first, 1e-12):
+        self.first_step(loss)
+        if self.factor and self.first is not None and loss > self.factor * max(self.first, 1e-12):
             raise agreed(DivergedError(
-                f"diverged: epoch {epoch}: loss {loss:.4g} is more than {self.factor:g}x the first epoch's "
+                f"diverged: epoch {epoch}: loss {loss:.4g} is more than {self.factor:g}x the first step's "
                 f"{self.first:.4g} (train.diverge_factor; try a lower optim.lr)"))
 
 
@@ -157,6 +164,9 @@ def apply_gradients(tr: Any, loss: torch.Tensor, epoch: int, where: str = "",
         log.warning("%s: optimiser step skipped on every rank (train.on_nonfinite: skip)", what)
         return float(flags[0]), False
     tr.optimizer.step()
+    watch = getattr(tr, "_divergence", None)
+    if watch is not None:
+        watch.first_step(float(flags[0]))
     return float(flags[0]), True
 
 

@@ -218,7 +218,7 @@ def test_a_blown_up_loss_stops_the_run_naming_epoch_and_loss(graphs, tmp_path):
     cfg.optim.lr, cfg.optim.schedule = 1e6, "none"  # Adam at lr 1e6: the logits explode after the first step
     t = Trainer(cfg)
     first = t.step()
-    with pytest.raises(DivergedError, match=r"^diverged: epoch \d+: loss \S+ is more than 50x the first epoch's"):
+    with pytest.raises(DivergedError, match=r"^diverged: epoch \d+: loss \S+ is more than 50x the first step's"):
         for _ in range(5):
             assert t.step() <= 50 * first
     calm = Trainer(_config(graphs[0], tmp_path / "calm", diverge_factor=50.0))
@@ -279,3 +279,20 @@ def test_the_cli_leaves_no_startup_signal_handler_behind(graphs, tmp_path):
     before = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGUSR1)}
     assert main(["-q", "train", "--config", "/nonexistent.yaml"]) == 2
     assert {s: signal.getsignal(s) for s in before} == before
+
+
+def test_a_sampled_run_blown_up_within_its_first_epoch_is_stopped(graphs, tmp_path):
+    """A sampled epoch takes many optimiser steps: Adam at lr 1e6 blows the model up inside the first, so the
+    reference is the first step's loss (the untrained model's), not the first epoch's."""
+    from hpc_graph.train.loops import DivergedError
+
+    cfg = config_from_dict({
+        "data": {"path": graphs[0]}, "engine": {"name": "minibatch"},
+        "sampler": {"fanouts": [4, 4], "batch_size": 16},
+        "model": {"name": "sage", "hidden": 8, "dropout": 0.0},
+        "optim": {"lr": 1e6},
+        "train": {"epochs": 6, "seed": 3, "progress": False, "run_dir": str(tmp_path / "run")}})
+    t = Trainer(cfg)
+    with pytest.raises(DivergedError, match=r"^diverged: epoch 1: loss \S+ is more than 1000x the first step's"):
+        for _ in range(6):
+            t.step()
