@@ -7,7 +7,8 @@ cell is the median with the spread (max - min) / median of the repeats beside it
 it was before the checksums: no Fletcher32 filter (features chunked by rows all the same, the rest
 contiguous) and no digests.
 
-Usage: ``python benchmarks/checksum_cost.py [--scale 20] [--rounds 3] [--out benchmarks/measured/checksums.json]``
+Usage: ``python benchmarks/checksum_cost.py [--scale 20] [--rounds 3]
+[--out benchmarks/measured/scripts/checksums.json]``
 """
 from __future__ import annotations
 
@@ -74,7 +75,7 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--scale", type=int, default=20)
     ap.add_argument("--rounds", type=int, default=3)
-    ap.add_argument("--out", default=str(REPO / "benchmarks" / "measured" / "checksums.json"))
+    ap.add_argument("--out", default=str(REPO / "benchmarks" / "measured" / "scripts" / "checksums.json"))
     ap.add_argument("--work", default=None, help="folder for the two files (default: a temporary one)")
     args = ap.parse_args()
     work = Path(args.work or tempfile.mkdtemp(prefix="hpc-graph-checksums-"))

@@ -17,7 +17,7 @@ Faults (2 ranks; ``single`` on 1, where the per-rank faults do not apply):
   mount; reported as not run otherwise).
 
 Usage: ``python benchmarks/fault_matrix.py [--engines dp,sar] [--faults sigterm,flip_byte]
-[--out benchmarks/measured/faults.json]``; prints the table as Markdown.
+[--out benchmarks/measured/scripts/faults.json]``; prints the table as Markdown.
 """
 from __future__ import annotations
 
@@ -213,7 +213,7 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--engines", default=",".join(ENGINES))
     ap.add_argument("--faults", default=",".join(FAULTS))
-    ap.add_argument("--out", default=str(REPO / "benchmarks" / "measured" / "faults.json"))
+    ap.add_argument("--out", default=str(REPO / "benchmarks" / "measured" / "scripts" / "faults.json"))
     ap.add_argument("--work", default=None, help="scratch folder (default: a temporary one, removed)")
     args = ap.parse_args()
     engines, faults = args.engines.split(","), args.faults.split(",")

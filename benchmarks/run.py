@@ -858,6 +858,7 @@ def render(results: dict[str, dict]) -> str:
             lines += ["Targets:", ""] + tg + [""]
         keys = " ".join(c["key"] for _n, c in cells)
         lines += [f"Cells: `{keys}` (`python benchmarks/run.py run --full --only {keys}`).", ""]
+    lines += _reliability(num + 1)
     lines += ["## History", "",
               "Measurements this suite does not repeat on every run, and those of earlier versions, are in the "
               f"report's history, which the other documents cite as *history §N*: `git show {HISTORY_COMMIT}:"
@@ -869,6 +870,46 @@ def render(results: dict[str, dict]) -> str:
               "hours; [plan.md](plan.md), records in `benchmarks/measured/scripts/bench_plan.json`), and the GPU "
               "path (`bash benchmarks/gpu/run_gpu_checks.sh` on a machine with an NVIDIA GPU).", ""]
     return "\n".join(lines).rstrip() + "\n"
+
+
+def _reliability(num: int, folder: Path = MEASURED / "scripts") -> list[str]:
+    """The fault matrix and the checksums' cost, from ``benchmarks/fault_matrix.py`` and
+    ``benchmarks/checksum_cost.py`` (their results in ``benchmarks/measured/scripts/``), when measured."""
+    faults, sums = folder / "faults.json", folder / "checksums.json"
+    if not faults.is_file() and not sums.is_file():
+        return []
+    lines = [f"## {num}. Reliability: injected faults, checksums", ""]
+    if faults.is_file():
+        import importlib.util
+
+        spec = importlib.util.spec_from_file_location("fault_matrix", Path(__file__).with_name("fault_matrix.py"))
+        fm = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(fm)
+        lines += ["Every engine, every fault, injected for real into a 2-rank job (`single`: 1 rank) of a 600-node "
+                  "CSBM graph; each cell the exit status and the seconds from the fault to the end of the job (for "
+                  "faults present from the start, from the launch). The column head says the documented status "
+                  "(docs/configuration.md); a cell in bold departs from it.", "",
+                  fm.render(json.loads(faults.read_text())), "",
+                  "Command: `python benchmarks/fault_matrix.py` (results: "
+                  "`benchmarks/measured/scripts/faults.json`, with each case's first error line).", ""]
+    if sums.is_file():
+        c = json.loads(sums.read_text())
+        w, wo = c["with"], c["without"]
+        lines += [f"What the checksums cost on R-MAT scale {c['scale']} ({c['feat_bytes'] / 2**20:.0f} MiB of "
+                  "features): each variant in a fresh process, alternating, "
+                  f"{c['rounds']} rounds; median seconds (spread = (max - min) / median).", "",
+                  "| | with checksums | without | ratio |", "|---|---|---|---|",
+                  f"| write (`write_rmat`: generate, write, digest) | {w['write']['median']:.2f} s "
+                  f"({w['write']['spread']:.0%}) | {wo['write']['median']:.2f} s ({wo['write']['spread']:.0%}) | "
+                  f"{c['write_ratio']:.3f} |",
+                  f"| load (structure, labels, all features) | {w['load']['median']:.2f} s "
+                  f"({w['load']['spread']:.0%}) | {wo['load']['median']:.2f} s ({wo['load']['spread']:.0%}) | "
+                  f"{c['load_ratio']:.3f} |",
+                  f"| NaN/Inf scan of the features at load | {w['scan']['median']:.3f} s | | |",
+                  "", "File size: " + ", ".join(f"{k} {v / 2**20:.1f} MiB" for k, v in c["file_bytes"].items())
+                  + ". Command: `python benchmarks/checksum_cost.py --scale "
+                  f"{c['scale']} --rounds {c['rounds']}`.", ""]
+    return lines
 
 
 HISTORY_COMMIT = "823dcba"

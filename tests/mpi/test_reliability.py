@@ -7,7 +7,11 @@ and a line naming the cause, never a traceback or a hang.
 * a damaged dataset file that every rank reads (``flow``): exit 2;
 * a rank stopped with SIGSTOP mid-training: the stall watchdog (``comm.timeout``) ends the job within the
   timeout and a few seconds, naming the waiting rank and the operation;
-* SIGTERM to every process while the job is still starting: exit 75 and one line, nothing to resume from.
+* SIGTERM to every process while the job is still starting: exit 75 and one line, nothing to resume from;
+* a run folder that is a file: exit 2 before anything is loaded, the file untouched.
+
+The full-disk case is tested on one process (tests/train/test_checkpoint.py); the fault matrix
+(benchmarks/fault_matrix.py) runs every case on every engine, a full tmpfs included.
 """
 from __future__ import annotations
 
@@ -60,26 +64,23 @@ def _one_line_error(proc, *needles):
     assert any(all(n in line for n in needles) for line in proc.stderr.splitlines()), proc.stderr
 
 
-@pytest.mark.timeout(200)
-def test_a_flipped_byte_in_one_part_exits_2_naming_file_and_field(data, tmp_path):
-    parts = tmp_path / "p2"
-    shutil.copytree(data / "p2", parts)
-    _flip_low_byte_of_a_feature(parts / "part-00001.h5")
-    proc = run_mpi(_config(data, tmp_path, "sar", parts), 2, timeout=150, check=False)
-    assert proc.returncode == 2, (proc.stdout, proc.stderr)
-    _one_line_error(proc, "rank 1", "part-00001.h5: /node/feat: unreadable")
-    assert not (tmp_path / "run").exists()
-
-
-@pytest.mark.timeout(200)
-def test_nan_features_in_one_part_exit_2_naming_the_row(data, tmp_path):
-    parts = tmp_path / "p2"
-    shutil.copytree(data / "p2", parts)
-    with h5py.File(parts / "part-00000.h5", "r+") as f:
+def _nan_at_row_5(path):
+    with h5py.File(path, "r+") as f:
         f["node/feat"][5, 2] = np.nan
-    proc = run_mpi(_config(data, tmp_path, "minibatch", parts), 2, timeout=150, check=False)
+
+
+@pytest.mark.timeout(200)
+@pytest.mark.parametrize("engine,rank,damage,says", [
+    ("sar", 1, _flip_low_byte_of_a_feature, "/node/feat: unreadable"),
+    ("minibatch", 0, _nan_at_row_5, "/node/feat: NaN or Inf in row 5 "),
+])
+def test_damaged_features_in_one_part_exit_2_naming_file_and_field(data, tmp_path, engine, rank, damage, says):
+    parts = tmp_path / "p2"
+    shutil.copytree(data / "p2", parts)
+    damage(parts / f"part-0000{rank}.h5")
+    proc = run_mpi(_config(data, tmp_path, engine, parts), 2, timeout=150, check=False)
     assert proc.returncode == 2, (proc.stdout, proc.stderr)
-    _one_line_error(proc, "rank 0", "part-00000.h5: /node/feat: NaN or Inf in row 5 ")
+    _one_line_error(proc, f"rank {rank}", f"part-0000{rank}.h5: {says}")
     assert not (tmp_path / "run").exists()
 
 
@@ -131,10 +132,15 @@ def test_a_stopped_rank_ends_the_job_within_the_timeout(data, tmp_path):
 
 @pytest.mark.timeout(200)
 def test_sigterm_while_starting_exits_75_with_one_line(data, tmp_path):
-    proc = _popen(_config(data, tmp_path, "sar", data / "p2"), 2)
+    args = _config(data, tmp_path, "sar", data / "p2")
+    proc = _popen(args[:2] + ["-v"] + args[3:], 2)  # -v: the line saying the start-up handlers are in place
     try:
-        time.sleep(2.0)  # the ranks are importing and loading: no training loop yet
-        assert proc.poll() is None
+        seen = 0
+        for line in proc.stderr:  # both ranks' handlers in place; torch is imported after, for seconds
+            seen += "a stop signal before the first epoch ends the job" in line
+            if seen == 2:
+                break
+        assert seen == 2 and proc.poll() is None
         os.killpg(proc.pid, signal.SIGTERM)  # as a batch system does: every process of the job
         out, err = proc.communicate(timeout=60)
     finally:
@@ -144,3 +150,12 @@ def test_sigterm_while_starting_exits_75_with_one_line(data, tmp_path):
     lines = [x for x in err.splitlines() if "preempted by SIGTERM before training started" in x]
     assert len(lines) == 1, err
     assert not (tmp_path / "run" / "checkpoints").exists()
+
+
+@pytest.mark.timeout(200)
+def test_a_run_folder_that_is_a_file_exits_2_before_loading(data, tmp_path):
+    (tmp_path / "run").write_text("a file\n")
+    proc = run_mpi(_config(data, tmp_path, "sar", data / "p2"), 2, timeout=150, check=False)
+    assert proc.returncode == 2, (proc.stdout, proc.stderr)
+    _one_line_error(proc, "hpc-graph train: error: train.run_dir: ", "is a file, not a directory")
+    assert (tmp_path / "run").read_text() == "a file\n"
