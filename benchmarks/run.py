@@ -908,7 +908,15 @@ def _reliability(num: int, folder: Path = MEASURED / "scripts") -> list[str]:
                   f"| NaN/Inf scan of the features at load | {w['scan']['median']:.3f} s | | |",
                   "", "File size: " + ", ".join(f"{k} {v / 2**20:.1f} MiB" for k, v in c["file_bytes"].items())
                   + ". Command: `python benchmarks/checksum_cost.py --scale "
-                  f"{c['scale']} --rounds {c['rounds']}`.", ""]
+                  f"{c['scale']} --rounds {c['rounds']}`.", "",
+                  "Target: at most 5 % on writing and on loading: "
+                  + ", ".join(f"{k} {c[f'{k}_ratio'] - 1:+.1%} ({'met' if c[f'{k}_ratio'] <= 1.05 else '**not met**'})"
+                              for k in ("write", "load"))
+                  + ". What is left is HDF5's own Fletcher32, computed on every chunk written and verified on every "
+                  "chunk read, single-threaded (on this machine a chunked float32 array reads at 0.9 GB/s with the "
+                  "filter and 1.7 GB/s without), and sha256 over the content as it is written (1.3 GB/s; the "
+                  "digests are fed the rows in memory, not read back). Loading from the page cache is the worst "
+                  "case: from a parallel file system the read itself dominates.", ""]
     return lines
 
 

@@ -37,7 +37,7 @@ import h5py
 import numpy as np
 
 from data_io.errors import DataError, FormatError, atomic_output, check_output
-from data_io.integrity import check_header, create_dataset, seal
+from data_io.integrity import DIGEST_ATTR, Digest, check_header, create_dataset, seal
 
 log = logging.getLogger(__name__)
 
@@ -346,6 +346,8 @@ class DatasetWriter:
         self._ctx = None
         self._h5: h5py.File | None = None
         self._feat_written = 0
+        # the features' digest, fed the rows while they arrive in order (else read back when sealing)
+        self._feat_digest: Digest | None = Digest(np.float32, (self.num_nodes, self.feat_dim)) if feat_dim else None
 
     def __enter__(self) -> "DatasetWriter":
         self._ctx = atomic_output(self.path, self.force)
@@ -385,6 +387,11 @@ class DatasetWriter:
                               f"rows [{start}, {start + len(rows)}) of shape {rows.shape} do not fit "
                               f"({self.num_nodes}, {self.feat_dim})")
         self._h5["node/feat"][start:start + len(rows)] = rows
+        if self._feat_digest is not None:
+            if start == self._feat_written:
+                self._feat_digest.update(rows)
+            else:
+                self._feat_digest = None
         self._feat_written += len(rows)
 
     def write_node(self, field: str, values: np.ndarray) -> None:
@@ -436,6 +443,8 @@ class DatasetWriter:
                 probs = _check_arrays(arrays, str(self.path), self.attrs["num_classes"])
                 if probs:
                     raise probs[0]
+                if self._feat_digest is not None:
+                    h5["node/feat"].attrs[DIGEST_ATTR] = self._feat_digest.hexdigest()
                 seal(h5)  # digests last: the content is final
         except BaseException as err:
             self._h5.close()

@@ -36,6 +36,22 @@ FILE_DIGEST_ATTR = "content_sha256"
 _BLOCK_BYTES = 4 << 20  # rows hashed per read (a small transient beside a writer's own peak)
 
 
+class Digest:
+    """The sha256 content digest of a dataset of ``dtype`` and ``shape``, fed its rows in order: what
+    :func:`dataset_digest` computes from the stored data, computed instead from the rows as they are written
+    (no read-back). ``update(rows)`` takes the next rows; ``hexdigest()`` once all are in."""
+
+    def __init__(self, dtype: Any, shape: tuple[int, ...]):
+        self._h = hashlib.sha256(f"{np.dtype(dtype).str}{tuple(int(s) for s in shape)}".encode())
+        self.dtype = np.dtype(dtype)
+
+    def update(self, rows: np.ndarray) -> None:
+        self._h.update(np.ascontiguousarray(rows, dtype=self.dtype).view(np.uint8))
+
+    def hexdigest(self) -> str:
+        return self._h.hexdigest()
+
+
 def _filterable(dtype: Any) -> bool:
     return h5py.check_string_dtype(np.dtype(dtype)) is None and np.dtype(dtype).kind != "O"
 
@@ -51,7 +67,12 @@ def create_dataset(h5: h5py.Group, name: str, *, data: Any = None, shape: tuple[
         kw.update(fletcher32=True, chunks=chunks if chunks is not None else True)
     elif chunks is not None:
         kw["chunks"] = chunks
-    return h5.create_dataset(name, data=data, shape=shape, dtype=dtype, **kw)
+    ds = h5.create_dataset(name, data=data, shape=shape, dtype=dtype, **kw)
+    if data is not None and _filterable(ds.dtype):  # digested from memory now, not read back by seal()
+        d = Digest(ds.dtype, ds.shape)
+        d.update(data)
+        ds.attrs[DIGEST_ATTR] = d.hexdigest()
+    return ds
 
 
 def _datasets(h5: h5py.File) -> list[h5py.Dataset]:
@@ -63,21 +84,25 @@ def _datasets(h5: h5py.File) -> list[h5py.Dataset]:
 def dataset_digest(ds: h5py.Dataset) -> str:
     """sha256 (hex) of a dataset's content: shape, dtype, then the elements in C order (strings as
     length-prefixed UTF-8), read in blocks of rows."""
+    text = h5py.check_string_dtype(ds.dtype) is not None
+    if not text:
+        d = Digest(ds.dtype, ds.shape)
+        if ds.ndim == 0:
+            d.update(np.asarray(ds[()]))
+            return d.hexdigest()
+        step = max(1, _BLOCK_BYTES // max(1, int(np.prod(ds.shape[1:], dtype=np.int64)) * ds.dtype.itemsize))
+        for s in range(0, ds.shape[0] if ds.size else 0, step):
+            d.update(ds[s:s + step])
+        return d.hexdigest()
     h = hashlib.sha256(f"{ds.dtype.str}{tuple(ds.shape)}".encode())
     if ds.shape is None or ds.size == 0:
         return h.hexdigest()
-    text = h5py.check_string_dtype(ds.dtype) is not None
-    row_bytes = max(1, int(np.prod(ds.shape[1:], dtype=np.int64)) * (8 if text else ds.dtype.itemsize))
-    step = max(1, _BLOCK_BYTES // row_bytes)
+    step = max(1, _BLOCK_BYTES // (8 * max(1, int(np.prod(ds.shape[1:], dtype=np.int64)))))
     for s in range(0, ds.shape[0], step):
-        block = ds[s:s + step]
-        if text:
-            for t in block.ravel():
-                b = t if isinstance(t, bytes) else str(t).encode("utf-8")
-                h.update(len(b).to_bytes(8, "little"))
-                h.update(b)
-        else:
-            h.update(np.ascontiguousarray(block).view(np.uint8))
+        for t in ds[s:s + step].ravel():
+            b = t if isinstance(t, bytes) else str(t).encode("utf-8")
+            h.update(len(b).to_bytes(8, "little"))
+            h.update(b)
     return h.hexdigest()
 
 
@@ -108,13 +133,14 @@ def file_digest(h5: h5py.File) -> str | None:
     return h.hexdigest()
 
 
-def seal(h5: h5py.File, changed: tuple[str, ...] | None = None) -> str:
-    """Digest the datasets of the open (writable) file into their ``sha256`` attributes and the file into
-    the root attribute ``content_sha256``; return the file digest. Call it last, after every write.
-    ``changed``: digest only these datasets (and any without a digest), keeping the others' digests."""
+def seal(h5: h5py.File, changed: tuple[str, ...] = ()) -> str:
+    """Digest the datasets of the open (writable) file that have no digest yet (read back) into their ``sha256``
+    attributes, and the file into the root attribute ``content_sha256``; return the file digest. Call it last,
+    after every write. A dataset created with its data by :func:`create_dataset`, or given a :class:`Digest` of
+    its rows as written, already has its digest; one written to after that must be named in ``changed``."""
+    again = {c.lstrip("/") for c in changed}
     for ds in _datasets(h5):
-        if changed is None or ds.name.lstrip("/") in {c.lstrip("/") for c in changed} \
-                or DIGEST_ATTR not in ds.attrs:
+        if DIGEST_ATTR not in ds.attrs or ds.name.lstrip("/") in again:
             ds.attrs[DIGEST_ATTR] = dataset_digest(ds)
     digest = file_digest(h5)
     assert digest is not None

@@ -26,7 +26,7 @@ import numpy as np
 
 from data_io.dataset import MASKS, Dataset, open_dataset
 from data_io.errors import DataError, atomic_output, check_output
-from data_io.integrity import FILE_DIGEST_ATTR, seal
+from data_io.integrity import DIGEST_ATTR, FILE_DIGEST_ATTR, Digest, seal
 from data_io.partition import FORMAT, META_NAME, VERSION, Partition, _write_part_h5, part_file_name
 
 log = logging.getLogger(__name__)
@@ -428,7 +428,10 @@ def _write_parts(tmp: Path, ds: Dataset, plan: _Plan, node: dict[str, np.ndarray
                 files[p] = h5py.File(tmp / part_file_name(p), "w")
                 _write_part_h5(files[p], plan.part(p, node, meta), F)
             if F:
-                _scatter_features(ds, plan, files)
+                digests = _scatter_features(ds, plan, files)
+                for p, (d, done) in digests.items():  # rows written in order: no read-back when sealing
+                    if d is not None and done == files[p]["/node/feat"].shape[0]:
+                        files[p]["/node/feat"].attrs[DIGEST_ATTR] = d.hexdigest()
             for p in group:  # digests last: every part's content is final
                 meta["parts"][p][FILE_DIGEST_ATTR] = seal(files[p])
         finally:
@@ -436,15 +439,18 @@ def _write_parts(tmp: Path, ds: Dataset, plan: _Plan, node: dict[str, np.ndarray
                 f.close()
 
 
-def _scatter_features(ds: Dataset, plan: _Plan, files: dict[int, h5py.File]) -> None:
+def _scatter_features(ds: Dataset, plan: _Plan, files: dict[int, h5py.File]) -> dict[int, list]:
     """Copy feature rows from the source to the parts in ``files`` in one sorted pass.
 
     Inside a part, owned nodes are in ascending source id order, so the rows of a
-    source block that belong to part p fill a contiguous range of p's rows.
+    source block that belong to part p fill a contiguous range of p's rows, and
+    the blocks come in order: each part's content digest is fed as its rows are
+    written. Returns ``{p: [Digest or None, rows digested]}``.
     """
     n, F = ds.num_nodes, ds.feat_dim
     step = max(1, _FEAT_BLOCK_BYTES // (4 * F))
     lo_p, hi_p = min(files), max(files) + 1
+    digests = {p: [Digest(np.float32, f["/node/feat"].shape), 0] for p, f in files.items()}
     # only read blocks holding rows of this group
     for s in range(0, n, step):
         stop = min(n, s + step)
@@ -463,5 +469,12 @@ def _scatter_features(ds: Dataset, plan: _Plan, files: dict[int, h5py.File]) -> 
             rows = order[pos:pos + c]
             l0 = int(plan.new_of_orig[s + rows[0]] - plan.node_ranges[p])
             files[p]["/node/feat"][l0:l0 + c] = block[rows]
+            d = digests[p]
+            if d[0] is not None and d[1] == l0:
+                d[0].update(block[rows])
+                d[1] += c
+            else:
+                d[0] = None
             pos += c
         log.debug("features: rows %d..%d of %d copied", s, stop, n)
+    return digests

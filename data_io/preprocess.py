@@ -136,4 +136,4 @@ def add_node_field(path: str | os.PathLike, name: str, values: np.ndarray, *, fo
             del h5[f"node/{name}"]
         h5.move(tmp, f"node/{name}")
         if FILE_DIGEST_ATTR in h5.attrs:  # a sealed file stays sealed: digest the new field, then the file
-            seal(h5, changed=(f"node/{name}",))
+            seal(h5)  # the new field was digested as it was created
