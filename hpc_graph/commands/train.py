@@ -61,21 +61,63 @@ def add_parser(subparsers) -> None:
     parser.set_defaults(func=run)
 
 
-def _stop_before_training(signum: int, _frame: object) -> None:
-    """A stop signal before the training loop: nothing to checkpoint yet; end at once with status 75 (the job
-    scripts resubmit, and ``--resume-if-possible`` starts afresh), one line from the first rank."""
+#: a stop signal that arrived while MPI was not up yet on this rank of a multi-rank job: acted on once it is
+_early_stop: list[int] = []
+
+
+def _mpi_ready() -> bool:
+    """Whether MPI is initialized (and not finalized) in this process; False while mpi4py is still loading."""
+    mpi = sys.modules.get("mpi4py.MPI")
+    up, down = getattr(mpi, "Is_initialized", None), getattr(mpi, "Is_finalized", None)
+    try:
+        return bool(up is not None and down is not None and up() and not down())
+    except Exception:  # a library half loaded: not ready
+        return False
+
+
+def _preempted_before_training(signum: int) -> None:
+    """End the job with status 75 and one line: nothing to checkpoint yet (the job scripts resubmit, and
+    ``--resume-if-possible`` starts afresh). ``MPI_Abort`` where MPI is up, so that no peer is left waiting in a
+    collective. The other ranks give the first a moment to say it and end the job (a batch system signals every
+    rank), and say it themselves when it did not (the signal reached only them)."""
     import signal
+    import time
 
     from hpc_graph.cli import _error_line, _launch_rank
+    from hpc_graph.comm.communicator import ABORT_GRACE_S
     from hpc_graph.train.signals import EXIT_PREEMPTED
 
-    if _launch_rank() == 0:
-        _error_line(f"hpc-graph train: preempted by {signal.Signals(signum).name} before training started: no "
-                    f"checkpoint written (resubmit: --resume-if-possible starts afresh)")
-    mpi = sys.modules.get("mpi4py.MPI")
-    if mpi is not None and mpi.Is_initialized() and not mpi.Is_finalized():
-        mpi.COMM_WORLD.Abort(EXIT_PREEMPTED)
+    if _launch_rank() != 0:
+        time.sleep(2 * ABORT_GRACE_S)
+    _error_line(f"hpc-graph train: preempted by {signal.Signals(signum).name} before training started: no "
+                f"checkpoint written (resubmit: --resume-if-possible starts afresh)")
+    if _mpi_ready():
+        time.sleep(ABORT_GRACE_S)  # the launcher forwards the line before the abort ends the job
+        sys.modules["mpi4py.MPI"].COMM_WORLD.Abort(EXIT_PREEMPTED)
     os._exit(EXIT_PREEMPTED)
+
+
+def _stop_before_training(signum: int, _frame: object) -> None:
+    """A stop signal before the training loop. On one process, or once MPI is up, the job ends now. Before that,
+    a peer may already wait inside ``MPI_Init`` for this rank, where no signal handler of its own can run: leaving
+    would strand it there, so the stop is kept and acted on as soon as MPI is up (:func:`_act_on_early_stop`)."""
+    from hpc_graph.comm.env import detect_rank_size
+
+    try:
+        size = detect_rank_size()[1]
+    except ValueError:
+        size = 1
+    if size > 1 and not _mpi_ready():
+        if not _early_stop:
+            _early_stop.append(signum)
+        return
+    _preempted_before_training(signum)
+
+
+def _act_on_early_stop() -> None:
+    """End the job now if a stop signal arrived before MPI was up (and MPI is up now)."""
+    if _early_stop and _mpi_ready():
+        _preempted_before_training(_early_stop[0])
 
 
 def run(args: argparse.Namespace) -> int:
@@ -133,6 +175,7 @@ def _train(args: argparse.Namespace) -> int:
             configure_threads(threads, explicit_name="--threads", world=True)
         else:
             configure_threads(threads, explicit_name="train.threads", world=True)
+        _act_on_early_stop()  # MPI is up now (the ranks of a node compared their CPU masks)
         # decided before torch and numba are imported: their pools start with the right size
         config = config_from_dict(raw)
         config.train.threads = threads
@@ -151,6 +194,7 @@ def _train(args: argparse.Namespace) -> int:
         err = CLIError(str(exc))
         err.collective = getattr(exc, "collective", False)  # every rank refused alike: printed once
         raise err from None
+    _act_on_early_stop()  # (a launch whose thread decision did not need MPI: its communicator is up now)
     if warm is False and trainer.rank == 0:  # a first job would otherwise look stuck for minutes
         print(f"hpc-graph train: note: numba compiles the CPU kernels at their first use after an install "
               f"(a few minutes on every rank of this first job, before its first epochs); later runs load them "
