@@ -10,7 +10,7 @@ SPECS = (
     "hpc_graph.nn", "!hpc_graph\\.nn\\..*",
     "hpc_graph.engines", "!hpc_graph\\.engines\\..*", "hpc_graph.engines.base",
     "hpc_graph.train.trainer", "hpc_graph.train.config", "hpc_graph.train.steps",
-    "data_io.dataset", "data_io.partition", "data_io.partitioner",
+    "data_io.dataset", "data_io.partition", "data_io.partitioner", "data_io.integrity",
     "data_io.converters", "!data_io\\.converters\\..*",
 )
 #: the modules that get a page

@@ -1,4 +1,4 @@
-"""The ``flow`` engine on 2 and 4 ranks (real MPI) against the ``single`` engine and itself on one process.
+"""The ``flow`` engine on 4 ranks (real MPI) against the ``single`` engine and itself on one process.
 
 See ``scripts/flow_checks.py``: GPipe passes of 8-layer GCN, SAGE, GAT and RevGCN with one and three
 micro-batches (``exact``) equal ``single`` step by step; ``drop`` equals ``single`` without the cut
@@ -13,7 +13,7 @@ from _run import SCRIPTS, run_mpi
 
 
 @pytest.mark.timeout(300)
-@pytest.mark.parametrize("nprocs", [2, 4])
+@pytest.mark.parametrize("nprocs", [4])  # the checks hold for any count; 4 ranks have more peers than 2
 def test_flow_pipeline_matches_single(tmp_path, nprocs):
     proc = run_mpi([SCRIPTS / "flow_checks.py", tmp_path / "work"], nprocs, timeout=280)
     assert f"flow_checks: {nprocs} ranks OK" in proc.stdout, proc.stdout

@@ -1,4 +1,4 @@
-"""Label augmentation and Correct & Smooth on ``dp``, ``sar``, ``sylvie`` and ``minibatch`` (2 and 4 ranks,
+"""Label augmentation and Correct & Smooth on ``dp``, ``sar``, ``sylvie`` and ``minibatch`` (4 ranks,
 real MPI) reproduce the ``single`` engine.
 
 See ``scripts/recipes_checks.py``: on a randomly partitioned random graph (relabelled ids), float64,
@@ -15,7 +15,7 @@ from _run import SCRIPTS, run_mpi
 
 
 @pytest.mark.timeout(300)
-@pytest.mark.parametrize("nprocs", [2, 4])
+@pytest.mark.parametrize("nprocs", [4])  # the checks hold for any count; 4 ranks have more peers than 2
 def test_recipes_match_single(tmp_path, nprocs):
     proc = run_mpi([SCRIPTS / "recipes_checks.py", tmp_path / "work"], nprocs, timeout=240)
     assert f"recipes_checks: {nprocs} ranks, 4 cases OK" in proc.stdout, proc.stdout
