@@ -67,22 +67,26 @@ def install_abort_handler(comm: Any) -> None:
 
 
 def end_process(status: int) -> NoReturn:
-    """Exit with ``status`` after what a normal exit runs first (non-daemon threads joined, ``atexit``
-    handlers, log handlers, ``MPI_Finalize``, which mpi4py leaves to the interpreter's teardown) but without
-    the interpreter's module teardown, which takes about a second per process once torch is loaded: every rank
-    of every command would pay it. For the end of a command-line process only; never call it from a library."""
+    """Exit with ``status`` as quickly as is safe. A process without MPI exits after what a normal exit runs first
+    (non-daemon threads joined, ``atexit`` handlers, log handlers) but without the interpreter's module teardown,
+    which takes about a second once torch is loaded. An MPI rank exits the normal way (its launcher expects
+    ``MPI_Finalize`` at the very end: a rank that left at once after it was, now and then, killed by MPICH's
+    launcher, exit code 9), with the garbage collector frozen, which halves the teardown. For the end of a
+    command-line process only; never call it from a library."""
     import atexit
+    import gc
     import os
 
+    mpi = sys.modules.get("mpi4py.MPI")
+    if mpi is not None and getattr(mpi, "Is_initialized", lambda: False)():
+        gc.freeze()  # the teardown then leaves the long-lived objects alone
+        sys.exit(status)
     try:
         main = threading.main_thread()
         for t in threading.enumerate():
             if t is not main and not t.daemon:
                 t.join()
         atexit._run_exitfuncs()
-        mpi = sys.modules.get("mpi4py.MPI")
-        if mpi is not None and mpi.Is_initialized() and not mpi.Is_finalized():
-            mpi.Finalize()
     finally:
         logging.shutdown()
         for stream in (sys.stdout, sys.stderr):
