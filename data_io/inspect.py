@@ -15,9 +15,9 @@ from typing import Any
 
 import numpy as np
 
-from data_io.dataset import MASKS, open_dataset, validate_dataset
+from data_io.dataset import MASKS, check_finite, open_dataset, validate_dataset
 from data_io.errors import DataError, FormatError
-from data_io.integrity import FILE_DIGEST_ATTR
+from data_io.integrity import FILE_DIGEST_ATTR, verify
 from data_io.partition import (META_NAME, Partition, _read_part, meta_problems, part_file_name,
                                read_partition_meta)
 from data_io.partitioner import file_sha256
@@ -105,8 +105,6 @@ def _check_checksums(f: Path, probs: list[str], notes: list[str], expected: str 
     ``partition.json``); problems and a note on an unprotected file are appended. Returns whether the
     file carries checksums."""
     import h5py
-
-    from data_io.integrity import verify
 
     try:
         with h5py.File(f, "r") as h5:
@@ -336,8 +334,10 @@ def _check_feat(f: Path, q: Partition, feat_dim: int, probs: list[str], ds: Any 
             feat = h5["/node/feat"]
             for s in range(0, q.num_owned, step):
                 mine = np.asarray(feat[s:s + step])
-                if not np.isfinite(mine).all():
-                    probs.append(f"{f}: /node/feat: NaN or Inf in rows [{s}, {s + len(mine)})")
+                try:
+                    check_finite(mine, f, "/node/feat", s)
+                except FormatError as exc:
+                    probs.append(str(exc))
                     return
                 if ds is not None and not np.array_equal(mine, ds.feat_take(q.orig_id[s:s + step])):
                     probs.append(f"{f}: /node/feat: rows [{s}, {s + len(mine)}) differ from the source")

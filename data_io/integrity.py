@@ -133,14 +133,13 @@ def file_digest(h5: h5py.File) -> str | None:
     return h.hexdigest()
 
 
-def seal(h5: h5py.File, changed: tuple[str, ...] = ()) -> str:
+def seal(h5: h5py.File) -> str:
     """Digest the datasets of the open (writable) file that have no digest yet (read back) into their ``sha256``
     attributes, and the file into the root attribute ``content_sha256``; return the file digest. Call it last,
     after every write. A dataset created with its data by :func:`create_dataset`, or given a :class:`Digest` of
-    its rows as written, already has its digest; one written to after that must be named in ``changed``."""
-    again = {c.lstrip("/") for c in changed}
+    its rows as written, already has its digest (so it must not be written to after that)."""
     for ds in _datasets(h5):
-        if DIGEST_ATTR not in ds.attrs or ds.name.lstrip("/") in again:
+        if DIGEST_ATTR not in ds.attrs:
             ds.attrs[DIGEST_ATTR] = dataset_digest(ds)
     digest = file_digest(h5)
     assert digest is not None

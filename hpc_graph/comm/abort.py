@@ -66,6 +66,16 @@ def install_abort_handler(comm: Any) -> None:
     threading.excepthook = thread_hook
 
 
+def mpi_ready() -> bool:
+    """Whether MPI is initialized, and not finalized, in this process (False while mpi4py is still loading)."""
+    mpi = sys.modules.get("mpi4py.MPI")
+    up, down = getattr(mpi, "Is_initialized", None), getattr(mpi, "Is_finalized", None)
+    try:
+        return bool(up is not None and down is not None and up() and not down())
+    except Exception:  # a library half loaded: not ready
+        return False
+
+
 def end_process(status: int) -> NoReturn:
     """Exit with ``status`` as quickly as is safe. A process without MPI exits after what a normal exit runs first
     (non-daemon threads joined, ``atexit`` handlers, log handlers) but without the interpreter's module teardown,
@@ -77,8 +87,7 @@ def end_process(status: int) -> NoReturn:
     import gc
     import os
 
-    mpi = sys.modules.get("mpi4py.MPI")
-    if mpi is not None and getattr(mpi, "Is_initialized", lambda: False)():
+    if mpi_ready():
         gc.freeze()  # the teardown then leaves the long-lived objects alone
         sys.exit(status)
     try:

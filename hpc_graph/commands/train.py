@@ -65,16 +65,6 @@ def add_parser(subparsers) -> None:
 _early_stop: list[int] = []
 
 
-def _mpi_ready() -> bool:
-    """Whether MPI is initialized (and not finalized) in this process; False while mpi4py is still loading."""
-    mpi = sys.modules.get("mpi4py.MPI")
-    up, down = getattr(mpi, "Is_initialized", None), getattr(mpi, "Is_finalized", None)
-    try:
-        return bool(up is not None and down is not None and up() and not down())
-    except Exception:  # a library half loaded: not ready
-        return False
-
-
 def _preempted_before_training(signum: int) -> None:
     """End the job with status 75 and one line: nothing to checkpoint yet (the job scripts resubmit, and
     ``--resume-if-possible`` starts afresh). ``MPI_Abort`` where MPI is up, so that no peer is left waiting in a
@@ -84,6 +74,7 @@ def _preempted_before_training(signum: int) -> None:
     import time
 
     from hpc_graph.cli import _error_line, _launch_rank
+    from hpc_graph.comm.abort import mpi_ready
     from hpc_graph.comm.communicator import ABORT_GRACE_S
     from hpc_graph.train.signals import EXIT_PREEMPTED
 
@@ -91,7 +82,7 @@ def _preempted_before_training(signum: int) -> None:
         time.sleep(2 * ABORT_GRACE_S)
     _error_line(f"hpc-graph train: preempted by {signal.Signals(signum).name} before training started: no "
                 f"checkpoint written (resubmit: --resume-if-possible starts afresh)")
-    if _mpi_ready():
+    if mpi_ready():
         time.sleep(ABORT_GRACE_S)  # the launcher forwards the line before the abort ends the job
         sys.modules["mpi4py.MPI"].COMM_WORLD.Abort(EXIT_PREEMPTED)
     os._exit(EXIT_PREEMPTED)
@@ -101,13 +92,14 @@ def _stop_before_training(signum: int, _frame: object) -> None:
     """A stop signal before the training loop. On one process, or once MPI is up, the job ends now. Before that,
     a peer may already wait inside ``MPI_Init`` for this rank, where no signal handler of its own can run: leaving
     would strand it there, so the stop is kept and acted on as soon as MPI is up (:func:`_act_on_early_stop`)."""
+    from hpc_graph.comm.abort import mpi_ready
     from hpc_graph.comm.env import detect_rank_size
 
     try:
         size = detect_rank_size()[1]
     except ValueError:
         size = 1
-    if size > 1 and not _mpi_ready():
+    if size > 1 and not mpi_ready():
         if not _early_stop:
             _early_stop.append(signum)
         return
@@ -116,7 +108,9 @@ def _stop_before_training(signum: int, _frame: object) -> None:
 
 def _act_on_early_stop() -> None:
     """End the job now if a stop signal arrived before MPI was up (and MPI is up now)."""
-    if _early_stop and _mpi_ready():
+    from hpc_graph.comm.abort import mpi_ready
+
+    if _early_stop and mpi_ready():
         _preempted_before_training(_early_stop[0])
 
 
