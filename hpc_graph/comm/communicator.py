@@ -18,6 +18,7 @@ Counting (``bytes_sent``, per operation in ``bytes_by_op``):
 * ``exchange`` / ``exchange_start``: exactly the payload bytes of the tensors
   sent to *other* ranks (a rank's message to itself is a local copy and does
   not count). Engines compare this with their halo sizes.
+  ``exchange_start_bounded``: the payload plus each message's 8-byte length.
 * ``alltoallv``: exactly the payload bytes of the rows sent to other ranks;
   the exchange of the counts (8 bytes per rank) is not counted.
 * ``allreduce_`` (and ``allreduce_bucketed_``, which calls it): ``t.nbytes``
@@ -152,6 +153,78 @@ class Request:
             self._comm._sleep_until(self._deadline, "exchange")
         self._handles, self._staged, self._keep_alive = [], [], []
         self._done = True
+        return self._results
+
+
+class BoundedRequest:
+    """Handle of a started :meth:`Communicator.exchange_start_bounded`: ``test()`` drives the transfer without
+    blocking (and says whether it finished); ``wait()`` returns ``{peer: uint8 tensor}`` of what each peer sent."""
+
+    def __init__(self, comm: "Communicator", tag: int, start: float, bounds: dict[int, int],
+                 recv: dict[int, torch.Tensor], handles: list[Any], later: list[Any], keep_alive: list[torch.Tensor],
+                 bytes_out: int, peers: int, two_phase: bool):
+        self._comm, self._tag, self._start, self._bounds = comm, tag, start, bounds
+        # two phases: the lengths (sent and received) first; the payload sends (``later``) complete only once
+        # the peer has posted its payload receive, so they are waited for with those
+        self._recv, self._handles, self._later, self._keep_alive = recv, handles, later, keep_alive
+        self._bytes_out, self._peers, self._two_phase = bytes_out, peers, two_phase
+        self._payload_posted = not two_phase
+        self._results: dict[int, torch.Tensor] = {}
+        self.done = False
+
+    def _length(self, peer: int) -> int:
+        n = int(self._recv[peer][:8].view(torch.int64)[0])
+        if not 0 <= n <= self._bounds[peer]:
+            raise RuntimeError(f"exchange_start_bounded: rank {peer} sent {n} bytes, more than the bound "
+                               f"{self._bounds[peer]} rank {self._comm.rank} posted")
+        return n
+
+    def _post_payloads(self) -> None:
+        """Two-phase backends: the lengths have arrived; post the payload receives."""
+        handles = []
+        for p in sorted(self._recv):
+            n = self._length(p)
+            body = torch.empty(8 + n, dtype=torch.uint8)
+            body[:8] = self._recv[p][:8]
+            self._recv[p] = body
+            if n:
+                handles.append(self._comm._irecv(body[8:], p, self._tag + 1))
+        self._handles = self._later + self._comm._launch(handles)
+        self._later = []
+        self._payload_posted = True
+
+    def test(self) -> bool:
+        """Whether every message has arrived (non-blocking; call it while computing to drive the transfer)."""
+        if self.done:
+            return True
+        if not self._comm._testall(self._handles):
+            return False
+        self._handles = []
+        if not self._payload_posted:
+            self._post_payloads()
+            if not self._comm._testall(self._handles):
+                return False
+            self._handles = []
+        return True
+
+    def wait(self) -> dict[int, torch.Tensor]:
+        """Block until every message has arrived; ``{peer: uint8[bytes it sent]}``."""
+        if self.done:
+            return self._results
+        comm = self._comm
+        with comm._timed("exchange_wait"):
+            comm._waitall(self._handles)
+            if not self._payload_posted:
+                self._post_payloads()
+                comm._waitall(self._handles)
+            self._results = {p: buf[8:8 + self._length(p)] for p, buf in self._recv.items()}
+            if comm.link is not None:
+                into = sum(int(t.numel()) for t in self._results.values())
+                cost = comm.link.cost(self._bytes_out, into, self._peers)
+                comm.modeled_seconds += cost
+                comm.modeled_by_op["exchange"] += cost
+                comm._sleep_until(self._start + cost, "exchange")
+        self._handles, self._keep_alive, self.done = [], [], True
         return self._results
 
 
@@ -678,6 +751,73 @@ class Communicator(ABC):
                 peers = sum(1 for p in set(out) | set(into) if out.get(p, 0) or into.get(p, 0))
                 deadline = self._modeled(self.link.cost(sum(out.values()), sum(into.values()), peers), "exchange")
             return Request(self, self._launch(handles), results, staged, keep, deadline)
+
+    #: whether a receive may be posted larger than the message that fills it (MPI: yes); backends that cannot
+    #: (torch.distributed) send a bounded message in two phases, its length first
+    shorter_receives = False
+
+    def exchange_start_bounded(self, sends: dict[int, torch.Tensor], recv_bounds: dict[int, int], *,
+                               channel: int = 0) -> BoundedRequest:
+        """Start an exchange of byte messages whose receivers know only the most bytes each peer may send.
+
+        ``sends[p]``: a 1-D ``uint8`` CPU tensor for peer ``p`` (possibly empty); ``recv_bounds[p]``: the most
+        bytes ``p`` sends here. Every receive is posted now, with room for its bound, so a transfer
+        progresses while the caller computes instead of inside a later wait (poll ``request.test()`` at
+        natural points: libraries like MPICH move data only inside MPI calls). Each message carries its
+        length (8 bytes, counted in ``bytes_sent`` with the payload); ``wait()`` returns exactly what each
+        peer sent. A
+        message travels whole: ``bound + 8 <= max_message_bytes``. Backends without :attr:`shorter_receives`
+        send the length first and post the payload receive when it has arrived (a test or the wait).
+        Ordering: as :meth:`exchange_start`, per ``channel``, which must not also carry :meth:`exchange_start`
+        messages. Modelled link: the bytes sent and received, from this call on; the wait sleeps what is left.
+        """
+        if isinstance(channel, bool) or not isinstance(channel, int) or not 0 <= channel <= MAX_CHANNEL:
+            raise ValueError(f"exchange_start_bounded: channel must be an integer in [0, {MAX_CHANNEL}], "
+                             f"got {channel!r}")
+        tag = _TAG_EXCHANGE if channel == 0 else _TAG_CHANNELS + (channel - 1) * _TAG_SPAN
+        start = time.perf_counter()
+        with self._timed("exchange"), torch.no_grad():
+            bounds = {self._check_peer(p, "exchange_start_bounded recv_bounds"): int(b)
+                      for p, b in recv_bounds.items()}
+            sends = {self._check_peer(p, "exchange_start_bounded sends"): t for p, t in sends.items()}
+            if self.rank in bounds or self.rank in sends:
+                raise ValueError(f"exchange_start_bounded: rank {self.rank} cannot send to itself")
+            for p, b in bounds.items():
+                if b < 0 or b + 8 > self.max_message_bytes:
+                    raise ValueError(f"exchange_start_bounded: bound {b} for rank {p} must be in [0, "
+                                     f"max_message_bytes - 8 = {self.max_message_bytes - 8}]")
+            two_phase = not self.shorter_receives
+            recv: dict[int, torch.Tensor] = {}
+            handles: list[Any] = []
+            later: list[Any] = []
+            for p in sorted(bounds):
+                recv[p] = torch.empty(8 if two_phase else 8 + bounds[p], dtype=torch.uint8)
+                handles.append(self._irecv(recv[p], p, tag))
+            keep: list[torch.Tensor] = []
+            bytes_out = 0
+            for p in sorted(sends):
+                t = sends[p]
+                if t.dtype != torch.uint8 or t.dim() != 1 or t.device.type != "cpu":
+                    raise ValueError(f"exchange_start_bounded: sends[{p}] must be a 1-D uint8 CPU tensor, got "
+                                     f"{tuple(t.shape)} {t.dtype} on {t.device}")
+                n = int(t.numel())
+                if n + 8 > self.max_message_bytes:
+                    raise ValueError(f"exchange_start_bounded: {n} bytes for rank {p} exceed max_message_bytes - 8")
+                head = torch.tensor([n], dtype=torch.int64).view(torch.uint8)
+                if two_phase:
+                    keep += [head, t.contiguous()]
+                    handles.append(self._isend(head, p, tag))
+                    if n:
+                        later.append(self._isend(keep[-1], p, tag + 1))
+                else:
+                    msg = torch.cat([head, t])
+                    keep.append(msg)
+                    handles.append(self._isend(msg, p, tag))
+                self._count("exchange", n + 8)
+                bytes_out += n + 8
+            peers = len(set(bounds) | set(sends))
+            return BoundedRequest(self, tag, start, bounds, recv, self._launch(handles),
+                                  self._launch(later) if later else [], keep, bytes_out, peers, two_phase)
 
     @staticmethod
     def _check_spec(peer: int, spec: Any) -> tuple[tuple[int, ...], torch.dtype]:

@@ -64,6 +64,7 @@ class MPICommunicator(Communicator):
     """
 
     backend = "mpi"
+    shorter_receives = True  # MPI receives a message into a larger posted buffer
 
     def __init__(self, comm: Any = None, max_message_bytes: int = MAX_MESSAGE_BYTES,
                  cuda_aware: bool | None = None):

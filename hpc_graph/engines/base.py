@@ -373,7 +373,8 @@ class SeedEngine(Engine):
     _epoch: int | None = None
 
     def iterations(self, epoch: int) -> int:
-        """Iterations of every rank in ``epoch``: the smallest ``ceil(train nodes / batch_size)``."""
+        """Iterations of every rank in ``epoch``: the largest ``ceil(train nodes / batch_size)``; every training
+        node is a seed once per epoch."""
         return self.schedule.iterations()
 
     def batch_sizes(self, epoch: int, iterations: int) -> tuple[list[int], list[float]]:
@@ -389,7 +390,8 @@ class SeedEngine(Engine):
         it is not the current one)."""
         if self._epoch != epoch:
             self.begin_epoch(epoch)
-        return self._seeds[iteration * self.batch_size:(iteration + 1) * self.batch_size]
+        start, stop = self.schedule.span(iteration)
+        return self._seeds[start:stop]
 
     def batch(self, epoch: int, iteration: int) -> Batch:
         """Iteration ``iteration`` of ``epoch``: the sampled blocks, their input rows and the seeds' labels."""

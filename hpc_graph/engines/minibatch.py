@@ -20,20 +20,24 @@ Remote neighbours (``hec.mode``), i.e. sampled neighbours owned by another rank:
   batch is computed exactly as one process holding the whole graph would
   (DistDGL-like); the reference for accuracy.
 * ``drop``: they are left out of every block (local-only training).
-* ``hec``: DistGNN-MB. Their input features (layer 0) are fetched exactly;
-  their embeddings at inner layer ``l`` come from the rank's historical
-  embedding cache for ``l`` (:class:`~hpc_graph.store.HistoricalEmbeddingCache`),
-  and a miss leaves the neighbour out of that block (mean aggregation is then
-  over the neighbours that remain; sums are rescaled by the node's degree over
-  their number). The caches are filled by asynchronous embedding push: when
-  layer ``l``'s input rows of a rank's own nodes are computed, those nodes
-  that are halo nodes of peer q (the partition's send lists) are pushed to q,
-  at most ``hec.push_limit`` per peer and layer, drawn at random weighted by
+* ``hec``: DistGNN-MB. Their rows at layer ``l`` (input features at layer 0,
+  embeddings above) come from the rank's historical embedding cache for ``l``
+  (:class:`~hpc_graph.store.HistoricalEmbeddingCache`), and a miss leaves the
+  neighbour out of that block (mean aggregation is then over the neighbours
+  that remain; sums are rescaled by the node's degree over their number); no
+  feature is fetched. The caches are filled by asynchronous embedding push:
+  when layer ``l``'s input rows of a rank's own nodes are known (the batch's
+  input features; a layer's input during the forward pass), those nodes that
+  are halo nodes of peer q (the partition's send lists) are pushed to q, at
+  most ``hec.push_limit`` per peer and layer, drawn at random weighted by
   degree. A push made at iteration k is stored at k + ``hec.delay``; the last
-  ``delay`` iterations of an epoch push nothing, and each epoch starts with
-  empty caches, so an epoch boundary (a checkpoint) has nothing in flight.
+  ``delay`` iterations of an epoch push nothing, so an epoch boundary (a
+  checkpoint) has nothing in flight. The caches are made once and live across
+  epochs (their clock counts iterations since the first epoch); a checkpoint
+  keeps each rank's valid lines, so a resumed run serves what the
+  uninterrupted one would.
 
-Per-epoch ``engine_stats``: iterations, per-layer HEC hit rate and age
+Per-epoch ``engine_stats``: iterations, per-layer HEC hit rate (layer 0 first) and age
 histogram, pushed rows, sampled edges, bytes by operation (feature fetch,
 remote sampling, pushes) and the seconds spent sampling, fetching and pushing.
 """
@@ -47,6 +51,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from hpc_graph.comm.communicator import MAX_CHANNEL
 from hpc_graph.engines.base import Batch, SeedEngine
 from hpc_graph.graph.block import Block, BlockStack
 from hpc_graph.graph.dist_graph import load_sampled_engine_data
@@ -56,12 +61,12 @@ from hpc_graph.graph.sampler import (NOT_CARRIED, NeighborSampler, SamplerOption
                                      sampled_model_problem)
 from hpc_graph.options import choice_spec, int_spec, option
 from hpc_graph.store.feature_store import FeatureStore
-from hpc_graph.store.hec import HistoricalEmbeddingCache
+from hpc_graph.store.hec import POLICIES, HistoricalEmbeddingCache
 
 log = logging.getLogger(__name__)
 
 MODES = ("exact", "drop", "hec")
-# pushes of inner layer l travel on exchange channels 2l - 1 (row counts) and 2l (ids and rows)
+# pushes of layer l travel on exchange channel l + 1 (one message per peer: length, ids, rows)
 
 
 @dataclasses.dataclass
@@ -69,16 +74,21 @@ class MinibatchOptions(SamplerOptions):
     """``minibatch``'s options: sampling (section ``sampler``), remote neighbours and DistGNN-MB's historical
     embedding cache (section ``hec``)."""
     feature_cache: int = option(0, int_spec(0),
-                                "Remote nodes whose input features each rank caches at start-up (the "
-                                "highest-degree halo nodes); the rest are fetched when a batch needs them.",
+                                "`exact` mode: remote nodes whose input features each rank caches at start-up "
+                                "(the highest-degree halo nodes); the rest are fetched when a batch needs them.",
                                 section="sampler")
     mode: str = option("hec", choice_spec(*MODES),
                        "`exact`: remote neighbours are sampled by their owners and their features fetched, "
                        "every layer exact (DistDGL-like); `drop`: remote neighbours are left out; `hec`: "
-                       "their embeddings come from the historical embedding cache filled by asynchronous "
-                       "pushes (a miss leaves the neighbour out; input features are always fetched exactly).",
+                       "their input features and embeddings come from the historical embedding caches (one per "
+                       "layer, layer 0 included) filled by asynchronous pushes; a miss leaves the neighbour out.",
                        section="hec")
-    size: int = option(1_000_000, int_spec(1), "`hec`: cache lines per layer.", section="hec")
+    size: int = option(1_000_000, int_spec(1), "`hec`: cache lines per layer (at most the partition's halo "
+                                                "nodes are allocated).", section="hec")
+    policy: str = option("ocf", choice_spec(*POLICIES),
+                         "`hec`: line replacement: `ocf` (the paper's oldest cache-line first: a node's own line, "
+                         "else an empty or expired line, else the oldest line of the cache) or `set` (8-way "
+                         "set-associative, the set's oldest line; no hash table).", section="hec")
     lifespan: int = option(2, int_spec(0), "`hec`: iterations an embedding may be served after it arrived.",
                            section="hec")
     push_limit: int = option(2000, int_spec(0),
@@ -89,10 +99,10 @@ class MinibatchOptions(SamplerOptions):
 
 
 class _Push:
-    """One layer's push of one iteration, in flight: counts, then rows."""
+    """One layer's push of one iteration in flight: the bounded exchange and the clock it was made at."""
 
-    def __init__(self, sends: Any, counts: Any, iteration: int):
-        self.sends, self.counts, self.iteration = sends, counts, iteration
+    def __init__(self, request: Any, iteration: int):
+        self.request, self.iteration = request, iteration
 
 
 class MinibatchEngine(SeedEngine):
@@ -135,7 +145,10 @@ class MinibatchEngine(SeedEngine):
         self.fanouts = check_fanouts(o.fanouts, "minibatch")
         for name in ("batch_size", "feature_cache", "size", "lifespan", "push_limit", "delay"):
             setattr(self, name, int(getattr(o, name)))
-        self.mode = o.mode
+        self.mode, self.policy = o.mode, o.policy
+        if self.mode == "hec" and len(self.fanouts) > MAX_CHANNEL:
+            raise ValueError(f"hec.mode: 'hec' pushes on one channel per layer; {len(self.fanouts)} layers, at most "
+                             f"{MAX_CHANNEL}")
         self.seed = int(self.options["seed"])
         # sampling, the feature store and the batches on the host; evaluation on the model's device
         dg, data, edg, edata = load_sampled_engine_data(self.source, comm, self.device, dtype, self.name,
@@ -151,7 +164,7 @@ class MinibatchEngine(SeedEngine):
         self.owned_degree = dg.in_degree.to(torch.int64)
         self.halo_degree = self._halo_degrees()
         self.store = FeatureStore(self.host_feat, self.owned_degree, dg.node_ranges, comm)
-        if self.feature_cache and self.mode != "drop":
+        if self.feature_cache and self.mode == "exact":
             top = torch.argsort(self.halo_degree, descending=True)[:self.feature_cache]
             self.store.cache(dg.halo_gid[top])
         self.train_idx = (host_masks["train"] & (self.host_label >= 0)).nonzero().squeeze(1)
@@ -164,8 +177,10 @@ class MinibatchEngine(SeedEngine):
             self._is_halo_on[q][dg.send_lid[q]] = True
         self.caches: dict[int, HistoricalEmbeddingCache] = {}
         self._pending: dict[int, list[_Push]] = {}
-        self._width: dict[int, int] = {}
+        self._width: dict[int, int] = {0: int(self.num_features)}  # row width of each layer's pushes
         self._iteration = 0
+        self._iters = self.schedule.iterations()
+        self._now = 0  # the caches' clock: iterations since the first epoch (epoch * iterations + iteration)
         self._stats_reset()
         self.reset_stats()
 
@@ -184,7 +199,7 @@ class MinibatchEngine(SeedEngine):
         self._s = {"iterations": 0, "seeds": 0, "sampled_edges": 0, "sample_seconds": 0.0, "fetch_seconds": 0.0,
                    "push_seconds": 0.0, "bytes": {"fetch": 0, "sample": 0, "push": 0},
                    "hec_lookups": [0] * L, "hec_hits": [0] * L, "hec_age": {}, "pushed_rows": [0] * L,
-                   "dropped_edges": 0, "hec_evictions": 0}
+                   "dropped_edges": 0, "hec_evictions": 0, "push_wait_seconds": [0.0] * L}
 
     def reset_stats(self) -> None:
         super().reset_stats()
@@ -202,16 +217,38 @@ class MinibatchEngine(SeedEngine):
             out["hec_lookups"] = list(s["hec_lookups"])
             out["hec_age"] = {str(a): c for a, c in sorted(s["hec_age"].items())}
             out["pushed_rows"] = list(s["pushed_rows"])
+            out["push_wait_seconds"] = list(s["push_wait_seconds"])
             out["hec_evictions"] = sum(c.evictions for c in self.caches.values())
         return out
 
     # -- epochs and iterations ----------------------------------------------------------------------
     def begin_epoch(self, epoch: int) -> None:
         super().begin_epoch(epoch)
-        self._iters = self.iterations(epoch)
         self._iteration = 0
-        for cache in self.caches.values():
-            cache.clear()
+        self._now = int(epoch) * self._iters
+
+    rank_state = True  # each rank's caches
+
+    def state_dict(self) -> dict[str, Any]:
+        """Each layer's valid cache lines (nothing is in flight at an epoch's end)."""
+        return {"caches": {layer: {"width": c.dim, **c.state_dict(self._now + 1)}
+                           for layer, c in self.caches.items()}}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        if isinstance(state, list):  # one entry per rank (rank_state)
+            state = state[self.comm.rank]
+        for layer, s in (state or {}).get("caches", {}).items():
+            self._cache(int(layer), int(s["width"])).load_state_dict(s)
+
+    def _cache(self, layer: int, width: int) -> HistoricalEmbeddingCache:
+        """Layer ``layer``'s cache, made at its first use (rows ``width`` wide; lines: ``hec.size``, at most the
+        halo nodes)."""
+        cache = self.caches.get(layer)
+        if cache is None:
+            lines = max(1, min(self.size, int(self.dg.halo_gid.numel())))
+            cache = self.caches[layer] = HistoricalEmbeddingCache(lines, width, self.lifespan, dtype=self.dtype,
+                                                                  policy=self.policy)
+        return cache
 
     def end_epoch(self, epoch: int, loss: float, seconds: float) -> None:
         self.close()
@@ -227,10 +264,12 @@ class MinibatchEngine(SeedEngine):
         """Sample iteration ``iteration`` of ``epoch`` (collective in modes ``exact`` and ``hec``)."""
         seeds = self.seeds(epoch, iteration)
         self._iteration = iteration
+        self._now = int(epoch) * self._iters + int(iteration)
         s = self._s
         s["iterations"] += 1
         if self.mode == "hec":
-            self._arrive(iteration)
+            self._poll()
+            self._arrive(self._now)
         s["seeds"] += int(seeds.numel())
         t0 = time.perf_counter()
         fetch0 = s["fetch_seconds"]
@@ -262,7 +301,7 @@ class MinibatchEngine(SeedEngine):
             keep = None
             if self.mode == "drop":
                 keep = ~remote
-            elif self.mode == "hec" and layer > 0 and remote.any():
+            elif self.mode == "hec" and remote.any():
                 keep = np.ones(nbrs.size, dtype=bool)
                 keep[remote] = self._hec_hits(layer, nbrs[remote])
             if keep is not None and not keep.all():
@@ -286,7 +325,7 @@ class MinibatchEngine(SeedEngine):
                 n_local = dst.size + int((~far).sum())
             hops.append((layer, dst, dst_deg, counts, col, src, n_local, fields))
             dst = src[:n_local]
-        feat, in_deg = self._input_rows(hops[-1][5])
+        feat, in_deg = self._input_rows(hops[-1][5], hops[-1][6])
         blocks_rev: list[Block] = []
         next_deg = in_deg.numpy()  # degrees of block 0's sources
         prev_dst_deg = None  # degrees of the previous (lower) block's destinations: this block's owned sources
@@ -308,9 +347,25 @@ class MinibatchEngine(SeedEngine):
             prev_dst_deg = dst_deg
         return blocks_rev, feat
 
-    def _input_rows(self, gids: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
-        """Input features and degrees of block 0's sources (a collective fetch unless ``drop``)."""
+    def _input_rows(self, gids: np.ndarray, n_local: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Input features and degrees of block 0's sources (``gids``; in ``hec`` mode the first ``n_local`` are
+        owned): a collective fetch in ``exact`` mode; in ``hec`` mode the owned rows, then the layer-0 cache's
+        rows of the remote ones, and the owned rows peers hold as halo nodes are pushed."""
         t0 = time.perf_counter()
+        if self.mode == "hec" and self.comm.size > 1:
+            lid = torch.from_numpy(gids[:n_local] - self.first)
+            own = self.host_feat.index_select(0, lid)
+            deg = torch.from_numpy(np.concatenate([self.owned_degree.numpy()[lid.numpy()],
+                                                   self._halo_degree_of(gids[n_local:])]))
+            self._push(0, own, gids[:n_local])
+            feat = own
+            if gids.size > n_local:
+                rows, hit, _ = self._cache(0, own.shape[1]).lookup(torch.from_numpy(gids[n_local:]), self._now)
+                if not bool(hit.all()):
+                    raise RuntimeError("minibatch: a cached input row expired between sampling and its use")
+                feat = torch.cat([own, rows.to(own.dtype)], 0)
+            self._s["fetch_seconds"] += time.perf_counter() - t0
+            return feat, deg
         if self.mode == "drop" or (self.comm.size == 1):
             lid = torch.from_numpy(gids - self.first)
             feat, deg = self.host_feat.index_select(0, lid), self.owned_degree.index_select(0, lid)
@@ -336,7 +391,7 @@ class MinibatchEngine(SeedEngine):
         cache = self.caches.get(layer)
         if cache is None:
             return np.zeros(gids.size, dtype=bool)
-        _, hit, age = cache.lookup(torch.from_numpy(gids), self._iteration)
+        _, hit, age = cache.lookup(torch.from_numpy(gids), self._now)
         h = hit.numpy()
         s["hec_hits"][layer] += int(h.sum())
         for a, c in zip(*np.unique(age.numpy()[h], return_counts=True)):
@@ -347,7 +402,7 @@ class MinibatchEngine(SeedEngine):
         """``layer_input`` of block ``layer``: push my rows, append the cached rows of remote sources."""
         cached = None
         if remote_gids.size:
-            rows, hit, _ = self.caches[layer].lookup(torch.from_numpy(remote_gids), self._iteration)
+            rows, hit, _ = self.caches[layer].lookup(torch.from_numpy(remote_gids), self._now)
             if not bool(hit.all()):
                 raise RuntimeError("minibatch: a cached row expired between sampling and the forward pass")
             cached = rows
@@ -356,65 +411,85 @@ class MinibatchEngine(SeedEngine):
             if h.shape[0] != local_gids.size:
                 raise RuntimeError(f"minibatch: layer {layer} got {h.shape[0]} rows, its block expects "
                                    f"{local_gids.size}")
-            self._width[layer] = int(h.shape[1])
+            self._poll()
             self._push(layer, h, local_gids)
             return h if cached is None else torch.cat([h, cached.to(device=h.device, dtype=h.dtype)], 0)
         return complete
 
     def _push(self, layer: int, h: torch.Tensor, gids: np.ndarray) -> None:
-        """Start sending my rows of ``h`` that peers hold as halo rows (asynchronous embedding push)."""
-        if self.comm.size == 1 or not h.requires_grad and not torch.is_grad_enabled():
+        """Start sending my rows of ``h`` that peers hold as halo rows (asynchronous embedding push), and post
+        the receives of what the peers push here at the same layer: a bounded exchange
+        (:meth:`~hpc_graph.comm.Communicator.exchange_start_bounded`, room for ``push_limit`` rows or the
+        peer's halo nodes here, whichever is fewer), so the rows travel while this rank computes."""
+        if self.comm.size == 1 or layer > 0 and not h.requires_grad and not torch.is_grad_enabled():
             return
         if self._iteration >= self._iters - self.delay:
             return  # nothing may be in flight at the end of the epoch
         t0 = time.perf_counter()
+        width = int(h.shape[1])
+        self._width[layer] = width
+        row = 8 + width * torch.empty((), dtype=self.dtype).element_size()
         lids = gids - self.first
-        hd = h.detach().contiguous()
-        sends, count_sends = {}, {}
+        hd = h.detach().to(self.dtype).contiguous()
+        sends = {}
         rng = np.random.default_rng(sample_key(self.seed, self._epoch, self._iteration, layer, self.comm.rank))
         for q in self.push_peers:
             cand = np.flatnonzero(self._is_halo_on[q].numpy()[lids])
             if cand.size > self.push_limit:
                 w = self.owned_degree.numpy()[lids[cand]].astype(np.float64) + 1.0
-                keys = np.log(rng.random(cand.size)) / w  # Efraimidis-Spirakis: the largest keys win
-                cand = np.sort(cand[np.argpartition(-keys, self.push_limit - 1)[:self.push_limit]])
+                cand = cand[weighted_choice(w, self.push_limit, rng)]
             sends[q] = _as_bytes(torch.from_numpy(gids[cand].astype(np.int64)), hd[torch.from_numpy(cand)])
-            count_sends[q] = torch.tensor([cand.size], dtype=torch.int64)
             self._s["pushed_rows"][layer] += int(cand.size)
+        bounds = {q: min(self.push_limit, int(self.dg.recv_count[q])) * row for q in self.pull_peers}
         b0 = self.comm.bytes_sent
-        counts = self.comm.exchange_start(count_sends, {q: ((1,), torch.int64) for q in self.pull_peers},
-                                          channel=2 * layer - 1)
-        data = self.comm.exchange_start(sends, {}, channel=2 * layer)
+        request = self.comm.exchange_start_bounded(sends, bounds, channel=layer + 1)
         self._s["bytes"]["push"] += int(self.comm.bytes_sent - b0)
-        self._pending.setdefault(layer, []).append(_Push(data, counts, self._iteration))
+        self._pending.setdefault(layer, []).append(_Push(request, self._now))
         self._s["push_seconds"] += time.perf_counter() - t0
 
+    def _poll(self) -> None:
+        """Drive the pushes in flight (MPI libraries move a large message only inside MPI calls)."""
+        for queue in self._pending.values():
+            for push in queue:
+                push.request.test()
+
     def _receive(self, layer: int, push: _Push, store: bool = True) -> None:
-        got = push.counts.wait()
-        width = self._width[layer]
-        item = torch.empty((), dtype=self.dtype).element_size()
-        specs = {q: ((int(got[q][0]) * (8 + width * item),), torch.uint8) for q in self.pull_peers}
-        arrived = self.comm.exchange_start({}, specs, channel=2 * layer).wait()
-        push.sends.wait()
+        t0 = time.perf_counter()
+        arrived = push.request.wait()
+        self._s["push_wait_seconds"][layer] += time.perf_counter() - t0
         if not store:
             return
-        cache = self.caches.get(layer)
-        if cache is None:
-            cache = self.caches[layer] = HistoricalEmbeddingCache(self.size, width, self.lifespan, dtype=self.dtype)
+        width = self._width[layer]
+        row = 8 + width * torch.empty((), dtype=self.dtype).element_size()
+        cache = self._cache(layer, width)
         for q in self.pull_peers:
-            c = int(got[q][0])
+            buf = arrived[q]
+            c, rest = divmod(int(buf.numel()), row)
+            if rest:
+                raise RuntimeError(f"minibatch: rank {q} pushed {buf.numel()} bytes at layer {layer}, not whole "
+                                   f"rows of {row}")
             if c:
-                buf = arrived[q]
-                cache.store(buf[:8 * c].view(torch.int64), buf[8 * c:].view(self.dtype).view(c, width),
-                            self._iteration)
+                cache.store(buf[:8 * c].view(torch.int64), buf[8 * c:].view(self.dtype).view(c, width), self._now)
 
-    def _arrive(self, iteration: int) -> None:
+    def _arrive(self, now: int) -> None:
         """Store the pushes that were sent ``delay`` iterations ago."""
         t0 = time.perf_counter()
         for layer, queue in self._pending.items():
-            while queue and queue[0].iteration + self.delay <= iteration:
+            while queue and queue[0].iteration + self.delay <= now:
                 self._receive(layer, queue.pop(0))
         self._s["push_seconds"] += time.perf_counter() - t0
+
+
+def weighted_choice(weights: np.ndarray, k: int, rng: np.random.Generator) -> np.ndarray:
+    """``k`` distinct indices of ``weights`` (float64[n] > 0), ascending, drawn without replacement with
+    probability proportional to the weights of those not drawn yet (Efraimidis and Spirakis: the ``k`` largest
+    ``log(u) / w``; one pass, the same distribution as ``k`` successive weighted draws)."""
+    if k >= weights.size:
+        return np.arange(weights.size)
+    if k <= 0:
+        return np.zeros(0, dtype=np.int64)
+    keys = np.log(rng.random(weights.size)) / weights
+    return np.sort(np.argpartition(-keys, k - 1)[:k])
 
 
 def _as_bytes(*parts: torch.Tensor) -> torch.Tensor:

@@ -277,9 +277,14 @@ def _unpack_answers(buf: np.ndarray, asked: np.ndarray, sizes: np.ndarray, array
 class SeedSchedule:
     """Which training nodes each rank takes as seeds at each iteration of an epoch.
 
-    Every rank runs the same number of iterations (the smallest ``ceil(train nodes / batch_size)``, agreed
-    by an all-reduce when the schedule is made: construct it on every rank); a rank's seeds are its training
-    nodes in an order drawn from ``(seed, epoch, rank)``.
+    Every training node of every rank is a seed exactly once per epoch. Every rank runs the same number of
+    iterations: the largest ``ceil(train nodes / batch_size)`` over the ranks, agreed by an all-reduce when the
+    schedule is made (construct it on every rank). A rank spreads its ``t`` training nodes evenly over them
+    (``ceil(t / iterations)`` seeds in the first ``t % iterations`` iterations, ``floor`` in the rest; never more
+    than ``batch_size``), in an order drawn from ``(seed, epoch, rank)``: a rank with fewer training nodes runs
+    smaller batches, one with none runs empty ones, and the trainer divides every iteration's loss by the
+    iteration's global batch (:meth:`batch_sizes`). On one rank, ``t = 100`` and ``batch_size = 64`` give two
+    batches of 50.
 
     Args:
         train_idx: int64[t] local ids of the rank's training nodes.
@@ -292,12 +297,27 @@ class SeedSchedule:
         self.train_idx, self.batch_size, self.seed, self.comm = train_idx, int(batch_size), int(seed), comm
         mine = torch.tensor([-(-self.train_idx.numel() // self.batch_size)], dtype=torch.float64)
         if comm.size > 1:
-            comm.allreduce_(mine, "min")
+            comm.allreduce_(mine, "max")
         self._iterations = int(mine.item())
+        n, i = int(self.train_idx.numel()), max(self._iterations, 1)
+        sizes = np.full(i, n // i, dtype=np.int64)
+        sizes[:n % i] += 1
+        self._offsets = np.zeros(i + 1, dtype=np.int64)
+        np.cumsum(sizes, out=self._offsets[1:])
 
     def iterations(self) -> int:
         """Iterations of every rank per epoch (agreed when the schedule was made; not collective)."""
         return self._iterations
+
+    def sizes(self) -> list[int]:
+        """This rank's seeds at each iteration of an epoch (they add up to its training nodes)."""
+        return np.diff(self._offsets)[:self._iterations].tolist()
+
+    def span(self, iteration: int) -> tuple[int, int]:
+        """``(start, stop)`` of iteration ``iteration``'s seeds in :meth:`order`."""
+        if not 0 <= iteration < self._iterations:
+            raise IndexError(f"SeedSchedule: iteration {iteration} of an epoch of {self._iterations}")
+        return int(self._offsets[iteration]), int(self._offsets[iteration + 1])
 
     def order(self, epoch: int) -> torch.Tensor:
         """The rank's training nodes (local ids) in epoch ``epoch``'s order."""
@@ -306,8 +326,9 @@ class SeedSchedule:
 
     def batch_sizes(self, iterations: int) -> tuple[list[int], list[float]]:
         """This rank's seeds per iteration and the global (all-reduced) batch of every iteration."""
-        n = self.train_idx.numel()
-        mine = [max(0, min(self.batch_size, n - it * self.batch_size)) for it in range(iterations)]
+        if iterations != self._iterations:
+            raise ValueError(f"SeedSchedule: an epoch has {self._iterations} iterations, not {iterations}")
+        mine = self.sizes()
         total = torch.tensor(mine, dtype=torch.float64)
         if self.comm.size > 1 and iterations:
             self.comm.allreduce_(total)

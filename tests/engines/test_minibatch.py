@@ -177,3 +177,35 @@ def test_mlp_on_sampled_batches_gives_the_seeds_rows(graph_file, layout):
         out = model(batch.graph, x)
         assert out.shape[0] == batch.seeds.numel() < batch.feat.shape[0]
         torch.testing.assert_close(out, full[batch.seeds], rtol=1e-12, atol=1e-12)
+
+
+def test_push_choice_is_weighted_by_degree():
+    """``hec``'s push cap keeps ``k`` of the candidates drawn by degree: one draw follows w / sum(w) (chi-square),
+    and ``k`` draws include each node as often as ``k`` successive weighted draws without replacement do."""
+    from scipy.stats import chisquare
+
+    from hpc_graph.engines.minibatch import weighted_choice
+
+    rng = np.random.default_rng(3)
+    w = rng.integers(1, 30, 12).astype(np.float64)
+    draws = 40_000
+    ones = np.bincount([int(weighted_choice(w, 1, rng)[0]) for _ in range(draws)], minlength=w.size)
+    assert chisquare(ones, draws * w / w.sum()).pvalue > 1e-4
+    # k = 4: inclusion counts against those of numpy's successive draws (two samples of one law)
+    k, ref = 4, np.random.default_rng(4)
+    ours = np.zeros(w.size)
+    theirs = np.zeros(w.size)
+    for _ in range(draws // 4):
+        got = weighted_choice(w, k, rng)
+        assert got.size == k and np.unique(got).size == k and np.all(np.diff(got) > 0)
+        ours[got] += 1
+        theirs[ref.choice(w.size, k, replace=False, p=w / w.sum())] += 1
+    table = np.stack([ours, theirs])
+    expected = table.sum(1, keepdims=True) * table.sum(0, keepdims=True) / table.sum()
+    stat = float(((table - expected) ** 2 / expected).sum())
+    from scipy.stats import chi2
+    assert chi2.sf(stat, w.size - 1) > 1e-4
+    # degenerate caps
+    assert weighted_choice(w, 0, rng).size == 0 and np.array_equal(weighted_choice(w, 99, rng), np.arange(w.size))
+    # a uniform law would be refused: the heaviest node is drawn far more often than the lightest
+    assert ones[np.argmax(w)] > 3 * ones[np.argmin(w)]

@@ -459,8 +459,8 @@ def dry_run(engine: Any, requested: str = "auto", profile: Profile | None = None
     t_gemm1 = t_spmm1 = t_gemm1_pf = t_spmm1_pf = t_up = t_step = 0.0
     last_rows1 = last_edges1 = last_nd = 1.0
     params = 2 * (F * dp + max(L - 2, 0) * dp * dp + dp * C)  # the model's parameters (the all-reduce)
-    # counts scale to an epoch by seeds (an epoch's last batch may be short; the dry run's are full)
-    k = min(engine.train_idx.numel(), iters * engine.batch_size) / max(acc["seeds"], 1)
+    # counts scale to an epoch by seeds (every training node is a seed once per epoch)
+    k = engine.train_idx.numel() / max(acc["seeds"], 1)
     mine_info = {"nd": acc["nd"] * k, "rows1": acc["rows1"] * k, "edges1": acc["edges1"] * k,
                  "snp_v": (snp_v * k).tolist(), "snp_e": (snp_e * k).tolist(), "snp_u": (snp_u * k).tolist(),
                  "fetch": {s: (v * k).tolist() for s, v in fetch_by_owner.items()},

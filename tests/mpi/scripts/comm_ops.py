@@ -184,6 +184,51 @@ def check_exchange(comm, size):
     close(got2[ring_to], rank_data(40 + ring_to, (6, 4), torch.float64).t().contiguous(), "exchange_start second")
 
 
+def check_bounded_exchange(comm, size):
+    """exchange_start_bounded: random lengths under random bounds, some empty, some peers silent; polled with
+    test(); bytes count the payload and an 8-byte length per message; then again in two phases."""
+    me = comm.rank
+    cap = min(40, comm.max_message_bytes - 8)
+    rng = np.random.default_rng(77)  # the same plan on every rank
+    for rnd in range(3):
+        plan = {(s, d): int(rng.integers(0, cap + 1)) for s in range(size) for d in range(size)
+                if s != d and rng.random() < 0.8}
+        slack = {(s, d): int(rng.integers(0, cap - n + 1)) for (s, d), n in plan.items()}
+        msg = lambda s, d: torch.from_numpy(  # noqa: E731
+            np.random.default_rng(1000 * rnd + 10 * s + d).integers(0, 256, plan[(s, d)]).astype(np.uint8))
+        for two_phase in (False, True):
+            native = comm.shorter_receives
+            if two_phase:
+                comm.shorter_receives = False
+            try:
+                comm.reset_counters()
+                sends = {d: msg(me, d) for (s, d) in plan if s == me}
+                bounds = {s: plan[(s, d)] + slack[(s, d)] for (s, d) in plan if d == me}
+                req = comm.exchange_start_bounded(sends, bounds, channel=5)
+                while not req.test():
+                    pass
+                got = req.wait()
+            finally:
+                comm.shorter_receives = native
+            assert sorted(got) == sorted(bounds), (sorted(got), sorted(bounds))
+            for s, t in got.items():
+                assert t.dtype == torch.uint8 and torch.equal(t, msg(s, me)), (s, t.numel(), plan[(s, me)])
+            assert comm.bytes_sent == sum(t.numel() + 8 for t in sends.values()), comm.bytes_sent
+    for bad, match in ((lambda: comm.exchange_start_bounded({me: torch.zeros(1, dtype=torch.uint8)}, {me: 1}),
+                        "cannot send to itself"),
+                       (lambda: comm.exchange_start_bounded({}, {(me + 1) % size: comm.max_message_bytes}),
+                        "must be in"),
+                       (lambda: comm.exchange_start_bounded({(me + 1) % size: torch.zeros(2)}, {}),
+                        "1-D uint8 CPU tensor")):
+        try:
+            bad()
+        except ValueError as e:
+            assert match in str(e), str(e)
+        else:
+            raise AssertionError(f"exchange_start_bounded accepted a bad call ({match})")
+    comm.barrier()
+
+
 def check_bcast_objects(comm, size):
     root = size - 1
     for name, dtype in DTYPES.items():
@@ -208,6 +253,7 @@ def run_all(comm, size):
     check_bucketed(comm, size)
     check_alltoallv(comm, size)
     check_exchange(comm, size)
+    check_bounded_exchange(comm, size)
     check_bcast_objects(comm, size)
 
 

@@ -1,7 +1,8 @@
 """Run under mpiexec (2 ranks): the modelled link makes exchanges and all-reduces last as the model says.
 
 Checks on every rank: a blocking exchange lasts at least its modelled cost; work done between
-exchange_start and wait hides that time (the sleep in wait is shorter by the work done); an
+exchange_start and wait hides that time (the sleep in wait is shorter by the work done); a bounded
+exchange waits for nothing when the work outlasts its cost and for the remainder when not; an
 all-reduce lasts at least the ring cost; the counters add up. Prints OK on success.
 """
 import sys
@@ -40,6 +41,26 @@ waited = time.perf_counter() - t1
 slept = comm.modeled_wait_seconds - slept0
 assert waited < cost - 0.1, (waited, cost)  # 0.15 s of the cost was hidden by the work
 assert slept <= cost - 0.14, (slept, cost)
+
+# a bounded exchange (receives posted at the start, sizes known only on arrival) is charged from its start:
+# work longer than its cost leaves nothing to wait; shorter work leaves the remainder
+nb = 4 * n
+payload = torch.full((nb,), comm.rank, dtype=torch.uint8)
+bcost = link.cost(nb + 8, nb + 8, 1)
+for work in (bcost + 0.1, bcost / 2):
+    comm.barrier()
+    slept0 = comm.modeled_wait_seconds
+    req = comm.exchange_start_bounded({peer: payload}, {peer: nb + 100}, channel=3)
+    t_work = time.perf_counter()
+    while time.perf_counter() - t_work < work:  # "compute", polling the transfer as the minibatch engine does
+        req.test()
+        time.sleep(0.005)
+    want = max(0.0, bcost - (time.perf_counter() - t_work))  # the cost not hidden by the work
+    got = req.wait()
+    slept = comm.modeled_wait_seconds - slept0
+    assert torch.equal(got[peer], torch.full((nb,), peer, dtype=torch.uint8))
+    assert want - 0.03 <= slept <= want + 1e-3, (work, slept, want, bcost)
+    assert (slept == 0.0) == (work > bcost), (work, slept, bcost)
 
 comm.barrier()
 before = comm.modeled_seconds

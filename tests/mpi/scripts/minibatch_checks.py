@@ -14,9 +14,17 @@ parts (METIS). Every rank then checks, in float64:
    equal the count derived here from the blocks and from what the other ranks
    asked for (all-gathered): ids asked and answers of remote sampling
    (``[degree, count, neighbours]`` per node), feature rows served
-   (``F * 8 + 8`` per row) and ids requested; pushes (a count per peer, then
-   ``8 + width * 8`` per pushed row).
-4. **hec through the trainer**: ``fit`` on every rank with the same number of
+   (``F * 8 + 8`` per row) and ids requested; ``hec`` (push cap 3): the
+   pushes alone, per layer and peer an 8-byte count, then ``8 + width * 8`` per
+   row for min(cap, candidates) rows, the candidates being the block's own
+   sources the peer holds as halo nodes; nothing in the last ``delay``
+   iterations; every cached row served at layer 0 equals the owner's features.
+4. **every training node a seed once per epoch** (exact, all neighbours; rank r keeps 2r - 1 of its
+   training nodes, so rank 0 has none and the others unequal counts): the seeds of all ranks over an epoch are the
+   training set, each once; ranks without seeds run the agreed iterations on empty batches; each
+   iteration's all-reduced gradient of the loss over the global batch equals one process's on the
+   union of the ranks' seeds.
+5. **hec through the trainer**: ``fit`` on every rank with the same number of
    iterations, pushes made and served, ages within ``lifespan + delay``, the
    same global loss per epoch on every rank; ``drop`` sends no feature or
    push bytes.
@@ -39,7 +47,7 @@ from data_io.dataset import GraphData, write_dataset
 from data_io.partitioner import partition_dataset
 from hpc_graph.comm import get_communicator
 from hpc_graph.engines import create_engine
-from hpc_graph.graph.sampler import sample_key
+from hpc_graph.graph.sampler import SeedSchedule, sample_key
 from hpc_graph.nn import build_model
 
 CPU = torch.device("cpu")
@@ -107,6 +115,48 @@ def check_exact_all_neighbours(data: Path, pdir: Path, comm) -> int:
                 _close(f"rank {comm.rank} {model_name} iteration {it} grad {name}", p.grad, q.grad)
             checked += 1
     return checked
+
+
+def check_every_seed_once(data: Path, pdir: Path, comm) -> int:
+    local = get_communicator("local")
+    single = create_engine("single", str(data), local, CPU, torch.float64)
+    mb = create_engine("minibatch", str(pdir), comm, CPU, torch.float64,
+                       {"fanouts": (-1, -1), "batch_size": 2, "mode": "exact"})
+    orig = mb.dg.orig_id
+    mb.train_idx = mb.train_idx[:max(2 * comm.rank - 1, 0)]
+    mb.schedule = SeedSchedule(mb.train_idx, mb.batch_size, mb.seed, comm)
+    mine = int(mb.train_idx.numel())
+    counts = comm.allgather_object(mine)
+    torch.manual_seed(6)
+    model = build_model("sage", 5, 4, 3, num_layers=2, dropout=0.0).double()
+    twin = copy.deepcopy(model)
+    iters = mb.iterations(1)
+    if iters != -(-max(counts) // 2):
+        raise AssertionError(f"rank {comm.rank}: {iters} iterations for at most {max(counts)} seeds in batches of 2")
+    _, totals = mb.batch_sizes(1, iters)
+    seen: list[int] = []
+    for it in range(iters):
+        batch = mb.batch(1, it)
+        rows = orig[batch.seeds]
+        twin.zero_grad()
+        loss = F.cross_entropy(twin(batch.graph, batch.feat), batch.label, reduction="sum") / max(totals[it], 1.0)
+        loss.backward()
+        flat = torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1)
+                          for p in twin.parameters()])
+        comm.allreduce_(flat)
+        union = [r for part in comm.allgather_object(rows.tolist()) for r in part]
+        if len(union) != int(totals[it]):
+            raise AssertionError(f"iteration {it}: {len(union)} seeds, global batch {totals[it]}")
+        seen += union
+        model.zero_grad()
+        (F.cross_entropy(model(single.graph, single.feat)[union], single.label[union], reduction="sum")
+         / len(union)).backward()
+        want = torch.cat([p.grad.reshape(-1) for p in model.parameters()])
+        _close(f"rank {comm.rank} iteration {it} all-reduced gradient ({mine} seeds here)", flat, want)
+    train = [r for part in comm.allgather_object(orig[mb.train_idx].tolist()) for r in part]
+    if sorted(seen) != sorted(train):
+        raise AssertionError(f"the epoch's seeds {sorted(seen)} are not the training set {sorted(train)}, each once")
+    return len(seen)
 
 
 def check_placement(data: Path, pdir: Path, comm) -> int:
@@ -196,6 +246,50 @@ def check_exact_bytes(pdir: Path, comm, feat_dim: int) -> int:
     return checked
 
 
+def check_hec_bytes(pdir: Path, comm, feat_dim: int) -> int:
+    cap, hidden, delay = 3, 4, 1
+    mb = create_engine("minibatch", str(pdir), comm, CPU, torch.float64,
+                       {"fanouts": (3, 2), "batch_size": 12, "mode": "hec", "push_limit": cap, "delay": delay,
+                        "lifespan": 4})
+    torch.manual_seed(1)
+    model = build_model("sage", feat_dim, hidden, 3, num_layers=2, dropout=0.0).double()
+    first, last = mb.first, mb.first + mb.num_owned
+    halo_on = {q: set((mb.dg.send_lid[q] + first).tolist()) for q in mb.push_peers}
+    feats = np.concatenate([np.asarray(f) for f in comm.allgather_object(mb.host_feat.numpy().tolist())])
+    checked = served = 0
+    for epoch in (2, 3):  # the second epoch starts with the first one's cache
+        mb.begin_epoch(epoch)
+        iters = mb.iterations(epoch)
+        for it in range(iters):
+            b0 = comm.bytes_sent
+            batch = mb.batch(epoch, it)
+            model(batch.graph, batch.feat).sum().backward()
+            sent = comm.bytes_sent - b0
+            want = 0
+            if it < iters - delay:
+                for layer, block in enumerate(batch.graph.blocks):
+                    src = block.src_gid.numpy()
+                    own = src[(src >= first) & (src < last)]
+                    width = feat_dim if layer == 0 else hidden
+                    for q in mb.push_peers:
+                        rows = min(cap, sum(1 for g in own.tolist() if g in halo_on[q]))
+                        want += 8 + rows * (8 + width * 8)
+            if sent != want:
+                raise AssertionError(f"rank {comm.rank} epoch {epoch} iteration {it}: hec sent {sent} bytes, the "
+                                     f"blocks and the cap give {want}")
+            b0 = batch.graph.blocks[0]
+            src = b0.src_gid.numpy()
+            far = np.flatnonzero((src < first) | (src >= last))
+            _close(f"rank {comm.rank} cached input rows", batch.feat[torch.from_numpy(far)],
+                   torch.from_numpy(feats[src[far]]), tol=0.0)
+            served += far.size
+            checked += 1
+    mb.close()
+    if sum(comm.allgather_object(served)) == 0:
+        raise AssertionError("hec served no input row from its layer-0 cache on any rank")
+    return checked
+
+
 def check_hec_trainer(pdir: Path, work: Path, comm) -> dict:
     from hpc_graph.train.config import config_from_dict
     from hpc_graph.train.trainer import Trainer
@@ -253,12 +347,13 @@ def main() -> int:
         partition_dataset(data, pdir, comm.size, "metis", seed=0)
     comm.barrier()
     a = check_exact_all_neighbours(data, pdir, comm)
+    s = check_every_seed_once(data, pdir, comm)
     b = check_placement(data, pdir, comm)
-    c = check_exact_bytes(pdir, comm, 5)
+    c = check_exact_bytes(pdir, comm, 5) + check_hec_bytes(pdir, comm, 5)
     d = check_hec_trainer(pdir, work, comm)
     comm.barrier()
     if comm.rank == 0:
-        print(f"minibatch_checks: {comm.size} ranks OK ({a} exact batches, {b} sampled neighbourhoods, "
+        print(f"minibatch_checks: {comm.size} ranks OK ({a} exact batches, {s} seeds once, {b} sampled neighbourhoods, "
               f"{c} byte counts, hec {d})", flush=True)
     return 0
 

@@ -43,7 +43,7 @@ ENGINE = {  # the shipped sylvie config's policy and pipeline (a one-epoch windo
 def config(part_dir, label, run_dir, **model):
     engine = label.split("-")[0]
     extra = {}
-    if engine == "minibatch":  # hec: pushes in flight between iterations, caches emptied per epoch
+    if engine == "minibatch":  # hec: pushes in flight between iterations, caches kept across epochs
         extra = {"hec": {"mode": "hec", "size": 256, "push_limit": 8}}
     if engine in ("minibatch", "apt"):
         extra["sampler"] = {"fanouts": [4, 3], "batch_size": 16}
