@@ -5,9 +5,10 @@ Each rank trains on its own partition's training nodes: per iteration it takes
 them (:mod:`numba_kernels.cpu.sample`: uniform without replacement, keyed by
 (seed, epoch, layer, node id), so a node's sample does not depend on the
 rank, the thread count or the partitioning), and runs the model on the
-blocks (:class:`~hpc_graph.graph.block.BlockStack`). Every rank runs the same
-number of iterations per epoch (the smallest, agreed by an all-reduce); the
-trainer normalises each iteration's loss by the global batch and all-reduces
+blocks (:class:`~hpc_graph.graph.block.BlockStack`). Every training node is a
+seed once per epoch: every rank runs the same number of iterations (the
+largest, agreed by an all-reduce; :class:`~hpc_graph.graph.sampler.SeedSchedule`)
+with its seeds spread evenly over them; the trainer normalises each iteration's loss by the global batch and all-reduces
 the gradients. Validation and test accuracy come from exact full-neighbour,
 layer-wise inference over the halo exchange (``engine.graph`` is the ``dp``
 graph of the partition).
