@@ -1,4 +1,5 @@
-"""``hpc-graph partition --distributed`` on 2 and 4 real MPI ranks (Cora and an R-MAT scale-14 graph).
+"""``hpc-graph partition --distributed`` on real MPI ranks (Cora and an R-MAT scale-14 graph): the partitions
+on 4 ranks (3 for the coarsened path: a rank count that divides nothing evenly), the multilevel steps on 2 and 4.
 
 ``--method random`` runs under the default launcher (MPICH from PyPI: no library needed);
 ``--method metis`` calls PT-Scotch's ParMETIS API, built against Open MPI, so it runs under Open MPI's
@@ -54,7 +55,7 @@ def _same_as_source(src: Path, out: Path) -> dict:
     return json.loads((out / "partition.json").read_text())
 
 
-@pytest.mark.parametrize("ranks", [2, 4])
+@pytest.mark.parametrize("ranks", [4])
 @pytest.mark.parametrize("name,parts", [("cora", 3), ("rmat14", 4)])
 def test_distributed_random(graphs, tmp_path, ranks, name, parts):
     out = tmp_path / "p"
@@ -79,7 +80,7 @@ def _serial_metis_cut(graphs, name: str, parts: int, tmp_path: Path) -> int:
     return json.loads((out / "partition.json").read_text())["edge_cut"]
 
 
-@pytest.mark.parametrize("ranks", [2, 4])
+@pytest.mark.parametrize("ranks", [4])
 @pytest.mark.parametrize("name,parts", [("cora", 4), ("rmat14", 5)])
 def test_distributed_parmetis(graphs, tmp_path, ranks, name, parts):
     out = tmp_path / "p"
@@ -117,7 +118,7 @@ def test_multilevel_steps(ranks):
     assert "multilevel checks OK" in proc.stdout
 
 
-@pytest.mark.parametrize("ranks", [2, 4])
+@pytest.mark.parametrize("ranks", [3])
 def test_distributed_coarsened(graphs, tmp_path, ranks):
     """R-MAT 14's connected nodes coarsened to at most 2000 before the library sees them: a valid, balanced partition,
     the candidate with the smaller cut kept, and a cut as small as serial METIS' (SERIAL_CUT_FACTOR)."""

@@ -216,7 +216,7 @@ def check_dot_codes(dtype):
 def check_dropout_bits_match_cpu():
     """The CUDA hash keeps exactly the coefficients the CPU hash keeps."""
     rng = np.random.default_rng(9)
-    n, H, p, seed = 64, 3, 0.4, 2 ** 40 + 17
+    n, H, p, seed = 32, 3, 0.4, 2 ** 40 + 17
     src = rng.integers(0, n, n).astype(np.int64)
     src_gid = rng.integers(0, 2 ** 40, n).astype(np.int64)
     dst_gid = rng.integers(0, 2 ** 40, n).astype(np.int64)
@@ -240,7 +240,7 @@ if __name__ == "__main__":
         check_dot(np.float64, False, 1)
         for dtype in (np.float32, np.float64):
             check_dot(dtype, True, 3)  # bias; blocks merged into the state, an empty block
-            check_dot_codes(dtype)
+        check_dot_codes(np.float64)  # the code-indexed bias reads the same table either dtype
         check_gat(np.float32, 0.3, 3, H=3, D=20)  # dropout; two slots per lane, heads straddling slots
         check_gat(np.float32, 0.0, 2, H=2, D=130)  # wider than 256: the thread-per-(row, head) kernels
         # small chunks, one per dtype: the hub across many chunks (leading/trailing parts, the fix-up merges of
