@@ -873,12 +873,13 @@ def render(results: dict[str, dict]) -> str:
 
 
 def _reliability(num: int, folder: Path = MEASURED / "scripts") -> list[str]:
-    """The fault matrix and the checksums' cost, from ``benchmarks/fault_matrix.py`` and
-    ``benchmarks/checksum_cost.py`` (their results in ``benchmarks/measured/scripts/``), when measured."""
-    faults, sums = folder / "faults.json", folder / "checksums.json"
-    if not faults.is_file() and not sums.is_file():
+    """The fault matrix, the checksums' cost and the soak, from ``benchmarks/fault_matrix.py``,
+    ``benchmarks/checksum_cost.py`` and ``benchmarks/soak.py`` (their results in ``benchmarks/measured/scripts/``),
+    when measured."""
+    faults, sums, soak = folder / "faults.json", folder / "checksums.json", folder / "soak.json"
+    if not faults.is_file() and not sums.is_file() and not soak.is_file():
         return []
-    lines = [f"## {num}. Reliability: injected faults, checksums", ""]
+    lines = [f"## {num}. Reliability: injected faults, checksums" + (", soak" if soak.is_file() else ""), ""]
     if faults.is_file():
         import importlib.util
 
@@ -917,6 +918,19 @@ def _reliability(num: int, folder: Path = MEASURED / "scripts") -> list[str]:
                   "filter and 1.7 GB/s without), and sha256 over the content as it is written (1.3 GB/s; the "
                   "digests are fed the rows in memory, not read back). Loading from the page cache is the worst "
                   "case: from a parallel file system the read itself dominates.", ""]
+    if soak.is_file():
+        s = json.loads(soak.read_text())
+        per = ", ".join(f"`{e}` {v['equal']}/{v['jobs']}" for e, v in sorted(s["per_engine"].items()))
+        codes = ", ".join(f"{k}: {v}" for k, v in sorted(s["exit_codes"].items(), key=lambda kv: int(kv[0])))
+        lines += [f"Soak: {s['minutes']:g} minutes of jobs on random engines, each started afresh with "
+                  "`--resume-if-possible` and, at a random moment, let finish, preempted (SIGTERM to every process) "
+                  "or hit by SIGKILL on one rank, then resubmitted until it exits 0 "
+                  f"({s['jobs']} jobs, {s['launches']} launches, {s['sigterm']} SIGTERM, {s['sigkill']} SIGKILL; exit "
+                  f"statuses {codes}). Jobs whose final weights equal an uninterrupted run's bit for bit: "
+                  f"{s['equal']} of {s['jobs']} ({per}); different: {len(s['different'])}; failed (hang, an "
+                  f"undocumented status, or more than 40 launches): {len(s['failed'])}.", "",
+                  f"Command: `python benchmarks/soak.py --minutes {s['minutes']:g} --seed {s['seed']}` (results: "
+                  "`benchmarks/measured/scripts/soak.json`).", ""]
     return lines
 
 

@@ -129,6 +129,10 @@ class MinibatchEngine(SeedEngine):
     @classmethod
     def check_config(cls, config: Any, model: Any) -> None:
         check_fanouts_for_model(config.sampler.fanouts, model, config.model)
+        if config.sampler.feature_cache and config.hec.mode != "exact":
+            from hpc_graph.options import ConfigError
+            raise ConfigError(f"sampler.feature_cache: only used by hec.mode 'exact' (mode {config.hec.mode!r} "
+                              "reads no remote feature from its owner)")
 
     def check_model(self, model: torch.nn.Module) -> None:
         """Carry the per-edge fields the model's messages read (its ``edge_fields``, e.g. ``("weight",)``)

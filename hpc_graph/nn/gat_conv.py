@@ -9,6 +9,7 @@ from hpc_graph.nn._init import glorot_
 from hpc_graph.nn._linear import act_dropout, linear
 
 _SEED_MOD = 2**31 - 1
+PROJECTIONS = ("linear", "relu")
 
 
 class GATConv(nn.Module):
@@ -19,6 +20,10 @@ class GATConv(nn.Module):
     ``out_i = sum_j softmax_j(LeakyReLU(s_dst_i + s_src_j)) z_j`` over in-edges
     (plus the self loop); heads are concatenated ([N, H*D]) or averaged ([N, D]);
     then the bias is added.
+
+    ``projection="relu"`` is DistGNN-MB's modified GAT: the bias and a ReLU go inside the projection,
+    ``z = ReLU(x W + b)``, and the attention and the aggregation run on that ``z`` (no bias after the
+    aggregation); ``lin`` then has a bias and ``bias`` is None.
 
     Attention dropout is drawn by the engine from a hash of a per-call seed and
     the edge's global end points, so every engine drops the same coefficients.
@@ -35,6 +40,7 @@ class GATConv(nn.Module):
         attn_dropout: probability of dropping an attention coefficient while training.
         add_self_loops: attend to the node itself too.
         bias: add a learnable bias (float[H*D] when concatenating, else float[D]).
+        projection: ``"linear"`` (GAT's ``z = x W``) or ``"relu"`` (``z = ReLU(x W + b)``, DistGNN-MB).
 
     Parameters mirror PyG's names: ``lin.weight`` float[H*D, F_in], ``att_src``/``att_dst``
     float[1, H, D], ``bias``.
@@ -46,8 +52,11 @@ class GATConv(nn.Module):
 
     def __init__(self, in_channels: int, out_channels: int, heads: int = 1, concat: bool = True,
                  negative_slope: float = 0.2, attn_dropout: float = 0.0, add_self_loops: bool = True,
-                 bias: bool = True):
+                 bias: bool = True, projection: str = "linear"):
         super().__init__()
+        if projection not in PROJECTIONS:
+            raise ValueError(f"model.gat_projection: one of {', '.join(PROJECTIONS)}, not {projection!r}")
+        self.projection = projection
         self.in_channels = in_channels
         self.out_channels = out_channels
         self.heads = heads
@@ -55,17 +64,20 @@ class GATConv(nn.Module):
         self.negative_slope = float(negative_slope)
         self.attn_dropout = float(attn_dropout)
         self.add_self_loops = add_self_loops
-        self.lin = nn.Linear(in_channels, heads * out_channels, bias=False)
+        inside = projection == "relu"
+        self.lin = nn.Linear(in_channels, heads * out_channels, bias=inside)
         self.att_src = nn.Parameter(torch.empty(1, heads, out_channels))
         self.att_dst = nn.Parameter(torch.empty(1, heads, out_channels))
         width = heads * out_channels if concat else out_channels
-        self.bias = nn.Parameter(torch.empty(width)) if bias else None
+        self.bias = nn.Parameter(torch.empty(width)) if bias and not inside else None
         self.seed = int(torch.randint(0, _SEED_MOD, (1,)).item())
         self._calls = 0
         self.reset_parameters()
 
     def reset_parameters(self) -> None:
         glorot_(self.lin.weight)
+        if self.lin.bias is not None:
+            nn.init.zeros_(self.lin.bias)
         glorot_(self.att_src)
         glorot_(self.att_dst)
         if self.bias is not None:
@@ -80,7 +92,11 @@ class GATConv(nn.Module):
         q = self.attn_dropout if self.training else 0.0
         seed = self._next_seed() if q > 0 else 0
         kw = dict(negative_slope=self.negative_slope, attn_dropout=q, seed=seed, add_self_loops=self.add_self_loops)
-        if x.layout == torch.strided:  # the graph may fuse it all (less kept for backward)
+        if self.projection == "relu":  # DistGNN-MB: bias and ReLU inside the projection
+            x = act_dropout(x, act, p, graph.row_ids() if p > 0 else None)
+            z = torch.relu(linear(x, self.lin.weight, self.lin.bias)).view(-1, h, d)
+            out = graph.gat(z, (z * self.att_src).sum(-1), (graph.dst(z) * self.att_dst).sum(-1), **kw)
+        elif x.layout == torch.strided:  # the graph may fuse it all (less kept for backward)
             out = graph.gat_projected(x, self.lin.weight, self.att_src, self.att_dst, act=act, p=p, **kw)
         else:  # sparse CSR input features
             x = act_dropout(x, act, p, graph.row_ids() if p > 0 else None)
@@ -93,4 +109,4 @@ class GATConv(nn.Module):
 
     def extra_repr(self) -> str:
         return (f"{self.in_channels}, {self.out_channels}, heads={self.heads}, concat={self.concat}, "
-                f"attn_dropout={self.attn_dropout}")
+                f"attn_dropout={self.attn_dropout}" + (", projection='relu'" if self.projection == "relu" else ""))

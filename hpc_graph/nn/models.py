@@ -55,7 +55,8 @@ MODEL_OPTIONS = {"alpha": (("gcn2", "appnp"), 0.1), "theta": (("gcn2",), 0.5),
                  "global_token": (("gt",), False), "max_degree": (("graphormer",), 64),
                  "max_spd": (("graphormer",), 2)}
 # build_model's stack options (only gcn/sage/gat use them) and their defaults
-STACK_OPTIONS = {"heads": 8, "out_heads": 1, "attn_dropout": 0.0, "residual": False, "batchnorm": False}
+STACK_OPTIONS = {"heads": 8, "out_heads": 1, "attn_dropout": 0.0, "residual": False, "batchnorm": False,
+                 "gat_projection": "linear"}
 # stack options that another model uses too
 SHARED_STACK_OPTIONS = {"heads": ("revgat", "gt", "graphormer"), "attn_dropout": ("revgat",)}
 DEFAULT_HOPS = {"appnp": 10, "sgc": 2, "dagnn": 10}
@@ -203,6 +204,7 @@ def build_from_config(mc: Any, in_dim: int, out_dim: int, *, num_relations: int 
         return spec.build(in_dim, out_dim, mc)
     return build_model(mc.name, in_dim, mc.hidden, out_dim, num_layers=mc.num_layers, dropout=mc.dropout,
                        heads=mc.heads, out_heads=mc.out_heads, attn_dropout=mc.attn_dropout, residual=mc.residual,
+                       gat_projection=mc.gat_projection,
                        batchnorm=mc.batchnorm, alpha=mc.alpha, theta=mc.theta, hops=mc.hops, jk=mc.jk, conv=mc.conv,
                        num_bases=mc.num_bases, groups=mc.groups, reversible=mc.reversible,
                        num_relations=num_relations, attention=mc.attention, dense_every=mc.dense_every,
@@ -339,7 +341,7 @@ class GNN(nn.Module):
 
     def __init__(self, name: str, in_dim: int, hidden: int, out_dim: int, num_layers: int = 2,
                  dropout: float = 0.5, heads: int = 8, out_heads: int = 1, attn_dropout: float = 0.0,
-                 residual: bool = False, batchnorm: bool = False):
+                 residual: bool = False, batchnorm: bool = False, gat_projection: str = "linear"):
         super().__init__()
         if name not in STACK_MODELS:
             raise ValueError(f"model.name: GNN stacks {', '.join(STACK_MODELS)}, not {name!r}")
@@ -362,10 +364,12 @@ class GNN(nn.Module):
             elif name == "sage":
                 conv, out_width = SAGEConv(width, out_dim if last else hidden), out_dim if last else hidden
             elif last:
-                conv = GATConv(width, out_dim, heads=out_heads, concat=False, attn_dropout=attn_dropout)
+                conv = GATConv(width, out_dim, heads=out_heads, concat=False, attn_dropout=attn_dropout,
+                               projection=gat_projection)
                 out_width = out_dim
             else:
-                conv = GATConv(width, hidden, heads=heads, concat=True, attn_dropout=attn_dropout)
+                conv = GATConv(width, hidden, heads=heads, concat=True, attn_dropout=attn_dropout,
+                               projection=gat_projection)
                 out_width = hidden * heads
             self.convs.append(conv)
             if self.residuals is not None:
@@ -427,7 +431,8 @@ def build_model(name: str, in_dim: int, hidden: int, out_dim: int, num_layers: i
                 groups: int = 2, reversible: bool = True, num_relations: int = 1, attention: str = "sparse",
                 dense_every: int = 10, dense_layers: tuple = (), far_prior: bool = True, pe_dim: int = 8,
                 global_token: bool = False,
-                max_degree: int = 64, max_spd: int = 2, graph_level: bool = False) -> nn.Module:
+                max_degree: int = 64, max_spd: int = 2, graph_level: bool = False,
+                gat_projection: str = "linear") -> nn.Module:
     """Build a node classifier by name; see :class:`GNN` and the model classes for the layouts.
 
     Args:
@@ -442,6 +447,7 @@ def build_model(name: str, in_dim: int, hidden: int, out_dim: int, num_layers: i
         heads: GAT heads in hidden layers (``revgat``: heads per group); out_heads: GAT heads
             (averaged) in the output layer.
         attn_dropout: GAT (and ``revgat``) attention-coefficient dropout.
+        gat_projection: GAT's projection, ``"linear"`` or ``"relu"`` (DistGNN-MB's modified GAT; :class:`GATConv`).
         residual: add (projected) skip connections (``gcn``/``sage``/``gat``).
         batchnorm: DistBatchNorm after every hidden convolution (``gcn``/``sage``/``gat``).
         alpha: ``gcn2`` initial-residual weight, ``appnp`` teleport probability.
@@ -489,7 +495,7 @@ def build_model(name: str, in_dim: int, hidden: int, out_dim: int, num_layers: i
                                         jk=jk, conv=conv, num_bases=num_bases, groups=groups,
                                         reversible=reversible, num_relations=num_relations))
     stack = {"heads": heads, "out_heads": out_heads, "attn_dropout": attn_dropout, "residual": residual,
-             "batchnorm": batchnorm}
+             "batchnorm": batchnorm, "gat_projection": gat_projection}
     if name in STACK_MODELS:
         return GNN(name, in_dim, hidden, out_dim, num_layers=num_layers, dropout=dropout, **stack)
     for option, default in STACK_OPTIONS.items():

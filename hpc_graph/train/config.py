@@ -88,6 +88,9 @@ class ModelConfig:
                                                                "(averaged).")
     attn_dropout: float = _field(0.0, _for_models(_float(0.0, 1.0, hi_open=True), *_STACKS, "revgat"),
                                  "`gat`, `revgat`: dropout on attention coefficients.")
+    gat_projection: str = _field("linear", _for_models(_choice("linear", "relu"), "gat"),
+                                 "`gat`: `linear` (GAT's projection z = x W, bias after the aggregation) or `relu` "
+                                 "(DistGNN-MB's modified GAT: z = ReLU(x W + b), attention and aggregation on z).")
     residual: bool = _field(False, _for_models(_BOOL, *_STACKS),
                             "`gcn`, `sage`, `gat`: add a skip connection around every layer (identity, or a "
                             "bias-free projection when the widths differ).")

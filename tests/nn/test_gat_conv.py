@@ -10,26 +10,31 @@ def _reference(src, dst, n, x, conv):
     """Materialised GATv1: alpha[i, j, h] = softmax_j LeakyReLU(a_dst.z_i + a_src.z_j) over in-edges + self."""
     h, d = conv.heads, conv.out_channels
     a = dense_adjacency(src, dst, n) + torch.eye(n, dtype=torch.float64)
-    z = (x @ conv.lin.weight.t()).view(n, h, d)
+    if conv.projection == "relu":  # DistGNN-MB: z = ReLU(x W + b), no bias after the aggregation
+        z = torch.relu(x @ conv.lin.weight.t() + conv.lin.bias).view(n, h, d)
+    else:
+        z = (x @ conv.lin.weight.t()).view(n, h, d)
     e = (z * conv.att_dst).sum(-1)[:, None, :] + (z * conv.att_src).sum(-1)[None, :, :]
     e = torch.where(e > 0, e, conv.negative_slope * e)
     e = e.masked_fill((a == 0)[:, :, None], float("-inf"))
     alpha = torch.softmax(e, dim=1)
     out = torch.einsum("ijh,jhd->ihd", alpha, z)
     out = out.reshape(n, h * d) if conv.concat else out.mean(1)
-    return out + conv.bias
+    return out if conv.bias is None else out + conv.bias
 
 
+@pytest.mark.parametrize("projection", ["linear", "relu"])
 @pytest.mark.parametrize("heads,concat", [(3, True), (2, False), (1, True)])
-def test_forward_and_grads_match_materialised_attention(heads, concat):
+def test_forward_and_grads_match_materialised_attention(heads, concat, projection):
     torch.manual_seed(0)
     n = 30
     src, dst = random_edges(n, 120, seed=5)
-    conv = GATConv(6, 4, heads=heads, concat=concat).double()
-    torch.nn.init.normal_(conv.bias)
+    conv = GATConv(6, 4, heads=heads, concat=concat, projection=projection).double()
+    torch.nn.init.normal_(conv.bias if projection == "linear" else conv.lin.bias)
+    assert (conv.bias is None) == (conv.lin.bias is not None) == (projection == "relu")
     x = torch.randn(n, 6, dtype=torch.float64, requires_grad=True)
     out = conv(DenseGraph(src, dst, n), x)
-    ref_conv = GATConv(6, 4, heads=heads, concat=concat).double()
+    ref_conv = GATConv(6, 4, heads=heads, concat=concat, projection=projection).double()
     ref_conv.load_state_dict(conv.state_dict())
     xr = x.detach().clone().requires_grad_()
     ref = _reference(src, dst, n, xr, ref_conv)
@@ -82,3 +87,8 @@ def test_attention_dropout_seed_changes_per_training_call_and_is_off_in_eval():
     g.calls = []
     twin(g, x)
     assert twin.seed == conv.seed and g.calls[0]["seed"] != 0
+
+
+def test_unknown_projection_names_the_option():
+    with pytest.raises(ValueError, match="model.gat_projection"):
+        GATConv(3, 2, projection="tanh")

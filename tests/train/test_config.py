@@ -54,6 +54,16 @@ def test_full_file_and_overrides(tmp_path):
         load_config(_write(tmp_path, raw), ["engine.name=dp"])  # another engine's option, not at its default
 
 
+def test_gat_projection_reaches_every_layer():
+    from hpc_graph.nn import GATConv
+    from hpc_graph.nn.models import build_from_config
+
+    cfg = config_from_dict({"data": {"path": "x.h5"}, "model": {"name": "gat", "gat_projection": "relu"}})
+    model = build_from_config(cfg.model, 7, 3)
+    convs = [m for m in model.modules() if isinstance(m, GATConv)]
+    assert len(convs) == cfg.model.num_layers and all(c.projection == "relu" and c.bias is None for c in convs)
+
+
 BAD = [
     ({"model": {"hidden": -3}}, "model.hidden: must be a positive integer, got -3"),
     ({"model": {"hidden": 2.5}}, "model.hidden: must be a positive integer, got 2.5"),
@@ -84,6 +94,12 @@ BAD = [
     ({"model": {"name": "gcn"}, "engine": {"name": "seqpar"}}, "engine.name: 'seqpar' runs the graph transformers"),
     ({"model": {"dropout": 1.0}}, "model.dropout: must be a number in [0, 1), got 1.0"),
     ({"model": {"attn_dropout": -0.1}}, "model.attn_dropout: must be a number in [0, 1)"),
+    ({"model": {"name": "gat", "gat_projection": "tanh"}}, "model.gat_projection: must be one of 'linear', 'relu'"),
+    ({"model": {"name": "sage", "gat_projection": "relu"}}, "model.gat_projection: only used by model 'gat'"),
+    ({"engine": {"name": "minibatch"}, "sampler": {"fanouts": [5, 5], "feature_cache": 10}},
+     "sampler.feature_cache: only used by hec.mode 'exact'"),
+    ({"engine": {"name": "minibatch"}, "sampler": {"fanouts": [5, 5]}, "hec": {"policy": "lru"}},
+     "hec.policy: must be one of 'ocf', 'set', got 'lru'"),
     ({"model": {"residual": "yes"}}, "model.residual: must be true or false, got 'yes'"),
     ({"model": {"heads": 0}}, "model.heads: must be a positive integer"),
     ({"model": {"out_heads": "two"}}, "model.out_heads: must be a positive integer"),

@@ -5,7 +5,7 @@ parts (METIS). Every rank then checks, in float64:
 
 1. **exact, all neighbours** (fan-outs -1): every batch's output rows, loss and
    (un-reduced) gradients equal the ``single`` engine's full-graph model on
-   the same seeds; GCN, SAGE and GAT, and two models written against the public API
+   the same seeds; GCN, SAGE, GAT and DistGNN-MB's GAT (ReLU projection), and two models written against the public API
    (tests/plugins/user_model.py's MeanSAGE, examples/custom_layer.py's GIN).
 2. **placement independence** (exact, fan-outs [3, 2]): every sampled
    neighbourhood equals what one process holding the whole graph samples for
@@ -94,6 +94,8 @@ def check_exact_all_neighbours(data: Path, pdir: Path, comm) -> int:
     mc = argparse.Namespace(hidden=4, dropout=0.0)
     builders = {name: (lambda n=name: build_model(n, 5, 4, 3, num_layers=2, dropout=0.0, heads=2))
                 for name in ("gcn", "sage", "gat")}
+    builders["gat relu projection"] = lambda: build_model("gat", 5, 4, 3, num_layers=2, dropout=0.0, heads=2,
+                                                          gat_projection="relu")  # DistGNN-MB's GAT
     builders.update({"user MeanSAGE": lambda: MeanSAGE(5, 3, mc), "user GIN": lambda: GIN(5, 3, mc)})
     for model_name, build in builders.items():
         torch.manual_seed(4)
