@@ -8,6 +8,10 @@ install_hpc_graph() {
       || python3 -m pip install -q "torch==2.13.0" --index-url https://download.pytorch.org/whl/cpu
   fi
   python3 -m pip install -q -e ".[$1]"
+  # An editable install leaves the project's modules uncompiled. Where PYTHONDONTWRITEBYTECODE is set (many
+  # container images set it), every process would then compile every project module it imports, about 0.5 s
+  # of CPU per process: the test suite starts hundreds of them (ranks, commands). Compiled once here instead.
+  python3 -m compileall -q -j 0 hpc_graph data_io numba_kernels examples benchmarks tests >/dev/null
 }
 
 # Open MPI and PT-Scotch's ParMETIS API, for `hpc-graph partition --distributed --method metis` and its
