@@ -1,6 +1,6 @@
-"""``apt`` under real MPI (4 ranks; the checks hold for any rank count, 4 has more peers): the four strategies give GDP's gradients and weights, bytes per
-operation equal the analytic counts, the cache extremes, and the dry run's byte predictions against a real
-epoch. See ``scripts/apt_checks.py``. A hang is a failure (timeout)."""
+"""``apt`` under real MPI (4 ranks; the checks hold for any rank count, 4 has more peers): the four strategies give
+GDP's gradients and weights, bytes per operation equal the analytic counts, the cache extremes, and the dry run's
+byte predictions against a real epoch. See ``scripts/apt_checks.py``. A hang is a failure (timeout)."""
 from __future__ import annotations
 
 import pytest
