@@ -928,7 +928,9 @@ def _reliability(num: int, folder: Path = MEASURED / "scripts") -> list[str]:
                   f"({s['jobs']} jobs, {s['launches']} launches, {s['sigterm']} SIGTERM, {s['sigkill']} SIGKILL; exit "
                   f"statuses {codes}). Jobs whose final weights equal an uninterrupted run's bit for bit: "
                   f"{s['equal']} of {s['jobs']} ({per}); different: {len(s['different'])}; failed (hang, an "
-                  f"undocumented status, or more than 40 launches): {len(s['failed'])}.", "",
+                  f"undocumented status, or more than 40 launches): {len(s['failed'])}"
+                  + (" (" + ", ".join(f"`{f['engine']}` " + (f"status {f['rc']}" if "rc" in f else f["why"])
+                                      for f in s["failed"]) + ")" if s["failed"] else "") + ".", "",
                   f"Command: `python benchmarks/soak.py --minutes {s['minutes']:g} --seed {s['seed']}` (results: "
                   "`benchmarks/measured/scripts/soak.json`).", ""]
     return lines
