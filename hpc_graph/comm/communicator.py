@@ -167,7 +167,7 @@ class BoundedRequest:
         # two phases: the lengths (sent and received) first; the payload sends (``later``) complete only once
         # the peer has posted its payload receive, so they are waited for with those
         self._recv, self._handles, self._later, self._keep_alive = recv, handles, later, keep_alive
-        self._bytes_out, self._peers, self._two_phase = bytes_out, peers, two_phase
+        self._bytes_out, self._peers = bytes_out, peers
         self._payload_posted = not two_phase
         self._results: dict[int, torch.Tensor] = {}
         self.done = False
@@ -765,9 +765,9 @@ class Communicator(ABC):
         progresses while the caller computes instead of inside a later wait (poll ``request.test()`` at
         natural points: libraries like MPICH move data only inside MPI calls). Each message carries its
         length (8 bytes, counted in ``bytes_sent`` with the payload); ``wait()`` returns exactly what each
-        peer sent. A
-        message travels whole: ``bound + 8 <= max_message_bytes``. Backends without :attr:`shorter_receives`
-        send the length first and post the payload receive when it has arrived (a test or the wait).
+        peer sent. A message travels whole: ``bound + 8 <= max_message_bytes``. Backends without
+        :attr:`shorter_receives` send the length first and post the payload receive when it has arrived (a test
+        or the wait).
         Ordering: as :meth:`exchange_start`, per ``channel``, which must not also carry :meth:`exchange_start`
         messages. Modelled link: the bytes sent and received, from this call on; the wait sleeps what is left.
         """

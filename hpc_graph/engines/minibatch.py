@@ -121,6 +121,7 @@ class MinibatchEngine(SeedEngine):
     data_source = "partition_or_file"
     Options = MinibatchOptions
     malloc_mmap_threshold = 0  # per-batch tensors of changing sizes: reuse the heap's pages
+    rank_state = True  # each rank's historical embedding caches
 
     @classmethod
     def model_problem(cls, model: Any, mc: Any) -> str | None:
@@ -232,16 +233,12 @@ class MinibatchEngine(SeedEngine):
         self._iteration = 0
         self._now = int(epoch) * self._iters
 
-    rank_state = True  # each rank's caches
-
     def state_dict(self) -> dict[str, Any]:
         """Each layer's valid cache lines (nothing is in flight at an epoch's end)."""
         return {"caches": {layer: {"width": c.dim, **c.state_dict(self._now + 1)}
                            for layer, c in self.caches.items()}}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        if isinstance(state, list):  # one entry per rank (rank_state)
-            state = state[self.comm.rank]
         for layer, s in (state or {}).get("caches", {}).items():
             self._cache(int(layer), int(s["width"])).load_state_dict(s)
 
@@ -431,9 +428,8 @@ class MinibatchEngine(SeedEngine):
         if self._iteration >= self._iters - self.delay:
             return  # nothing may be in flight at the end of the epoch
         t0 = time.perf_counter()
-        width = int(h.shape[1])
-        self._width[layer] = width
-        row = 8 + width * torch.empty((), dtype=self.dtype).element_size()
+        self._width[layer] = int(h.shape[1])
+        row = self._row_bytes(layer)
         lids = gids - self.first
         hd = h.detach().to(self.dtype).contiguous()
         sends = {}
@@ -452,6 +448,10 @@ class MinibatchEngine(SeedEngine):
         self._pending.setdefault(layer, []).append(_Push(request, self._now))
         self._s["push_seconds"] += time.perf_counter() - t0
 
+    def _row_bytes(self, layer: int) -> int:
+        """Bytes of one pushed row of ``layer``: its node id and its values."""
+        return 8 + self._width[layer] * torch.empty((), dtype=self.dtype).element_size()
+
     def _poll(self) -> None:
         """Drive the pushes in flight (MPI libraries move a large message only inside MPI calls)."""
         for queue in self._pending.values():
@@ -464,8 +464,7 @@ class MinibatchEngine(SeedEngine):
         self._s["push_wait_seconds"][layer] += time.perf_counter() - t0
         if not store:
             return
-        width = self._width[layer]
-        row = 8 + width * torch.empty((), dtype=self.dtype).element_size()
+        width, row = self._width[layer], self._row_bytes(layer)
         cache = self._cache(layer, width)
         for q in self.pull_peers:
             buf = arrived[q]
