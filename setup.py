@@ -23,6 +23,7 @@ setup(
     long_description_content_type="text/markdown",
     python_requires=">=3.10",
     packages=find_packages(include=["hpc_graph*", "numba_kernels*", "data_io*"]),
+    package_data={"numba_kernels": ["specialisations.tsv"]},  # what `hpc-graph warmup` compiles
     install_requires=[
         "numpy>=1.23",
         "scipy>=1.9",

@@ -26,6 +26,7 @@ COMMANDS = {
     "bench": "bench",
     "report": "report",
     "demo": "demo",
+    "warmup": "warmup",
 }
 
 
@@ -124,12 +125,53 @@ def _setup_logging(verbose: int, quiet: bool) -> None:
                         stream=sys.stderr)
 
 
+#: SIGTERM/SIGUSR1 that arrived while the command was starting (:func:`run` holds them from its first line)
+_held_stops: list[int] = []
+
+
+def _hold_stop_signals() -> None:
+    """From the first line of the console script, a batch system's SIGTERM or SIGUSR1 is kept instead of killing
+    the process: ``train`` acts on it with its own contract (exit 75) once it installs its handlers
+    (:func:`held_stop_signal`), every other command is ended by it as before (:func:`_release_stop_signals`)."""
+    import signal
+    import threading
+
+    if threading.current_thread() is not threading.main_thread():
+        return
+    for s in (signal.SIGTERM, signal.SIGUSR1):
+        signal.signal(s, _hold)
+
+
+def _hold(signum: int, _frame) -> None:
+    _held_stops.append(signum)
+
+
+def held_stop_signal() -> int | None:
+    """The first stop signal held since the process started, or None (see :func:`_hold_stop_signals`)."""
+    return _held_stops[0] if _held_stops else None
+
+
+def _release_stop_signals(module) -> None:
+    """Give a command that does not take the held stop signals (``TAKES_STOP_SIGNALS``) the default ones back,
+    and end the process by a signal that arrived meanwhile, as it would have ended without holding it."""
+    import os
+    import signal
+
+    if getattr(module, "TAKES_STOP_SIGNALS", False) or signal.getsignal(signal.SIGTERM) is not _hold:
+        return
+    for s in (signal.SIGTERM, signal.SIGUSR1):
+        signal.signal(s, signal.SIG_DFL)
+    if _held_stops:
+        os.kill(os.getpid(), _held_stops[0])
+
+
 def main(argv: list[str] | None = None) -> int:
     from hpc_graph.comm.env import prepare_process
 
     prepare_process()  # huge pages for torch's tensors, Open MPI's library under its launcher: before either loads
     parser = _build_parser()
     args = parser.parse_args(argv)
+    _release_stop_signals(importlib.import_module(f"hpc_graph.commands.{COMMANDS[args.command]}"))
     _setup_logging(args.verbose, args.quiet)
     from data_io.errors import DataError, is_disk_full  # local import keeps `--help` fast
     from hpc_graph.comm.threads import ThreadSettingError
@@ -153,7 +195,9 @@ def main(argv: list[str] | None = None) -> int:
 
 def run() -> NoReturn:
     """The ``hpc-graph`` console script: :func:`main`, then a process exit that skips the interpreter's
-    teardown (:func:`hpc_graph.comm.abort.end_process`, about a second per rank with torch loaded)."""
+    teardown (:func:`hpc_graph.comm.abort.end_process`, about a second per rank with torch loaded). A stop
+    signal from the first line on is held for the command (:func:`_hold_stop_signals`)."""
+    _hold_stop_signals()
     status = main()
     from hpc_graph.comm.abort import end_process
 

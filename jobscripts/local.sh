@@ -14,4 +14,5 @@ shift $(($# < 3 ? $# : 3))
 
 RESUME=(--resume-if-possible)  # continue from RUN_DIR's newest checkpoint, or start afresh when it has none
 
+hpc-graph warmup >&2  # numba's CPU kernels compiled once, in parallel, before the ranks start (seconds when cached)
 exec mpiexec -n "$NRANKS" hpc-graph train --config "$CONFIG" --run-dir "$RUN_DIR" "${RESUME[@]}" "$@"

@@ -17,6 +17,10 @@ from typing import Any, NoReturn
 
 log = logging.getLogger(__name__)
 
+#: seconds between the last flush of a rank's output and MPI_Abort (the launcher forwards the lines first);
+#: here, beside the abort, so that a signal handler can read it without importing the torch-based communicator
+ABORT_GRACE_S = 1.0
+
 
 def _report(comm: Any, exc_type: type, exc: BaseException, tb: Any, thread: str | None = None) -> None:
     """Log ``rank R: Type: message`` with the traceback (straight to stderr if logging is unset)."""

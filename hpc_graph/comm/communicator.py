@@ -833,9 +833,6 @@ class Communicator(ABC):
         return shape, dtype
 
 
-ABORT_GRACE_S = 1.0  # seconds between the last flush and MPI_Abort
-
-
 def _flush_streams(grace: float = 0.0) -> None:
     """Flush logging handlers, stdout and stderr; then wait ``grace`` seconds.
 

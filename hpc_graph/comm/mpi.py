@@ -22,7 +22,8 @@ from typing import Any, NoReturn
 import numpy as np
 import torch
 
-from hpc_graph.comm.communicator import (ABORT_GRACE_S, MAX_MESSAGE_BYTES, Communicator,
+from hpc_graph.comm.abort import ABORT_GRACE_S
+from hpc_graph.comm.communicator import (MAX_MESSAGE_BYTES, Communicator,
                                          _env_flag, _flush_streams)
 
 log = logging.getLogger(__name__)

@@ -20,6 +20,7 @@ with ``train.on_nonfinite: stop``, a loss above ``train.diverge_factor`` times t
 from __future__ import annotations
 
 import argparse
+import importlib
 import logging
 import os
 import sys
@@ -30,6 +31,8 @@ log = logging.getLogger(__name__)
 
 #: the CLI leaves the thread decision to this command: ``train.threads`` takes part in it
 CONFIGURES_THREADS = True
+#: a SIGTERM/SIGUSR1 the CLI held while the process started is this command's to act on (exit 75)
+TAKES_STOP_SIGNALS = True
 
 
 def add_parser(subparsers) -> None:
@@ -74,8 +77,7 @@ def _preempted_before_training(signum: int) -> None:
     import time
 
     from hpc_graph.cli import _error_line, _launch_rank
-    from hpc_graph.comm.abort import mpi_ready
-    from hpc_graph.comm.communicator import ABORT_GRACE_S
+    from hpc_graph.comm.abort import ABORT_GRACE_S, mpi_ready
     from hpc_graph.train.signals import EXIT_PREEMPTED
 
     if _launch_rank() != 0:
@@ -91,7 +93,11 @@ def _preempted_before_training(signum: int) -> None:
 def _stop_before_training(signum: int, _frame: object) -> None:
     """A stop signal before the training loop. On one process, or once MPI is up, the job ends now. Before that,
     a peer may already wait inside ``MPI_Init`` for this rank, where no signal handler of its own can run: leaving
-    would strand it there, so the stop is kept and acted on as soon as MPI is up (:func:`_act_on_early_stop`)."""
+    would strand it there, so the stop is kept and acted on as soon as MPI is up (:func:`_act_on_early_stop`).
+
+    It may run in the middle of any import (``import torch`` takes seconds): everything it and
+    :func:`_preempted_before_training` use is imported before it is installed (:data:`_HANDLER_MODULES`), so
+    that it never imports a module itself, which would meet the half-imported one."""
     from hpc_graph.comm.abort import mpi_ready
     from hpc_graph.comm.env import detect_rank_size
 
@@ -104,6 +110,10 @@ def _stop_before_training(signum: int, _frame: object) -> None:
             _early_stop.append(signum)
         return
     _preempted_before_training(signum)
+
+
+#: the modules the stop handlers use, imported before they are installed (:func:`_stop_before_training`)
+_HANDLER_MODULES = ("hpc_graph.cli", "hpc_graph.comm.abort", "hpc_graph.comm.env", "hpc_graph.train.signals")
 
 
 def _act_on_early_stop() -> None:
@@ -122,9 +132,15 @@ def run(args: argparse.Namespace) -> int:
 
     if threading.current_thread() is not threading.main_thread():  # no handlers outside the main thread
         return _train(args)
+    from hpc_graph.cli import held_stop_signal
+
+    for name in _HANDLER_MODULES:
+        importlib.import_module(name)
     # until the training loop takes them over (it checkpoints first)
     previous = {s: signal.signal(s, _stop_before_training) for s in STOP_SIGNALS}
     log.debug("train: a stop signal before the first epoch ends the job with status 75")
+    if held_stop_signal() is not None:  # it arrived while the process started
+        _stop_before_training(held_stop_signal(), None)
     try:
         return _train(args)
     finally:
@@ -192,7 +208,7 @@ def _train(args: argparse.Namespace) -> int:
     if warm is False and trainer.rank == 0:  # a first job would otherwise look stuck for minutes
         print(f"hpc-graph train: note: numba compiles the CPU kernels at their first use after an install "
               f"(a few minutes on every rank of this first job, before its first epochs); later runs load them "
-              f"from {cache_dir}", file=sys.stderr)
+              f"from {cache_dir}; `hpc-graph warmup` compiles them all at once, in parallel", file=sys.stderr)
 
     import signal
 

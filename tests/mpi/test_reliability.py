@@ -8,6 +8,8 @@ and a line naming the cause, never a traceback or a hang.
 * a rank stopped with SIGSTOP mid-training: the stall watchdog (``comm.timeout``) ends the job within the
   timeout and a few seconds, naming the waiting rank and the operation;
 * SIGTERM to every process while the job is still starting: exit 75 and one line, nothing to resume from;
+  also when it arrives at the console script's first line, before the command is known (the CLI holds it for
+  ``train``; any other command is ended by it as without the hold);
 * a run folder that is a file: exit 2 before anything is loaded, the file untouched.
 
 The full-disk case is tested on one process (tests/train/test_checkpoint.py); the fault matrix
@@ -19,6 +21,7 @@ import os
 import shutil
 import signal
 import subprocess
+import sys
 import time
 
 import h5py
@@ -164,6 +167,40 @@ def test_sigterm_while_starting_exits_75_with_one_line(data, tmp_path):
     lines = [x for x in err.splitlines() if "preempted by SIGTERM before training started" in x]
     assert len(lines) == 1, err
     assert not (tmp_path / "run" / "checkpoints").exists()
+
+
+#: the console script with a SIGTERM to its own process between its first line and the command's start
+_SIGTERM_AT_FIRST_LINE = """
+import os, signal, sys
+from hpc_graph import cli
+sys.argv = ["hpc-graph"] + sys.argv[1:]
+start = cli.main
+cli.main = lambda argv=None: (os.kill(os.getpid(), signal.SIGTERM), start(argv))[1]
+cli.run()
+"""
+
+
+@pytest.mark.timeout(200)
+@pytest.mark.parametrize("ranks", [1, 2])
+def test_sigterm_at_the_first_line_of_train_exits_75_with_one_line(data, tmp_path, ranks):
+    argv = [str(a) for a in _config(data, tmp_path, "sar" if ranks > 1 else "single",
+                                    data / ("p2" if ranks > 1 else "g.h5"))[2:]]
+    cmd = _command(["-c", _SIGTERM_AT_FIRST_LINE, *argv], ranks) if ranks > 1 else \
+        [sys.executable, "-c", _SIGTERM_AT_FIRST_LINE, *argv]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=150, cwd=REPO,
+                          env={**os.environ, "PYTHONPATH": str(REPO)})
+    assert proc.returncode == 75, (proc.stdout, proc.stderr)
+    lines = [x for x in proc.stderr.splitlines() if "preempted by SIGTERM before training started" in x]
+    assert len(lines) == 1 and "Traceback" not in proc.stderr, proc.stderr
+    assert not (tmp_path / "run" / "checkpoints").exists()
+
+
+def test_sigterm_at_the_first_line_of_another_command_ends_it_by_the_signal(data):
+    proc = subprocess.run([sys.executable, "-c", _SIGTERM_AT_FIRST_LINE, "info",
+                           str(data / "g.h5")], capture_output=True, text=True, timeout=150, cwd=REPO,
+                          env={**os.environ, "PYTHONPATH": str(REPO)})
+    assert proc.returncode == -signal.SIGTERM, (proc.stdout, proc.stderr)
+    assert proc.stdout == ""  # ended before the command ran
 
 
 @pytest.mark.timeout(200)
