@@ -85,14 +85,21 @@ def end_process(status: int) -> NoReturn:
     (non-daemon threads joined, ``atexit`` handlers, log handlers) but without the interpreter's module teardown,
     which takes about a second once torch is loaded. An MPI rank exits the normal way (its launcher expects
     ``MPI_Finalize`` at the very end: a rank that left at once after it was, now and then, killed by MPICH's
-    launcher, exit code 9), with the garbage collector frozen, which halves the teardown. For the end of a
-    command-line process only; never call it from a library."""
+    launcher, exit code 9), with the garbage collector frozen, which halves the teardown, and with SIGTERM,
+    SIGUSR1 and SIGINT ignored: the interpreter gives a signal with a Python handler its default action back
+    early in its teardown (one it ignores stays ignored), so a batch system's stop arriving then would
+    otherwise end a finished job with the signal's status instead of ``status``. For the end of a command-line
+    process only; never call it from a library."""
     import atexit
     import gc
     import os
+    import signal
 
     if mpi_ready():
         gc.freeze()  # the teardown then leaves the long-lived objects alone
+        if threading.current_thread() is threading.main_thread():
+            for s in (signal.SIGTERM, signal.SIGUSR1, signal.SIGINT):
+                signal.signal(s, signal.SIG_IGN)
         sys.exit(status)
     try:
         main = threading.main_thread()

@@ -32,9 +32,11 @@ Edges between micro-batches (``cross_edges``, :mod:`hpc_graph.graph.microbatch`)
 
 Options: ``stages`` (0: the number of ranks; anything else must equal it),
 ``microbatches`` (M), ``cross_edges``, ``stage_split`` (``cost`` or
-``count``), ``seed`` (METIS). Dropout masks follow each stage's own stream,
-so with dropout a run differs from ``single`` (as any two seeds do); without
-dropout ``exact`` equals ``single``.
+``count``), ``seed`` (METIS). Every rank keeps the one random stream and each
+stage replays the draws of the units it does not run (:mod:`hpc_graph.train.pipeline`),
+so every layer draws the dropout key it draws on one process, keyed on dataset
+ids: ``exact`` equals ``single`` with dropout on, whatever the cut between
+stages (a cost split that timings decide, or a resumed run's).
 """
 from __future__ import annotations
 
@@ -52,6 +54,7 @@ from hpc_graph.engines.base import Engine
 from hpc_graph.graph.microbatch import CROSS_EDGES, History, MicroBatchPlan, split_stages
 from hpc_graph.graph.whole_graph import WholeGraph
 from hpc_graph.ops.csr import CSR, column_dtype
+from hpc_graph.ops.dropout import record_key_draws
 from hpc_graph.options import choice_spec, int_spec, option
 
 log = logging.getLogger(__name__)
@@ -114,6 +117,9 @@ class FlowEngine(Engine):
     data_source = "file"
     replicated = True  # every rank holds every node: accuracies and counts need no all-reduce
     cotraining = True
+    # one random stream on every rank: each stage replays the draws of the others' units (train/pipeline.py), so
+    # every layer draws the dropout key it draws on one process, and masks are keyed on dataset ids
+    shared_rng = True
     Options = FlowOptions
 
     @classmethod
@@ -235,6 +241,7 @@ class FlowEngine(Engine):
                       .to(self.device) for k, v in masks.items()}
         self.num_features = int(self.feat.shape[1])
         self.units: tuple[int, int] = (0, 0)
+        self.key_draws: tuple[list[int], list[int]] = ([], [])
         self.boundaries: list[int] = []
         self.unit_costs: list[float] = []
         self._resume_boundaries: list[int] | None = None
@@ -300,7 +307,7 @@ class FlowEngine(Engine):
         ``feat`` (the trainer's input; default the engine's features), every rank keeps its stage's and
         releases the other units' parameters to the ``meta`` device."""
         units = model.pipeline_units()
-        costs, tails = None, None
+        costs, tails, draws = None, None, [[] for _ in units]
         planned = self.device.type == "meta"  # sizes only (the planner): every stage finds the shapes itself
         if self.stage == 0 or planned:
             x = self.feat if feat is None else (feat if feat.layout == torch.strided else feat.to_dense())
@@ -309,17 +316,20 @@ class FlowEngine(Engine):
                 # so that the caches the probe builds for other stages' layers are not this stage's
                 costs, tails = self._planned_shapes(model, len(units), x)
             elif self.stage_split == "cost":
-                costs, tails = self._measure_units(model, len(units), x)
+                costs, tails, draws = self._measure_units(model, len(units), x)
                 costs = _same_units_same_cost(units, costs)
             else:  # by count: only the units' output shapes are needed
-                costs, tails = [1.0] * len(units), self._unit_shapes(model, len(units), x)
+                tails, draws = self._unit_shapes(model, len(units), x)
+                costs = [1.0] * len(units)
         if self.num_stages > 1 and not planned:
-            costs, tails = self.comm.bcast_object((costs, tails), 0)
+            costs, tails, draws = self.comm.bcast_object((costs, tails, draws), 0)
         self.unit_costs = costs
         weights = costs if self.stage_split == "cost" else [1.0] * len(units)
         self.boundaries = self._resume_boundaries or split_stages(weights, self.num_stages)
         start, stop = self.boundaries[self.stage], self.boundaries[self.stage + 1]
         self.units = (start, stop)
+        # the random draws of the units before and after this stage's, replayed around each of its passes
+        self.key_draws = ([h for d in draws[:start] for h in d], [h for d in draws[stop:] for h in d])
         self._in_tail = tuple(tails[start - 1]) if start > 0 else ()
         self._out_tail = tuple(tails[stop - 1])
         for i, unit in enumerate(units):
@@ -342,7 +352,7 @@ class FlowEngine(Engine):
         try:
             with _disable_current_modes():
                 self.graph = copy.deepcopy(graph)
-                tails = self._unit_shapes(model, count, x)
+                tails = self._unit_shapes(model, count, x)[0]
         finally:
             self.graph = graph
         return [1.0] * count, tails
@@ -356,38 +366,52 @@ class FlowEngine(Engine):
             probe_history.inputs = x
         return self.context(group, True, probe_history), lo, hi
 
-    def _unit_shapes(self, model: torch.nn.Module, count: int, x: torch.Tensor) -> list[list[int]]:
-        """The shape (after the rows) of every unit's output: one forward pass without autograd on the first
-        micro-batch (the random streams and GAT call counters left as they were)."""
+    def _unit_shapes(self, model: torch.nn.Module, count: int,
+                     x: torch.Tensor) -> tuple[list[list[int]], list[list[int]]]:
+        """The shape (after the rows) of every unit's output and the random draws of its training pass
+        (:func:`~hpc_graph.ops.dropout.record_key_draws`): one forward pass without autograd on the first
+        micro-batch, in training mode (the random streams, GAT call counters and the model's mode left as they
+        were)."""
         calls = {mod: mod._calls for mod in model.modules() if hasattr(mod, "_calls")}
         ctx, lo, hi = self._probe_context(x)
-        tails = []
+        tails, draws = [], []
+        training = model.training
+        model.train()
         with torch.random.fork_rng(devices=[]), torch.no_grad():
             h = x[lo:hi]
             for i in range(count):
-                h = model.forward_units(ctx, h, i, i + 1)
+                with record_key_draws() as highs:
+                    h = model.forward_units(ctx, h, i, i + 1)
                 tails.append(list(h.shape[1:]))
+                draws.append(list(highs))
+        model.train(training)
         for mod, c in calls.items():
             mod._calls = c
-        return tails
+        return tails, draws
 
     def _measure_units(self, model: torch.nn.Module, count: int,
-                       x: torch.Tensor) -> tuple[list[float], list[list[int]]]:
-        """Forward + backward seconds of every unit on the first micro-batch (best of two passes) and the shape
-        (after the rows) of every unit's output. The random streams and GAT call counters are left as they were.
+                       x: torch.Tensor) -> tuple[list[float], list[list[int]], list[list[int]]]:
+        """Forward + backward seconds of every unit on the first micro-batch (best of two passes), the shape
+        (after the rows) of every unit's output and the random draws of its training pass (as
+        :meth:`_unit_shapes`). The random streams, GAT call counters and the model's mode are left as they were.
         Each unit's output is let go before its backward pass and made again without autograd for the next unit,
         so the probe needs no more memory than a training step."""
         calls = {mod: mod._calls for mod in model.modules() if hasattr(mod, "_calls")}
         ctx, lo, hi = self._probe_context(x)
         best = [float("inf")] * count
         tails: list[list[int]] = [[] for _ in range(count)]
+        draws: list[list[int]] = [[] for _ in range(count)]
+        training = model.training
+        model.train()
         with torch.random.fork_rng(devices=[]):
             for _ in range(2):
                 h = x[lo:hi]
                 for i in range(count):
                     h_in = h.detach().requires_grad_(i > 0)
                     t0 = time.perf_counter()
-                    out = model.forward_units(ctx, h_in, i, i + 1)
+                    with record_key_draws() as highs:
+                        out = model.forward_units(ctx, h_in, i, i + 1)
+                    draws[i] = list(highs)
                     tails[i] = list(out.shape[1:])
                     # backward from a gradient of ones without holding the output through it (as training does
                     # not: there the next layer has consumed it); rank 0's peak stays that of a training step
@@ -402,11 +426,12 @@ class FlowEngine(Engine):
                     if i + 1 < count:  # the next unit's input, made again without autograd (not timed)
                         with torch.no_grad():
                             h = model.forward_units(ctx, h_in.detach(), i, i + 1)
+        model.train(training)
         for p in model.parameters():
             p.grad = None
         for mod, c in calls.items():
             mod._calls = c
-        return best, tails
+        return best, tails, draws
 
     # -- what the pipeline loop (hpc_graph.train.pipeline) asks ---------------------------------------
     @property

@@ -72,9 +72,11 @@ class _Key(NamedTuple):
 @contextlib.contextmanager
 def _seeded(seed: int, device: torch.device) -> Iterator[None]:
     """Run the body on torch's default generator (and ``device``'s, if CUDA) seeded with ``seed``; restore after."""
+    from hpc_graph.ops.dropout import own_key_stream
+
     devices = [device.index if device.index is not None else torch.cuda.current_device()] if device.type == "cuda" \
         else []
-    with torch.random.fork_rng(devices=devices):
+    with torch.random.fork_rng(devices=devices), own_key_stream():
         torch.default_generator.manual_seed(seed)
         for d in devices:
             torch.cuda.default_generators[d].manual_seed(seed)
@@ -100,7 +102,9 @@ class GroupRevBlock(nn.Module):
 
     def draw_key(self) -> _Key:
         """Draw this forward pass's dropout seed (torch's default generator) and note the convs' call counts."""
-        seed = int(torch.randint(0, _SEED_HI, (1,)).item()) if self.training and self.p > 0 else None
+        from hpc_graph.ops.dropout import draw_key
+
+        seed = draw_key(_SEED_HI) if self.training and self.p > 0 else None
         return _Key(seed, tuple(getattr(conv, "_calls", None) for conv in self.convs))
 
     def f(self, i: int, g: GraphContext, z: torch.Tensor, key: _Key) -> torch.Tensor:

@@ -11,8 +11,16 @@ torch's default generator, so ``torch.manual_seed`` makes runs reproducible.
 then depends on its id, not its position (:mod:`numba_kernels.cpu.dropout`),
 so a rank holding some rows of the graph drops exactly what one process
 holding all of them drops with the same key.
+
+Every key a model's forward pass draws goes through :func:`draw_key`. A layer pipeline (the ``flow`` engine)
+runs some of a model's units on each rank: :func:`record_key_draws` notes the draws of each unit once, and
+:func:`skip_key_draws` advances a stage's generator past those of the units it does not run, so that every
+layer draws the key it draws in one process, whatever the cut.
 """
 from __future__ import annotations
+
+import contextlib
+from typing import Iterator, Sequence
 
 import torch
 
@@ -20,6 +28,50 @@ from hpc_graph.ops._bridge import as_array
 from hpc_graph.ops._kernel_args import empty, kernel
 
 _LEVELS = 1 << 16
+KEY_HIGH = 2**62  # keys are drawn from [0, KEY_HIGH)
+
+_key_records: list[list[int]] = []
+_own_streams = [0]  # depth of own_key_stream contexts
+
+
+def draw_key(high: int = KEY_HIGH) -> int:
+    """A random key in ``[0, high)`` from torch's default generator (``torch.randint``), noted by every active
+    :func:`record_key_draws` (unless drawn inside :func:`own_key_stream`)."""
+    key = int(torch.randint(0, high, (1,)).item())
+    if not _own_streams[0]:
+        for rec in _key_records:
+            rec.append(int(high))
+    return key
+
+
+@contextlib.contextmanager
+def own_key_stream() -> Iterator[None]:
+    """Mark draws made on a stream the caller seeded for itself and restores after (``torch.random.fork_rng``
+    and a seed of its own, as a reversible block's recomputable dropout does): they leave the default stream
+    where it was, so :func:`record_key_draws` does not note them."""
+    _own_streams[0] += 1
+    try:
+        yield
+    finally:
+        _own_streams[0] -= 1
+
+
+@contextlib.contextmanager
+def record_key_draws() -> Iterator[list[int]]:
+    """``with record_key_draws() as highs:`` the ``high`` of every :func:`draw_key` inside, in order."""
+    rec: list[int] = []
+    _key_records.append(rec)
+    try:
+        yield rec
+    finally:
+        _key_records.remove(rec)
+
+
+def skip_key_draws(highs: Sequence[int]) -> None:
+    """Advance torch's default generator exactly as :func:`draw_key` with these ``highs`` would (how far one
+    draw advances it depends on the range)."""
+    for high in highs:
+        torch.randint(0, int(high), (1,))
 
 
 def row_ids(ids: torch.Tensor | None, x: torch.Tensor, op: str) -> torch.Tensor | None:
@@ -64,7 +116,7 @@ def dropout(x: torch.Tensor, p: float, ids: torch.Tensor | None = None) -> torch
     ids = row_ids(ids, x, "dropout")
     cut = int(round(p * _LEVELS))
     keep = 1.0 - cut / _LEVELS
-    key = int(torch.randint(0, 2**62, (1,)).item())
+    key = draw_key()
     return _Dropout.apply(x, key, cut, 1.0 / keep, ids)
 
 

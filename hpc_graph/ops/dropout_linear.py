@@ -28,7 +28,7 @@ import torch
 
 from hpc_graph.ops._bridge import as_array
 from hpc_graph.ops._kernel_args import empty, kernel
-from hpc_graph.ops.dropout import apply_mask, row_ids
+from hpc_graph.ops.dropout import apply_mask, draw_key, row_ids
 
 _LEVELS = 1 << 16
 ACTS = {None: 0, "relu": 1, "elu": 2}
@@ -48,7 +48,7 @@ def mask_params(p: float, act: str | None, ids: torch.Tensor | None = None
     cut = int(round(p * _LEVELS))
     if cut == 0 and act is None:
         return None
-    key = int(torch.randint(0, 2**62, (1,)).item()) if cut else 0
+    key = draw_key() if cut else 0
     return key, cut, 1.0 / (1.0 - cut / _LEVELS), ACTS[act], ids
 
 

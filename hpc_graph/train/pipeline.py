@@ -20,7 +20,12 @@ saved activations, :class:`~hpc_graph.train.metrics.SavedBytes`) go to the
 engine's statistics. Evaluation (:func:`predict`) is the forward half without
 autograd; the last stage's predictions are broadcast to every rank.
 
-The engine provides: ``first``/``last`` (bool), ``units``, ``groups(training)``,
+Each training pass of a stage replays the random draws (dropout keys) of the units before and after its own
+(``key_draws``: :func:`~hpc_graph.ops.dropout.skip_key_draws`), so every layer draws the key it draws when one
+process runs them all: with the same seed the run equals one process's, dropout included, wherever the stages
+are cut.
+
+The engine provides: ``first``/``last`` (bool), ``units``, ``key_draws``, ``groups(training)``,
 ``group_rows(group)``, ``context(group, training)``, ``begin_step(x, training)``,
 ``send(direction, m, t)``, ``recv(direction, m)``, ``end_step(saved_bytes=...)`` and
 ``predictions_from_last(pred)``.
@@ -30,6 +35,7 @@ from __future__ import annotations
 import torch
 from torch.nn import functional as F
 
+from hpc_graph.ops.dropout import skip_key_draws
 from hpc_graph.train.metrics import SavedBytes
 
 
@@ -94,13 +100,16 @@ def train_pass(engine, model: torch.nn.Module, x: torch.Tensor, label: torch.Ten
 def _forward_groups(engine, model, x, label, loss_mask, count, kept) -> None:
     """The forward half of :func:`train_pass`: ``kept`` gets ``(group, lo, input, output or loss part)``."""
     start, stop = engine.units
+    before, after = engine.key_draws
     for group in engine.groups(training=True):
         lo, hi = engine.group_rows(group)
         if engine.first:
             h_in = x[lo:hi]
         else:
             h_in = torch.cat([engine.recv("forward", m) for m in group]).requires_grad_(True)
+        skip_key_draws(before)
         out = model.forward_units(engine.context(group, True), h_in, start, stop)
+        skip_key_draws(after)
         if engine.last:
             rows = _loss_rows(loss_mask, lo, hi)
             kept.append((group, lo, h_in, F.cross_entropy(out[rows], label[lo:hi][rows], reduction="sum") / count))

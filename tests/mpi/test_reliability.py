@@ -10,7 +10,9 @@ and a line naming the cause, never a traceback or a hang.
 * SIGTERM to every process while the job is still starting: exit 75 and one line, nothing to resume from;
   also when it arrives at the console script's first line, before the command is known (the CLI holds it for
   ``train``; any other command is ended by it as without the hold);
-* a run folder that is a file: exit 2 before anything is loaded, the file untouched.
+* a run folder that is a file: exit 2 before anything is loaded, the file untouched;
+* a SIGTERM while a finished rank tears its interpreter down (where Python has given the signal its default
+  action back): the job still exits with the status it finished with.
 
 The full-disk case is tested on one process (tests/train/test_checkpoint.py); the fault matrix
 (benchmarks/fault_matrix.py) runs every case on every engine, a full tmpfs included.
@@ -29,7 +31,7 @@ import numpy as np
 import pytest
 import yaml
 
-from _run import _command, run_mpi, REPO
+from _run import _command, run_mpi, REPO, SCRIPTS
 from data_io.generators.csbm import write_csbm
 from data_io.partitioner import partition_dataset
 
@@ -201,6 +203,13 @@ def test_sigterm_at_the_first_line_of_another_command_ends_it_by_the_signal(data
                           env={**os.environ, "PYTHONPATH": str(REPO)})
     assert proc.returncode == -signal.SIGTERM, (proc.stdout, proc.stderr)
     assert proc.stdout == ""  # ended before the command ran
+
+
+@pytest.mark.timeout(120)
+def test_sigterm_during_a_finished_ranks_teardown_keeps_its_exit_status():
+    proc = subprocess.run(_command([SCRIPTS / "stop_in_teardown.py"], 2), capture_output=True, text=True,
+                          timeout=100, cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)})
+    assert proc.returncode == 0, (proc.returncode, proc.stderr[-2000:])
 
 
 @pytest.mark.timeout(200)

@@ -1,8 +1,8 @@
 """Run under ``mpiexec -n P``: the ``flow`` engine (one pipeline stage per rank) against references.
 
-Rank 0 writes a random dataset (dense features); every rank then trains in float64 without dropout
-and checks, for 8-layer GCN, SAGE (residual) and GAT, an 8-block RevGCN and a 4-layer GAT with attention
-dropout:
+Rank 0 writes a random dataset (dense features); every rank then trains in float64 and checks, for
+8-layer GCN, SAGE (residual) and GAT, an 8-block RevGCN, a 4-layer GAT with attention dropout, and GCN,
+SAGE and RevGCN with feature dropout 0.5:
 
 * ``flow`` with one micro-batch and with ``cross_edges: exact`` over 3 METIS micro-batches equals the
   ``single`` engine (run on a one-process communicator on every rank): the loss of every step, the
@@ -16,7 +16,8 @@ dropout:
 * a checkpoint written by a pipeline resumes to the same next step (also under ``stale``, with its history);
 * too few layers for the stages is refused on every rank.
 
-On more than 2 ranks the model checks run for GCN, RevGCN and the GAT with attention dropout only.
+On more than 2 ranks the model checks run for GCN, RevGCN, the GAT with attention dropout and GCN and RevGCN
+with feature dropout only.
 
 Rank 0 prints ``flow_checks: P ranks OK``.
 
@@ -40,8 +41,12 @@ MODELS = {
     "revgcn": {"name": "revgcn", "hidden": 8, "num_layers": 8},
     # hashed attention dropout: the same coefficients dropped as on single (dataset ids, the same call counts)
     "gat_attn_dropout": {"name": "gat", "hidden": 3, "heads": 2, "num_layers": 4, "attn_dropout": 0.3},
+    # feature dropout: each stage replays the other stages' key draws, so every layer draws single's key
+    "gcn_dropout": {"name": "gcn", "hidden": 6, "num_layers": 8, "dropout": 0.5},
+    "sage_dropout": {"name": "sage", "hidden": 6, "num_layers": 8, "residual": True, "dropout": 0.5},
+    "revgcn_dropout": {"name": "revgcn", "hidden": 8, "num_layers": 8, "dropout": 0.5},
 }
-RTOL = 1e-10  # float64, no dropout: only the summation order differs
+RTOL = 1e-10  # float64, the same dropout masks: only the summation order differs
 
 
 def _write(path: Path, indptr, indices, feat, label, masks, classes: int) -> None:
@@ -136,8 +141,9 @@ def main() -> None:
         _dataset(data)
     comm.barrier()
     local = LocalCommunicator()
-    # on 4 ranks three of the five models (a stack, the reversible blocks, attention with dropout); all on 2
-    keys = ("gcn", "revgcn", "gat_attn_dropout") if size > 2 else tuple(MODELS)
+    # on 4 ranks five of the eight models (a stack, the reversible blocks, attention dropout, feature dropout on
+    # a stack and on the reversible blocks); all on 2
+    keys = ("gcn", "revgcn", "gat_attn_dropout", "gcn_dropout", "revgcn_dropout") if size > 2 else tuple(MODELS)
     for key, model in ((k, MODELS[k]) for k in keys):
         ref = _run(Trainer(_config(data, "single", model, work / f"{key}-single-{rank}"), local))
         flow1 = Trainer(_config(data, "flow", model, work / f"{key}-flow1"), comm)
