@@ -344,6 +344,21 @@ class Communicator(ABC):
                 self.comm_seconds += time.perf_counter() - start
                 self._blocked = None
 
+    @contextlib.contextmanager
+    def watched(self, op: str) -> Iterator[None]:
+        """A wait the caller polls itself (a request's ``test()`` in a loop that may compute between polls, as a
+        pipeline stage filling its bubble does): shown to the stall watchdog as a blocking ``op`` would be, so
+        that a frozen peer ends the job there too; not added to ``comm_seconds`` (the loop may compute). Inside a
+        blocking call already: nothing changes."""
+        if self._blocked is not None:
+            yield
+            return
+        self._blocked = (op, time.monotonic())
+        try:
+            yield
+        finally:
+            self._blocked = None
+
     # ------------------------------------------------------------------ watchdog
     def set_timeout(self, seconds: float, status: Callable[[], int] | None = None) -> None:
         """Abort the whole job when one blocking call (a collective, an exchange's wait) makes no progress for

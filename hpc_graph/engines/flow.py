@@ -493,7 +493,8 @@ class FlowEngine(Engine):
         t0 = time.perf_counter()
         req = self.comm.exchange_start({}, {peer: ((rows,) + tail, self.dtype)}, device=self.device, channel=channel)
         if self.idle_hook is not None:  # a cooperative wait: other work may fill the bubble
-            self.idle_hook(req.test, (direction, m, self._training_pass))
+            with self.comm.watched("exchange"):  # a polling loop: the stall watchdog still sees it
+                self.idle_hook(req.test, (direction, m, self._training_pass))
         out = req.wait()[peer]
         self._idle += time.perf_counter() - t0
         return out

@@ -51,6 +51,29 @@ def test_a_call_without_progress_aborts_with_the_chosen_status_naming_rank_and_o
     assert "rank 1: barrier made no progress for" in caplog.text and "comm.timeout 0.3 s" in caplog.text
 
 
+def test_a_polled_wait_is_watched_like_a_blocking_call(caplog):
+    comm = _Stalling()
+    comm.set_timeout(0.3, lambda: 3)
+    polls = 0
+    with caplog.at_level(logging.CRITICAL, logger="hpc_graph.comm.communicator"), comm.watched("exchange"):
+        while not comm.aborted.is_set() and polls < 3000:  # a peer that never sends; at most 30 s
+            polls += 1
+            time.sleep(0.01)
+    assert comm.aborted.is_set() and comm.status == 3
+    assert "rank 1: exchange made no progress for" in caplog.text
+    assert comm._blocked is None and comm.comm_seconds == 0.0  # not timed: the loop may compute
+
+
+def test_a_polled_wait_that_ends_in_time_never_aborts():
+    comm = _Stalling()
+    comm.set_timeout(0.3)
+    for _ in range(10):  # ten short polled waits, 1 s in all: each well under the timeout
+        with comm.watched("exchange"):
+            time.sleep(0.1)
+        time.sleep(0.01)
+    assert not comm.aborted.is_set() and comm._blocked is None
+
+
 @pytest.mark.parametrize("timeout,size", [(0.0, 2), (0.3, 1)])
 def test_no_watchdog_when_off_or_alone(timeout, size):
     comm = _Stalling(size)
