@@ -197,11 +197,15 @@ def _compile_kernel(kernel: str, arg_texts: list[str]) -> tuple[str, int, int, s
     ``(kernel, compiled, loaded, cache_dir)``."""
     disp = resolve(kernel)
     compiled = loaded = 0
+
+    def hits() -> int:  # numba's per-signature cache-hit counter (internal: without it, all count as compiled)
+        return sum(getattr(disp, "_cache_hits", {}).values())
+
     for text in arg_texts:
         sig = parse_signature(text)
-        hits_before = sum(disp._cache_hits.values())
+        before = hits()
         disp.compile(sig)
-        if sum(disp._cache_hits.values()) > hits_before:
+        if hits() > before:
             loaded += 1
         else:
             compiled += 1
