@@ -252,16 +252,27 @@ def exit_status(exc: BaseException) -> int:
     return EXIT_BAD_INPUT if isinstance(exc, (DataError, ConfigError)) or is_disk_full(exc) else 1
 
 
+#: seconds a rank other than 0 waits before it reports an expected error and aborts the job: an input every rank
+#: reads (a damaged dataset file) fails on rank 0 too, whose abort then ends the job with one line, not one per
+#: rank; a rank that alone failed reports it after this wait
+ERROR_REPORT_DELAY_S = 3.0
+
+
 @contextlib.contextmanager
 def fail_fast(tr: Any) -> Iterator[None]:
     """In a multi-rank job, an exception that the other ranks do not raise too ends the job now
     (logged as one line ``rank R: Type: message`` for an expected error, with the traceback for any other,
-    then ``comm.abort`` with :func:`exit_status`) instead of leaving them waiting."""
+    then ``comm.abort`` with :func:`exit_status`) instead of leaving them waiting. An expected error on a rank
+    other than 0 is reported after :data:`ERROR_REPORT_DELAY_S`, so that one every rank meets is printed once."""
     try:
         yield
     except BaseException as exc:
         if tr.size > 1 and not getattr(exc, "_hpc_graph_agreed", False):
             status = exit_status(exc)
+            if status == EXIT_BAD_INPUT and tr.rank != 0:
+                import time
+
+                time.sleep(ERROR_REPORT_DELAY_S)  # rank 0's abort ends this process here if it failed alike
             log.critical("rank %d: %s: %s (aborting all %d ranks)", tr.rank, type(exc).__name__, exc,
                          tr.size, exc_info=status != EXIT_BAD_INPUT)
             flush_logs()

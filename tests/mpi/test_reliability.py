@@ -65,8 +65,9 @@ def _flip_low_byte_of_a_feature(path):
 
 
 def _one_line_error(proc, *needles):
+    """The error is one line, printed once (also when every rank meets it), and no traceback."""
     assert "Traceback" not in proc.stderr, proc.stderr
-    assert any(all(n in line for n in needles) for line in proc.stderr.splitlines()), proc.stderr
+    assert sum(all(n in line for n in needles) for line in proc.stderr.splitlines()) == 1, proc.stderr
 
 
 def _nan_at_row_5(path):
