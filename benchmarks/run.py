@@ -889,7 +889,9 @@ def _reliability(num: int, folder: Path = MEASURED / "scripts") -> list[str]:
         lines += ["Every engine, every fault, injected for real into a 2-rank job (`single`: 1 rank) of a 600-node "
                   "CSBM graph; each cell the exit status and the seconds from the fault to the end of the job (for "
                   "faults present from the start, from the launch). The column head says the documented status "
-                  "(docs/configuration.md); a cell in bold departs from it.", "",
+                  "(docs/configuration.md); a cell in bold departs from it. The damaged inputs (`flip_byte`, "
+                  "`nan_feature`) are rank 1's: a rank other than 0 reports an input error after a 3 s wait, so "
+                  "that one every rank meets is printed once (by rank 0).", "",
                   fm.render(json.loads(faults.read_text())), "",
                   "Command: `python benchmarks/fault_matrix.py` (results: "
                   "`benchmarks/measured/scripts/faults.json`, with each case's first error line).", ""]

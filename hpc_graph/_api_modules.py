@@ -11,7 +11,7 @@ SPECS = (
     "hpc_graph.engines", "!hpc_graph\\.engines\\..*", "hpc_graph.engines.base",
     "hpc_graph.train.trainer", "hpc_graph.train.config", "hpc_graph.train.steps",
     "data_io.dataset", "data_io.partition", "data_io.partitioner", "data_io.integrity",
-    "data_io.converters", "!data_io\\.converters\\..*",
+    "data_io.converters", "!data_io\\.converters\\..*", "numba_kernels.warm",
 )
 #: the modules that get a page
 MODULES = tuple(s for s in SPECS if not s.startswith("!"))
