@@ -264,9 +264,10 @@ def summarize(run: Run) -> dict[str, Any]:
     ``bytes_per_epoch_per_rank``; ``compute_share``, ``comm_share`` (fractions of
     compute + communication seconds), ``max_peak_rss_mb``, ``bytes_per_epoch``
     (sum over ranks); for the sampled engines ``bytes_by_op_per_epoch`` (engine_stats'
-    ``bytes_by_op``, summed over ranks, mean per epoch), ``strategy``, ``cache_hit_rate`` and
-    ``tuning_iterations`` (``apt``: iterations that ran another strategy to time it, the largest rank's total),
-    None where absent.
+    ``bytes_by_op``, summed over ranks, mean per epoch), ``strategy``, ``cache_hit_rate``,
+    ``tuning_iterations`` (``apt``: iterations that ran another strategy to time it, the largest rank's total) and
+    ``hec_hit_rate_per_layer`` (``minibatch`` in ``hec`` mode: per layer, layer 0 first, the cache's hits over its
+    lookups on every rank in every epoch; None for a layer without lookups), None where absent.
     """
     epochs = run.epochs
     loss = _first_valid(run.table("loss"))
@@ -310,10 +311,21 @@ def summarize(run: Run) -> dict[str, Any]:
     # sampled engines: bytes by operation (engine_stats.bytes_by_op), mean per epoch, summed over ranks
     by_op: dict[str, list[float]] = {}
     strategies, hits, tuning = set(), [], {}
+    hec_hits: list[float] = []
+    hec_lookups: list[float] = []
     for row in run.rows:
         st = row.get("engine_stats")
         if not isinstance(st, dict):
             continue
+        rates, lookups = st.get("hec_hit_rate"), st.get("hec_lookups")
+        if isinstance(rates, list) and isinstance(lookups, list) and len(rates) == len(lookups):
+            if len(hec_hits) < len(rates):
+                hec_hits += [0.0] * (len(rates) - len(hec_hits))
+                hec_lookups += [0.0] * (len(rates) - len(hec_lookups))
+            for i, (rate, n) in enumerate(zip(rates, lookups)):
+                if _is_number(n) and n > 0 and _is_number(rate):
+                    hec_hits[i] += float(rate) * float(n)
+                    hec_lookups[i] += float(n)
         for op, v in (st.get("bytes_by_op") or {}).items():
             if _is_number(v):
                 by_op.setdefault(op, []).append(float(v))
@@ -329,6 +341,8 @@ def summarize(run: Run) -> dict[str, Any]:
     out["strategy"] = ", ".join(sorted(strategies)) or None
     out["cache_hit_rate"] = _num(float(np.mean(hits))) if hits else None
     out["tuning_iterations"] = max(tuning.values()) if tuning else None
+    out["hec_hit_rate_per_layer"] = [_num(h / n) if n > 0 else None for h, n in zip(hec_hits, hec_lookups)] \
+        if hec_lookups else None
     return out
 
 
@@ -385,6 +399,9 @@ def format_summary(summary: dict[str, Any], label: str | None = None) -> list[st
         tuned = s.get("tuning_iterations")
         lines.append(f"  strategy {s['strategy']}" + (f", cache hit rate {100 * hit:.1f}%" if hit is not None else "")
                      + (f", {tuned} iterations timing the strategies" if tuned else ""))
+    if s.get("hec_hit_rate_per_layer"):
+        lines.append("  historical embedding cache hit rate per layer (layer 0 first): " + ", ".join(
+            "-" if v is None else f"{100 * v:.1f}%" for v in s["hec_hit_rate_per_layer"]))
     return lines
 
 

@@ -356,3 +356,28 @@ def test_bytes_by_operation_and_strategy(tmp_path, capsys):
     text = "\n".join(format_summary(s))
     assert "by operation" in text and "strategy dnp" in text
     assert (f"{int(tune.sum())} iterations timing" in text) == (tune.sum() > 0)
+    assert s["hec_hit_rate_per_layer"] is None and "historical embedding cache" not in text
+
+
+def test_hec_hit_rate_per_layer_is_hits_over_lookups_on_every_rank_and_epoch(tmp_path):
+    m = _random_run(seed=4, ranks=2, epochs=3)
+    run_dir = _write_run(tmp_path / "run", m, engine="minibatch")
+    rng = np.random.default_rng(8)
+    lookups = rng.integers(0, 50, (3, 2, 3))
+    lookups[:, :, 2] = 0  # a layer that never looked anything up
+    hits = rng.integers(0, 50, (3, 2, 3)) % (lookups + 1)
+    for r in range(2):
+        path = run_dir / f"metrics.rank{r}.jsonl"
+        lines = [json.loads(x) for x in path.read_text().splitlines() if x.strip()]
+        for e, line in enumerate(lines):
+            line["engine_stats"] = {"hec_lookups": [int(x) for x in lookups[e, r]],
+                                    "hec_hit_rate": [h / n if n else None for h, n in zip(hits[e, r], lookups[e, r])]}
+        path.write_text("".join(json.dumps(x) + "\n" for x in lines))
+    s = summarize(load_run(run_dir))
+    want = hits.sum(axis=(0, 1)) / np.maximum(lookups.sum(axis=(0, 1)), 1)
+    got = s["hec_hit_rate_per_layer"]
+    assert got[:2] == pytest.approx(want[:2], rel=1e-12) and got[2] is None
+    from hpc_graph.train.report import format_summary
+
+    text = "\n".join(format_summary(s))
+    assert f"layer 0 first): {100 * want[0]:.1f}%, {100 * want[1]:.1f}%, -" in text
