@@ -194,3 +194,54 @@ def test_a_damaged_file_is_named_as_such_not_sent_to_preprocess(setup, tmp_path)
         config_from_dict({"data": {"path": str(f)}, "engine": {"name": "seqpar"},
                           "model": {"name": "gt", "pe_dim": 4, "heads": 2, "hidden": 8}})
     assert "preprocess" not in str(err.value)
+
+
+def _rows_file(path, x, chunks, **kw):
+    with h5py.File(path, "w") as f:
+        f.create_dataset("x", data=x, chunks=chunks, **kw)
+    return path
+
+
+def test_rows_read_raw_and_checked_equal_hdf5s_read(tmp_path):
+    from data_io.integrity import read_rows_checked
+
+    rng = np.random.default_rng(5)
+    x = rng.standard_normal((1003, 13)).astype(np.float32)
+    path = _rows_file(tmp_path / "x.h5", x, (64, 13), fletcher32=True)
+    with h5py.File(path, "r") as f:
+        for start, stop in [(0, 1003), (0, 1), (63, 65), (640, 1003), (1000, 2000), (129, 640)]:
+            got = read_rows_checked(f["x"], start, stop)
+            assert got is not None and got.flags.c_contiguous
+            np.testing.assert_array_equal(got, x[start:stop])
+        assert read_rows_checked(f["x"], 5, 5) is None  # nothing to read: the caller's slice gives the empty rows
+
+
+@pytest.mark.parametrize("chunks,kw", [((64, 13), {}), ((64, 13), {"fletcher32": True, "compression": "gzip"}),
+                                        ((64, 5), {"fletcher32": True}), ((64, 13), {"fletcher32": True,
+                                                                                      "shuffle": True})])
+def test_rows_of_another_layout_are_left_to_hdf5(tmp_path, chunks, kw):
+    from data_io.integrity import read_rows_checked
+
+    x = np.arange(1003 * 13, dtype=np.float32).reshape(1003, 13)
+    path = _rows_file(tmp_path / "x.h5", x, chunks, **kw)
+    with h5py.File(path, "r") as f:
+        assert read_rows_checked(f["x"], 0, 1003) is None
+
+
+def test_a_flipped_byte_names_the_chunks_rows(tmp_path):
+    from data_io.integrity import read_rows_checked
+
+    x = np.random.default_rng(6).standard_normal((300, 8)).astype(np.float32)
+    path = _rows_file(tmp_path / "x.h5", x, (50, 8), fletcher32=True)
+    with h5py.File(path, "r") as f:
+        off = f["x"].id.get_chunk_info(3).byte_offset + 17
+    with open(path, "r+b") as fh:
+        fh.seek(off)
+        b = fh.read(1)
+        fh.seek(off)
+        fh.write(bytes([b[0] ^ 0x01]))
+    with h5py.File(path, "r") as f:
+        np.testing.assert_array_equal(read_rows_checked(f["x"], 0, 150), x[:150])  # the chunks before it
+        with pytest.raises(FormatError, match=r"x\.h5: /x: unreadable: the chunk of rows 150\.\.199 fails its "
+                                              r"Fletcher32 checksum"):
+            read_rows_checked(f["x"], 100, 300)
