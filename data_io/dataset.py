@@ -37,7 +37,7 @@ import h5py
 import numpy as np
 
 from data_io.errors import DataError, FormatError, atomic_output, check_output
-from data_io.integrity import DIGEST_ATTR, Digest, check_header, create_dataset, read_rows_checked, seal
+from data_io.integrity import DIGEST_ATTR, Digest, check_header, create_dataset, seal
 
 log = logging.getLogger(__name__)
 
@@ -645,12 +645,9 @@ class Dataset:
         return self._fields["feat"]
 
     def feat_rows(self, start: int, stop: int) -> np.ndarray:
-        """Feature rows ``[start, stop)`` as float32[stop-start, F] (their chunks' checksums checked in parallel:
-        :func:`data_io.integrity.read_rows_checked`)."""
+        """Feature rows ``[start, stop)`` as float32[stop-start, F]."""
         try:
-            rows = read_rows_checked(self.feat, start, stop, str(self.path))
-            if rows is None:
-                rows = np.asarray(self.feat[start:stop])
+            rows = np.asarray(self.feat[start:stop])
         except (OSError, RuntimeError) as exc:
             raise FormatError(self.path, "/node/feat", f"unreadable ({exc})") from None
         check_finite(rows, self.path, "/node/feat", start)  # one pass over the rows read

@@ -5,10 +5,7 @@ Two layers protect a dataset file or a part file:
 * **Fletcher32, per chunk.** Every numeric dataset is created chunked with HDF5's
   Fletcher32 filter (:func:`create_dataset`). HDF5 recomputes the checksum of each
   chunk it reads; a flipped byte makes the read fail, and the readers report that as
-  one line naming the file and the dataset. HDF5 checks chunk after chunk on one
-  thread, which made loading the features about 1.4x slower; :func:`read_rows_checked`
-  reads their chunks raw and checks them in parallel
-  (:func:`numba_kernels.cpu.checksum.fletcher32_chunks`, HDF5's arithmetic bit for bit).
+  one line naming the file and the dataset. It costs nothing to check at load.
   Variable-length strings (``/node/text``) cannot carry a filter; the digest below
   covers them.
 * **sha256 digests of the content.** When a writer finishes a file it seals it
@@ -206,54 +203,3 @@ def verify(h5: h5py.File, source: Any, expected: str | None = None) -> tuple[boo
         except FormatError as exc:
             probs.append(exc)
     return protected, probs
-
-
-def _raw_rows_layout(dset: h5py.Dataset) -> tuple[int, int] | None:
-    """``(rows per chunk, bytes per chunk)`` when ``dset``'s chunks can be read raw and checked here: a 2-D
-    array of a native numeric dtype, chunked by whole rows, whose only filter is Fletcher32; else None."""
-    try:
-        filters = dict(dset._filters)
-    except Exception:  # an h5py without the filter table: HDF5's own read
-        return None
-    chunks = dset.chunks
-    if (filters.keys() != {"fletcher32"} or chunks is None or dset.ndim != 2 or chunks[1] != dset.shape[1]
-            or not dset.dtype.isnative or dset.dtype.kind not in "fiu" or dset.shape[1] == 0):
-        return None
-    return int(chunks[0]), int(chunks[0]) * int(dset.shape[1]) * dset.dtype.itemsize
-
-
-def read_rows_checked(dset: h5py.Dataset, start: int, stop: int, source: str = "") -> np.ndarray | None:
-    """Rows ``[start, stop)`` of a Fletcher32-protected, row-chunked 2-D dataset: its chunks read raw into one
-    buffer (no copy beyond the read) and their checksums checked in parallel, instead of by HDF5 one chunk
-    after the other. A chunk whose checksum fails raises :class:`~data_io.errors.FormatError` naming
-    ``source``, the dataset and the rows of the chunk. Returns None where this does not apply (another
-    layout or filter, a chunk never written, an h5py without raw chunk reads): read it the usual way."""
-    layout = _raw_rows_layout(dset)
-    start, stop = max(int(start), 0), min(int(stop), int(dset.shape[0]))  # as a slice would clamp them
-    if layout is None or stop <= start:
-        return None
-    rows_per, chunk_bytes = layout
-    k0, k1 = start // rows_per, -(-stop // rows_per)
-    n = k1 - k0
-    buf = np.empty(n * chunk_bytes + 4, dtype=np.uint8)  # chunk k's checksum lands where chunk k+1 starts
-    stored = np.empty(n, dtype=np.uint32)
-    try:
-        for i in range(n):
-            at = i * chunk_bytes
-            mask, raw = dset.id.read_direct_chunk((int((k0 + i) * rows_per), 0), out=buf[at:at + chunk_bytes + 4])
-            if mask != 0 or len(raw) != chunk_bytes + 4:  # the filter skipped for this chunk, or another size
-                return None
-            stored[i] = buf[at + chunk_bytes:at + chunk_bytes + 4].view("<u4")[0]  # before chunk k+1 covers it
-    except (AttributeError, TypeError, KeyError, ValueError, RuntimeError, OSError):
-        return None  # no raw chunk reads here, or a chunk not allocated: HDF5's own read says what is wrong
-    from numba_kernels.cpu.checksum import fletcher32_chunks
-
-    bad = np.zeros(n, dtype=np.uint8)
-    if fletcher32_chunks(buf, chunk_bytes, stored, bad):
-        k = int(np.flatnonzero(bad)[0]) + k0
-        lo, hi = k * rows_per, min((k + 1) * rows_per, dset.shape[0])
-        raise FormatError(source or dset.file.filename, dset.name,
-                          f"unreadable: the chunk of rows {lo}..{hi - 1} fails its Fletcher32 checksum (the file "
-                          f"is damaged)")
-    rows = buf[:n * chunk_bytes].view(dset.dtype).reshape(n * rows_per, dset.shape[1])
-    return rows[start - k0 * rows_per:stop - k0 * rows_per]
