@@ -40,10 +40,11 @@ stages (a cost split that timings decide, or a resumed run's).
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 import time
-from typing import Any
+from typing import Any, Iterator
 
 import numpy as np
 import torch
@@ -76,6 +77,22 @@ def _same_units_same_cost(units: list[list[torch.nn.Module]], costs: list[float]
         for i in members:
             out[i] = mid
     return out
+
+
+@contextlib.contextmanager
+def _probing(model: torch.nn.Module) -> Iterator[None]:
+    """Run the start-up probes of ``model``'s units in training mode, then leave everything as it was: torch's
+    random stream, the GAT layers' call counters and the model's mode."""
+    calls = {mod: mod._calls for mod in model.modules() if hasattr(mod, "_calls")}
+    training = model.training
+    model.train()
+    try:
+        with torch.random.fork_rng(devices=[]):
+            yield
+    finally:
+        model.train(training)
+        for mod, c in calls.items():
+            mod._calls = c
 
 
 def _cut_edges(csr: CSR, offsets: np.ndarray) -> int:
@@ -372,21 +389,15 @@ class FlowEngine(Engine):
         (:func:`~hpc_graph.ops.dropout.record_key_draws`): one forward pass without autograd on the first
         micro-batch, in training mode (the random streams, GAT call counters and the model's mode left as they
         were)."""
-        calls = {mod: mod._calls for mod in model.modules() if hasattr(mod, "_calls")}
         ctx, lo, hi = self._probe_context(x)
         tails, draws = [], []
-        training = model.training
-        model.train()
-        with torch.random.fork_rng(devices=[]), torch.no_grad():
+        with _probing(model), torch.no_grad():
             h = x[lo:hi]
             for i in range(count):
                 with record_key_draws() as highs:
                     h = model.forward_units(ctx, h, i, i + 1)
                 tails.append(list(h.shape[1:]))
                 draws.append(list(highs))
-        model.train(training)
-        for mod, c in calls.items():
-            mod._calls = c
         return tails, draws
 
     def _measure_units(self, model: torch.nn.Module, count: int,
@@ -396,14 +407,11 @@ class FlowEngine(Engine):
         :meth:`_unit_shapes`). The random streams, GAT call counters and the model's mode are left as they were.
         Each unit's output is let go before its backward pass and made again without autograd for the next unit,
         so the probe needs no more memory than a training step."""
-        calls = {mod: mod._calls for mod in model.modules() if hasattr(mod, "_calls")}
         ctx, lo, hi = self._probe_context(x)
         best = [float("inf")] * count
         tails: list[list[int]] = [[] for _ in range(count)]
         draws: list[list[int]] = [[] for _ in range(count)]
-        training = model.training
-        model.train()
-        with torch.random.fork_rng(devices=[]):
+        with _probing(model):
             for _ in range(2):
                 h = x[lo:hi]
                 for i in range(count):
@@ -426,11 +434,8 @@ class FlowEngine(Engine):
                     if i + 1 < count:  # the next unit's input, made again without autograd (not timed)
                         with torch.no_grad():
                             h = model.forward_units(ctx, h_in.detach(), i, i + 1)
-        model.train(training)
         for p in model.parameters():
             p.grad = None
-        for mod, c in calls.items():
-            mod._calls = c
         return best, tails, draws
 
     # -- what the pipeline loop (hpc_graph.train.pipeline) asks ---------------------------------------

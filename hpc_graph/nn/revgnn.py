@@ -59,8 +59,6 @@ from hpc_graph.nn._options import number_in, positive_int
 from hpc_graph.nn.gat_conv import GATConv
 from hpc_graph.nn.gcn_conv import GCNConv
 
-_SEED_HI = 2**62
-
 
 class _Key(NamedTuple):
     """What one forward pass of a block drew: the dropout seed (None: no dropout) and each conv's call count."""
@@ -104,7 +102,7 @@ class GroupRevBlock(nn.Module):
         """Draw this forward pass's dropout seed (torch's default generator) and note the convs' call counts."""
         from hpc_graph.ops.dropout import draw_key
 
-        seed = draw_key(_SEED_HI) if self.training and self.p > 0 else None
+        seed = draw_key() if self.training and self.p > 0 else None
         return _Key(seed, tuple(getattr(conv, "_calls", None) for conv in self.convs))
 
     def f(self, i: int, g: GraphContext, z: torch.Tensor, key: _Key) -> torch.Tensor:
